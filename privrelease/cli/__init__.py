@@ -1,0 +1,36 @@
+"""The ``privrelease`` command line: a thin layer over the functions the flows call.
+
+Each command group lives in its own module and is registered here. Commands that need no flow
+never import Prefect (they must answer in well under 2 s). Exit codes: 0 ok, 1 a target is not
+met, 2 invalid input; user mistakes print one clear message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from privrelease.cli import calculus
+from privrelease.cli.output import fail
+from privrelease.errors import TargetNotMet, UserError
+
+app = typer.Typer(
+    name="privrelease",
+    help="Publish data about people and prove what the release discloses.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+calculus.register(app)
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning user errors into exit codes."""
+    try:
+        app()
+    except (UserError, TargetNotMet) as error:
+        fail(str(error), error.exit_code)
+    except FileNotFoundError as error:
+        fail(f"file not found: {error.filename}", UserError.exit_code)
+    sys.exit(0)

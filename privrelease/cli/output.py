@@ -1,0 +1,34 @@
+"""Printing for the CLI: Rich tables for people, one JSON document for scripts (``--json``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+console = Console()
+error_console = Console(stderr=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    return value
+
+
+def print_json(document: Any) -> None:
+    """One JSON document on stdout (non-finite floats become null)."""
+    sys.stdout.write(json.dumps(_jsonable(document), indent=2, default=str) + "\n")
+
+
+def fail(message: str, exit_code: int) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``exit_code``."""
+    error_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(exit_code)

@@ -1,0 +1,24 @@
+"""The two kinds of failure a user can cause, and the exit code each maps to.
+
+User mistakes raise :class:`UserError` (exit 2): the message names the field or column, the
+value and what is allowed. A release whose guarantees miss the policy's targets raises
+:class:`TargetNotMet` (exit 1). Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_TARGET_NOT_MET = 1
+EXIT_INVALID_INPUT = 2
+
+
+class UserError(ValueError):
+    """Invalid input: a bad policy, file, column, value or command-line option (exit 2)."""
+
+    exit_code = EXIT_INVALID_INPUT
+
+
+class TargetNotMet(RuntimeError):
+    """The composed guarantees do not meet the policy's targets or remaining budget (exit 1)."""
+
+    exit_code = EXIT_TARGET_NOT_MET

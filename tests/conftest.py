@@ -1,0 +1,29 @@
+"""Shared fixtures. Real data lives in ``../shared/data`` beside the checkout (CI has it; a
+user's clone may not): tests that need it skip with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def adult_dir() -> Path:
+    """``../shared/data/adult`` (ARX's Adult extract and hierarchies), or skip."""
+    path = SHARED_DATA / "adult"
+    if not (path / "adult.csv").is_file():
+        pytest.skip(f"real Adult data not found at {path} (../shared is absent in this checkout)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def adult_uci_dir() -> Path:
+    """``../shared/data/adult-uci`` (the full UCI Adult files), or skip."""
+    path = SHARED_DATA / "adult-uci"
+    if not (path / "adult.data").is_file():
+        pytest.skip(f"UCI Adult data not found at {path} (../shared is absent in this checkout)")
+    return path
