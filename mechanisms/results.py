@@ -1,0 +1,25 @@
+"""What every mechanism returns: the output table, the privacy event it realized, and facts
+split by who may see them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from privrelease.mechanisms.events import Event
+
+
+@dataclass(frozen=True)
+class MechanismResult:
+    """``table``: the output to publish (rows never in input order).
+    ``event``: the privacy event the run realized (accounted by the accountants).
+    ``public_facts``: policy-derived or aggregate facts safe to publish with the data
+    (e.g. parameters, output row count). ``internal_facts``: run facts that could themselves
+    disclose (rows in, rows sampled, cells suppressed, rows dropped): internal review only."""
+
+    table: pa.Table
+    event: Event
+    public_facts: dict[str, Any] = field(default_factory=dict)
+    internal_facts: dict[str, Any] = field(default_factory=dict)
