@@ -1,0 +1,86 @@
+"""The canonical form and content hash of a policy (what an approval records).
+
+canonical JSON = ``{"canonical_version": 1, "policy": <dump>}`` with sorted keys and no whitespace,
+where ``<dump>`` is the validated policy with every default filled in, floats written by their
+shortest round-trip form (``0.1`` and ``1e-1`` are the same float), and each hierarchy file path
+replaced by ``"sha256:<hex>"`` of its parsed rows. So comments, key order, quoting and YAML layout
+do not change the hash; any value, or the content of a hierarchy file, does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .schema import Hierarchy, Policy
+
+if TYPE_CHECKING:
+    from .loader import LoadedPolicy
+
+CANONICAL_VERSION = 1
+
+
+def canonical_json(loaded: LoadedPolicy) -> str:
+    """The canonical JSON text of a loaded policy."""
+    return policy_canonical_json(loaded.policy, loaded.hierarchies)
+
+
+def policy_hash(loaded: LoadedPolicy) -> str:
+    """sha256 (hex) of :func:`canonical_json`."""
+    return policy_sha256(loaded.policy, loaded.hierarchies)
+
+
+def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) -> str:
+    """Canonical JSON of ``policy`` with ``hierarchies`` (column -> parsed rows)."""
+    body = policy.model_dump(mode="python")
+    for scheme, column in _hierarchy_schemes(body):
+        scheme["hierarchy"] = "sha256:" + hierarchy_sha256(hierarchies[column])
+    document = {"canonical_version": CANONICAL_VERSION, "policy": _normalize(body)}
+    return json.dumps(
+        document,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def policy_sha256(policy: Policy, hierarchies: Mapping[str, Hierarchy]) -> str:
+    """sha256 (hex) of :func:`policy_canonical_json`."""
+    return hashlib.sha256(
+        policy_canonical_json(policy, hierarchies).encode("utf-8")
+    ).hexdigest()
+
+
+def hierarchy_sha256(rows: Hierarchy) -> str:
+    """sha256 of a hierarchy's parsed rows (as compact JSON): line endings and BOMs do not count."""
+    text = json.dumps(
+        [list(row) for row in rows], separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _hierarchy_schemes(body: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The dumped hierarchy schemes with their column."""
+    found = [
+        (s, c) for c, s in body["generalization"].items() if s["type"] == "hierarchy"
+    ]
+    for schemes in body["candidate_schemes"].values():
+        found.extend((s, c) for c, s in schemes.items() if s["type"] == "hierarchy")
+    return found
+
+
+def _normalize(value: Any) -> Any:
+    """Plain JSON values: tuples as lists, floats as floats (``-0.0`` as ``0.0``)."""
+    if isinstance(value, dict):
+        return {str(k): _normalize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalize(v) for v in value]
+    if isinstance(value, float):
+        return value + 0.0
+    assert value is None or isinstance(value, (str, int, bool)), (
+        f"not canonical JSON: {value!r}"
+    )
+    return value

@@ -1,0 +1,540 @@
+"""Load a policy YAML: parse safely, validate, read its hierarchy files, hash it.
+
+Every problem raises :class:`privrelease.errors.UserError` whose message names the file, the
+line, the field path inside the YAML (``mechanisms[0].beta``), the bad value and what is allowed:
+
+    adult.yaml, line 12, mechanisms[0].beta: beta must be in (0, 1]; got 1.2
+
+YAML is read with PyYAML's safe loader, with YAML 1.2 scalars (only ``true``/``false`` are
+booleans, so ``NO`` stays text; ``1e-9`` is a float) and duplicate keys rejected. Relative paths
+are resolved against the policy file's folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import yaml
+from privrelease.mechanisms.schemes import ColumnScheme
+from pydantic import ValidationError
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from privrelease.errors import UserError
+
+from .canonical import policy_sha256
+from .schema import (
+    MECHANISM_TYPES,
+    SCHEME_TYPES,
+    FieldError,
+    Hierarchy,
+    HierarchyScheme,
+    Loc,
+    Policy,
+    format_loc,
+    show,
+)
+
+HIERARCHY_DELIMITER = ";"
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A validated policy with its hierarchies read and its canonical content hash."""
+
+    policy: Policy
+    path: Path | None
+    """The policy file (None when loaded from text)."""
+    base_dir: Path
+    """Folder that relative paths in the policy are resolved against."""
+    hierarchies: Mapping[str, Hierarchy]
+    """Column -> the parsed rows of its hierarchy file (one hierarchy file per column)."""
+    sha256: str
+    """:func:`privrelease.policies.policy_hash` of this policy."""
+
+    def resolve(self, path: str) -> Path:
+        """A path from the policy (relative, absolute or ``file://``) as an absolute path."""
+        return resolve_path(path, self.base_dir)
+
+    @property
+    def dataset_path(self) -> Path:
+        """Where the dataset is."""
+        return self.resolve(self.policy.dataset.path)
+
+    def scheme(self, column: str, candidate: str | None = None) -> ColumnScheme:
+        """The compiled scheme of ``column`` (from ``candidate`` when it defines the column)."""
+        scheme = self.policy.scheme_for(column, candidate)
+        if scheme is None:
+            raise KeyError(f"no generalization scheme for column {column!r}")
+        return scheme.to_scheme(self.hierarchies.get(column))
+
+    def schemes(
+        self, columns: Iterable[str], candidate: str | None = None
+    ) -> dict[str, ColumnScheme]:
+        """Compiled schemes of ``columns``, in that order."""
+        return {column: self.scheme(column, candidate) for column in columns}
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """Read, validate and hash the policy file at ``path``."""
+    path = Path(path).resolve()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"policy file not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"policy path is a folder, not a YAML file: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"policy file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise UserError(f"cannot read policy file {path}: {exc.strerror}") from None
+    return _load(text, path.parent, source=str(path), path=path)
+
+
+def load_policy_text(
+    text: str, base_dir: str | Path, *, source: str = "<policy>"
+) -> LoadedPolicy:
+    """Validate and hash policy ``text``; relative paths resolve against ``base_dir``.
+
+    ``source`` names the text in error messages.
+    """
+    return _load(text, Path(base_dir).resolve(), source=source, path=None)
+
+
+def resolve_path(path: str, base_dir: Path) -> Path:
+    """A relative path (against ``base_dir``), an absolute path or a ``file://`` URI, as a Path."""
+    if path.lower().startswith("file://"):
+        parsed = urlparse(path)
+        return Path(url2pathname(parsed.path))
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else (base_dir / candidate).resolve()
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def _load(text: str, base_dir: Path, *, source: str, path: Path | None) -> LoadedPolicy:
+    root, data = _parse_yaml(text, source)
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise _user_error(exc, root, source) from None
+    hierarchies = _read_hierarchies(policy, base_dir, root, source)
+    return LoadedPolicy(
+        policy=policy,
+        path=path,
+        base_dir=base_dir,
+        hierarchies=MappingProxyType(hierarchies),
+        sha256=policy_sha256(policy, hierarchies),
+    )
+
+
+def _fail(source: str, root: Node | None, loc: Loc, message: str) -> UserError:
+    """A UserError "``source``, line N, path: message" for the YAML location ``loc``."""
+    line = _line_of(root, loc) if root is not None else None
+    where = f"{source}, line {line}" if line else source
+    return UserError(f"{where}, {format_loc(loc)}: {message}")
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_FLOAT = "tag:yaml.org,2002:float"
+_STR = "tag:yaml.org,2002:str"
+_RETAGGED = ("tag:yaml.org,2002:int", _FLOAT, _BOOL, "tag:yaml.org,2002:timestamp")
+
+
+class _PolicyYamlLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 booleans (true/false only) and floats (``1e-9`` included)."""
+
+
+_PolicyYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_PolicyYamlLoader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_PolicyYamlLoader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+            |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+            |[-+]?\.(?:inf|Inf|INF)
+            |\.(?:nan|NaN|NAN))$""",
+        re.VERBOSE,
+    ),
+    list("-+0123456789."),
+)
+
+
+def _parse_yaml(text: str, source: str) -> tuple[MappingNode, Any]:
+    """The node tree (for line numbers) and the plain data of a policy document."""
+    loader = _PolicyYamlLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise UserError(
+                f"{source}: the policy is empty; expected a YAML mapping with name, version, ..."
+            )
+        if not isinstance(root, MappingNode):
+            raise UserError(
+                f"{source}, line {root.start_mark.line + 1}: the policy must be a YAML mapping "
+                f"(name: ..., dataset: ...); got a {'list' if isinstance(root, SequenceNode) else 'scalar'}"
+            )
+        _reject_duplicate_keys(root, (), source, set())
+        _keep_text_raw(root)
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = (
+            f"{source}, line {mark.line + 1}, column {mark.column + 1}"
+            if mark
+            else source
+        )
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise UserError(f"{where}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source}: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    return root, data
+
+
+def _reject_duplicate_keys(node: Node, loc: Loc, source: str, seen: set[int]) -> None:
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, MappingNode):
+        first_line: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, ScalarNode):
+                line = key.start_mark.line + 1
+                if key.value in first_line:
+                    raise UserError(
+                        f"{source}, line {line}, {format_loc((*loc, key.value))}: duplicate key "
+                        f"{key.value!r} (first at line {first_line[key.value]}); each key may appear once"
+                    )
+                first_line[key.value] = line
+                _reject_duplicate_keys(value, (*loc, key.value), source, seen)
+    elif isinstance(node, SequenceNode):
+        for i, item in enumerate(node.value):
+            _reject_duplicate_keys(item, (*loc, i), source, seen)
+
+
+def _keep_text_raw(root: MappingNode) -> None:
+    """Read plain scalars where the schema wants text as written: ``version: 1.10`` is "1.10",
+    a map key ``01`` stays "01" (not the number 1)."""
+    top = _pairs(root)
+    for field in ("name", "version", "description"):
+        _as_text(top.get(field))
+    dataset = _pairs(top.get("dataset"))
+    _as_text_items(dataset.get("missing_values"))
+    for spec in _pairs(dataset.get("columns")).values():
+        spec_pairs = _pairs(spec)
+        type_node = spec_pairs.get("type")
+        if isinstance(type_node, ScalarNode) and type_node.value == "string":
+            _as_text_items(spec_pairs.get("values"))
+    schemes = list(_pairs(top.get("generalization")).values())
+    for candidate in _pairs(top.get("candidate_schemes")).values():
+        schemes.extend(_pairs(candidate).values())
+    for scheme in schemes:
+        scheme_pairs = _pairs(scheme)
+        _as_text_items(scheme_pairs.get("labels"))
+        _as_text(scheme_pairs.get("default"))
+        map_node = scheme_pairs.get("map")
+        if isinstance(map_node, MappingNode):
+            for key, value in map_node.value:
+                _as_text(key)
+                _as_text(value)
+
+
+def _pairs(node: Node | None) -> dict[str, Node]:
+    if not isinstance(node, MappingNode):
+        return {}
+    return {k.value: v for k, v in node.value if isinstance(k, ScalarNode)}
+
+
+def _as_text(node: Node | None) -> None:
+    """Retag a plain (unquoted) number, boolean or date scalar as text."""
+    if isinstance(node, ScalarNode) and node.style is None and node.tag in _RETAGGED:
+        node.tag = _STR
+
+
+def _as_text_items(node: Node | None) -> None:
+    if isinstance(node, SequenceNode):
+        for item in node.value:
+            _as_text(item)
+
+
+def _line_of(root: Node, loc: Loc) -> int:
+    """The 1-based line of the deepest node of ``loc`` present in the YAML (a key's own line)."""
+    node = root
+    line = root.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, MappingNode):
+            for key, value in node.value:
+                if isinstance(key, ScalarNode) and key.value == str(part):
+                    node, line = value, key.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif (
+            isinstance(node, SequenceNode)
+            and isinstance(part, int)
+            and 0 <= part < len(node.value)
+        ):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+# --------------------------------------------------------------------------- validation errors
+
+
+_TYPE_PHRASES = {
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "string_type": "must be text",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "dict_type": "must be a mapping (key: value)",
+    "model_type": "must be a mapping (key: value)",
+    "model_attributes_type": "must be a mapping (key: value)",
+}
+
+
+_REQUIRED_HINTS = {
+    "name": "non-empty text",
+    "version": 'text such as "1"',
+    "dataset": "a mapping with path and columns (and optionally format, csv, rows, missing)",
+    "path": "a file path (relative to the policy's folder) or a file:// URI",
+    "columns": "the columns used, each with its type",
+    "mechanisms": "a list of mechanisms (sdgs, histogram, identifiable_statistic, splu_gen)",
+    "k": "an integer >= 1",
+    "beta": "a number in (0, 1]",
+    "epsilon": "a number > 0",
+    "gamma": "an integer >= 2",
+    "rho": "a number in (0, 1)",
+    "query": "count, sum or mean",
+    "sensitive": "a list of sensitive columns",
+    "candidates": "a list of candidate scheme names",
+    "hierarchy": "the path of an ARX hierarchy CSV",
+    "level": "an integer >= 0",
+    "bins": "a list of increasing edges",
+    "t_p": "a number in (0, 1)",
+    "alpha": "an integer >= 1",
+    "t_e": "a number in (0, 1)",
+    "t_f": "a number > 0",
+}
+"""What a required field takes, for "``field`` is required: ..." messages."""
+
+
+def _user_error(exc: ValidationError, root: Node, source: str) -> UserError:
+    """One UserError for a pydantic ValidationError: its first problem by line, and a count."""
+    problems: list[tuple[Loc, str]] = []
+    for error in exc.errors(include_url=False):
+        problems.extend(_describe(error))
+    located = sorted(
+        ((_line_of(root, loc), loc, msg) for loc, msg in problems), key=lambda p: p[0]
+    )
+    line, loc, message = located[0]
+    more = len(located) - 1
+    suffix = (
+        f" (and {more} more problem{'s' if more > 1 else ''} in this policy)"
+        if more
+        else ""
+    )
+    return UserError(f"{source}, line {line}, {format_loc(loc)}: {message}{suffix}")
+
+
+def _describe(error: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """(location in the YAML, message) pairs for one pydantic error."""
+    loc = _strip_union_tags(tuple(error["loc"]))
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    cause = ctx.get("error")
+    if isinstance(cause, FieldError):
+        return [((*loc, *issue.loc), issue.message) for issue in cause.issues]
+    if cause is not None:
+        return [(loc, str(cause))]
+    name = next((str(p) for p in reversed(loc) if isinstance(p, str)), "value")
+    value = show(error.get("input"))
+    if kind == "missing":
+        hint = _REQUIRED_HINTS.get(name)
+        return [(loc, f"{name} is required" + (f": {hint}" if hint else ""))]
+    if kind == "union_tag_invalid":
+        return [
+            (
+                (*loc, "type"),
+                f"type must be one of {', '.join(MECHANISM_TYPES)}; got {show(ctx.get('tag'))}",
+            )
+        ]
+    if kind == "union_tag_not_found":
+        return [
+            ((*loc, "type"), f"type is required: one of {', '.join(MECHANISM_TYPES)}")
+        ]
+    if kind == "scheme_form":
+        return [(loc, f"{error['msg']}; got {value}")]
+    if kind == "literal_error":
+        return [(loc, f"{name} must be one of {ctx.get('expected')}; got {value}")]
+    if kind == "too_short":
+        count = ctx.get("min_length", 1)
+        return [
+            (
+                loc,
+                f"{name} must have at least {count} entr{'y' if count == 1 else 'ies'}; got {value}",
+            )
+        ]
+    phrase = _TYPE_PHRASES.get(kind)
+    if phrase is not None:
+        return [(loc, f"{name} {phrase}; got {value}")]
+    return [(loc, f"{name}: {error['msg']}; got {value}")]
+
+
+def _strip_union_tags(loc: Loc) -> Loc:
+    """Drop the union tags pydantic puts in locations (``mechanisms.0.sdgs.beta``)."""
+    parts = [p for p in loc if p != "[key]"]
+    if (
+        len(parts) >= 3
+        and parts[0] == "mechanisms"
+        and parts[2] in MECHANISM_TYPES
+        or len(parts) >= 3
+        and parts[0] == "generalization"
+        and parts[2] in SCHEME_TYPES
+    ):
+        del parts[2]
+    elif (
+        len(parts) >= 4 and parts[0] == "candidate_schemes" and parts[3] in SCHEME_TYPES
+    ):
+        del parts[3]
+    return tuple(parts)
+
+
+# --------------------------------------------------------------------------- hierarchies
+
+
+def _read_hierarchies(
+    policy: Policy, base_dir: Path, root: Node, source: str
+) -> dict[str, Hierarchy]:
+    """Parse every hierarchy file the policy names; one file per column; check each level."""
+    files: dict[str, tuple[Path, Loc]] = {}
+    hierarchies: dict[str, Hierarchy] = {}
+    for loc, column, scheme in policy.scheme_locations():
+        if not isinstance(scheme, HierarchyScheme):
+            continue
+        file = resolve_path(scheme.hierarchy, base_dir)
+        if column in files and files[column][0] != file:
+            first_path, first_loc = files[column]
+            raise _fail(
+                source,
+                root,
+                (*loc, "hierarchy"),
+                f"column {column!r} already uses hierarchy {first_path} (at {format_loc(first_loc)}); "
+                f"got {file}: one hierarchy file per column",
+            )
+        if column not in hierarchies:
+            try:
+                hierarchies[column] = read_hierarchy(file)
+            except ValueError as exc:
+                raise _fail(source, root, (*loc, "hierarchy"), str(exc)) from None
+            files[column] = (file, loc)
+        rows = hierarchies[column]
+        depth = len(rows[0]) - 1
+        if scheme.level > depth:
+            raise _fail(
+                source,
+                root,
+                (*loc, "level"),
+                f"level must be between 0 and {depth} for hierarchy {file.name} ({depth + 1} columns: "
+                f"levels 0..{depth}); got {scheme.level}",
+            )
+        spec = policy.dataset.columns[column]
+        if spec.values is not None:
+            leaves = {row[0] for row in rows}
+            missing = [v for v in spec.values if str(v) not in leaves]
+            if missing:
+                raise _fail(
+                    source,
+                    root,
+                    (*loc, "hierarchy"),
+                    f"declared value(s) {show(missing)} of column {column!r} are not leaves of hierarchy {file}",
+                )
+    return hierarchies
+
+
+def read_hierarchy(path: Path) -> Hierarchy:
+    """Parse an ARX hierarchy CSV (``value;level1;...;*``, no header); ValueError if malformed.
+
+    Blank lines are skipped. Every row has the same number (>= 2) of columns, leaves are unique
+    and the last column is ``*`` everywhere.
+    """
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            numbered = [
+                (n, tuple(row))
+                for n, row in enumerate(
+                    csv.reader(handle, delimiter=HIERARCHY_DELIMITER), 1
+                )
+                if row
+            ]
+    except FileNotFoundError:
+        raise ValueError(
+            f"hierarchy file not found: {path} (relative paths resolve against the policy's folder)"
+        ) from None
+    except IsADirectoryError:
+        raise ValueError(
+            f"hierarchy path is a folder, not a CSV file: {path}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"hierarchy file {path} is not UTF-8 text (byte {exc.start})"
+        ) from None
+    except csv.Error as exc:
+        raise ValueError(f"hierarchy file {path} is not valid CSV: {exc}") from None
+    if not numbered:
+        raise ValueError(
+            f"hierarchy file {path} is empty; expected rows value;level1;...;*"
+        )
+    first_line, first = numbered[0]
+    if len(first) < 2:
+        raise ValueError(
+            f"hierarchy file {path} has one column (row {first_line}: {show(first)}); expected at least "
+            f"value;* separated by {HIERARCHY_DELIMITER!r}"
+        )
+    leaves: dict[str, int] = {}
+    for line, row in numbered:
+        if len(row) != len(first):
+            raise ValueError(
+                f"hierarchy file {path} is ragged: row {line} has {len(row)} columns but row {first_line} "
+                f"has {len(first)}; every row must have the same number of columns"
+            )
+        if row[-1] != "*":
+            raise ValueError(
+                f"hierarchy file {path}: row {line} ends with {row[-1]!r}; the last column must be '*' in every row"
+            )
+        if row[0] in leaves:
+            raise ValueError(
+                f"hierarchy file {path}: leaf {row[0]!r} appears in rows {leaves[row[0]]} and {line}; "
+                "each value may appear once"
+            )
+        leaves[row[0]] = line
+    return tuple(row for _, row in numbered)

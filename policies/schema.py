@@ -1,0 +1,962 @@
+"""The release policy: pydantic v2 models of what a policy YAML may say, with its validation rules.
+
+Every model is frozen and forbids unknown fields. Parameters keep the papers' names: ``beta``
+(sampling probability) and ``k`` (minimum cell size) of (k, beta)-SDGS (Li, Qardaji, Su,
+Algorithm 4), ``epsilon``/``delta`` of (eps, delta)-DP, ``rho`` of rho-differential
+identifiability (Lee & Clifton), ``gamma`` (decoy group size) of SPLU-Gen (Fu et al.).
+
+A validation failure raises :class:`FieldError` carrying the location (relative to the model that
+raised it) and a message that names the value and what is allowed, so the loader can point at the
+YAML line. The rules that need files (hierarchy CSVs) live in :mod:`.loader`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import difflib
+import math
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+
+from privrelease.mechanisms.schemes import (
+    Bins,
+    ColumnScheme,
+    Keep,
+    Suppress,
+    TopBottomCoding,
+    ValueMap,
+)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Strict,
+    StrictBool,
+    StrictStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+Loc = tuple[str | int, ...]
+Hierarchy = tuple[tuple[str, ...], ...]
+"""A parsed ARX hierarchy: one row per leaf, ``row[L]`` is the label at level L, ``row[-1] == "*"``."""
+
+
+# --------------------------------------------------------------------------- errors and display
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One validation failure: where (a path of keys and indices) and what is wrong."""
+
+    loc: Loc
+    message: str
+
+
+class FieldError(ValueError):
+    """Validation failure(s) at locations relative to the model that raised it."""
+
+    @classmethod
+    def at(cls, loc: Loc, message: str) -> FieldError:
+        """One issue at ``loc``."""
+        return cls(Issue(loc, message))
+
+    def __init__(self, *issues: Issue) -> None:
+        assert issues
+        self.issues = issues
+        super().__init__("; ".join(f"{format_loc(i.loc)}: {i.message}" for i in issues))
+
+
+def format_loc(loc: Loc) -> str:
+    """``("mechanisms", 0, "beta")`` -> ``mechanisms[0].beta``; odd keys are bracket-quoted."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out or "(top level)"
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """A short, readable rendering of a user's value for an error message."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = _num(value)
+    elif isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(show(v, limit) for v in value) + "]"
+    elif isinstance(value, dict):
+        text = (
+            "{"
+            + ", ".join(f"{show(k)}: {show(v, limit)}" for k, v in value.items())
+            + "}"
+        )
+    elif value is None:
+        text = "null"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _num(value: float) -> str:
+    """``20.0`` -> ``20``; other floats by their shortest round-trip repr."""
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+# --------------------------------------------------------------------------- field types
+
+
+def _check(
+    name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool = False
+) -> BeforeValidator:
+    """A validator raising "``name`` must be ``allowed``; got ``value``" for a wrong type or range.
+
+    Numbers only: booleans, text and non-finite values are refused; an integer field refuses 2.5
+    (and 20.0: YAML says what it means).
+    """
+    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+
+    def check(value: Any) -> Any:
+        numeric = (
+            isinstance(value, kinds)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        )
+        if not (numeric and ok(value)):
+            raise ValueError(f"{name} must be {allowed}; got {show(value)}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _number_as_text(value: Any) -> Any:
+    """YAML numbers where text is expected (``version: 1``) are taken as their text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _num(value) if isinstance(value, float) else str(value)
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError(f"must be non-empty text; got {show(value)}")
+    return value
+
+
+def _unique(items: tuple[str, ...]) -> tuple[str, ...]:
+    seen: set[str] = set()
+    for item in items:
+        if item in seen:
+            raise ValueError(
+                f"must not repeat an entry; {item!r} appears twice in {show(items)}"
+            )
+        seen.add(item)
+    return items
+
+
+Text = Annotated[StrictStr, BeforeValidator(_number_as_text)]
+Name = Annotated[Text, AfterValidator(_not_blank)]
+Names = Annotated[tuple[Name, ...], AfterValidator(_unique)]
+Number = Annotated[float, Strict()]
+Integer = Annotated[int, Strict()]
+
+
+def _at_least(count: int, what: str) -> AfterValidator:
+    """An after-validator: the list or mapping has at least ``count`` entries.
+
+    (Used instead of ``Field(min_length=...)``, which pydantic also reports when an item fails.)
+    """
+
+    def check(value: Any) -> Any:
+        if len(value) < count:
+            raise ValueError(f"must list at least {count} {what}; got {show(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
+Beta = Annotated[float, _check("beta", "in (0, 1]", lambda v: 0 < v <= 1)]
+K = Annotated[int, _check("k", "an integer >= 1", lambda v: v >= 1, integer=True)]
+Gamma = Annotated[
+    int, _check("gamma", "an integer >= 2", lambda v: v >= 2, integer=True)
+]
+Epsilon = Annotated[float, _check("epsilon", ">= 0", lambda v: v >= 0)]
+PositiveEpsilon = Annotated[float, _check("epsilon", "> 0", lambda v: v > 0)]
+Rho = Annotated[float, _check("rho", "in (0, 1)", lambda v: 0 < v < 1)]
+Delta = Annotated[float, _check("delta", "in (0, 1)", lambda v: 0 < v < 1)]
+Level = Annotated[
+    int, _check("level", "an integer >= 0", lambda v: v >= 0, integer=True)
+]
+Rows = Annotated[int, _check("rows", "an integer >= 1", lambda v: v >= 1, integer=True)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields_only(cls, data: Any) -> Any:
+        """Reject unknown keys with the list of allowed ones (clearer than pydantic's message)."""
+        if isinstance(data, dict):
+            for key in data:
+                if key not in cls.model_fields:
+                    fields = list(cls.model_fields)
+                    close = difflib.get_close_matches(str(key), fields, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    message = (
+                        f"unknown field {key!r}{hint}; allowed: {', '.join(fields)}"
+                    )
+                    raise FieldError.at((key,), message)
+        return data
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+class CsvOptions(_Model):
+    """How to read a CSV file. ``delimiter`` None: sniffed from the file."""
+
+    delimiter: Text | None = None
+    quote: Text = '"'
+    header: StrictBool = True
+    encoding: Text = "utf-8"
+
+    @field_validator("delimiter", "quote")
+    @classmethod
+    def _one_character(cls, value: str | None, info: Any) -> str | None:
+        if value is not None and (len(value) != 1 or value in "\r\n"):
+            raise ValueError(
+                f"{info.field_name} must be one character (not a newline); got {show(value)}"
+            )
+        return value
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        try:
+            return codecs.lookup(value).name
+        except LookupError:
+            raise ValueError(
+                f"encoding must be a Python codec name such as utf-8 or latin-1; got {show(value)}"
+            ) from None
+
+
+ColumnType = Literal["string", "integer", "float"]
+
+
+class ColumnSpec(_Model):
+    """A column the policy uses: its type and, optionally, its declared (public) domain."""
+
+    type: ColumnType
+    values: tuple[Any, ...] | None = None
+
+    @field_validator("values")
+    @classmethod
+    def _values_match_type(
+        cls, values: tuple[Any, ...] | None, info: Any
+    ) -> tuple[Any, ...] | None:
+        if values is None:
+            return None
+        kind = info.data.get("type")
+        if kind is None:
+            return values
+        if not values:
+            raise ValueError(f"values must list at least one value; got {show(values)}")
+        converted = tuple(_as_column_value(kind, i, v) for i, v in enumerate(values))
+        seen: dict[Any, int] = {}
+        for i, v in enumerate(converted):
+            if v in seen:
+                raise FieldError.at(
+                    (i,), f"value {show(v)} is listed twice (at {seen[v]} and {i})"
+                )
+            seen[v] = i
+        return converted
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in ("integer", "float")
+
+
+def _as_column_value(kind: str, index: int, value: Any) -> Any:
+    """A declared value converted to the column's type, or a FieldError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise FieldError.at(
+            (index,),
+            f"a declared value must be text or a number; got {show(value)}",
+        )
+    if kind == "string":
+        return _number_as_text(value)
+    if kind == "integer" and isinstance(value, int):
+        return value
+    if kind == "float" and isinstance(value, (int, float)):
+        return float(value)
+    allowed = "an integer" if kind == "integer" else "a number"
+    raise FieldError.at(
+        (index,), f"a value of a {kind} column must be {allowed}; got {show(value)}"
+    )
+
+
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
+
+
+class Dataset(_Model):
+    """The input: where it is, how to read it, and the columns the policy uses."""
+
+    path: Name
+    format: Literal["csv", "parquet"] = "csv"
+    csv: CsvOptions | None = None
+    rows: Rows | None = None
+    missing: Literal["reject", "drop"] = "reject"
+    missing_values: tuple[Text, ...] = ("", "?")
+    columns: Annotated[dict[Name, ColumnSpec], _at_least(1, "column")]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_format(cls, data: Any) -> Any:
+        """``format`` defaults from the file suffix; a CSV gets default ``csv`` options."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "format" not in data and isinstance(data.get("path"), str):
+            suffix = data["path"].lower().rsplit(".", 1)[-1]
+            data["format"] = "parquet" if suffix in ("parquet", "pq") else "csv"
+        if data.get("format") == "csv" and data.get("csv") is None:
+            data["csv"] = {}
+        return data
+
+    @field_validator("path")
+    @classmethod
+    def _file_path_or_uri(cls, value: str) -> str:
+        match = _URI.match(value)
+        if match and match.group(1).lower() != "file":
+            raise ValueError(
+                f"path must be a file path or a file:// URI; got {show(value)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _csv_options_only_for_csv(self) -> Dataset:
+        if self.format == "parquet" and self.csv is not None:
+            raise FieldError.at(
+                ("csv",),
+                "csv options apply to format csv only; this dataset is parquet",
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- generalization schemes
+
+
+class _Scheme(_Model):
+    numeric: ClassVar[bool] = False
+    """True for schemes that need an integer or float column (bins, top/bottom coding)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_word(cls, data: Any) -> Any:
+        """The bare words ``keep`` and ``suppress`` stand for their scheme."""
+        if isinstance(data, str) and data == cls.model_fields["type"].default:
+            return {"type": data}
+        return data
+
+    def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
+        """The compiled, data-independent scheme (``hierarchy``: the parsed rows, hierarchies only)."""
+        raise NotImplementedError
+
+
+class KeepScheme(_Scheme):
+    """``keep``: publish the value as is."""
+
+    type: Literal["keep"] = "keep"
+
+    def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
+        return Keep()
+
+
+class SuppressScheme(_Scheme):
+    """``suppress``: every value becomes ``*``."""
+
+    type: Literal["suppress"] = "suppress"
+
+    def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
+        return Suppress()
+
+
+class HierarchyScheme(_Scheme):
+    """An ARX hierarchy CSV (``value;level1;...;*``) cut at ``level`` (0 = the value itself)."""
+
+    type: Literal["hierarchy"] = "hierarchy"
+    hierarchy: Name
+    level: Level
+
+    def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
+        """``ValueMap(leaf -> row[level], default=None)``: a value that is no leaf is out of domain."""
+        assert hierarchy is not None, (
+            "a hierarchy scheme compiles from the parsed hierarchy rows"
+        )
+        assert self.level < len(hierarchy[0]), (
+            "the loader checks level against the depth"
+        )
+        return ValueMap(
+            mapping=tuple((row[0], row[self.level]) for row in hierarchy), default=None
+        )
+
+
+class BinsScheme(_Scheme):
+    """Interval bins ``[bins[i], bins[i+1])``, the last closed; ``labels`` one per bin."""
+
+    type: Literal["bins"] = "bins"
+    bins: tuple[Number, ...]
+    labels: tuple[Text, ...] | None = None
+    numeric: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _edges_increase(self) -> BinsScheme:
+        edges = self.bins
+        if len(edges) < 2:
+            raise FieldError.at(
+                ("bins",), f"bins must list at least two edges; got {show(edges)}"
+            )
+        for i in range(len(edges) - 1):
+            lo, hi = edges[i], edges[i + 1]
+            if hi == lo:
+                problem = f"edge {_num(lo)} is repeated (an empty bin [{_num(lo)}, {_num(hi)}))"
+            elif hi < lo:
+                problem = (
+                    f"edge {_num(lo)} is followed by the smaller edge {_num(hi)}, so bin "
+                    f"[{_num(lo)}, {_num(hi)}) is reversed and overlaps its neighbours"
+                )
+            else:
+                continue
+            raise FieldError.at(
+                ("bins",),
+                f"bins must be strictly increasing edges; got {show(edges)}: {problem}",
+            )
+        if self.labels is not None and len(self.labels) != len(edges) - 1:
+            raise FieldError.at(
+                ("labels",),
+                f"labels must give one label per bin: {len(edges) - 1} bins from "
+                f"{len(edges)} edges {show(edges)}; got {len(self.labels)} labels {show(self.labels)}",
+            )
+        return self
+
+    def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
+        return Bins(edges=self.bins, labels=self.labels)
+
+
+class TopBottomScheme(_Scheme):
+    """Top/bottom coding: values >= ``top`` / <= ``bottom`` become one label each."""
+
+    type: Literal["top_bottom"] = "top_bottom"
+    top: Number | None = None
+    bottom: Number | None = None
+    numeric: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TopBottomScheme:
+        if self.top is None and self.bottom is None:
+            raise FieldError.at(
+                ("top",), "top/bottom coding needs top, bottom or both; got neither"
+            )
+        if (
+            self.top is not None
+            and self.bottom is not None
+            and not self.bottom < self.top
+        ):
+            raise FieldError.at(
+                ("bottom",),
+                f"bottom must be < top; got bottom {_num(self.bottom)}, top {_num(self.top)}",
+            )
+        return self
+
+    def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
+        return TopBottomCoding(lower=self.bottom, upper=self.top)
+
+
+class MapScheme(_Scheme):
+    """An explicit value map; ``default`` labels every other value (absent: others are errors)."""
+
+    type: Literal["map"] = "map"
+    map: Annotated[dict[Text, Text], _at_least(1, "entry")]
+    default: Text | None = None
+
+    def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
+        return ValueMap(mapping=tuple(self.map.items()), default=self.default)
+
+
+SCHEME_TYPES = ("keep", "suppress", "hierarchy", "bins", "top_bottom", "map")
+_SCHEME_KEYS = (
+    ("hierarchy", "hierarchy"),
+    ("bins", "bins"),
+    ("map", "map"),
+    ("top", "top_bottom"),
+)
+
+
+def _scheme_type(value: Any) -> str | None:
+    """Which scheme form a YAML value is: a bare word, an explicit ``type``, or its key."""
+    if isinstance(value, _Scheme):
+        return getattr(value, "type", None)
+    if isinstance(value, str):
+        return value if value in ("keep", "suppress") else None
+    if isinstance(value, dict):
+        if "type" in value:
+            return value["type"] if value["type"] in SCHEME_TYPES else None
+        for key, kind in (*_SCHEME_KEYS, ("bottom", "top_bottom")):
+            if key in value:
+                return kind
+    return None
+
+
+Scheme = Annotated[
+    Annotated[KeepScheme, Tag("keep")]
+    | Annotated[SuppressScheme, Tag("suppress")]
+    | Annotated[HierarchyScheme, Tag("hierarchy")]
+    | Annotated[BinsScheme, Tag("bins")]
+    | Annotated[TopBottomScheme, Tag("top_bottom")]
+    | Annotated[MapScheme, Tag("map")],
+    Discriminator(
+        _scheme_type,
+        custom_error_type="scheme_form",
+        custom_error_message=(
+            "a generalization scheme must be keep, suppress, {hierarchy, level}, {bins, labels}, "
+            "{top, bottom} or {map, default}"
+        ),
+    ),
+]
+
+
+# --------------------------------------------------------------------------- mechanisms
+
+
+class ColumnRef(NamedTuple):
+    """A column a mechanism uses, where (relative loc) and what it needs."""
+
+    loc: Loc
+    column: str
+    needs_scheme: bool = False
+    numeric: bool = False
+    needs_domain: bool = False
+
+
+class SelectScheme(_Model):
+    """eps-safe k-anonymization: the exponential mechanism picks one of ``candidates``."""
+
+    epsilon: PositiveEpsilon
+    candidates: Annotated[Names, _at_least(2, "candidate schemes to choose from")]
+
+
+class _Mechanism(_Model):
+    name: Name
+
+    def column_refs(self) -> list[ColumnRef]:
+        """Every column the mechanism uses."""
+        return []
+
+    @property
+    def samples(self) -> bool:
+        """True when the mechanism runs on a Bernoulli(beta) sample with beta < 1."""
+        return False
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """Candidate scheme names the mechanism chooses among (none: ``generalization`` only)."""
+        return ()
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """Problems only the whole policy shows (beyond the columns, checked for every kind)."""
+        return iter(())
+
+
+class _Generalizing(_Mechanism):
+    """Shared fields of SDGS and the crowd-blending histogram (epsilon needed when sampling)."""
+
+    columns: Annotated[Names, _at_least(1, "column")]
+    k: K
+    beta: Beta = 1.0
+    epsilon: Epsilon | None = None
+
+    def column_refs(self) -> list[ColumnRef]:
+        return [
+            ColumnRef(("columns", i), c, needs_scheme=True)
+            for i, c in enumerate(self.columns)
+        ]
+
+    @property
+    def samples(self) -> bool:
+        return self.beta < 1
+
+    @model_validator(mode="after")
+    def _epsilon_when_sampling(self) -> _Generalizing:
+        if self.epsilon is None and self.beta < 1:
+            raise FieldError.at(
+                ("epsilon",),
+                f"epsilon is required when beta < 1 (beta is {_num(self.beta)}): the epsilon "
+                "at which delta = d(k, beta, epsilon) is stated, a number >= 0",
+            )
+        return self
+
+
+class SdgsMechanism(_Generalizing):
+    """(k, beta)-SDGS microdata (Li, Qardaji, Su, Algorithm 4): sample with probability beta,
+    generalize by the fixed scheme, suppress generalized rows occurring fewer than k times."""
+
+    type: Literal["sdgs"]
+    beta: Beta
+    select_scheme: SelectScheme | None = None
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return self.select_scheme.candidates if self.select_scheme else ()
+
+
+class HistogramMechanism(_Generalizing):
+    """Crowd-blending histogram (Gehrke et al.): counts of generalized cells, cells below k
+    removed; on a Bernoulli(beta) sample when ``beta`` < 1 (default 1: no sampling)."""
+
+    type: Literal["histogram"]
+
+
+class IdentifiableStatisticMechanism(_Mechanism):
+    """A count, sum or mean with Laplace noise calibrated to rho-differential identifiability
+    (Lee & Clifton, Theorem 1: lambda = S(f) / ln((m - 1) rho / (1 - rho))), per ``by`` group."""
+
+    type: Literal["identifiable_statistic"]
+    query: Literal["count", "sum", "mean"]
+    column: Name | None = None
+    lower: Number | None = None
+    upper: Number | None = None
+    rho: Rho
+    by: Names = ()
+
+    def column_refs(self) -> list[ColumnRef]:
+        refs = [
+            ColumnRef(("by", i), c, needs_domain=True) for i, c in enumerate(self.by)
+        ]
+        if self.column is not None:
+            refs.insert(
+                0, ColumnRef(("column",), self.column, numeric=self.query != "count")
+            )
+        return refs
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """A mean needs the public row count; bounds of an integer column are whole numbers."""
+        if self.query == "mean" and policy.dataset.rows is None:
+            yield Issue(
+                (*here, "query"),
+                "a mean needs dataset.rows (the public number of rows, its denominator); "
+                "add dataset.rows: an integer >= 1",
+            )
+        spec = policy.dataset.columns.get(self.column or "")
+        if spec is not None and spec.type == "integer":
+            for field in ("lower", "upper"):
+                bound = getattr(self, field)
+                if bound is not None and bound != int(bound):
+                    yield Issue(
+                        (*here, field),
+                        f"{field} must be a whole number for the integer column {self.column!r}; got {_num(bound)}",
+                    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> IdentifiableStatisticMechanism:
+        if self.query == "count":
+            for field in ("lower", "upper"):
+                if getattr(self, field) is not None:
+                    raise FieldError.at(
+                        (field,),
+                        f"{field} applies to sum and mean only; remove it for a count",
+                    )
+            return self
+        for field in ("column", "lower", "upper"):
+            if getattr(self, field) is None:
+                what = (
+                    "the numeric column to aggregate"
+                    if field == "column"
+                    else "a number (the clamp bound)"
+                )
+                raise FieldError.at((field,), f"a {self.query} needs {field}: {what}")
+        assert self.lower is not None and self.upper is not None
+        if not self.lower < self.upper:
+            raise FieldError.at(
+                ("upper",),
+                f"lower must be < upper; got lower {_num(self.lower)}, upper {_num(self.upper)}",
+            )
+        return self
+
+
+class SpluGenMechanism(_Mechanism):
+    """SPLU-Gen (Fu et al., Section 3): each ``sensitive`` value replaced by a uniform pick among
+    its decoy group of size gamma; ``columns`` published generalized by their schemes."""
+
+    type: Literal["splu_gen"]
+    gamma: Gamma
+    sensitive: Annotated[Names, _at_least(1, "sensitive column")]
+    columns: Names = ()
+
+    def column_refs(self) -> list[ColumnRef]:
+        refs = [ColumnRef(("sensitive", i), c) for i, c in enumerate(self.sensitive)]
+        return refs + [
+            ColumnRef(("columns", i), c, needs_scheme=True)
+            for i, c in enumerate(self.columns)
+        ]
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """A sensitive column with a declared domain needs at least gamma values."""
+        for j, column in enumerate(self.sensitive):
+            spec = policy.dataset.columns.get(column)
+            if (
+                spec is not None
+                and spec.values is not None
+                and len(spec.values) < self.gamma
+            ):
+                yield Issue(
+                    (*here, "sensitive", j),
+                    f"sensitive column {column!r} declares {len(spec.values)} values; decoy groups "
+                    f"of size gamma = {self.gamma} need at least {self.gamma} distinct values",
+                )
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> SpluGenMechanism:
+        for i, column in enumerate(self.columns):
+            if column in self.sensitive:
+                raise FieldError.at(
+                    ("columns", i),
+                    f"column {column!r} is listed as sensitive too; a column is one or the other",
+                )
+        return self
+
+
+MECHANISM_TYPES = ("sdgs", "histogram", "identifiable_statistic", "splu_gen")
+Mechanism = Annotated[
+    SdgsMechanism
+    | HistogramMechanism
+    | IdentifiableStatisticMechanism
+    | SpluGenMechanism,
+    Field(discriminator="type"),
+]
+
+
+# --------------------------------------------------------------------------- targets
+
+
+class SpluPrivacyTarget(_Model):
+    """(eps, T_p, alpha) small-sum privacy (Fu et al., Definition 3 / Theorem 4): every sum of
+    at most alpha is estimated with relative error >= epsilon with probability >= t_p."""
+
+    epsilon: PositiveEpsilon
+    t_p: Annotated[float, _check("t_p", "in (0, 1)", lambda v: 0 < v < 1)]
+    alpha: Annotated[
+        int, _check("alpha", "an integer >= 1", lambda v: v >= 1, integer=True)
+    ]
+
+
+class SpluUtilityTarget(_Model):
+    """(eps, T_E, T_f) large-sum utility (Fu et al., Lemma 1): sums of at least t_f are estimated
+    with relative error >= epsilon with probability at most t_e."""
+
+    epsilon: PositiveEpsilon
+    t_e: Annotated[float, _check("t_e", "in (0, 1)", lambda v: 0 < v < 1)]
+    t_f: Annotated[float, _check("t_f", "> 0", lambda v: v > 0)]
+
+
+class LifetimeBudget(_Model):
+    """The dataset's lifetime (epsilon, delta) budget across all runs."""
+
+    epsilon: PositiveEpsilon
+    delta: Annotated[float, _check("delta", "in [0, 1)", lambda v: 0 <= v < 1)] = 0.0
+
+
+class Targets(_Model):
+    """What the release must guarantee; checked before any data is read."""
+
+    accounting: Literal["probabilistic", "approximate"] = "probabilistic"
+    max_epsilon: (
+        Annotated[float, _check("max_epsilon", ">= 0", lambda v: v >= 0)] | None
+    ) = None
+    delta: Delta | None = None
+    rho: Rho | None = None
+    splu_privacy: SpluPrivacyTarget | None = None
+    splu_utility: SpluUtilityTarget | None = None
+    lifetime_budget: LifetimeBudget | None = None
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+class Policy(_Model):
+    """A release policy: the dataset, the fixed generalization, the mechanisms and the targets."""
+
+    name: Name
+    version: Name
+    description: Text | None = None
+    dataset: Dataset
+    generalization: dict[Name, Scheme] = {}
+    candidate_schemes: dict[
+        Name, Annotated[dict[Name, Scheme], _at_least(1, "column scheme")]
+    ] = {}
+    mechanisms: Annotated[tuple[Mechanism, ...], _at_least(1, "mechanism")]
+    targets: Targets = Targets()
+
+    def scheme_for(self, column: str, candidate: str | None = None) -> _Scheme | None:
+        """The scheme of ``column``: the candidate's when it defines one, else ``generalization``."""
+        if candidate is not None and column in self.candidate_schemes.get(
+            candidate, {}
+        ):
+            return self.candidate_schemes[candidate][column]
+        return self.generalization.get(column)
+
+    def mechanism(self, name: str) -> Mechanism:
+        """The mechanism called ``name``."""
+        for mechanism in self.mechanisms:
+            if mechanism.name == name:
+                return mechanism
+        raise KeyError(name)
+
+    def scheme_locations(self) -> Iterator[tuple[Loc, str, _Scheme]]:
+        """Every scheme in the policy with its location and column."""
+        for column, scheme in self.generalization.items():
+            yield ("generalization", column), column, scheme
+        for name, schemes in self.candidate_schemes.items():
+            for column, scheme in schemes.items():
+                yield ("candidate_schemes", name, column), column, scheme
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        issues = [
+            *_check_schemes(self),
+            *_check_mechanisms(self),
+            *_check_targets(self),
+        ]
+        if issues:
+            raise FieldError(*issues)
+        return self
+
+
+def _declared(policy: Policy) -> str:
+    return ", ".join(policy.dataset.columns)
+
+
+def _check_schemes(policy: Policy) -> Iterator[Issue]:
+    columns = policy.dataset.columns
+    for loc, column, scheme in policy.scheme_locations():
+        spec = columns.get(column)
+        if spec is None:
+            yield Issue(
+                loc,
+                f"column {column!r} is not declared in dataset.columns; declared: {_declared(policy)}",
+            )
+            continue
+        if scheme.numeric and not spec.numeric:
+            yield Issue(
+                loc,
+                f"a {scheme.type} scheme needs an integer or float column; "
+                f"dataset.columns.{column} has type {spec.type}",
+            )
+        elif spec.values is not None:
+            yield from _check_domain(loc, column, scheme, spec.values)
+
+
+def _check_domain(
+    loc: Loc, column: str, scheme: _Scheme, values: Sequence[Any]
+) -> Iterator[Issue]:
+    """Each declared value of the column must be inside the scheme's domain."""
+    if isinstance(scheme, MapScheme) and scheme.default is None:
+        missing = [v for v in values if _number_as_text(v) not in scheme.map]
+        if missing:
+            yield Issue(
+                (*loc, "map"),
+                f"map has no entry for the declared value(s) {show(missing)} of column {column!r}; "
+                "add them or give a default",
+            )
+    elif isinstance(scheme, BinsScheme):
+        outside = [v for v in values if not scheme.bins[0] <= v <= scheme.bins[-1]]
+        if outside:
+            yield Issue(
+                (*loc, "bins"),
+                f"declared value(s) {show(outside)} of column {column!r} fall outside the bins "
+                f"[{_num(scheme.bins[0])}, {_num(scheme.bins[-1])}]",
+            )
+
+
+def _check_mechanisms(policy: Policy) -> Iterator[Issue]:
+    names: dict[str, int] = {}
+    for i, mechanism in enumerate(policy.mechanisms):
+        here: Loc = ("mechanisms", i)
+        if mechanism.name in names:
+            yield Issue(
+                (*here, "name"),
+                f"mechanism name {mechanism.name!r} is already used by mechanisms[{names[mechanism.name]}]; "
+                "names must be unique",
+            )
+        names.setdefault(mechanism.name, i)
+        for j, candidate in enumerate(mechanism.candidates):
+            if candidate not in policy.candidate_schemes:
+                defined = ", ".join(policy.candidate_schemes) or "none"
+                yield Issue(
+                    (*here, "select_scheme", "candidates", j),
+                    f"candidate {candidate!r} is not defined in candidate_schemes; defined: {defined}",
+                )
+        for ref in mechanism.column_refs():
+            yield from _check_ref(policy, mechanism, (*here, *ref.loc), ref)
+        yield from mechanism.policy_issues(policy, here)
+
+
+def _check_ref(
+    policy: Policy, mechanism: _Mechanism, loc: Loc, ref: ColumnRef
+) -> Iterator[Issue]:
+    spec = policy.dataset.columns.get(ref.column)
+    if spec is None:
+        yield Issue(
+            loc,
+            f"column {ref.column!r} is not declared in dataset.columns; declared: {_declared(policy)}",
+        )
+        return
+    if ref.numeric and not spec.numeric:
+        yield Issue(
+            loc,
+            f"column {ref.column!r} must be integer or float for this statistic; it is {spec.type}",
+        )
+    if ref.needs_domain and spec.values is None:
+        yield Issue(
+            loc,
+            f"group column {ref.column!r} needs declared values (dataset.columns.{ref.column}.values): "
+            "the groups are fixed before the data is read",
+        )
+    if ref.needs_scheme and ref.column not in policy.generalization:
+        candidates = [c for c in mechanism.candidates if c in policy.candidate_schemes]
+        if candidates and all(
+            ref.column in policy.candidate_schemes[c] for c in candidates
+        ):
+            return
+        where = f"generalization.{ref.column}"
+        if candidates:
+            where += " (or a scheme in every candidate: " + ", ".join(candidates) + ")"
+        yield Issue(
+            loc,
+            f"column {ref.column!r} has no generalization scheme; add {where}: keep, suppress, "
+            "a hierarchy, bins, top/bottom or a map",
+        )
+
+
+def _check_targets(policy: Policy) -> Iterator[Issue]:
+    if policy.targets.delta is not None:
+        return
+    for i, mechanism in enumerate(policy.mechanisms):
+        if mechanism.samples:
+            assert isinstance(mechanism, _Generalizing)
+            yield Issue(
+                ("targets", "delta"),
+                f"targets.delta is required when a mechanism samples (mechanisms[{i}] {mechanism.name!r} "
+                f"has beta {_num(mechanism.beta)} < 1): the delta to check against, in (0, 1)",
+            )
+            return
