@@ -47,6 +47,11 @@ Choices this module makes (the paper leaves them to the user):
   declared public row count N: ``(upper - lower) / N`` (Section 5: ``98 / 48842``); ``count``
   by group: 2. An ungrouped count of rows is the same in every possible world (each has N rows),
   so it discloses nothing about who is in the data: it is refused as a query needing no noise.
+  S(f) for one given D' is smaller than Delta_f in the paper's examples (Section 3.5: Delta_f =
+  9/4 while the worlds' means span 6/4; Section 4: S = 8/3 for D' = {1, 3} while the bounds
+  1..10 give 9/3); a release planned before data access cannot know D', so it uses the maximum,
+  and then S(f) equals the replace-one sensitivity. Table 4's Std. Dev. rows use data-dependent
+  S(f) values; :func:`laplace_scale` reproduces them from the printed S(f).
 
 Equivalent epsilon. The calibrated mechanism is epsilon-DP with ``epsilon = Delta_f / lambda``,
 ``Delta_f`` the query's global sensitivity for *bounded* DP (Definition 1: neighbours replace one
@@ -57,6 +62,9 @@ maximisation over D' of Definition 3 is exactly the replace-one sensitivity), so
 ``rho = 1 / (1 + (m - 1) e^-epsilon)``-identifiable (Section 4.1, via Eq. 6). For the add/remove
 neighbours used by SDGS (Li, Qardaji, Su) ``Calibration.sensitivity_add_remove`` gives
 ``max(|lower|, |upper|)`` for a sum (``/ N`` for a mean) and 1 for counts.
+
+The noise itself (OpenDP's exact discrete sampler, not a floating-point Laplace) and the
+release on data are in :mod:`.statistics`.
 
 Numerics. ``ln((m - 1) rho / (1 - rho)) = log1p((m rho - 1) / (1 - rho))`` with the argument
 evaluated exactly in rationals (rho is a binary fraction, m an integer), so the feasibility test
