@@ -109,7 +109,7 @@ def show(value: Any, limit: int = 80) -> str:
 
 def _num(value: float) -> str:
     """``20.0`` -> ``20``; other floats by their shortest round-trip repr."""
-    if value == int(value) and abs(value) < 1e15:
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
         return str(int(value))
     return repr(value)
 

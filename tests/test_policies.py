@@ -383,6 +383,22 @@ BAD = [
     ("k zero", [("k: 20", "k: 0")], "mechanisms[0].k", 20, "got 0", "integer >= 1"),
     ("k bool", [("k: 20", "k: true")], "mechanisms[0].k", 20, "true", "integer >= 1"),
     (
+        "epsilon nan",
+        [("epsilon: 1.0", "epsilon: .nan")],
+        "mechanisms[0].epsilon",
+        21,
+        "nan",
+        ">= 0",
+    ),
+    (
+        "bins inf",
+        [("bins: [0, 20, 40, 100]", "bins: [0, .inf]")],
+        "generalization.hours.bins[1]",
+        14,
+        "inf",
+        "finite",
+    ),
+    (
         "epsilon<0",
         [("epsilon: 1.0", "epsilon: -1")],
         "mechanisms[0].epsilon",
