@@ -11,6 +11,7 @@ import sys
 
 import typer
 
+from privrelease.cli import audit as audit_commands
 from privrelease.cli import calculus
 from privrelease.cli.output import fail
 from privrelease.errors import TargetNotMet, UserError
@@ -23,6 +24,7 @@ app = typer.Typer(
     add_completion=False,
 )
 calculus.register(app)
+audit_commands.register(app)
 
 
 def main() -> None:

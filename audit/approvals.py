@@ -1,0 +1,192 @@
+"""Policy versions and their approvals.
+
+A policy is content-addressed: its ``sha256`` is the hash of its canonical form
+(:mod:`privrelease.policies`). Approving records that hash with who approved it (``--by``), the
+operating-system user (``getpass.getuser()``), the time and a note. A name@version is bound to
+one hash: a changed file under the same name and version is refused (bump ``version``). In
+production mode a run calls :func:`require_approved`, which refuses an unapproved or changed
+policy.
+"""
+
+from __future__ import annotations
+
+import getpass
+from dataclasses import dataclass
+from typing import Any
+
+from privrelease.audit import chain
+from privrelease.audit.models import Approval, PolicyVersion
+from sqlmodel import Session, col, select
+
+from privrelease.errors import UserError
+
+__all__ = [
+    "PolicyFacts",
+    "approvals_of",
+    "approve_policy",
+    "find_policy",
+    "list_policies",
+    "policy_facts",
+    "register_policy",
+    "require_approved",
+]
+
+
+@dataclass(frozen=True)
+class PolicyFacts:
+    """What the audit database keeps of a policy: name, version, hash, canonical JSON."""
+
+    name: str
+    version: str
+    sha256: str
+    canonical_json: str
+
+
+def policy_facts(loaded: Any) -> PolicyFacts:
+    """The facts of a policy loaded by ``privrelease.policies.load_policy`` (``.policy`` with
+    ``.name``/``.version``, ``.sha256``, and its canonical JSON as ``.canonical_json`` when the
+    loader provides it, else the canonical JSON of the validated model)."""
+    policy = loaded.policy
+    text = getattr(loaded, "canonical_json", None)
+    if callable(text):
+        text = text()
+    if not isinstance(text, str):
+        text = chain.canonical_json(policy.model_dump(mode="json"))
+    return PolicyFacts(
+        name=str(policy.name),
+        version=str(policy.version),
+        sha256=loaded.sha256,
+        canonical_json=text,
+    )
+
+
+def register_policy(session: Session, facts: PolicyFacts) -> PolicyVersion:
+    """Register a policy version (idempotent for the same hash). Raises :class:`UserError` when
+    name@version is already registered with another hash."""
+    existing = session.exec(
+        select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)
+    ).first()
+    if existing is not None:
+        return existing
+    clash = session.exec(
+        select(PolicyVersion).where(
+            PolicyVersion.name == facts.name, PolicyVersion.version == facts.version
+        )
+    ).first()
+    if clash is not None:
+        raise UserError(
+            f"policy {facts.name}@{facts.version} is already registered with sha256 "
+            f"{clash.sha256[:12]}; this file has {facts.sha256[:12]}: a changed policy needs a "
+            "new `version`"
+        )
+    version = PolicyVersion(
+        name=facts.name,
+        version=facts.version,
+        sha256=facts.sha256,
+        canonical_json=facts.canonical_json,
+    )
+    chain.append(
+        session,
+        "policy_registered",
+        version,
+        policy=facts.name,
+        version=facts.version,
+        sha256=facts.sha256,
+    )
+    return version
+
+
+def approve_policy(
+    session: Session,
+    facts: PolicyFacts,
+    approved_by: str,
+    *,
+    note: str | None = None,
+    os_user: str | None = None,
+) -> Approval:
+    """Register the policy version if new and record an approval of its hash."""
+    approved_by = approved_by.strip()
+    if not approved_by:
+        raise UserError("--by must name the person approving; got an empty name")
+    register_policy(session, facts)
+    approval = Approval(
+        policy_sha256=facts.sha256,
+        approved_by=approved_by,
+        os_user=os_user or getpass.getuser(),
+        note=note,
+    )
+    chain.append(
+        session,
+        "policy_approved",
+        approval,
+        sha256=facts.sha256,
+        approved_by=approved_by,
+    )
+    return approval
+
+
+def approvals_of(session: Session, sha256: str) -> list[Approval]:
+    """Approvals of a policy hash, oldest first."""
+    statement = (
+        select(Approval)
+        .where(Approval.policy_sha256 == sha256)
+        .order_by(col(Approval.approved_at), col(Approval.id))
+    )
+    return list(session.exec(statement).all())
+
+
+def require_approved(session: Session, facts: PolicyFacts) -> Approval:
+    """The earliest approval of exactly this policy hash, or :class:`UserError` saying whether
+    the policy was changed after an approval of its name@version or never approved."""
+    approvals = approvals_of(session, facts.sha256)
+    if approvals:
+        return approvals[0]
+    same_name = session.exec(
+        select(PolicyVersion).where(
+            PolicyVersion.name == facts.name, PolicyVersion.version == facts.version
+        )
+    ).first()
+    if same_name is not None and same_name.sha256 != facts.sha256:
+        raise UserError(
+            f"policy {facts.name}@{facts.version} was changed: its sha256 is "
+            f"{facts.sha256[:12]} but the registered version has {same_name.sha256[:12]}; "
+            "production mode runs only approved policies (bump `version` and approve it)"
+        )
+    raise UserError(
+        f"policy {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) is not approved; "
+        "production mode runs only approved policies: "
+        "`privrelease policy approve POLICY.yaml --by NAME`"
+    )
+
+
+def list_policies(session: Session) -> list[PolicyVersion]:
+    """Every registered policy version, by name then registration time."""
+    statement = select(PolicyVersion).order_by(
+        col(PolicyVersion.name), col(PolicyVersion.registered_at), col(PolicyVersion.id)
+    )
+    return list(session.exec(statement).all())
+
+
+def find_policy(session: Session, ref: str) -> PolicyVersion:
+    """``NAME@VERSION``, ``NAME`` (its newest registered version) or a sha256 prefix."""
+    name, _, version = ref.partition("@")
+    statement = select(PolicyVersion).where(PolicyVersion.name == name)
+    if version:
+        statement = statement.where(PolicyVersion.version == version)
+    statement = statement.order_by(
+        col(PolicyVersion.registered_at).desc(), col(PolicyVersion.id).desc()
+    )
+    found = session.exec(statement).first()
+    if found is None and not version and len(ref) >= 6:
+        by_hash = list(
+            session.exec(
+                select(PolicyVersion).where(
+                    col(PolicyVersion.sha256).startswith(ref.lower())
+                )
+            ).all()
+        )
+        if len(by_hash) == 1:
+            found = by_hash[0]
+    if found is None:
+        raise UserError(f"no registered policy {ref!r} (see `privrelease policy list`)")
+    return found

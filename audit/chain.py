@@ -1,0 +1,491 @@
+"""The hash chain over the audit log, and its verification.
+
+Every audit write appends one :class:`~privrelease.audit.models.AuditEvent` record::
+
+    hash(n) = sha256( hash(n-1) || canonical_json({"seq", "time", "kind", "payload"}) )
+
+with ``hash(0) = "0" * 64`` (UTF-8 of the hex strings concatenated). The payload names the row
+the record describes (``table``, ``key``) and that row's content hash (``row_sha256`` = sha256
+of the canonical JSON of all its columns), so editing a row is detected as well as editing,
+deleting or reordering log records. A row rewritten later (a run finishing, a reservation
+committed) gets a new record; the newest record of each row must match the row as it is.
+
+Appending is serialized: the appender locks the chain-head row (``SELECT ... FOR UPDATE`` on
+PostgreSQL; on SQLite the writing session already holds the write lock, ``BEGIN IMMEDIATE``),
+and ``seq`` is the primary key, so two processes can never fork the chain.
+
+Cutting off the newest records (and the rows they describe) leaves a shorter chain that is
+consistent in itself; an externally kept head (:func:`write_head`, a small JSON file
+``{"seq", "hash"}`` written beside the outputs and printed in the report) detects it:
+``verify(session, head=read_head(path))``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from privrelease.audit.models import (
+    AUDITED_TABLES,
+    GENESIS_HASH,
+    AuditEvent,
+    ChainHead,
+    Output,
+    Report,
+    Run,
+    utcnow,
+)
+from sqlmodel import Session, SQLModel, select
+
+from privrelease.errors import UserError
+
+__all__ = [
+    "GENESIS_HASH",
+    "Head",
+    "Problem",
+    "VerifyResult",
+    "append",
+    "canonical_json",
+    "file_sha256",
+    "head",
+    "lock",
+    "read_head",
+    "record_hash",
+    "row_sha256",
+    "verify",
+    "write_head",
+]
+
+
+# --- canonical forms and hashes -----------------------------------------------------------------
+
+
+def _canon(value: Any) -> Any:
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.isoformat(timespec="microseconds") + "Z"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # "inf", "-inf", "nan": JSON has no such numbers
+    if isinstance(value, dict):
+        return {str(key): _canon(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canon(item) for item in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"cannot put {type(value).__name__} into canonical JSON: {value!r}")
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, UTF-8 kept, datetimes as UTC ISO-8601 with microseconds and a
+    ``Z``, non-finite floats as strings: the same text on every machine and database."""
+    return json.dumps(
+        _canon(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def sha256_text(text: str) -> str:
+    """sha256 hex digest of the UTF-8 bytes of ``text``."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def row_sha256(row: SQLModel) -> str:
+    """Content hash of a table row: sha256 of the canonical JSON of ``{"table", "columns"}``."""
+    table = row.__table__  # type: ignore[attr-defined]
+    columns = {column.name: getattr(row, column.key) for column in table.columns}
+    return sha256_text(canonical_json({"table": table.name, "columns": columns}))
+
+
+def record_hash(
+    prev_hash: str, seq: int, time: datetime, kind: str, payload: Any
+) -> str:
+    """``sha256(prev_hash || canonical_json({"seq", "time", "kind", "payload"}))``."""
+    body = canonical_json({"seq": seq, "time": time, "kind": kind, "payload": payload})
+    return sha256_text(prev_hash + body)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _primary_key(row: SQLModel) -> Any:
+    (column,) = row.__table__.primary_key.columns  # type: ignore[attr-defined]
+    return getattr(row, column.key)
+
+
+# --- appending ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Head:
+    """The newest record of a chain: its ``seq`` and ``hash`` (seq 0: the empty chain)."""
+
+    seq: int
+    hash: str
+
+
+def lock(session: Session) -> ChainHead:
+    """Lock and return the chain-head row. Every audit writer calls this first, so writers are
+    serialized for the rest of their transaction (PostgreSQL: ``SELECT ... FOR UPDATE``; SQLite:
+    the writing session's ``BEGIN IMMEDIATE`` already holds the database's write lock)."""
+    statement = (
+        select(ChainHead)
+        .where(ChainHead.id == 1)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    row = session.exec(statement).first()
+    assert row is not None, (
+        "chain_head row missing: the database was not created by migrate()"
+    )
+    return row
+
+
+def append(
+    session: Session, kind: str, row: SQLModel | None = None, **facts: Any
+) -> AuditEvent:
+    """Append one record describing ``row`` (flushed first; its table, key and content hash go
+    into the payload) plus ``facts`` (small, never data). Locks the chain head; the caller's
+    transaction commits both the row and the record, or neither."""
+    head_row = lock(session)
+    payload: dict[str, Any] = dict(facts)
+    if row is not None:
+        session.add(row)
+        session.flush()
+        payload.update(
+            table=row.__table__.name,  # type: ignore[attr-defined]
+            key=_primary_key(row),
+            row_sha256=row_sha256(row),
+        )
+    seq = head_row.seq + 1
+    time = utcnow()
+    record = AuditEvent(
+        seq=seq,
+        time=time,
+        kind=kind,
+        payload_json=canonical_json(payload),
+        prev_hash=head_row.hash,
+        hash=record_hash(head_row.hash, seq, time, kind, payload),
+    )
+    session.add(record)
+    head_row.seq, head_row.hash = seq, record.hash
+    session.add(head_row)
+    session.flush()
+    return record
+
+
+def head(session: Session) -> Head:
+    """The chain's newest record as the chain-head row says."""
+    row = session.get(ChainHead, 1)
+    assert row is not None, (
+        "chain_head row missing: the database was not created by migrate()"
+    )
+    return Head(seq=row.seq, hash=row.hash)
+
+
+def write_head(path: Path | str, chain_head: Head) -> Path:
+    """Write ``{"seq", "hash"}`` to ``path`` atomically (temp file + rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temp = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(asdict(chain_head), handle, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_head(path: Path | str) -> Head:
+    """Read a head file written by :func:`write_head`."""
+    path = Path(path)
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+        seq, digest = body["seq"], body["hash"]
+    except FileNotFoundError:
+        raise
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(
+            f"chain head file {path} must hold JSON {{'seq': int, 'hash': hex}}; {error}"
+        ) from None
+    if (
+        not isinstance(seq, int)
+        or seq < 0
+        or not isinstance(digest, str)
+        or len(digest) != 64
+    ):
+        raise UserError(
+            f"chain head file {path}: seq must be an int >= 0 and hash 64 hex digits"
+        )
+    return Head(seq=seq, hash=digest)
+
+
+# --- verification -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of :func:`verify`: the record (``seq``; None for a row no record describes),
+    a short ``kind`` and a message naming the record, row or file."""
+
+    seq: int | None
+    kind: str
+    message: str
+
+
+@dataclass
+class VerifyResult:
+    """``ok`` when nothing was found; ``problems`` sorted by record, ``first`` the first one."""
+
+    records: int
+    head: Head
+    rows_checked: int = 0
+    files_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def first(self) -> Problem | None:
+        return self.problems[0] if self.problems else None
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.first
+        return {
+            "ok": self.ok,
+            "records": self.records,
+            "head": asdict(self.head),
+            "rows_checked": self.rows_checked,
+            "files_checked": self.files_checked,
+            "first_broken": asdict(first) if first else None,
+            "problems": [asdict(problem) for problem in self.problems],
+        }
+
+
+def _describe(record: AuditEvent) -> str:
+    return f"record {record.seq} ({record.kind})"
+
+
+def _check_chain(
+    records: list[AuditEvent], problems: list[Problem]
+) -> dict[tuple[str, Any], tuple[AuditEvent, dict[str, Any]]]:
+    """Walk the records in seq order; return the newest record (and payload) of every row."""
+    newest: dict[tuple[str, Any], tuple[AuditEvent, dict[str, Any]]] = {}
+    previous_hash, expected = GENESIS_HASH, 1
+    for record in records:
+        if record.seq != expected:
+            problems.append(
+                Problem(
+                    expected,
+                    "records_missing",
+                    f"records {expected}..{record.seq - 1} are missing (deleted); "
+                    f"the log jumps from {expected - 1} to {record.seq}",
+                )
+            )
+        elif record.prev_hash != previous_hash:
+            problems.append(
+                Problem(
+                    record.seq,
+                    "chain_broken",
+                    f"{_describe(record)} does not link to record {record.seq - 1}: its "
+                    f"prev_hash {record.prev_hash[:16]}... is not {previous_hash[:16]}... "
+                    "(records reordered, replaced or edited)",
+                )
+            )
+        try:
+            payload = json.loads(record.payload_json)
+        except ValueError:
+            payload = None
+        if (
+            not isinstance(payload, dict)
+            or canonical_json(payload) != record.payload_json
+        ):
+            problems.append(
+                Problem(
+                    record.seq,
+                    "record_edited",
+                    f"{_describe(record)}: payload was edited",
+                )
+            )
+        elif record_hash(
+            record.prev_hash, record.seq, record.time, record.kind, payload
+        ) != (record.hash):
+            problems.append(
+                Problem(
+                    record.seq,
+                    "record_edited",
+                    f"{_describe(record)} was edited: its hash does not match its contents",
+                )
+            )
+        if isinstance(payload, dict) and "table" in payload and "key" in payload:
+            newest[(str(payload["table"]), payload["key"])] = (record, payload)
+        previous_hash, expected = record.hash, record.seq + 1
+    return newest
+
+
+def _check_file(
+    path_text: str, expected: str, output_root: Path | None, what: str, seq: int
+) -> Problem | None:
+    path = Path(path_text)
+    if not path.is_absolute():
+        path = (output_root or Path.cwd()) / path
+    try:
+        actual = file_sha256(path)
+    except FileNotFoundError:
+        return Problem(seq, "file_missing", f"{what} {path} (record {seq}) is missing")
+    except OSError as error:
+        return Problem(seq, "file_unreadable", f"{what} {path} (record {seq}): {error}")
+    if actual != expected:
+        return Problem(
+            seq,
+            "file_edited",
+            f"{what} {path} (record {seq}) was edited: sha256 {actual[:16]}... on disk, "
+            f"{expected[:16]}... recorded",
+        )
+    return None
+
+
+def verify(
+    session: Session,
+    *,
+    head: Head | None = None,
+    output_root: Path | str | None = None,
+    check_files: bool = True,
+) -> VerifyResult:
+    """Recompute the chain, every described row's content hash and (``check_files``) the
+    sha256 of every output and report file of runs that did not fail, and compare the chain's
+    end with the chain-head row and with an external ``head`` (from :func:`read_head`).
+
+    Finds edited, deleted or reordered log records; edited or deleted rows; rows no record
+    describes (inserted outside privrelease); edited or missing files; and, given ``head``,
+    records cut off the end. ``result.first`` names the first broken record. Relative file
+    paths are resolved against ``output_root`` (default: the working directory).
+    """
+    root = Path(output_root) if output_root is not None else None
+    records = list(session.exec(select(AuditEvent).order_by(AuditEvent.seq)).all())
+    problems: list[Problem] = []
+    newest = _check_chain(records, problems)
+    last = Head(records[-1].seq, records[-1].hash) if records else Head(0, GENESIS_HASH)
+    result = VerifyResult(records=len(records), head=last)
+
+    # rows: the newest record of each row must match the row as it is now
+    intact: dict[str, dict[Any, SQLModel]] = {}
+    for table, cls in AUDITED_TABLES.items():
+        rows = {_primary_key(row): row for row in session.exec(select(cls)).all()}
+        intact[table] = {}
+        for key, row in rows.items():
+            result.rows_checked += 1
+            found = newest.get((table, key))
+            if found is None:
+                problems.append(
+                    Problem(
+                        None,
+                        "row_unrecorded",
+                        f"{table} row {key!r} is described by no audit record (inserted outside "
+                        "privrelease, or the records describing it were removed)",
+                    )
+                )
+            elif found[1].get("row_sha256") != row_sha256(row):
+                problems.append(
+                    Problem(
+                        found[0].seq,
+                        "row_edited",
+                        f"{table} row {key!r} was edited after {_describe(found[0])}",
+                    )
+                )
+            else:
+                intact[table][key] = row
+        for (record_table, key), (record, _payload) in newest.items():
+            if record_table == table and key not in rows:
+                problems.append(
+                    Problem(
+                        record.seq,
+                        "row_deleted",
+                        f"{table} row {key!r} described by {_describe(record)} was deleted",
+                    )
+                )
+
+    # files of runs that did not fail (a failed run publishes nothing)
+    if check_files:
+        runs: dict[Any, SQLModel] = intact["run"]
+        for table, cls, what in (
+            ("output", Output, "output file"),
+            ("report", Report, "report"),
+        ):
+            for key, row in intact[table].items():
+                assert isinstance(row, cls)
+                run = runs.get(row.run_id)
+                path = getattr(row, "path", None)
+                if path is None or (isinstance(run, Run) and run.status == "failed"):
+                    continue
+                result.files_checked += 1
+                seq = newest[(table, key)][0].seq
+                problem = _check_file(path, row.sha256, root, what, seq)
+                if problem:
+                    problems.append(problem)
+
+    # the end of the chain: the chain-head row, and the external head
+    stored = session.get(ChainHead, 1)
+    if stored is None or (stored.seq, stored.hash) != (last.seq, last.hash):
+        said = f"seq {stored.seq}" if stored else "nothing"
+        problems.append(
+            Problem(
+                min(last.seq + 1, stored.seq) if stored else last.seq + 1,
+                "head_mismatch",
+                f"the chain_head row says {said} but the log ends at record {last.seq}"
+                + (
+                    f": records {last.seq + 1}..{stored.seq} were removed"
+                    if stored and stored.seq > last.seq
+                    else ""
+                ),
+            )
+        )
+    if head is not None:
+        if head.seq > last.seq:
+            problems.append(
+                Problem(
+                    last.seq + 1,
+                    "truncated",
+                    f"the log ends at record {last.seq} but the external head says record "
+                    f"{head.seq}: records {last.seq + 1}..{head.seq} were removed",
+                )
+            )
+        elif head.seq > 0:
+            at = next((record for record in records if record.seq == head.seq), None)
+            if at is not None and at.hash != head.hash:
+                problems.append(
+                    Problem(
+                        head.seq,
+                        "head_mismatch",
+                        f"{_describe(at)} differs from the external head: hash "
+                        f"{at.hash[:16]}... in the log, {head.hash[:16]}... in the head file",
+                    )
+                )
+    problems.sort(key=lambda problem: (problem.seq is None, problem.seq or 0))
+    result.problems = problems
+    return result

@@ -1,0 +1,196 @@
+"""Engine, sessions and schema migrations of the audit database.
+
+The URL comes from the settings (``PRIVRELEASE_DB_URL``; default a SQLite file under the working
+folder). SQLite runs in WAL mode with a busy timeout and foreign keys on; a writing session
+starts with ``BEGIN IMMEDIATE`` so that writers are serialized from their first statement (the
+budget check and the reservation happen under one lock). PostgreSQL (``postgresql+psycopg://``)
+serializes writers by ``SELECT ... FOR UPDATE`` on the chain-head row
+(:func:`privrelease.audit.chain.lock`).
+
+The schema is created and upgraded by Alembic, configured here programmatically (no ini file is
+looked up, so it works from an installed package): :func:`migrate` is ``alembic upgrade head``.
+
+>>> engine = get_engine("sqlite://")
+>>> migrate(engine)
+>>> with session(engine) as s:
+...     s.get(ChainHead, 1).seq
+0
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from privrelease.audit.models import ChainHead  # noqa: F401  (doctest)
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Session
+
+from privrelease.errors import UserError
+from privrelease.settings import get_settings
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_S = 60.0
+_READONLY = "privrelease_readonly"
+
+_engines: dict[str, sa.Engine] = {}
+_migrated: set[str] = set()
+_lock = threading.Lock()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy (the "begin" hook below) emit BEGIN instead of the sqlite3 module, which
+    # would begin lazily and DEFERRED (a later write then fails instead of waiting).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_begin(connection: sa.Connection) -> None:
+    if connection.get_execution_options().get(_READONLY):
+        connection.exec_driver_sql("BEGIN")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def create_engine(url: str) -> sa.Engine:
+    """A new engine for ``url`` (SQLite: WAL, busy timeout, foreign keys, ``BEGIN IMMEDIATE`` for
+    writing sessions; the file's folder is created). Prefer :func:`get_engine`, which caches."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        memory = database in ("", ":memory:") or database.startswith("file::memory:")
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+        if memory:
+            kwargs["connect_args"]["check_same_thread"] = False
+            kwargs["poolclass"] = StaticPool
+        else:
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, **kwargs)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        return sa.create_engine(url, pool_pre_ping=True)
+    raise UserError(
+        f"PRIVRELEASE_DB_URL must be a sqlite:/// or postgresql+psycopg:// URL; got {url!r}"
+    )
+
+
+def get_engine(url: str | None = None) -> sa.Engine:
+    """The (cached, per process) engine for ``url``, by default the settings' ``db_url``."""
+    url = url or get_settings().db_url
+    with _lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = _engines[url] = create_engine(url)
+        return engine
+
+
+def dispose_engines(*, close: bool = True) -> None:
+    """Forget every cached engine; ``close`` its pooled connections too (not in a forked child,
+    whose inherited connections belong to the parent)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose(close=close)
+        _engines.clear()
+        _migrated.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    dispose_engines(close=False)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextmanager
+def session(
+    engine: sa.Engine | None = None, *, readonly: bool = False
+) -> Iterator[Session]:
+    """A session in one transaction: committed on normal exit, rolled back on an exception.
+
+    A writing session (the default) takes SQLite's write lock at its first statement
+    (``BEGIN IMMEDIATE``; other writers wait up to the busy timeout); ``readonly=True`` reads a
+    consistent snapshot without blocking writers. Objects stay usable after the block.
+    """
+    engine = engine or get_engine()
+    if readonly:
+        engine = engine.execution_options(**{_READONLY: True})
+    with Session(engine, expire_on_commit=False) as s:
+        try:
+            yield s
+        except BaseException:
+            s.rollback()
+            raise
+        if not readonly:
+            s.commit()
+        # closing ends a read-only transaction without expiring the objects read
+
+
+def alembic_config(connection: sa.Connection | None = None) -> Any:
+    """An Alembic ``Config`` pointing at the packaged migrations (no ini file needed)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest migration's revision id."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, f"no migrations found under {MIGRATIONS_DIR}"
+    return head
+
+
+def current_revision(engine: sa.Engine) -> str | None:
+    """The revision the database is at (None: not created yet)."""
+    with engine.connect() as connection:
+        if not sa.inspect(connection).has_table("alembic_version"):
+            return None
+        return connection.execute(
+            sa.text("SELECT version_num FROM alembic_version")
+        ).scalar()
+
+
+def migrate(engine: sa.Engine | None = None, revision: str = "head") -> None:
+    """``alembic upgrade <revision>`` on ``engine`` (default: the settings' database)."""
+    from alembic import command
+
+    engine = engine or get_engine()
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), revision)
+
+
+def open_database(url: str | None = None) -> sa.Engine:
+    """The engine for ``url`` with its schema at the newest migration (upgraded if needed,
+    checked once per process)."""
+    engine = get_engine(url)
+    key = engine.url.render_as_string(hide_password=False)
+    if key in _migrated:
+        return engine
+    from privrelease.audit.migrations.versions import HEAD_REVISION
+
+    if current_revision(engine) != HEAD_REVISION:
+        migrate(engine)
+    _migrated.add(key)
+    return engine

@@ -1,0 +1,381 @@
+"""The privacy ledger: every dataset fingerprint has a lifetime budget, and every release from it
+charges its privacy-event tree.
+
+What has been spent is the **composition of the stored trees** under the dataset's accountant
+(``privrelease.mechanisms.accountants.account(Composed(events=(...)), notion)``), never a
+running sum of numbers: an auditor replays exactly the trees stored here. Trees of committed
+releases and of live reservations count; a reservation not committed within its time to live
+(a crashed run) expires and stops counting.
+
+Protocol (a run, in order): :func:`reserve` in its own transaction, committed **before** the data
+is read; then :func:`commit` after the outputs are published, or :func:`release` on failure.
+:func:`reserve` takes the audit write lock first (:func:`privrelease.audit.chain.lock`), then
+reads the stored trees, checks the budget and inserts the reservation, all in one transaction,
+so two runs racing for the last budget cannot both get it.
+
+Budget comparisons allow a relative slack of ``1e-9`` for floating-point rounding of sums
+(three releases of epsilon 0.1 fit a budget of 0.3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from privrelease.audit import chain
+from privrelease.audit.models import Dataset, LedgerEntry, Run, utcnow
+from privrelease.audit.records import attach_dataset, finish_run
+from sqlmodel import Session, col, select
+
+from privrelease.errors import TargetNotMet, UserError
+from privrelease.settings import get_settings
+
+__all__ = [
+    "Budget",
+    "LedgerStateError",
+    "LedgerStatus",
+    "Reservation",
+    "commit",
+    "ledger_status",
+    "reap_expired",
+    "release",
+    "reserve",
+]
+
+RELATIVE_SLACK = 1e-9
+EXPIRED_REASON = (
+    "expired: not committed within the reservation time to live (crashed run?)"
+)
+
+
+class LedgerStateError(RuntimeError):
+    """A ledger entry is not in the state the operation needs (e.g. committing a released or
+    expired reservation, releasing a committed one)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An (epsilon, delta) pair: a lifetime budget, or what trees compose to."""
+
+    epsilon: float
+    delta: float
+
+    def fits(self, limit: Budget) -> bool:
+        """Within ``limit``, up to a relative slack of 1e-9 for rounding."""
+        return _within(self.epsilon, limit.epsilon) and _within(self.delta, limit.delta)
+
+    def __str__(self) -> str:
+        return f"epsilon={self.epsilon:.6g}, delta={self.delta:.6g}"
+
+
+ZERO = Budget(0.0, 0.0)
+
+
+def _within(value: float, limit: float) -> bool:
+    return value <= limit * (1 + RELATIVE_SLACK) + 1e-300
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A recorded reservation: the ledger entry, and the ledger before and after this release."""
+
+    entry_id: int
+    dataset: str
+    run_id: str
+    notion: str
+    expires_at: datetime
+    budget: Budget
+    spent_before: Budget
+    this_release: Budget
+    total_after: Budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LedgerStatus:
+    """A dataset's ledger now: its entries (oldest first), what the counting ones compose to,
+    and the componentwise remainder ``budget - spent`` (a display figure; the check composes)."""
+
+    dataset: Dataset
+    budget: Budget
+    entries: list[LedgerEntry]
+    counting: list[LedgerEntry]
+    spent: Budget
+    remaining: Budget
+    now: datetime
+
+    def effective_state(self, entry: LedgerEntry) -> str:
+        """``reserved``/``committed``/``released``, or ``expired`` for a lapsed reservation."""
+        if entry.state == "reserved" and _expired(entry, self.now):
+            return "expired"
+        return entry.state
+
+
+def _expired(entry: LedgerEntry, now: datetime) -> bool:
+    return entry.expires_at is not None and entry.expires_at <= now
+
+
+def _counts(entry: LedgerEntry, now: datetime) -> bool:
+    return entry.state == "committed" or (
+        entry.state == "reserved" and not _expired(entry, now)
+    )
+
+
+def _account(events: list[Any], notion: str) -> Budget:
+    """Compose ``events`` under ``notion``; refuses (fail closed) what the accountant cannot do."""
+    if not events:
+        return ZERO
+    from privrelease.mechanisms.accountants import account
+    from privrelease.mechanisms.events import Composed
+
+    event = events[0] if len(events) == 1 else Composed(events=tuple(events))
+    guarantee = account(event, notion)
+    if not guarantee.supported:
+        raise TargetNotMet(
+            f"the {notion} accountant cannot account for this release, so the dataset's "
+            f"lifetime budget cannot be checked: {guarantee.detail}"
+        )
+    return Budget(float(guarantee.epsilon), float(guarantee.delta))
+
+
+def _trees(entries: list[LedgerEntry]) -> list[Any]:
+    from privrelease.mechanisms.events import event_from_json
+
+    return [event_from_json(entry.event_json) for entry in entries]
+
+
+def _dataset(session: Session, dataset: Dataset | str) -> Dataset:
+    fingerprint = dataset.fingerprint if isinstance(dataset, Dataset) else dataset
+    found = session.get(Dataset, fingerprint)
+    if found is None:
+        raise UserError(
+            f"dataset {fingerprint[:12]} is not registered in the audit database "
+            "(privrelease.audit.records.register_dataset)"
+        )
+    return found
+
+
+def _entries(session: Session, fingerprint: str) -> list[LedgerEntry]:
+    statement = (
+        select(LedgerEntry)
+        .where(LedgerEntry.dataset_fingerprint == fingerprint)
+        .order_by(col(LedgerEntry.id))
+        .execution_options(populate_existing=True)
+    )
+    return list(session.exec(statement).all())
+
+
+def _name(dataset: Dataset) -> str:
+    return dataset.fingerprint[:12] + (f" ({dataset.label})" if dataset.label else "")
+
+
+def reserve(
+    session: Session,
+    dataset: Dataset | str,
+    run_id: str,
+    event_tree: Any,
+    notion: str,
+    budget: Budget | tuple[float, float] | None = None,
+    *,
+    ttl_seconds: float | None = None,
+    now: datetime | None = None,
+) -> Reservation:
+    """Reserve ``event_tree`` (an event, or its ``event_to_json`` text) of run ``run_id`` against
+    the lifetime budget of ``dataset`` (a registered fingerprint), under ``notion``.
+
+    In one transaction, under the audit write lock: expired reservations are released, the
+    stored trees that count plus the new one are composed, and if they fit the budget the
+    reservation is recorded (expiring after ``ttl_seconds``, default the
+    ``reservation_ttl_seconds`` setting). ``budget``, when given, must equal the dataset's
+    registered lifetime budget. Commit the session before reading the data.
+
+    Raises :class:`TargetNotMet` when the budget would be exceeded (naming the dataset, the
+    budget, what is spent and what this release needs) or the accountant cannot account for a
+    tree; :class:`UserError` for an unknown dataset or run, or a notion/budget that differs
+    from the dataset's.
+    """
+    from privrelease.mechanisms.events import event_from_json, event_to_json
+
+    now = now or utcnow()
+    event = event_from_json(event_tree) if isinstance(event_tree, str) else event_tree
+    event_json = event_to_json(event)
+    chain.lock(session)
+    reap_expired(session, now=now)
+    ds = _dataset(session, dataset)
+    limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
+    if notion != ds.notion:
+        raise UserError(
+            f"dataset {_name(ds)} is accounted under the {ds.notion} accountant; this release "
+            f"names {notion}: one dataset's ledger composes under one accountant"
+        )
+    if budget is not None:
+        stated = budget if isinstance(budget, Budget) else Budget(*budget)
+        if stated != limit:
+            raise UserError(
+                f"dataset {_name(ds)} has lifetime budget {limit}; this release states {stated}: "
+                "a dataset's lifetime budget cannot be changed"
+            )
+    run = session.get(Run, run_id)
+    if run is None:
+        raise UserError(f"no run with id {run_id!r}: start_run before reserving budget")
+    if run.dataset_fingerprint != ds.fingerprint:
+        attach_dataset(session, run, ds.fingerprint)
+
+    entries = _entries(session, ds.fingerprint)
+    counting = [entry for entry in entries if _counts(entry, now)]
+    if any(entry.run_id == run_id for entry in counting):
+        raise LedgerStateError(
+            f"run {run_id} already holds budget of dataset {_name(ds)}"
+        )
+    trees = _trees(counting)
+    spent_before = _account(trees, notion)
+    this_release = _account([event], notion)
+    total_after = _account([*trees, event], notion)
+    if not total_after.fits(limit):
+        committed = sum(entry.state == "committed" for entry in counting)
+        raise TargetNotMet(
+            f"privacy budget of dataset {_name(ds)} would be exceeded under the {notion} "
+            f"accountant: lifetime budget {limit}; already spent {spent_before} by "
+            f"{len(counting)} release(s) ({committed} committed, {len(counting) - committed} "
+            f"reserved); this release needs {this_release}; together {total_after}"
+        )
+    ttl = get_settings().reservation_ttl_seconds if ttl_seconds is None else ttl_seconds
+    assert ttl > 0, f"ttl_seconds must be > 0; got {ttl}"
+    entry = LedgerEntry(
+        dataset_fingerprint=ds.fingerprint,
+        run_id=run_id,
+        notion=notion,
+        event_json=event_json,
+        epsilon=this_release.epsilon,
+        delta=this_release.delta,
+        state="reserved",
+        created_at=now,
+        updated_at=now,
+        expires_at=now + timedelta(seconds=ttl),
+    )
+    chain.append(session, "ledger_reserved", entry, run=run_id, dataset=ds.fingerprint)
+    assert entry.id is not None and entry.expires_at is not None
+    return Reservation(
+        entry_id=entry.id,
+        dataset=ds.fingerprint,
+        run_id=run_id,
+        notion=notion,
+        expires_at=entry.expires_at,
+        budget=limit,
+        spent_before=spent_before,
+        this_release=this_release,
+        total_after=total_after,
+    )
+
+
+def _entry(session: Session, reservation: Reservation | int) -> LedgerEntry:
+    entry_id = (
+        reservation.entry_id if isinstance(reservation, Reservation) else reservation
+    )
+    chain.lock(session)
+    entry = session.get(LedgerEntry, entry_id, populate_existing=True)
+    if entry is None:
+        raise LedgerStateError(f"no ledger entry {entry_id}")
+    return entry
+
+
+def commit(
+    session: Session, reservation: Reservation | int, *, now: datetime | None = None
+) -> LedgerEntry:
+    """Turn a live reservation into a committed charge (idempotent for a committed one).
+    Raises :class:`LedgerStateError` if it was released or has expired: the run must then
+    publish nothing."""
+    now = now or utcnow()
+    entry = _entry(session, reservation)
+    if entry.state == "committed":
+        return entry
+    if entry.state != "reserved":
+        raise LedgerStateError(
+            f"ledger entry {entry.id} of run {entry.run_id} is {entry.state} ({entry.reason}); "
+            "it cannot be committed"
+        )
+    if _expired(entry, now):
+        raise LedgerStateError(
+            f"ledger entry {entry.id} of run {entry.run_id} expired at "
+            f"{entry.expires_at:%Y-%m-%d %H:%M:%S} UTC before it was committed; its budget may "
+            "have gone to another run"
+        )
+    entry.state, entry.updated_at = "committed", now
+    chain.append(session, "ledger_committed", entry, run=entry.run_id)
+    return entry
+
+
+def release(
+    session: Session,
+    reservation: Reservation | int,
+    reason: str = "run failed",
+    *,
+    now: datetime | None = None,
+) -> LedgerEntry:
+    """Give a reservation's budget back (the run failed; nothing was published). Idempotent
+    for a released entry; a committed charge can never be released (:class:`LedgerStateError`)."""
+    entry = _entry(session, reservation)
+    if entry.state == "released":
+        return entry
+    if entry.state == "committed":
+        raise LedgerStateError(
+            f"ledger entry {entry.id} of run {entry.run_id} is committed: a published release "
+            "cannot be un-spent"
+        )
+    entry.state, entry.reason, entry.updated_at = "released", reason, now or utcnow()
+    chain.append(session, "ledger_released", entry, run=entry.run_id, reason=reason)
+    return entry
+
+
+def reap_expired(session: Session, *, now: datetime | None = None) -> list[LedgerEntry]:
+    """Release every reservation past its expiry (crashed runs), and mark such runs still
+    ``pending``/``running`` as failed. Called by :func:`reserve`; safe to call any time."""
+    now = now or utcnow()
+    chain.lock(session)
+    statement = (
+        select(LedgerEntry)
+        .where(LedgerEntry.state == "reserved", col(LedgerEntry.expires_at) <= now)
+        .order_by(col(LedgerEntry.id))
+        .execution_options(populate_existing=True)
+    )
+    reaped = list(session.exec(statement).all())
+    for entry in reaped:
+        entry.state, entry.reason, entry.updated_at = "released", EXPIRED_REASON, now
+        chain.append(session, "ledger_expired", entry, run=entry.run_id)
+        run = session.get(Run, entry.run_id)
+        if run is not None and run.status in ("pending", "running"):
+            finish_run(
+                session, run, "failed", error=f"budget reservation {EXPIRED_REASON}"
+            )
+    return reaped
+
+
+def ledger_status(
+    session: Session, dataset: Dataset | str, *, now: datetime | None = None
+) -> LedgerStatus:
+    """A dataset's ledger: entries, the composition of the counting trees, what remains."""
+    now = now or utcnow()
+    ds = _dataset(session, dataset)
+    entries = _entries(session, ds.fingerprint)
+    counting = [entry for entry in entries if _counts(entry, now)]
+    spent = _account(_trees(counting), ds.notion)
+    limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
+    remaining = Budget(
+        max(0.0, limit.epsilon - spent.epsilon)
+        if math.isfinite(spent.epsilon)
+        else 0.0,
+        max(0.0, limit.delta - spent.delta) if math.isfinite(spent.delta) else 0.0,
+    )
+    return LedgerStatus(
+        dataset=ds,
+        budget=limit,
+        entries=entries,
+        counting=counting,
+        spent=spent,
+        remaining=remaining,
+        now=now,
+    )

@@ -1,0 +1,3 @@
+"""Migration revisions; ``HEAD_REVISION`` is the newest (checked by the tests against Alembic)."""
+
+HEAD_REVISION = "0001_initial"

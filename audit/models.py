@@ -1,0 +1,280 @@
+"""The audit database tables (SQLModel), following the SQLModel docs: a ``...Base`` class with
+the fields a caller provides, and a ``table=True`` class adding keys and timestamps.
+
+Every row an audit function writes is described by a record of the append-only, hash-chained
+:class:`AuditEvent` log (see :mod:`privrelease.audit.chain`), whose payload holds the row's
+content hash, so editing the row itself is detected as well as editing the log.
+
+Conventions: timestamps are UTC (stored naive-UTC, returned timezone-aware); JSON is stored as
+canonical text (sorted keys, no whitespace), never as a database JSON type, so that it hashes
+to the same bytes on SQLite and PostgreSQL. No raw data is ever stored: datasets are known by
+fingerprint, sizes and counts only.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+RunStatus = Literal["pending", "running", "succeeded", "failed"]
+RUN_STATUSES: tuple[str, ...] = ("pending", "running", "succeeded", "failed")
+LedgerState = Literal["reserved", "committed", "released"]
+LEDGER_STATES: tuple[str, ...] = ("reserved", "committed", "released")
+GENESIS_HASH = "0" * 64
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """A timestamp stored as naive UTC (same text on SQLite, same value on PostgreSQL) and
+    returned timezone-aware UTC. Naive input is taken as UTC."""
+
+    impl = sa.DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(
+        self, value: datetime | None, dialect: Any
+    ) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(
+        self, value: datetime | None, dialect: Any
+    ) -> datetime | None:
+        if value is None:
+            return None
+        return (
+            value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        )
+
+
+def _when(**kwargs: Any) -> Any:
+    return Field(sa_type=UTCDateTime, **kwargs)
+
+
+def _text(**kwargs: Any) -> Any:
+    return Field(sa_type=sa.Text, **kwargs)
+
+
+# --- policies and approvals -------------------------------------------------------------------
+
+
+class PolicyVersionBase(SQLModel):
+    name: str = Field(index=True, max_length=200)
+    version: str = Field(max_length=100)
+    sha256: str = Field(unique=True, index=True, max_length=64)
+    canonical_json: str = _text()
+
+
+class PolicyVersion(PolicyVersionBase, table=True):
+    """One content-addressed version of a policy: ``sha256`` is the hash of its canonical form."""
+
+    __tablename__ = "policy_version"
+    __table_args__ = (
+        sa.UniqueConstraint("name", "version", name="uq_policy_version_name"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    registered_at: datetime = _when(default_factory=utcnow)
+
+
+class ApprovalBase(SQLModel):
+    policy_sha256: str = Field(
+        foreign_key="policy_version.sha256", index=True, max_length=64
+    )
+    approved_by: str = Field(max_length=200)
+    os_user: str = Field(max_length=200)
+    note: str | None = _text(default=None)
+
+
+class Approval(ApprovalBase, table=True):
+    """Who approved which policy hash, when (``approved_by`` as given, ``os_user`` as logged in)."""
+
+    __tablename__ = "approval"
+
+    id: int | None = Field(default=None, primary_key=True)
+    approved_at: datetime = _when(default_factory=utcnow)
+
+
+# --- datasets, runs and what they produced -----------------------------------------------------
+
+
+class DatasetBase(SQLModel):
+    fingerprint: str = Field(primary_key=True, max_length=64)
+    size_bytes: int
+    row_count: int
+    lifetime_epsilon: float
+    lifetime_delta: float
+    notion: str = Field(max_length=40)
+    label: str | None = Field(default=None, max_length=300)
+
+
+class Dataset(DatasetBase, table=True):
+    """A dataset known only by its fingerprint (sha256 of its bytes), size and row count, with
+    the lifetime privacy budget every release from it is charged against, under ``notion``."""
+
+    __tablename__ = "dataset"
+
+    registered_at: datetime = _when(default_factory=utcnow)
+
+
+class RunBase(SQLModel):
+    policy_sha256: str = Field(
+        foreign_key="policy_version.sha256", index=True, max_length=64
+    )
+    dataset_fingerprint: str | None = Field(
+        default=None, foreign_key="dataset.fingerprint", index=True, max_length=64
+    )
+    code_version: str = Field(max_length=200)
+    flow_run_id: str | None = Field(default=None, max_length=100)
+    kind: str = Field(default="release", max_length=20)
+    source_run_id: str | None = Field(default=None, max_length=32)
+
+
+class Run(RunBase, table=True):
+    """One execution of a policy: ``pending`` (created, data not read) -> ``running`` (data read)
+    -> ``succeeded`` | ``failed``. ``timings_json`` holds seconds per step; ``error`` the failure
+    message (never data)."""
+
+    __tablename__ = "run"
+
+    id: str = Field(primary_key=True, max_length=32)
+    status: str = Field(default="pending", max_length=20)
+    started_at: datetime = _when(default_factory=utcnow)
+    data_read_at: datetime | None = _when(default=None)
+    finished_at: datetime | None = _when(default=None)
+    timings_json: str = _text(default="{}")
+    error: str | None = _text(default=None)
+
+
+class OutputBase(SQLModel):
+    run_id: str = Field(foreign_key="run.id", index=True, max_length=32)
+    path: str = _text()
+    sha256: str = Field(max_length=64)
+    rows: int | None = None
+    bytes: int
+
+
+class Output(OutputBase, table=True):
+    """A published file: its path (as written) and the sha256 of its bytes."""
+
+    __tablename__ = "output"
+
+    id: int | None = Field(default=None, primary_key=True)
+    created_at: datetime = _when(default_factory=utcnow)
+
+
+class GuaranteeBase(SQLModel):
+    run_id: str = Field(foreign_key="run.id", index=True, max_length=32)
+    notion: str = Field(max_length=40)
+    epsilon: float | None = None
+    delta: float | None = None
+    rho: float | None = None
+    details_json: str = _text(default="{}")
+    event_json: str = _text()
+
+
+class Guarantee(GuaranteeBase, table=True):
+    """A guarantee of one run under one accountant, with the stored event tree it was computed
+    from (``event_to_json``), so an auditor can replay the arithmetic."""
+
+    __tablename__ = "guarantee"
+
+    id: int | None = Field(default=None, primary_key=True)
+    created_at: datetime = _when(default_factory=utcnow)
+
+
+class LedgerEntryBase(SQLModel):
+    dataset_fingerprint: str = Field(
+        foreign_key="dataset.fingerprint", index=True, max_length=64
+    )
+    run_id: str = Field(foreign_key="run.id", index=True, max_length=32)
+    notion: str = Field(max_length=40)
+    event_json: str = _text()
+    epsilon: float
+    delta: float
+
+
+class LedgerEntry(LedgerEntryBase, table=True):
+    """One release's charge against a dataset's lifetime budget. ``epsilon``/``delta`` are this
+    tree alone (for display); the budget check always composes the stored trees."""
+
+    __tablename__ = "ledger_entry"
+
+    id: int | None = Field(default=None, primary_key=True)
+    state: str = Field(default="reserved", max_length=20)
+    created_at: datetime = _when(default_factory=utcnow)
+    expires_at: datetime | None = _when(default=None)
+    updated_at: datetime = _when(default_factory=utcnow)
+    reason: str | None = _text(default=None)
+
+
+class ReportBase(SQLModel):
+    run_id: str = Field(foreign_key="run.id", index=True, max_length=32)
+    html: str = _text()
+    sha256: str = Field(max_length=64)
+    path: str | None = _text(default=None)
+
+
+class Report(ReportBase, table=True):
+    """The disclosure report of a run: the HTML itself and its sha256."""
+
+    __tablename__ = "report"
+
+    id: int | None = Field(default=None, primary_key=True)
+    created_at: datetime = _when(default_factory=utcnow)
+
+
+# --- the hash chain -----------------------------------------------------------------------------
+
+
+class AuditEvent(SQLModel, table=True):
+    """One record of the append-only log: ``hash = sha256(prev_hash || canonical JSON of
+    {seq, time, kind, payload})``; ``payload`` names the row it describes and its content hash."""
+
+    __tablename__ = "audit_event"
+
+    seq: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    time: datetime = _when()
+    kind: str = Field(max_length=40)
+    payload_json: str = _text()
+    prev_hash: str = Field(max_length=64)
+    hash: str = Field(max_length=64)
+
+
+class ChainHead(SQLModel, table=True):
+    """The single row (id 1) holding the newest record's seq and hash. Appenders lock it
+    (``SELECT ... FOR UPDATE``) so two processes never fork the chain."""
+
+    __tablename__ = "chain_head"
+
+    id: int = Field(
+        default=1, primary_key=True, sa_column_kwargs={"autoincrement": False}
+    )
+    seq: int = 0
+    hash: str = Field(default=GENESIS_HASH, max_length=64)
+
+
+#: Tables whose rows are described by audit records, by table name.
+AUDITED_TABLES: dict[str, type[SQLModel]] = {
+    cls.__tablename__: cls  # type: ignore[misc]
+    for cls in (
+        PolicyVersion,
+        Approval,
+        Dataset,
+        Run,
+        Output,
+        Guarantee,
+        LedgerEntry,
+        Report,
+    )
+}

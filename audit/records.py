@@ -1,0 +1,323 @@
+"""Audit writes for datasets, runs, outputs, guarantees and reports.
+
+Each function writes its row and appends the hash-chain record describing it
+(:func:`privrelease.audit.chain.append`) in the caller's session; leaving the
+``with session():`` block commits both. Nothing here stores data: datasets are known by
+fingerprint, outputs by path and sha256, errors by message.
+
+Run lifecycle: :func:`start_run` (``pending``) -> :func:`attach_dataset` (fingerprint known) ->
+budget reserved (:mod:`privrelease.audit.ledger`) -> :func:`record_data_read` (``running``: the
+audit order shows the approval and the reservation precede the first read of the data) ->
+:func:`record_output` / :func:`record_guarantee` / :func:`store_report` ->
+:func:`finish_run` (``succeeded`` or ``failed``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from privrelease.audit import chain
+from privrelease.audit.models import (
+    Dataset,
+    Guarantee,
+    Output,
+    PolicyVersion,
+    Report,
+    Run,
+    utcnow,
+)
+from sqlmodel import Session, col, select
+
+from privrelease.errors import UserError
+
+__all__ = [
+    "attach_dataset",
+    "find_dataset",
+    "find_run",
+    "fingerprint_file",
+    "finish_run",
+    "record_data_read",
+    "record_guarantee",
+    "record_output",
+    "register_dataset",
+    "start_run",
+    "store_report",
+]
+
+HEX = set("0123456789abcdef")
+
+
+def fingerprint_file(path: Path | str) -> str:
+    """sha256 of a dataset file's bytes (the dataset's identity in the ledger)."""
+    return chain.file_sha256(Path(path))
+
+
+def _check_budget(epsilon: float, delta: float) -> None:
+    if not (math.isfinite(epsilon) and epsilon >= 0):
+        raise UserError(
+            f"lifetime budget epsilon must be finite and >= 0; got {epsilon}"
+        )
+    if not 0 <= delta < 1:
+        raise UserError(f"lifetime budget delta must be in [0, 1); got {delta}")
+
+
+def register_dataset(
+    session: Session,
+    fingerprint: str,
+    *,
+    size_bytes: int,
+    row_count: int,
+    lifetime_epsilon: float,
+    lifetime_delta: float,
+    notion: str,
+    label: str | None = None,
+) -> Dataset:
+    """Register a dataset by fingerprint with its lifetime budget, or return the registered one.
+
+    The budget and notion are fixed at first registration: a later registration stating another
+    budget or notion raises :class:`UserError` (a budget that could be raised is no budget).
+    """
+    fingerprint = fingerprint.lower()
+    if len(fingerprint) != 64 or not set(fingerprint) <= HEX:
+        raise UserError(
+            f"dataset fingerprint must be 64 hex digits (sha256); got {fingerprint!r}"
+        )
+    _check_budget(lifetime_epsilon, lifetime_delta)
+    existing = session.get(Dataset, fingerprint)
+    if existing is not None:
+        stated = (lifetime_epsilon, lifetime_delta, notion)
+        stored = (existing.lifetime_epsilon, existing.lifetime_delta, existing.notion)
+        if stated != stored:
+            raise UserError(
+                f"dataset {fingerprint[:12]} already has lifetime budget epsilon="
+                f"{stored[0]:g}, delta={stored[1]:g} under the {stored[2]} accountant; "
+                f"got epsilon={stated[0]:g}, delta={stated[1]:g} ({stated[2]}): a dataset's "
+                "lifetime budget cannot be changed"
+            )
+        assert (existing.size_bytes, existing.row_count) == (size_bytes, row_count), (
+            f"dataset {fingerprint}: same sha256, different size or row count"
+        )
+        return existing
+    dataset = Dataset(
+        fingerprint=fingerprint,
+        size_bytes=size_bytes,
+        row_count=row_count,
+        lifetime_epsilon=lifetime_epsilon,
+        lifetime_delta=lifetime_delta,
+        notion=notion,
+        label=label,
+    )
+    chain.append(session, "dataset_registered", dataset)
+    return dataset
+
+
+def find_dataset(session: Session, ref: str) -> Dataset:
+    """A dataset by full fingerprint, unique fingerprint prefix, or label."""
+    ref = ref.strip()
+    exact = session.get(Dataset, ref.lower())
+    if exact is not None:
+        return exact
+    matches = list(
+        session.exec(
+            select(Dataset).where(
+                col(Dataset.fingerprint).startswith(ref.lower())
+                | (col(Dataset.label) == ref)
+            )
+        ).all()
+    )
+    if not matches:
+        raise UserError(
+            f"no dataset with fingerprint or label {ref!r} in the audit database"
+        )
+    if len(matches) > 1:
+        names = ", ".join(d.fingerprint[:12] for d in matches)
+        raise UserError(f"dataset {ref!r} is ambiguous: it matches {names}")
+    return matches[0]
+
+
+def start_run(
+    session: Session,
+    *,
+    policy_sha256: str,
+    code_version: str,
+    dataset_fingerprint: str | None = None,
+    flow_run_id: str | None = None,
+    kind: str = "release",
+    source_run_id: str | None = None,
+    run_id: str | None = None,
+) -> Run:
+    """Create a run (status ``pending``) of the registered policy version ``policy_sha256``.
+    ``kind`` is ``release``, ``rerun`` or ``reissue`` (then ``source_run_id`` names the run
+    repeated or handed back)."""
+    if (
+        session.exec(
+            select(PolicyVersion).where(PolicyVersion.sha256 == policy_sha256)
+        ).first()
+        is None
+    ):
+        raise UserError(
+            f"policy sha256 {policy_sha256[:12]} is not registered: approve or register it first"
+        )
+    run = Run(
+        id=run_id or uuid.uuid4().hex,
+        policy_sha256=policy_sha256,
+        code_version=code_version,
+        dataset_fingerprint=dataset_fingerprint,
+        flow_run_id=flow_run_id,
+        kind=kind,
+        source_run_id=source_run_id,
+    )
+    chain.append(session, "run_started", run, run=run.id, policy_sha256=policy_sha256)
+    return run
+
+
+def find_run(session: Session, ref: str) -> Run:
+    """A run by id or unique id prefix."""
+    ref = ref.strip().lower()
+    exact = session.get(Run, ref)
+    if exact is not None:
+        return exact
+    matches = (
+        list(session.exec(select(Run).where(col(Run.id).startswith(ref))).all())
+        if ref
+        else []
+    )
+    if not matches:
+        raise UserError(f"no run with id {ref!r} in the audit database")
+    if len(matches) > 1:
+        raise UserError(f"run id {ref!r} is ambiguous: it matches {len(matches)} runs")
+    return matches[0]
+
+
+def _run(session: Session, run: Run | str) -> Run:
+    if isinstance(run, Run):
+        return run
+    found = session.get(Run, run)
+    if found is None:
+        raise UserError(f"no run with id {run!r} in the audit database")
+    return found
+
+
+def attach_dataset(session: Session, run: Run | str, fingerprint: str) -> Run:
+    """Record which (registered) dataset the run releases from."""
+    run = _run(session, run)
+    if run.dataset_fingerprint == fingerprint:
+        return run
+    assert run.dataset_fingerprint is None, f"run {run.id} already has a dataset"
+    if session.get(Dataset, fingerprint) is None:
+        raise UserError(
+            f"dataset {fingerprint[:12]} is not registered: register_dataset first"
+        )
+    run.dataset_fingerprint = fingerprint
+    chain.append(session, "run_dataset", run, run=run.id, dataset=fingerprint)
+    return run
+
+
+def record_data_read(session: Session, run: Run | str) -> Run:
+    """Mark the moment the run starts reading the data (status ``running``). Call it after the
+    approval check and the budget reservation are committed: the audit order is the proof."""
+    run = _run(session, run)
+    assert run.status == "pending", f"run {run.id} is {run.status}, not pending"
+    run.status, run.data_read_at = "running", utcnow()
+    chain.append(session, "data_read", run, run=run.id, dataset=run.dataset_fingerprint)
+    return run
+
+
+def finish_run(
+    session: Session,
+    run: Run | str,
+    status: str,
+    *,
+    timings: Mapping[str, float] | None = None,
+    error: str | None = None,
+) -> Run:
+    """Close a run as ``succeeded`` or ``failed`` with its step timings (seconds) and, for a
+    failure, the error message (never data). Failing a failed run is a no-op; any other change
+    of a finished run is refused."""
+    assert status in ("succeeded", "failed"), (
+        f"status must be succeeded or failed; got {status}"
+    )
+    run = _run(session, run)
+    if run.status == "failed" and status == "failed":
+        return (
+            run  # already failed (e.g. its reservation expired): keep the first reason
+        )
+    assert run.status in ("pending", "running"), f"run {run.id} is already {run.status}"
+    run.status, run.finished_at = status, utcnow()
+    run.timings_json = chain.canonical_json(dict(timings or {}))
+    run.error = error
+    chain.append(session, "run_finished", run, run=run.id, status=status)
+    return run
+
+
+def record_output(
+    session: Session,
+    run: Run | str,
+    path: Path | str,
+    *,
+    sha256: str | None = None,
+    rows: int | None = None,
+) -> Output:
+    """Record a published file (already in place: written to a temp file and renamed). The
+    sha256 is computed from the file unless given; ``path`` is stored as given (absolute paths
+    recommended; relative ones are resolved against ``verify(output_root=...)``)."""
+    run = _run(session, run)
+    file = Path(path)
+    digest = sha256 or chain.file_sha256(file)
+    output = Output(
+        run_id=run.id,
+        path=str(path),
+        sha256=digest,
+        rows=rows,
+        bytes=file.stat().st_size,
+    )
+    chain.append(session, "output_recorded", output, run=run.id, sha256=digest)
+    return output
+
+
+def record_guarantee(
+    session: Session,
+    run: Run | str,
+    *,
+    notion: str,
+    event_json: str,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    rho: float | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> Guarantee:
+    """Record a guarantee of a run under one accountant (``notion``) with the event tree it was
+    computed from (``privrelease.mechanisms.events.event_to_json``)."""
+    run = _run(session, run)
+    guarantee = Guarantee(
+        run_id=run.id,
+        notion=notion,
+        epsilon=epsilon,
+        delta=delta,
+        rho=rho,
+        details_json=chain.canonical_json(dict(details or {})),
+        event_json=event_json,
+    )
+    chain.append(session, "guarantee_recorded", guarantee, run=run.id, notion=notion)
+    return guarantee
+
+
+def store_report(
+    session: Session, run: Run | str, html: str, *, path: Path | str | None = None
+) -> Report:
+    """Store a run's HTML report and its sha256 (of the UTF-8 bytes, as written to ``path``)."""
+    run = _run(session, run)
+    digest = hashlib.sha256(html.encode("utf-8")).hexdigest()
+    report = Report(
+        run_id=run.id,
+        html=html,
+        sha256=digest,
+        path=None if path is None else str(path),
+    )
+    chain.append(session, "report_stored", report, run=run.id, sha256=digest)
+    return report

@@ -1,0 +1,356 @@
+"""``privrelease policy``, ``audit`` and ``ledger``: approvals, chain verification and the privacy
+ledger, read from and written to the audit database (``PRIVRELEASE_DB_URL``).
+
+These commands never import Prefect; the database schema is created or upgraded on first use.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from privrelease.cli.output import console, print_json
+
+policy_app = typer.Typer(
+    help="Approve, list and show policy versions.", no_args_is_help=True
+)
+audit_app = typer.Typer(help="Check the hash-chained audit log.", no_args_is_help=True)
+ledger_app = typer.Typer(
+    help="The privacy budget of each dataset.", no_args_is_help=True
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``policy``, ``audit`` and ``ledger`` command groups to ``app``."""
+    app.add_typer(policy_app, name="policy")
+    app.add_typer(audit_app, name="audit")
+    app.add_typer(ledger_app, name="ledger")
+
+
+def _engine() -> Any:
+    from privrelease.audit.database import open_database
+
+    return open_database()
+
+
+def _when(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="seconds")
+
+
+def _short(digest: str) -> str:
+    return digest[:12]
+
+
+# --- policy ---------------------------------------------------------------------------------
+
+
+def _approval_dict(approval: Any) -> dict[str, Any]:
+    return {
+        "id": approval.id,
+        "sha256": approval.policy_sha256,
+        "approved_by": approval.approved_by,
+        "os_user": approval.os_user,
+        "approved_at": _when(approval.approved_at),
+        "note": approval.note,
+    }
+
+
+@policy_app.command("approve")
+def policy_approve(
+    policy: Annotated[Path, typer.Argument(help="The policy YAML file.")],
+    by: Annotated[
+        str, typer.Option("--by", help="Who approves (recorded with the OS user).")
+    ],
+    note: Annotated[
+        str | None, typer.Option("--note", help="A note kept with the approval.")
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Record an approval of the policy's exact content (its canonical sha256)."""
+    from privrelease.audit import approvals, chain
+    from privrelease.audit.database import session
+    from privrelease.policies import load_policy
+
+    facts = approvals.policy_facts(load_policy(policy))
+    with session(_engine()) as s:
+        approval = approvals.approve_policy(s, facts, by, note=note)
+        head = chain.head(s)
+    document = {
+        "policy": facts.name,
+        "version": facts.version,
+        **_approval_dict(approval),
+        "chain_head": {"seq": head.seq, "hash": head.hash},
+    }
+    if json_output:
+        print_json(document)
+        return
+    console.print(
+        f"approved [bold]{facts.name}@{facts.version}[/] (sha256 {facts.sha256}) by "
+        f"{approval.approved_by} (OS user {approval.os_user}) at {document['approved_at']}",
+        highlight=False,
+    )
+
+
+@policy_app.command("list")
+def policy_list(json_output: JsonFlag = False) -> None:
+    """Every registered policy version and its approvals."""
+    from privrelease.audit import approvals
+    from privrelease.audit.database import session
+
+    with session(_engine(), readonly=True) as s:
+        rows = []
+        for version in approvals.list_policies(s):
+            approved = approvals.approvals_of(s, version.sha256)
+            rows.append(
+                {
+                    "name": version.name,
+                    "version": version.version,
+                    "sha256": version.sha256,
+                    "registered_at": _when(version.registered_at),
+                    "approvals": [_approval_dict(a) for a in approved],
+                }
+            )
+    if json_output:
+        print_json({"policies": rows})
+        return
+    if not rows:
+        console.print(
+            "no policies registered (privrelease policy approve POLICY.yaml --by NAME)"
+        )
+        return
+    table = Table("name", "version", "sha256", "registered (UTC)", "approved by")
+    for row in rows:
+        last = row["approvals"][-1] if row["approvals"] else None
+        table.add_row(
+            row["name"],
+            row["version"],
+            _short(row["sha256"]),
+            row["registered_at"],
+            f"{last['approved_by']} ({last['approved_at']})"
+            if last
+            else "[red]not approved[/]",
+        )
+    console.print(table)
+
+
+@policy_app.command("show")
+def policy_show(
+    ref: Annotated[str, typer.Argument(help="NAME, NAME@VERSION or a sha256 prefix.")],
+    json_output: JsonFlag = False,
+) -> None:
+    """One policy version: hash, approvals and its canonical content."""
+    from privrelease.audit import approvals
+    from privrelease.audit.database import session
+
+    with session(_engine(), readonly=True) as s:
+        version = approvals.find_policy(s, ref)
+        approved = approvals.approvals_of(s, version.sha256)
+        others = [
+            v.version
+            for v in approvals.list_policies(s)
+            if v.name == version.name and v.sha256 != version.sha256
+        ]
+    document = {
+        "name": version.name,
+        "version": version.version,
+        "sha256": version.sha256,
+        "registered_at": _when(version.registered_at),
+        "approved": bool(approved),
+        "approvals": [_approval_dict(a) for a in approved],
+        "other_versions": others,
+        "policy": json.loads(version.canonical_json),
+    }
+    if json_output:
+        print_json(document)
+        return
+    console.print(f"[bold]{version.name}@{version.version}[/]", highlight=False)
+    console.print(f"sha256      {version.sha256}", highlight=False)
+    console.print(f"registered  {document['registered_at']} UTC", highlight=False)
+    if not approved:
+        console.print("approvals   [red]none[/]")
+    for approval in approved:
+        note = f": {approval.note}" if approval.note else ""
+        console.print(
+            f"approved    {_when(approval.approved_at)} UTC by {approval.approved_by} "
+            f"(OS user {approval.os_user}){note}",
+            highlight=False,
+            markup=False,
+        )
+    if others:
+        console.print(
+            f"other versions: {', '.join(others)}", highlight=False, markup=False
+        )
+    console.print_json(json.dumps(document["policy"]))
+
+
+# --- audit ----------------------------------------------------------------------------------
+
+
+@audit_app.command("verify")
+def audit_verify(
+    head: Annotated[
+        Path | None,
+        typer.Option(
+            "--head", help="A chain-head file written beside outputs: detects cut-off."
+        ),
+    ] = None,
+    output_root: Annotated[
+        Path | None,
+        typer.Option("--output-root", help="Base of relative output paths."),
+    ] = None,
+    files: Annotated[
+        bool,
+        typer.Option("--files/--no-files", help="Re-hash output and report files."),
+    ] = True,
+    json_output: JsonFlag = False,
+) -> None:
+    """Recompute the hash chain, every row's content hash and the output checksums.
+    Exit 0 when intact, 1 naming the first broken record."""
+    from privrelease.audit import chain
+    from privrelease.audit.database import session
+
+    external = chain.read_head(head) if head is not None else None
+    with session(_engine(), readonly=True) as s:
+        result = chain.verify(
+            s, head=external, output_root=output_root, check_files=files
+        )
+    if json_output:
+        print_json(result.to_dict())
+    elif result.ok:
+        console.print(
+            f"[green]intact[/]: {result.records} records, {result.rows_checked} rows, "
+            f"{result.files_checked} files; head seq {result.head.seq} hash {result.head.hash}",
+            highlight=False,
+        )
+    else:
+        first = result.first
+        assert first is not None
+        console.print(f"[bold red]BROKEN[/]: {first.message}", highlight=False)
+        for problem in result.problems[1:]:
+            console.print(f"  also: {problem.message}", highlight=False, markup=False)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@audit_app.command("head")
+def audit_head(
+    write: Annotated[
+        Path | None,
+        typer.Option("--write", help="Also write the head to this JSON file."),
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """The chain's newest record (seq, hash): keep it outside the database."""
+    from privrelease.audit import chain
+    from privrelease.audit.database import session
+
+    with session(_engine(), readonly=True) as s:
+        current = chain.head(s)
+    if write is not None:
+        chain.write_head(write, current)
+    if json_output:
+        print_json({"seq": current.seq, "hash": current.hash})
+    else:
+        console.print(f"seq {current.seq} hash {current.hash}", highlight=False)
+
+
+@audit_app.command("migrate")
+def audit_migrate(json_output: JsonFlag = False) -> None:
+    """Create or upgrade the audit database schema (Alembic ``upgrade head``)."""
+    from privrelease.audit.database import current_revision, get_engine, migrate
+
+    engine = get_engine()
+    migrate(engine)
+    shown = engine.url.render_as_string(hide_password=True)
+    revision = current_revision(engine)
+    if json_output:
+        print_json({"db_url": shown, "revision": revision})
+    else:
+        console.print(f"{shown}: schema at revision {revision}", highlight=False)
+
+
+# --- ledger ---------------------------------------------------------------------------------
+
+
+def _entry_dict(status: Any, entry: Any) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "run_id": entry.run_id,
+        "state": status.effective_state(entry),
+        "epsilon": entry.epsilon,
+        "delta": entry.delta,
+        "created_at": _when(entry.created_at),
+        "updated_at": _when(entry.updated_at),
+        "expires_at": _when(entry.expires_at),
+        "reason": entry.reason,
+        "event": json.loads(entry.event_json),
+    }
+
+
+@ledger_app.command("show")
+def ledger_show(
+    dataset: Annotated[
+        str, typer.Argument(help="Fingerprint, fingerprint prefix or label.")
+    ],
+    json_output: JsonFlag = False,
+) -> None:
+    """A dataset's charges and its remaining lifetime budget (the stored trees composed)."""
+    from privrelease.audit import ledger, records
+    from privrelease.audit.database import session
+
+    with session(_engine(), readonly=True) as s:
+        status = ledger.ledger_status(s, records.find_dataset(s, dataset))
+    ds = status.dataset
+    document = {
+        "dataset": ds.fingerprint,
+        "label": ds.label,
+        "size_bytes": ds.size_bytes,
+        "row_count": ds.row_count,
+        "notion": ds.notion,
+        "budget": {"epsilon": status.budget.epsilon, "delta": status.budget.delta},
+        "spent": {"epsilon": status.spent.epsilon, "delta": status.spent.delta},
+        "remaining": {
+            "epsilon": status.remaining.epsilon,
+            "delta": status.remaining.delta,
+        },
+        "counting_entries": len(status.counting),
+        "entries": [_entry_dict(status, entry) for entry in status.entries],
+    }
+    if json_output:
+        print_json(document)
+        return
+    label = f" ({ds.label})" if ds.label else ""
+    console.print(f"dataset [bold]{ds.fingerprint}[/]{label}", highlight=False)
+    console.print(
+        f"{ds.row_count} rows, {ds.size_bytes} bytes; accountant: {ds.notion}",
+        highlight=False,
+    )
+    console.print(f"lifetime budget  {status.budget}", highlight=False)
+    console.print(
+        f"spent            {status.spent}  (composition of {len(status.counting)} stored trees)",
+        highlight=False,
+    )
+    console.print(f"remaining        {status.remaining}", highlight=False)
+    if not status.entries:
+        console.print("no releases charged yet")
+        return
+    table = Table("entry", "run", "state", "epsilon", "delta", "created (UTC)", "note")
+    for entry in status.entries:
+        state = status.effective_state(entry)
+        table.add_row(
+            str(entry.id),
+            entry.run_id[:12],
+            state,
+            f"{entry.epsilon:.6g}",
+            f"{entry.delta:.6g}",
+            _when(entry.created_at),
+            entry.reason or "",
+        )
+    console.print(table)

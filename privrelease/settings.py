@@ -1,0 +1,63 @@
+"""Runtime settings, read from the environment (prefix ``PRIVRELEASE_``) by pydantic-settings.
+
+=================================  ===============================================================
+``PRIVRELEASE_WORK_DIR``           working folder (default ``<cwd>/privrelease-work``)
+``PRIVRELEASE_DB_URL``             audit database URL (default ``sqlite:///<work_dir>/audit.db``;
+                                   PostgreSQL: ``postgresql+psycopg://user:pw@host/db``)
+``PRIVRELEASE_PRODUCTION``         ``true``: a run refuses a policy whose hash is not approved
+``PRIVRELEASE_DEFAULT_LIFETIME_BUDGET``  ``[epsilon, delta]`` for datasets whose policy names none
+``PRIVRELEASE_RESERVATION_TTL_SECONDS``  a budget reservation not committed within this many
+                                   seconds (a crashed run) expires and stops counting
+=================================  ===============================================================
+
+>>> Settings(work_dir="/tmp/w").db_url
+'sqlite:////tmp/w/audit.db'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of privrelease that is not part of a policy."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIVRELEASE_", extra="ignore")
+
+    work_dir: Path = Field(default_factory=lambda: Path.cwd() / "privrelease-work")
+    db_url: str = ""
+    production: bool = False
+    default_lifetime_budget: tuple[float, float] | None = None
+    reservation_ttl_seconds: float = Field(default=3600.0, gt=0)
+
+    @field_validator("default_lifetime_budget")
+    @classmethod
+    def _budget_in_range(
+        cls, value: tuple[float, float] | None
+    ) -> tuple[float, float] | None:
+        if value is not None:
+            epsilon, delta = value
+            if not epsilon >= 0:
+                raise ValueError(
+                    f"default_lifetime_budget epsilon must be >= 0; got {epsilon}"
+                )
+            if not 0 <= delta < 1:
+                raise ValueError(
+                    f"default_lifetime_budget delta must be in [0, 1); got {delta}"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _default_db_url(self) -> Settings:
+        self.work_dir = self.work_dir.expanduser().resolve()
+        if not self.db_url:
+            self.db_url = f"sqlite:///{self.work_dir / 'audit.db'}"
+        return self
+
+
+def get_settings() -> Settings:
+    """The settings as the environment says now (cheap; not cached, so tests may change env)."""
+    return Settings()

@@ -1,0 +1,416 @@
+"""The hash chain: appends, and ``verify`` naming the first broken record for every kind of
+tampering (edited/deleted/reordered records and rows, edited/missing files, truncation)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import shutil
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from privrelease.audit import approvals, chain, database, records
+from privrelease.audit.models import AuditEvent, Run
+from sqlmodel import select
+
+from privrelease.errors import UserError
+
+POLICY_SHA = hashlib.sha256(b"policy census v1").hexdigest()
+FINGERPRINT = hashlib.sha256(b"dataset bytes").hexdigest()
+
+
+@pytest.fixture(scope="session")
+def audit_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly migrated SQLite audit database, copied by each test (migrating takes longer)."""
+    path = tmp_path_factory.mktemp("audit-template") / "audit.db"
+    engine = database.create_engine(f"sqlite:///{path}")
+    database.migrate(engine)
+    engine.dispose()  # the last connection closing checkpoints the WAL into the file
+    assert not path.with_name("audit.db-wal").exists()
+    return path
+
+
+@pytest.fixture
+def engine(tmp_path: Path, audit_template: Path) -> Any:
+    """A SQLite audit database at the newest schema, empty."""
+    path = tmp_path / "audit.db"
+    shutil.copyfile(audit_template, path)
+    engine = database.open_database(f"sqlite:///{path}")
+    yield engine
+    database.dispose_engines()
+
+
+def populate(engine: Any, out: Path, *, fail: bool = False) -> dict[str, Any]:
+    """A complete release in the audit DB: policy approved, dataset, run, two outputs, a
+    guarantee, a report, run finished. Returns ids and paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    facts = approvals.PolicyFacts("census", "1", POLICY_SHA, '{"name":"census"}')
+    with database.session(engine) as s:
+        approvals.approve_policy(s, facts, "Ada Lovelace", note="reviewed")
+        records.register_dataset(
+            s,
+            FINGERPRINT,
+            size_bytes=1234,
+            row_count=50,
+            lifetime_epsilon=2.0,
+            lifetime_delta=1e-6,
+            notion="probabilistic",
+            label="census.csv",
+        )
+        run = records.start_run(
+            s,
+            policy_sha256=POLICY_SHA,
+            code_version="test",
+            dataset_fingerprint=FINGERPRINT,
+        )
+    with database.session(engine) as s:
+        records.record_data_read(s, run.id)
+        paths = []
+        for name in ("cells.csv", "rows.csv"):
+            path = out / name
+            path.write_text(f"{name}\n1,2\n", encoding="utf-8")
+            records.record_output(s, run.id, path, rows=1)
+            paths.append(path)
+        records.record_guarantee(
+            s,
+            run.id,
+            notion="probabilistic",
+            event_json='{"event":{}}',
+            epsilon=1.0,
+            delta=1e-9,
+        )
+        report_path = out / "report.html"
+        html = "<html><body>report \u00e9</body></html>"
+        report_path.write_text(html, encoding="utf-8")
+        records.store_report(s, run.id, html, path=report_path)
+        records.finish_run(
+            s,
+            run.id,
+            "failed" if fail else "succeeded",
+            timings={"total": 0.5},
+            error="boom" if fail else None,
+        )
+    return {"run": run.id, "outputs": paths, "report": report_path}
+
+
+def check(engine: Any, **kwargs: Any) -> chain.VerifyResult:
+    with database.session(engine, readonly=True) as s:
+        return chain.verify(s, **kwargs)
+
+
+def execute(engine: Any, sql: str, **params: Any) -> None:
+    with engine.begin() as connection:
+        connection.execute(sa.text(sql), params)
+
+
+def seq_of(engine: Any, kind: str, *, table: str | None = None, nth: int = 0) -> int:
+    with database.session(engine, readonly=True) as s:
+        found = [
+            r
+            for r in s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
+            if r.kind == kind
+            and (table is None or json.loads(r.payload_json)["table"] == table)
+        ]
+    return found[nth].seq
+
+
+def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    result = check(engine)
+    assert result.ok, result.problems
+    assert result.first is None
+    assert result.records == 10
+    assert result.files_checked == 3  # two outputs and the report
+    with database.session(engine, readonly=True) as s:
+        assert chain.head(s) == result.head
+        kinds = [
+            r.kind for r in s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
+        ]
+    assert kinds[:4] == [
+        "policy_registered",
+        "policy_approved",
+        "dataset_registered",
+        "run_started",
+    ]
+    assert kinds[-1] == "run_finished"
+
+
+def test_record_hash_is_sha256_of_previous_hash_and_canonical_json(engine: Any) -> None:
+    facts = approvals.PolicyFacts("p", "1", POLICY_SHA, "{}")
+    with database.session(engine) as s:
+        version = approvals.register_policy(s, facts)
+    with database.session(engine, readonly=True) as s:
+        (record,) = s.exec(select(AuditEvent)).all()
+    payload = json.loads(record.payload_json)
+    assert payload["table"] == "policy_version" and payload["key"] == version.id
+    assert payload["row_sha256"] == chain.row_sha256(version)
+    time = (
+        record.time.astimezone(UTC)
+        .replace(tzinfo=None)
+        .isoformat(timespec="microseconds")
+    )
+    body = json.dumps(
+        {"kind": record.kind, "payload": payload, "seq": 1, "time": time + "Z"},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    assert record.prev_hash == "0" * 64
+    assert record.hash == hashlib.sha256(("0" * 64 + body).encode()).hexdigest()
+
+
+def test_canonical_json_is_stable() -> None:
+    when = datetime(2026, 1, 2, 4, 4, 5, 6, tzinfo=timezone(timedelta(hours=1)))
+    text = chain.canonical_json({"b": [1.5, float("inf")], "a": when, "c": "\u00e9"})
+    assert text == '{"a":"2026-01-02T03:04:05.000006Z","b":[1.5,"inf"],"c":"\u00e9"}'
+    with pytest.raises(TypeError):
+        chain.canonical_json({"x": object()})
+
+
+def test_tampered_row_is_named(engine: Any, tmp_path: Path) -> None:
+    ids = populate(engine, tmp_path / "out")
+    execute(
+        engine, "UPDATE run SET code_version = 'evil' WHERE id = :id", id=ids["run"]
+    )
+    result = check(engine)
+    assert not result.ok
+    assert result.first is not None
+    assert result.first.kind == "row_edited"
+    assert result.first.seq == seq_of(engine, "run_finished")
+    assert ids["run"] in result.first.message
+
+
+def test_tampered_approval_is_named(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    execute(engine, "UPDATE approval SET approved_by = 'Mallory'")
+    result = check(engine)
+    assert result.first is not None
+    assert (result.first.kind, result.first.seq) == ("row_edited", 2)
+    assert "approval" in result.first.message
+
+
+def test_tampered_record_is_named(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    execute(engine, "UPDATE audit_event SET kind = 'policy_rejected' WHERE seq = 2")
+    result = check(engine)
+    assert result.first is not None
+    assert (result.first.kind, result.first.seq) == ("record_edited", 2)
+
+
+def test_deleted_row_is_named(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    execute(engine, "DELETE FROM output WHERE path LIKE '%rows.csv'")
+    result = check(engine)
+    assert result.first is not None
+    assert result.first.kind == "row_deleted"
+    assert result.first.seq == seq_of(engine, "output_recorded", nth=1)
+
+
+def test_deleted_record_is_named(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    execute(engine, "DELETE FROM audit_event WHERE seq = 5")
+    result = check(engine)
+    assert result.first is not None
+    assert (result.first.kind, result.first.seq) == ("records_missing", 5)
+    assert "records 5..5 are missing" in result.first.message
+
+
+def test_reordered_records_are_named(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    execute(engine, "UPDATE audit_event SET seq = -1 WHERE seq = 6")
+    execute(engine, "UPDATE audit_event SET seq = 6 WHERE seq = 7")
+    execute(engine, "UPDATE audit_event SET seq = 7 WHERE seq = -1")
+    result = check(engine)
+    assert result.first is not None
+    assert result.first.seq == 6
+    assert result.first.kind in ("chain_broken", "record_edited")
+
+
+def test_reordered_rows_are_named(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    execute(engine, "UPDATE output SET id = -1 WHERE id = 1")
+    execute(engine, "UPDATE output SET id = 1 WHERE id = 2")
+    execute(engine, "UPDATE output SET id = 2 WHERE id = -1")
+    result = check(engine)
+    assert result.first is not None
+    assert (result.first.kind, result.first.seq) == (
+        "row_edited",
+        seq_of(engine, "output_recorded"),
+    )
+
+
+def test_edited_output_file_is_named(engine: Any, tmp_path: Path) -> None:
+    ids = populate(engine, tmp_path / "out")
+    ids["outputs"][1].write_text("rows.csv\n1,3\n", encoding="utf-8")
+    result = check(engine)
+    assert result.first is not None
+    assert result.first.kind == "file_edited"
+    assert result.first.seq == seq_of(engine, "output_recorded", nth=1)
+    assert str(ids["outputs"][1]) in result.first.message
+    assert check(engine, check_files=False).ok
+
+
+def test_missing_output_file_and_report_are_named(engine: Any, tmp_path: Path) -> None:
+    ids = populate(engine, tmp_path / "out")
+    ids["outputs"][0].unlink()
+    ids["report"].write_text("<html>changed</html>", encoding="utf-8")
+    result = check(engine)
+    assert [(p.kind, p.seq) for p in result.problems] == [
+        ("file_missing", seq_of(engine, "output_recorded")),
+        ("file_edited", seq_of(engine, "report_stored")),
+    ]
+
+
+def test_relative_output_paths_resolve_against_output_root(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "published"
+    out.mkdir()
+    (out / "cells.csv").write_text("a\n", encoding="utf-8")
+    monkeypatch.chdir(out)
+    with database.session(engine) as s:
+        approvals.register_policy(s, approvals.PolicyFacts("p", "1", POLICY_SHA, "{}"))
+        run = records.start_run(s, policy_sha256=POLICY_SHA, code_version="t")
+        output = records.record_output(s, run, "cells.csv", rows=1)
+    assert output.path == "cells.csv"
+    monkeypatch.chdir(tmp_path)
+    assert check(engine, output_root=out).ok
+    result = check(engine)
+    assert result.first is not None and result.first.kind == "file_missing"
+
+
+def test_files_of_failed_runs_are_not_required(engine: Any, tmp_path: Path) -> None:
+    ids = populate(engine, tmp_path / "out", fail=True)
+    for path in ids["outputs"]:
+        path.unlink()
+    ids["report"].unlink()
+    result = check(engine)
+    assert result.ok, result.problems
+    assert result.files_checked == 0
+
+
+def test_unrecorded_row_is_found(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    execute(
+        engine,
+        "INSERT INTO approval (policy_sha256, approved_by, os_user, approved_at) "
+        "VALUES (:sha, 'Mallory', 'x', '2026-01-01 00:00:00.000000')",
+        sha=POLICY_SHA,
+    )
+    result = check(engine)
+    assert result.first is not None
+    assert result.first.kind == "row_unrecorded" and result.first.seq is None
+
+
+def truncate(engine: Any, keep: int) -> None:
+    """A careful attacker: delete the newest records and the rows they inserted, and move the
+    chain-head row back, leaving a chain consistent in itself."""
+    with database.session(engine) as s:
+        doomed = s.exec(select(AuditEvent).where(AuditEvent.seq > keep)).all()
+        tables = [
+            (json.loads(r.payload_json)["table"], json.loads(r.payload_json)["key"])
+            for r in doomed
+        ]
+        last = s.exec(select(AuditEvent).where(AuditEvent.seq == keep)).one()
+        last_hash = last.hash
+    for table, key in tables:
+        execute(engine, f"DELETE FROM {table} WHERE id = :key", key=key)
+    execute(engine, "DELETE FROM audit_event WHERE seq > :keep", keep=keep)
+    execute(
+        engine,
+        "UPDATE chain_head SET seq = :seq, hash = :hash",
+        seq=keep,
+        hash=last_hash,
+    )
+
+
+def test_truncation_is_seen_only_against_an_external_head(
+    engine: Any, tmp_path: Path
+) -> None:
+    ids = populate(engine, tmp_path / "out")
+    extra = tmp_path / "out" / "extra.csv"
+    extra.write_text("x\n", encoding="utf-8")
+    with database.session(engine) as s:
+        records.record_output(s, ids["run"], extra, rows=1)
+        records.store_report(s, ids["run"], "<html>second</html>")
+        head_file = chain.write_head(
+            tmp_path / "out" / "audit-head.json", chain.head(s)
+        )
+    written = chain.read_head(head_file)
+    assert written.seq == 12
+    assert check(engine, head=written).ok
+
+    truncate(engine, keep=10)
+    assert check(engine).ok  # invisible from inside the database
+    result = check(engine, head=written)
+    assert result.first is not None
+    assert (result.first.kind, result.first.seq) == ("truncated", 11)
+    assert "records 11..12 were removed" in result.first.message
+
+
+def test_careless_truncation_is_seen_without_a_head(
+    engine: Any, tmp_path: Path
+) -> None:
+    populate(engine, tmp_path / "out")
+    execute(engine, "DELETE FROM audit_event WHERE seq = 10")
+    result = check(engine)
+    kinds = {(p.kind, p.seq) for p in result.problems}
+    assert ("head_mismatch", 10) in kinds  # the chain-head row still says 10
+    # the run row no longer matches its newest remaining record (data_read, seq 5)
+    assert result.first is not None
+    assert (result.first.kind, result.first.seq) == ("row_edited", 5)
+
+
+def test_external_head_with_another_hash_is_named(engine: Any, tmp_path: Path) -> None:
+    populate(engine, tmp_path / "out")
+    result = check(engine, head=chain.Head(seq=3, hash="f" * 64))
+    assert result.first is not None
+    assert (result.first.kind, result.first.seq) == ("head_mismatch", 3)
+
+
+def test_head_file_round_trip_and_bad_files(tmp_path: Path) -> None:
+    head = chain.Head(seq=7, hash="a" * 64)
+    path = chain.write_head(tmp_path / "sub" / "head.json", head)
+    assert chain.read_head(path) == head
+    assert json.loads(path.read_text()) == {"seq": 7, "hash": "a" * 64}
+    (tmp_path / "bad.json").write_text('{"seq": "x"}')
+    with pytest.raises(UserError, match="seq"):
+        chain.read_head(tmp_path / "bad.json")
+    with pytest.raises(FileNotFoundError):
+        chain.read_head(tmp_path / "absent.json")
+
+
+def _append_many(url: str, worker: int, count: int, barrier: Any) -> None:
+    engine = database.open_database(url)
+    facts = approvals.PolicyFacts("p", "1", POLICY_SHA, "{}")
+    barrier.wait()
+    for _ in range(count):
+        with database.session(engine) as s:
+            records.start_run(
+                s, policy_sha256=facts.sha256, code_version=f"worker {worker}"
+            )
+
+
+def test_two_processes_appending_never_fork_the_chain(engine: Any) -> None:
+    with database.session(engine) as s:
+        approvals.register_policy(s, approvals.PolicyFacts("p", "1", POLICY_SHA, "{}"))
+    url = engine.url.render_as_string(hide_password=False)
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    workers = [
+        context.Process(target=_append_many, args=(url, worker, 15, barrier))
+        for worker in (1, 2)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    result = check(engine)
+    assert result.ok, result.problems
+    assert result.records == 31
+    with database.session(engine, readonly=True) as s:
+        assert len(s.exec(select(Run)).all()) == 30
