@@ -43,15 +43,15 @@ class PolicyFacts:
 
 
 def policy_facts(loaded: Any) -> PolicyFacts:
-    """The facts of a policy loaded by ``privrelease.policies.load_policy`` (``.policy`` with
-    ``.name``/``.version``, ``.sha256``, and its canonical JSON as ``.canonical_json`` when the
-    loader provides it, else the canonical JSON of the validated model)."""
+    """The facts of a policy loaded by ``privrelease.policies.load_policy``: name, version,
+    sha256 and the canonical JSON that sha256 is the hash of."""
+    from privrelease.policies import canonical_json
+
+    text = canonical_json(loaded)
+    assert chain.sha256_text(text) == loaded.sha256, (
+        "policy hash is not of its canonical JSON"
+    )
     policy = loaded.policy
-    text = getattr(loaded, "canonical_json", None)
-    if callable(text):
-        text = text()
-    if not isinstance(text, str):
-        text = chain.canonical_json(policy.model_dump(mode="json"))
     return PolicyFacts(
         name=str(policy.name),
         version=str(policy.version),

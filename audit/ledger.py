@@ -42,6 +42,7 @@ __all__ = [
     "reap_expired",
     "release",
     "reserve",
+    "resolve_lifetime_budget",
 ]
 
 RELATIVE_SLACK = 1e-9
@@ -123,6 +124,21 @@ def _counts(entry: LedgerEntry, now: datetime) -> bool:
     return entry.state == "committed" or (
         entry.state == "reserved" and not _expired(entry, now)
     )
+
+
+def resolve_lifetime_budget(stated: Any | None = None) -> Budget:
+    """The lifetime budget a dataset is registered with: the policy's
+    (``targets.lifetime_budget``, anything with ``.epsilon`` and ``.delta``), else the
+    ``default_lifetime_budget`` setting; :class:`UserError` when neither is set."""
+    if stated is not None:
+        return Budget(float(stated.epsilon), float(stated.delta))
+    default = get_settings().default_lifetime_budget
+    if default is None:
+        raise UserError(
+            "no lifetime budget for the dataset: set targets.lifetime_budget in the policy or "
+            "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET='[epsilon, delta]'"
+        )
+    return Budget(*default)
 
 
 def _account(events: list[Any], notion: str) -> Budget:

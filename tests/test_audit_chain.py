@@ -3,10 +3,17 @@ tampering (edited/deleted/reordered records and rows, edited/missing files, trun
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import json
 import multiprocessing
+import os
 import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -23,25 +30,67 @@ POLICY_SHA = hashlib.sha256(b"policy census v1").hexdigest()
 FINGERPRINT = hashlib.sha256(b"dataset bytes").hexdigest()
 
 
-@pytest.fixture(scope="session")
-def audit_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A freshly migrated SQLite audit database, copied by each test (migrating takes longer)."""
-    path = tmp_path_factory.mktemp("audit-template") / "audit.db"
+@functools.cache
+def _migrated_template() -> Path:
+    """A freshly migrated, empty SQLite audit database (built once per process)."""
+    path = Path(tempfile.mkdtemp(prefix="privrelease-audit-template-")) / "audit.db"
     engine = database.create_engine(f"sqlite:///{path}")
     database.migrate(engine)
     engine.dispose()  # the last connection closing checkpoints the WAL into the file
-    assert not path.with_name("audit.db-wal").exists()
+    atexit.register(shutil.rmtree, path.parent, True)
     return path
 
 
-@pytest.fixture
-def engine(tmp_path: Path, audit_template: Path) -> Any:
-    """A SQLite audit database at the newest schema, empty."""
-    path = tmp_path / "audit.db"
-    shutil.copyfile(audit_template, path)
-    engine = database.open_database(f"sqlite:///{path}")
-    yield engine
-    database.dispose_engines()
+def fresh_engine(folder: Path) -> Any:
+    """An engine on a new SQLite audit database in ``folder`` (a copy of the migrated template:
+    much faster than migrating each time)."""
+    path = folder / "audit.db"
+    shutil.copyfile(_migrated_template(), path)
+    return database.open_database(f"sqlite:///{path}")
+
+
+POSTGRES_ENV = "PRIVRELEASE_TEST_POSTGRES_URL"
+BACKENDS = [
+    "sqlite",
+    pytest.param(
+        "postgresql",
+        marks=pytest.mark.skipif(
+            POSTGRES_ENV not in os.environ,
+            reason=f"set {POSTGRES_ENV} to a PostgreSQL maintenance database URL to test it",
+        ),
+    ),
+]
+
+
+@contextmanager
+def audit_database(backend: str, folder: Path) -> Iterator[Any]:
+    """A fresh, migrated audit database: SQLite in ``folder``, or a new database on the
+    PostgreSQL server named by ``PRIVRELEASE_TEST_POSTGRES_URL`` (dropped afterwards)."""
+    if backend == "sqlite":
+        try:
+            yield fresh_engine(folder)
+        finally:
+            database.dispose_engines()
+        return
+    admin_url = os.environ[POSTGRES_ENV]
+    name = f"privrelease_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        url = sa.make_url(admin_url).set(database=name)
+        yield database.open_database(url.render_as_string(hide_password=False))
+    finally:
+        database.dispose_engines()
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    with audit_database(request.param, tmp_path) as engine:
+        yield engine
 
 
 def populate(engine: Any, out: Path, *, fail: bool = False) -> dict[str, Any]:

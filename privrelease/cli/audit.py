@@ -44,6 +44,11 @@ def _when(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="seconds")
 
 
+def _minute(iso: str | None) -> str:
+    """An ISO timestamp to the minute, for tables."""
+    return "" if iso is None else iso[:16].replace("T", " ")
+
+
 def _short(digest: str) -> str:
     return digest[:12]
 
@@ -95,6 +100,7 @@ def policy_approve(
         f"approved [bold]{facts.name}@{facts.version}[/] (sha256 {facts.sha256}) by "
         f"{approval.approved_by} (OS user {approval.os_user}) at {document['approved_at']}",
         highlight=False,
+        soft_wrap=True,
     )
 
 
@@ -132,8 +138,8 @@ def policy_list(json_output: JsonFlag = False) -> None:
             row["name"],
             row["version"],
             _short(row["sha256"]),
-            row["registered_at"],
-            f"{last['approved_by']} ({last['approved_at']})"
+            _minute(row["registered_at"]),
+            f"{last['approved_by']} ({_minute(last['approved_at'])})"
             if last
             else "[red]not approved[/]",
         )
@@ -170,9 +176,13 @@ def policy_show(
     if json_output:
         print_json(document)
         return
-    console.print(f"[bold]{version.name}@{version.version}[/]", highlight=False)
-    console.print(f"sha256      {version.sha256}", highlight=False)
-    console.print(f"registered  {document['registered_at']} UTC", highlight=False)
+    console.print(
+        f"[bold]{version.name}@{version.version}[/]", highlight=False, soft_wrap=True
+    )
+    console.print(f"sha256      {version.sha256}", highlight=False, soft_wrap=True)
+    console.print(
+        f"registered  {document['registered_at']} UTC", highlight=False, soft_wrap=True
+    )
     if not approved:
         console.print("approvals   [red]none[/]")
     for approval in approved:
@@ -182,6 +192,7 @@ def policy_show(
             f"(OS user {approval.os_user}){note}",
             highlight=False,
             markup=False,
+            soft_wrap=True,
         )
     if others:
         console.print(
@@ -228,13 +239,21 @@ def audit_verify(
             f"[green]intact[/]: {result.records} records, {result.rows_checked} rows, "
             f"{result.files_checked} files; head seq {result.head.seq} hash {result.head.hash}",
             highlight=False,
+            soft_wrap=True,
         )
     else:
         first = result.first
         assert first is not None
-        console.print(f"[bold red]BROKEN[/]: {first.message}", highlight=False)
+        console.print(
+            f"[bold red]BROKEN[/]: {first.message}", highlight=False, soft_wrap=True
+        )
         for problem in result.problems[1:]:
-            console.print(f"  also: {problem.message}", highlight=False, markup=False)
+            console.print(
+                f"  also: {problem.message}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
     if not result.ok:
         raise typer.Exit(1)
 
@@ -258,7 +277,9 @@ def audit_head(
     if json_output:
         print_json({"seq": current.seq, "hash": current.hash})
     else:
-        console.print(f"seq {current.seq} hash {current.hash}", highlight=False)
+        console.print(
+            f"seq {current.seq} hash {current.hash}", highlight=False, soft_wrap=True
+        )
 
 
 @audit_app.command("migrate")
@@ -273,7 +294,9 @@ def audit_migrate(json_output: JsonFlag = False) -> None:
     if json_output:
         print_json({"db_url": shown, "revision": revision})
     else:
-        console.print(f"{shown}: schema at revision {revision}", highlight=False)
+        console.print(
+            f"{shown}: schema at revision {revision}", highlight=False, soft_wrap=True
+        )
 
 
 # --- ledger ---------------------------------------------------------------------------------
@@ -327,17 +350,23 @@ def ledger_show(
         print_json(document)
         return
     label = f" ({ds.label})" if ds.label else ""
-    console.print(f"dataset [bold]{ds.fingerprint}[/]{label}", highlight=False)
+    console.print(
+        f"dataset [bold]{ds.fingerprint}[/]{label}", highlight=False, soft_wrap=True
+    )
     console.print(
         f"{ds.row_count} rows, {ds.size_bytes} bytes; accountant: {ds.notion}",
         highlight=False,
+        soft_wrap=True,
     )
-    console.print(f"lifetime budget  {status.budget}", highlight=False)
+    console.print(f"lifetime budget  {status.budget}", highlight=False, soft_wrap=True)
     console.print(
         f"spent            {status.spent}  (composition of {len(status.counting)} stored trees)",
         highlight=False,
+        soft_wrap=True,
     )
-    console.print(f"remaining        {status.remaining}", highlight=False)
+    console.print(
+        f"remaining        {status.remaining}", highlight=False, soft_wrap=True
+    )
     if not status.entries:
         console.print("no releases charged yet")
         return
@@ -350,7 +379,7 @@ def ledger_show(
             state,
             f"{entry.epsilon:.6g}",
             f"{entry.delta:.6g}",
-            _when(entry.created_at),
+            _minute(_when(entry.created_at)),
             entry.reason or "",
         )
     console.print(table)

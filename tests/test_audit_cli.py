@@ -1,0 +1,215 @@
+"""``privrelease policy approve/list/show``, ``audit verify/head/migrate``, ``ledger show``, with
+and without ``--json``; they never import Prefect and answer quickly."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import typer
+from privrelease.audit import database, records
+from test_audit_chain import FINGERPRINT, fresh_engine
+from typer.testing import CliRunner
+
+from privrelease.errors import UserError
+
+try:
+    from privrelease.cli import audit as audit_cli
+except ImportError as error:  # the CLI package imports every command module
+    if "calculus" not in str(error):
+        raise
+    pytest.skip("privrelease.cli.calculus has not landed yet", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_POLICY = REPO / "policies" / "examples" / "demo.yaml"
+
+app = typer.Typer()
+audit_cli.register(app)
+runner = CliRunner()
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh audit database that the commands use (``PRIVRELEASE_DB_URL``)."""
+    engine = fresh_engine(tmp_path)
+    monkeypatch.setenv(
+        "PRIVRELEASE_DB_URL", engine.url.render_as_string(hide_password=False)
+    )
+    monkeypatch.chdir(tmp_path)
+    yield engine
+    database.dispose_engines()
+
+
+def run(*args: str, code: int = 0) -> str:
+    result = runner.invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def run_json(*args: str, code: int = 0) -> Any:
+    return json.loads(run(*args, "--json", code=code))
+
+
+def approve(*extra: str) -> Any:
+    return run_json(
+        "policy", "approve", str(DEMO_POLICY), "--by", "Ada Lovelace", *extra
+    )
+
+
+def test_policy_approve_list_show(db: Any) -> None:
+    from privrelease.policies import load_policy
+
+    loaded = load_policy(DEMO_POLICY)
+    approval = approve("--note", "first review")
+    assert approval["policy"] == "demo-census" and approval["version"] == "1"
+    assert approval["sha256"] == loaded.sha256
+    assert approval["approved_by"] == "Ada Lovelace"
+    assert approval["os_user"] == getpass.getuser()
+    assert approval["note"] == "first review"
+    assert approval["chain_head"]["seq"] == 2  # policy registered, approval
+
+    assert "approved" in run(
+        "policy", "approve", str(DEMO_POLICY), "--by", "Grace Hopper"
+    )
+    (listed,) = run_json("policy", "list")["policies"]
+    assert listed["sha256"] == loaded.sha256
+    assert [a["approved_by"] for a in listed["approvals"]] == [
+        "Ada Lovelace",
+        "Grace Hopper",
+    ]
+    assert "demo-census" in run("policy", "list")
+
+    for ref in ("demo-census", "demo-census@1", loaded.sha256[:10]):
+        shown = run_json("policy", "show", ref)
+        assert shown["sha256"] == loaded.sha256 and shown["approved"] is True
+        assert shown["policy"]["policy"]["name"] == "demo-census"
+    human = run("policy", "show", "demo-census@1")
+    assert "Grace Hopper" in human and "first review" in human
+    with pytest.raises(UserError, match="no registered policy"):
+        run("policy", "show", "demo-census@2")
+
+
+def test_a_changed_policy_under_the_same_version_is_refused(
+    db: Any, tmp_path: Path
+) -> None:
+    approve()
+    changed = tmp_path / "demo.yaml"
+    text = DEMO_POLICY.read_text(encoding="utf-8")
+    changed.write_text(
+        text.replace("description: ", "description: edited "), encoding="utf-8"
+    )
+    with pytest.raises(UserError, match="new `version`"):
+        run("policy", "approve", str(changed), "--by", "Mallory")
+
+
+def test_policy_list_empty(db: Any) -> None:
+    assert run_json("policy", "list") == {"policies": []}
+    assert "no policies" in run("policy", "list")
+
+
+def test_audit_verify_head_and_tampering(db: Any, tmp_path: Path) -> None:
+    approve()
+    assert run_json("audit", "verify")["ok"] is True
+    assert "intact" in run("audit", "verify")
+    head_file = tmp_path / "head.json"
+    head = run_json("audit", "head", "--write", str(head_file))
+    assert head["seq"] == 2 and json.loads(head_file.read_text()) == head
+    assert "seq 2" in run("audit", "head")
+    assert run_json("audit", "verify", "--head", str(head_file))["ok"] is True
+
+    head_file.write_text(json.dumps({"seq": 5, "hash": "0" * 64}))
+    cut = run_json("audit", "verify", "--head", str(head_file), code=1)
+    assert (
+        cut["first_broken"]["kind"] == "truncated" and cut["first_broken"]["seq"] == 3
+    )
+
+    with db.begin() as connection:
+        connection.execute(sa.text("UPDATE approval SET approved_by = 'Mallory'"))
+    broken = run_json("audit", "verify", code=1)
+    assert broken["ok"] is False
+    assert broken["first_broken"]["seq"] == 2
+    assert broken["first_broken"]["kind"] == "row_edited"
+    human = run("audit", "verify", code=1)
+    assert "BROKEN" in human and "record 2" in human
+
+
+def test_audit_migrate(db: Any) -> None:
+    from privrelease.audit.migrations.versions import HEAD_REVISION
+
+    assert run_json("audit", "migrate")["revision"] == HEAD_REVISION
+    assert HEAD_REVISION in run("audit", "migrate")
+
+
+def test_ledger_show(db: Any) -> None:
+    accountants = pytest.importorskip(
+        "privrelease.mechanisms.accountants",
+        reason="the accountants module has not landed yet",
+    )
+    from privrelease.audit import ledger
+    from privrelease.mechanisms.events import Laplace
+
+    release = Laplace(scale=4.0, sensitivity=1.0)
+    approval = approve()
+    one = accountants.account(release, "probabilistic")
+    with database.session(db) as s:
+        records.register_dataset(
+            s,
+            FINGERPRINT,
+            size_bytes=10,
+            row_count=2,
+            lifetime_epsilon=10 * one.epsilon,
+            lifetime_delta=1e-6,
+            notion="probabilistic",
+            label="census.csv",
+        )
+        run_id = records.start_run(
+            s, policy_sha256=approval["sha256"], code_version="t"
+        ).id
+    with database.session(db) as s:
+        ledger.commit(
+            s, ledger.reserve(s, FINGERPRINT, run_id, release, "probabilistic")
+        )
+    shown = run_json("ledger", "show", FINGERPRINT[:8])
+    assert shown["dataset"] == FINGERPRINT
+    assert shown["spent"]["epsilon"] == pytest.approx(one.epsilon)
+    assert shown["remaining"]["epsilon"] == pytest.approx(9 * one.epsilon)
+    assert [e["state"] for e in shown["entries"]] == ["committed"]
+    assert shown["entries"][0]["event"]["event"]["kind"] == "laplace"
+    assert run_json("ledger", "show", "census.csv")["dataset"] == FINGERPRINT
+    human = run("ledger", "show", "census.csv")
+    assert "remaining" in human and "committed" in human
+    with pytest.raises(UserError, match="no dataset"):
+        run("ledger", "show", "ffff")
+
+
+def test_commands_never_import_prefect_and_are_quick(db: Any) -> None:
+    """CPU time, not wall time: the limit holds on a busy machine too."""
+    script = (
+        "import sys, typer\n"
+        "from privrelease.cli.audit import register\n"
+        "app = typer.Typer(); register(app)\n"
+        "for args in (['policy', 'list', '--json'], ['audit', 'verify', '--json']):\n"
+        "    app(args, standalone_mode=False)\n"
+        "assert 'prefect' not in sys.modules, 'prefect was imported'\n"
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert done.returncode == 0, done.stderr
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 2.0, f"two audit commands took {cpu:.2f} s of CPU"

@@ -1,0 +1,110 @@
+"""Settings, engines and Alembic migrations of the audit database."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from privrelease.audit import database
+from privrelease.audit.migrations.versions import HEAD_REVISION
+from privrelease.audit.models import AUDITED_TABLES, ChainHead
+from sqlmodel import SQLModel
+
+from privrelease.errors import UserError
+from privrelease.settings import Settings, get_settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_migrations_create_the_schema_of_the_models_on_a_fresh_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'new' / 'audit.db'}"
+    engine = database.create_engine(url)  # creates the folder
+    assert database.current_revision(engine) is None
+    database.migrate(engine)
+    assert (
+        database.current_revision(engine) == HEAD_REVISION == database.head_revision()
+    )
+    tables = set(sa.inspect(engine).get_table_names())
+    assert (
+        set(AUDITED_TABLES) | {"audit_event", "chain_head", "alembic_version"} == tables
+    )
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert (
+            compare_metadata(context, SQLModel.metadata) == []
+        )  # models == migrations
+    with database.session(engine, readonly=True) as s:
+        head = s.get(ChainHead, 1)
+        assert head is not None and (head.seq, head.hash) == (0, "0" * 64)
+    database.migrate(engine)  # idempotent
+    engine.dispose()
+
+
+def test_open_database_migrates_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    try:
+        engine = database.open_database(url)
+        assert database.current_revision(engine) == HEAD_REVISION
+        assert database.open_database(url) is engine
+    finally:
+        database.dispose_engines()
+
+
+def test_sqlite_runs_in_wal_mode_with_foreign_keys(tmp_path: Path) -> None:
+    engine = database.create_engine(f"sqlite:///{tmp_path / 'audit.db'}")
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
+    engine.dispose()
+
+
+def test_only_sqlite_and_postgresql_urls() -> None:
+    with pytest.raises(UserError, match="PRIVRELEASE_DB_URL"):
+        database.create_engine("mysql://localhost/audit")
+    engine = database.create_engine(
+        "postgresql+psycopg://u:p@127.0.0.1:1/audit"
+    )  # lazy: no I/O
+    assert engine.dialect.name == "postgresql"
+
+
+def test_migration_files_ship_in_the_package() -> None:
+    """Every folder under audit/ with Python files is a listed package (setuptools then ships
+    env.py and the versions); Alembic is configured without any ini file."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = set(config["tool"]["setuptools"]["packages"])
+    for init in (REPO / "audit").rglob("__init__.py"):
+        relative = init.parent.relative_to(REPO / "audit")
+        name = ".".join(("privrelease", "audit", *relative.parts))
+        assert name in packages, f"{name} missing from pyproject packages"
+    assert (database.MIGRATIONS_DIR / "env.py").is_file()
+    assert database.alembic_config().config_file_name is None
+
+
+def test_settings_defaults_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("DB_URL", "WORK_DIR", "PRODUCTION", "DEFAULT_LIFETIME_BUDGET"):
+        monkeypatch.delenv(f"PRIVRELEASE_{name}", raising=False)
+    monkeypatch.chdir(tmp_path)
+    settings = get_settings()
+    assert settings.work_dir == tmp_path / "privrelease-work"
+    assert settings.db_url == f"sqlite:///{tmp_path / 'privrelease-work' / 'audit.db'}"
+    assert settings.production is False and settings.default_lifetime_budget is None
+    monkeypatch.setenv("PRIVRELEASE_DB_URL", "postgresql+psycopg://u@127.0.0.1/a")
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    monkeypatch.setenv("PRIVRELEASE_DEFAULT_LIFETIME_BUDGET", "[2.0, 1e-6]")
+    monkeypatch.setenv("PRIVRELEASE_RESERVATION_TTL_SECONDS", "90")
+    settings = get_settings()
+    assert settings.db_url == "postgresql+psycopg://u@127.0.0.1/a"
+    assert settings.production is True
+    assert settings.default_lifetime_budget == (2.0, 1e-6)
+    assert settings.reservation_ttl_seconds == 90
+    with pytest.raises(ValueError, match="delta"):
+        Settings(default_lifetime_budget=(1.0, 1.5))
