@@ -63,6 +63,9 @@ def policy_facts(loaded: Any) -> PolicyFacts:
 def register_policy(session: Session, facts: PolicyFacts) -> PolicyVersion:
     """Register a policy version (idempotent for the same hash). Raises :class:`UserError` when
     name@version is already registered with another hash."""
+    chain.lock(
+        session
+    )  # before the look-up: concurrent registrations wait, then find it
     existing = session.exec(
         select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)
     ).first()

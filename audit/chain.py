@@ -42,7 +42,7 @@ from privrelease.audit.models import (
     Run,
     utcnow,
 )
-from sqlmodel import Session, SQLModel, select
+from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.errors import UserError
 
@@ -58,6 +58,7 @@ __all__ = [
     "lock",
     "read_head",
     "record_hash",
+    "records",
     "row_sha256",
     "verify",
     "write_head",
@@ -188,6 +189,15 @@ def append(
     session.add(head_row)
     session.flush()
     return record
+
+
+def records(session: Session, *, run_id: str | None = None) -> list[AuditEvent]:
+    """The log in order; with ``run_id``, only the records about that run (its start, dataset,
+    data read, reservation, outputs, guarantees, report and end): the run's audit trail."""
+    found = list(session.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all())
+    if run_id is None:
+        return found
+    return [r for r in found if json.loads(r.payload_json).get("run") == run_id]
 
 
 def head(session: Session) -> Head:

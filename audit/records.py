@@ -41,6 +41,7 @@ __all__ = [
     "find_run",
     "fingerprint_file",
     "finish_run",
+    "list_datasets",
     "record_data_read",
     "record_guarantee",
     "record_output",
@@ -88,6 +89,9 @@ def register_dataset(
             f"dataset fingerprint must be 64 hex digits (sha256); got {fingerprint!r}"
         )
     _check_budget(lifetime_epsilon, lifetime_delta)
+    chain.lock(
+        session
+    )  # before the look-up: concurrent registrations wait, then find it
     existing = session.get(Dataset, fingerprint)
     if existing is not None:
         stated = (lifetime_epsilon, lifetime_delta, notion)
@@ -114,6 +118,12 @@ def register_dataset(
     )
     chain.append(session, "dataset_registered", dataset)
     return dataset
+
+
+def list_datasets(session: Session) -> list[Dataset]:
+    """Every registered dataset, oldest first."""
+    statement = select(Dataset).order_by(col(Dataset.registered_at))
+    return list(session.exec(statement).all())
 
 
 def find_dataset(session: Session, ref: str) -> Dataset:

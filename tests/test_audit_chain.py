@@ -168,7 +168,7 @@ def seq_of(engine: Any, kind: str, *, table: str | None = None, nth: int = 0) ->
 
 
 def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
-    populate(engine, tmp_path / "out")
+    populate_ids = populate(engine, tmp_path / "out")
     result = check(engine)
     assert result.ok, result.problems
     assert result.first is None
@@ -186,6 +186,10 @@ def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
         "run_started",
     ]
     assert kinds[-1] == "run_finished"
+    with database.session(engine, readonly=True) as s:
+        trail = [r.kind for r in chain.records(s, run_id=populate_ids["run"])]
+    assert trail[0] == "run_started" and trail[1] == "data_read"
+    assert trail.count("output_recorded") == 2 and trail[-1] == "run_finished"
 
 
 def test_record_hash_is_sha256_of_previous_hash_and_canonical_json(engine: Any) -> None:

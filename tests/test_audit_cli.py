@@ -111,9 +111,11 @@ def test_a_changed_policy_under_the_same_version_is_refused(
         run("policy", "approve", str(changed), "--by", "Mallory")
 
 
-def test_policy_list_empty(db: Any) -> None:
+def test_empty_lists(db: Any) -> None:
     assert run_json("policy", "list") == {"policies": []}
     assert "no policies" in run("policy", "list")
+    assert run_json("ledger", "list") == {"datasets": []}
+    assert "no datasets" in run("ledger", "list")
 
 
 def test_audit_verify_head_and_tampering(db: Any, tmp_path: Path) -> None:
@@ -187,6 +189,9 @@ def test_ledger_show(db: Any) -> None:
     assert run_json("ledger", "show", "census.csv")["dataset"] == FINGERPRINT
     human = run("ledger", "show", "census.csv")
     assert "remaining" in human and "committed" in human
+    (listed,) = run_json("ledger", "list")["datasets"]
+    assert listed["dataset"] == FINGERPRINT and listed["counting_entries"] == 1
+    assert "census.csv" in run("ledger", "list")
     with pytest.raises(UserError, match="no dataset"):
         run("ledger", "show", "ffff")
 

@@ -383,3 +383,52 @@ def ledger_show(
             entry.reason or "",
         )
     console.print(table)
+
+
+@ledger_app.command("list")
+def ledger_list(json_output: JsonFlag = False) -> None:
+    """Every registered dataset: its lifetime budget and what its stored trees compose to."""
+    from privrelease.audit import ledger, records
+    from privrelease.audit.database import session
+
+    rows = []
+    with session(_engine(), readonly=True) as s:
+        for ds in records.list_datasets(s):
+            status = ledger.ledger_status(s, ds)
+            rows.append(
+                {
+                    "dataset": ds.fingerprint,
+                    "label": ds.label,
+                    "row_count": ds.row_count,
+                    "notion": ds.notion,
+                    "budget": {
+                        "epsilon": ds.lifetime_epsilon,
+                        "delta": ds.lifetime_delta,
+                    },
+                    "spent": {
+                        "epsilon": status.spent.epsilon,
+                        "delta": status.spent.delta,
+                    },
+                    "counting_entries": len(status.counting),
+                }
+            )
+    if json_output:
+        print_json({"datasets": rows})
+        return
+    if not rows:
+        console.print("no datasets registered yet")
+        return
+    table = Table("dataset", "label", "accountant", "epsilon spent / budget")
+    table.add_column("delta spent / budget")
+    table.add_column("releases")
+    for row in rows:
+        budget, spent = row["budget"], row["spent"]
+        table.add_row(
+            _short(row["dataset"]),
+            row["label"] or "",
+            row["notion"],
+            f"{spent['epsilon']:.4g} / {budget['epsilon']:.4g}",
+            f"{spent['delta']:.3g} / {budget['delta']:.3g}",
+            str(row["counting_entries"]),
+        )
+    console.print(table)
