@@ -223,75 +223,77 @@ def test_canonical_json_is_stable() -> None:
         chain.canonical_json({"x": object()})
 
 
-def test_tampered_row_is_named(engine: Any, tmp_path: Path) -> None:
-    ids = populate(engine, tmp_path / "out")
-    execute(
-        engine, "UPDATE run SET code_version = 'evil' WHERE id = :id", id=ids["run"]
-    )
+# populate() writes records 1 policy_registered, 2 policy_approved, 3 dataset_registered,
+# 4 run_started, 5 data_read, 6-7 output_recorded, 8 guarantee_recorded, 9 report_stored,
+# 10 run_finished.
+SWAP = "UPDATE {table} SET {key} = {b} WHERE {key} = {a}"
+EDIT_PAYLOAD = (
+    "UPDATE audit_event SET payload_json = replace(payload_json, 'census', 'x')"
+)
+TAMPERINGS = {
+    "edited run row": (["UPDATE run SET code_version = 'evil'"], "row_edited", 10),
+    "edited approval row": (
+        ["UPDATE approval SET approved_by = 'Mallory'"],
+        "row_edited",
+        2,
+    ),
+    "edited record kind": (
+        ["UPDATE audit_event SET kind = 'policy_rejected' WHERE seq = 2"],
+        "record_edited",
+        2,
+    ),
+    "edited record payload": ([EDIT_PAYLOAD], "record_edited", 1),
+    "deleted row": (
+        ["DELETE FROM output WHERE path LIKE '%rows.csv'"],
+        "row_deleted",
+        7,
+    ),
+    "deleted record": (["DELETE FROM audit_event WHERE seq = 5"], "records_missing", 5),
+    "reordered records": (
+        [
+            SWAP.format(table="audit_event", key="seq", a=6, b=-1),
+            SWAP.format(table="audit_event", key="seq", a=7, b=6),
+            SWAP.format(table="audit_event", key="seq", a=-1, b=7),
+        ],
+        "chain_broken",
+        6,
+    ),
+    "reordered rows": (
+        [
+            SWAP.format(table="output", key="id", a=1, b=-1),
+            SWAP.format(table="output", key="id", a=2, b=1),
+            SWAP.format(table="output", key="id", a=-1, b=2),
+        ],
+        "row_edited",
+        6,
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(TAMPERINGS))
+def test_tampering_names_the_first_broken_record(
+    engine: Any, tmp_path: Path, how: str
+) -> None:
+    statements, kind, seq = TAMPERINGS[how]
+    populate(engine, tmp_path / "out")
+    for statement in statements:
+        execute(engine, statement)
     result = check(engine)
     assert not result.ok
     assert result.first is not None
-    assert result.first.kind == "row_edited"
-    assert result.first.seq == seq_of(engine, "run_finished")
-    assert ids["run"] in result.first.message
+    assert (result.first.kind, result.first.seq) == (kind, seq), result.problems
 
 
-def test_tampered_approval_is_named(engine: Any, tmp_path: Path) -> None:
-    populate(engine, tmp_path / "out")
-    execute(engine, "UPDATE approval SET approved_by = 'Mallory'")
-    result = check(engine)
-    assert result.first is not None
-    assert (result.first.kind, result.first.seq) == ("row_edited", 2)
-    assert "approval" in result.first.message
-
-
-def test_tampered_record_is_named(engine: Any, tmp_path: Path) -> None:
-    populate(engine, tmp_path / "out")
-    execute(engine, "UPDATE audit_event SET kind = 'policy_rejected' WHERE seq = 2")
-    result = check(engine)
-    assert result.first is not None
-    assert (result.first.kind, result.first.seq) == ("record_edited", 2)
-
-
-def test_deleted_row_is_named(engine: Any, tmp_path: Path) -> None:
-    populate(engine, tmp_path / "out")
-    execute(engine, "DELETE FROM output WHERE path LIKE '%rows.csv'")
-    result = check(engine)
-    assert result.first is not None
-    assert result.first.kind == "row_deleted"
-    assert result.first.seq == seq_of(engine, "output_recorded", nth=1)
-
-
-def test_deleted_record_is_named(engine: Any, tmp_path: Path) -> None:
-    populate(engine, tmp_path / "out")
-    execute(engine, "DELETE FROM audit_event WHERE seq = 5")
-    result = check(engine)
-    assert result.first is not None
-    assert (result.first.kind, result.first.seq) == ("records_missing", 5)
-    assert "records 5..5 are missing" in result.first.message
-
-
-def test_reordered_records_are_named(engine: Any, tmp_path: Path) -> None:
-    populate(engine, tmp_path / "out")
-    execute(engine, "UPDATE audit_event SET seq = -1 WHERE seq = 6")
-    execute(engine, "UPDATE audit_event SET seq = 6 WHERE seq = 7")
-    execute(engine, "UPDATE audit_event SET seq = 7 WHERE seq = -1")
-    result = check(engine)
-    assert result.first is not None
-    assert result.first.seq == 6
-    assert result.first.kind in ("chain_broken", "record_edited")
-
-
-def test_reordered_rows_are_named(engine: Any, tmp_path: Path) -> None:
-    populate(engine, tmp_path / "out")
-    execute(engine, "UPDATE output SET id = -1 WHERE id = 1")
-    execute(engine, "UPDATE output SET id = 1 WHERE id = 2")
-    execute(engine, "UPDATE output SET id = 2 WHERE id = -1")
-    result = check(engine)
-    assert result.first is not None
-    assert (result.first.kind, result.first.seq) == (
-        "row_edited",
-        seq_of(engine, "output_recorded"),
+def test_a_row_edit_is_named_with_its_table_and_key(
+    engine: Any, tmp_path: Path
+) -> None:
+    ids = populate(engine, tmp_path / "out")
+    execute(engine, "UPDATE run SET code_version = 'evil'")
+    first = check(engine).first
+    assert first is not None
+    assert (
+        f"run row '{ids['run']}' was edited after record 10 (run_finished)"
+        in first.message
     )
 
 
