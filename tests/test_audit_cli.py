@@ -157,9 +157,8 @@ def test_ledger_show(db: Any) -> None:
         reason="the accountants module has not landed yet",
     )
     from privrelease.audit import ledger
-    from privrelease.mechanisms.events import Laplace
+    from test_ledger import RELEASE as release
 
-    release = Laplace(scale=4.0, sensitivity=1.0)
     approval = approve()
     one = accountants.account(release, "probabilistic")
     with database.session(db) as s:
