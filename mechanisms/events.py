@@ -42,7 +42,8 @@ class SDGS(_Event):
 
 
 class Laplace(_Event):
-    """Laplace noise of scale ``scale`` on a query of global sensitivity ``sensitivity``
+    """Laplace noise of scale ``scale`` on a query whose global sensitivity under
+    add/remove-one-row neighbours (the notion every DP accountant here uses) is ``sensitivity``
     (epsilon = sensitivity / scale). For rho-differential identifiability (Lee & Clifton) the
     event also records the universe size m and the sensitive range S(f) it was calibrated with.
     Disjoint groups of a grouped statistic are one event (parallel composition)."""

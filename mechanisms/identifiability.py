@@ -385,7 +385,7 @@ def laplace_event(calibration: Calibration) -> Laplace:
         raise TargetNotMet(calibration.reason or "the calibration is infeasible")
     return Laplace(
         scale=calibration.lambda_,
-        sensitivity=calibration.sensitivity,
+        sensitivity=calibration.sensitivity_add_remove,
         sensitive_range=calibration.sensitive_range,
         universe_size=calibration.universe_size,
     )

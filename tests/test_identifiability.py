@@ -447,7 +447,7 @@ def test_laplace_event() -> None:
     event = laplace_event(c)
     assert event == Laplace(
         scale=c.lambda_,
-        sensitivity=c.sensitivity,
+        sensitivity=c.sensitivity_add_remove,
         sensitive_range=c.sensitive_range,
         universe_size=99,
     )

@@ -1,0 +1,118 @@
+"""Calibrating (k, beta)-SDGS: given three of (k, beta, epsilon, delta), the best fourth.
+
+Either delta notion can be targeted: ``probabilistic`` (Theorem 1's d(k, beta, eps)) or
+``approximate`` (the exact hockey-stick delta). Both are nonincreasing in k (a larger k merges
+published outcomes into "suppressed": post-processing, and Theorem 1's max runs over fewer n),
+so the smallest k is found exactly by exponential then binary search and checked at k - 1.
+Epsilon and beta are found by bisection to a relative 1e-10 and the returned value is verified
+to meet the target (delta is nonincreasing in epsilon and nondecreasing in beta).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from privrelease.mechanisms.sdgs_math import delta_exact, delta_theorem1, min_theorem1_epsilon
+
+Notion = Literal["probabilistic", "approximate"]
+_MAX_K = 2**24
+_MAX_EPSILON = 60.0
+
+
+class CalibrationError(ValueError):
+    """No parameter value meets the target (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    k: int
+    beta: float
+    epsilon: float
+    delta: float
+    """The delta the returned parameters achieve (at most the target)."""
+    notion: Notion
+
+
+def sdgs_delta(k: int, beta: float, epsilon: float, notion: Notion) -> float | None:
+    """delta of (k, beta)-SDGS at eps under the notion (None where Theorem 1 gives none)."""
+    result = delta_theorem1(k, beta, epsilon) if notion == "probabilistic" else delta_exact(k, beta, epsilon)
+    return result.delta
+
+
+def _meets(k: int, beta: float, epsilon: float, target: float, notion: Notion) -> bool:
+    delta = sdgs_delta(k, beta, epsilon, notion)
+    return delta is not None and delta <= target
+
+
+def auto_beta(epsilon: float) -> float:
+    """The largest beta Theorem 1 allows at eps: 1 - e^-eps, rounded down so that
+    eps >= -ln(1 - beta) holds in floating point too."""
+    beta = -math.expm1(-epsilon)
+    while min_theorem1_epsilon(beta) > epsilon:
+        beta = math.nextafter(beta, 0.0)
+    return beta
+
+
+def smallest_k(beta: float, epsilon: float, delta: float, notion: Notion) -> Calibrated:
+    """The smallest k with delta(k, beta, eps) <= target (exact, not off by one)."""
+    if notion == "probabilistic" and epsilon < min_theorem1_epsilon(beta):
+        raise CalibrationError(
+            f"Theorem 1 gives no delta for epsilon {epsilon:g} < -ln(1 - beta) = "
+            f"{min_theorem1_epsilon(beta):.6g}; raise epsilon or lower beta"
+        )
+    if beta >= 1:
+        raise CalibrationError("beta = 1 (no sampling) gives no (eps, delta)-DP for any k (Proposition 4)")
+    high = 1
+    while not _meets(high, beta, epsilon, delta, notion):
+        if high >= _MAX_K:
+            raise CalibrationError(f"no k up to {_MAX_K} reaches delta {delta:g}")
+        high *= 2
+    low = high // 2  # fails (or is 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _meets(middle, beta, epsilon, delta, notion):
+            high = middle
+        else:
+            low = middle
+    return Calibrated(high, beta, epsilon, sdgs_delta(high, beta, epsilon, notion), notion)  # type: ignore[arg-type]
+
+
+def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion) -> Calibrated:
+    """The smallest eps with delta(k, beta, eps) <= target (to a relative 1e-10, verified)."""
+    if beta >= 1:
+        raise CalibrationError("beta = 1 (no sampling) gives no (eps, delta)-DP for any epsilon (Proposition 4)")
+    low = min_theorem1_epsilon(beta) if notion == "probabilistic" else 0.0
+    if _meets(k, beta, low, delta, notion):
+        return Calibrated(k, beta, low, sdgs_delta(k, beta, low, notion), notion)  # type: ignore[arg-type]
+    high = max(2 * low, 0.5)
+    while not _meets(k, beta, high, delta, notion):
+        if high > _MAX_EPSILON:
+            raise CalibrationError(f"no epsilon up to {_MAX_EPSILON:g} reaches delta {delta:g} with k = {k}, beta = {beta:g}")
+        low, high = high, 2 * high
+    while high - low > 1e-10 * high:
+        middle = (low + high) / 2
+        if _meets(k, beta, middle, delta, notion):
+            high = middle
+        else:
+            low = middle
+    return Calibrated(k, beta, high, sdgs_delta(k, beta, high, notion), notion)  # type: ignore[arg-type]
+
+
+def largest_beta(k: int, epsilon: float, delta: float, notion: Notion) -> Calibrated:
+    """The largest beta with delta(k, beta, eps) <= target (to a relative 1e-10, verified).
+    Under Theorem 1 beta is at most 1 - e^-eps (``auto_beta``)."""
+    ceiling = auto_beta(epsilon) if notion == "probabilistic" else math.nextafter(1.0, 0.0)
+    if _meets(k, ceiling, epsilon, delta, notion):
+        return Calibrated(k, ceiling, epsilon, sdgs_delta(k, ceiling, epsilon, notion), notion)  # type: ignore[arg-type]
+    low, high = 0.0, ceiling
+    while high - low > 1e-10 * high:
+        middle = (low + high) / 2
+        if _meets(k, middle, epsilon, delta, notion):
+            low = middle
+        else:
+            high = middle
+    if low == 0.0:
+        raise CalibrationError(f"no beta > 0 reaches delta {delta:g} with k = {k}, epsilon = {epsilon:g}")
+    return Calibrated(k, low, epsilon, sdgs_delta(k, low, epsilon, notion), notion)  # type: ignore[arg-type]

@@ -1,0 +1,278 @@
+"""``plan``, ``guarantee`` and ``calibrate``: the privacy calculus, without reading any data."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from privrelease.cli.output import console, print_json
+from privrelease.errors import TargetNotMet, UserError
+
+guarantee_app = typer.Typer(help="Guarantees of a mechanism for given parameters.", no_args_is_help=True)
+calibrate_app = typer.Typer(help="Find the parameter that meets a target.", no_args_is_help=True)
+
+JSON = typer.Option(False, "--json", help="Print one JSON document instead of tables.")
+ACCOUNTING = typer.Option(
+    "probabilistic", "--accounting",
+    help="probabilistic (Theorem 1's delta, as in the papers) or approximate (exact hockey-stick delta).",
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)
+    app.add_typer(guarantee_app, name="guarantee")
+    app.add_typer(calibrate_app, name="calibrate")
+
+
+def _numbers(text: str, name: str, kind: type) -> list:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"--{name} must be a comma-separated list of {kind.__name__} values; got {text!r}") from None
+    if not values:
+        raise UserError(f"--{name} needs at least one value")
+    return values
+
+
+def _check_sdgs(k: int | None, beta: float | None, epsilon: float | None, delta: float | None = None) -> None:
+    if k is not None and k < 1:
+        raise UserError(f"k must be an integer >= 1; got {k}")
+    if beta is not None and not 0 < beta <= 1:
+        raise UserError(f"beta must be in (0, 1]; got {beta:g}")
+    if epsilon is not None and not 0 <= epsilon < math.inf:
+        raise UserError(f"epsilon must be a finite number >= 0; got {epsilon:g}")
+    if delta is not None and not 0 < delta < 1:
+        raise UserError(f"delta must be in (0, 1); got {delta:g}")
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf"
+    return f"{value:.{digits}g}"
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+
+def plan(policy: Path = typer.Argument(..., help="The release policy (YAML)."), json_out: bool = JSON) -> None:
+    """Validate a policy and list every guarantee and target check. Reads no data."""
+    from privrelease.planning import plan_policy
+    from privrelease.policies import load_policy
+
+    result = plan_policy(load_policy(policy))
+    if json_out:
+        print_json(result.as_dict())
+    else:
+        _print_plan(result)
+    if not result.passed:
+        raise typer.Exit(TargetNotMet.exit_code)
+
+
+def _print_plan(result) -> None:
+    policy = result.loaded.policy
+    console.print(f"[bold]{policy.name}[/] version {policy.version}  sha256 {result.loaded.sha256[:16]}…  "
+                  f"accounting: [bold]{result.notion}[/]", highlight=False)
+    table = Table(title="Mechanisms (no data read)", title_justify="left")
+    for column in ("mechanism", "event", "probabilistic (eps, delta)", "approximate (eps, delta)", "also"):
+        table.add_column(column, overflow="fold")
+    for m in result.mechanisms:
+        cells = []
+        for notion in ("probabilistic", "approximate"):
+            g = m.guarantees[notion]
+            cells.append(f"({_fmt(g.epsilon)}, {_fmt(g.delta, 3)})" if g.supported else f"none: {g.detail}")
+        table.add_row(f"{m.name} [dim]{m.type}[/]", _event_text(m.event), *cells, _facts_text(m.facts))
+    console.print(table)
+    composed = Table(title="Composed over the release", title_justify="left")
+    for column in ("accounting", "epsilon", "delta", "how"):
+        composed.add_column(column, overflow="fold")
+    for notion, g in result.composed.items():
+        composed.add_row(notion, _fmt(g.epsilon), _fmt(g.delta, 3) if g.supported else "none", g.detail)
+    console.print(composed)
+    for key, value in result.facts.items():
+        console.print(f"  {key}: {value if isinstance(value, str) else _fmt(value) if not isinstance(value, dict) else value}",
+                      highlight=False)
+    checks = Table(title="Targets", title_justify="left")
+    for column in ("target", "required", "achieved", "result"):
+        checks.add_column(column, overflow="fold")
+    for check in result.checks:
+        checks.add_row(check.target, check.required, check.achieved, "[green]pass[/]" if check.passed else "[red]FAIL[/]")
+    console.print(checks)
+    console.print("[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]")
+
+
+def _event_text(event) -> str:
+    body = event.model_dump()
+    kind = body.pop("kind")
+    if kind == "composed":
+        return " + ".join(_event_text(child) for child in event.events)
+    return f"{kind}(" + ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in body.items() if v not in (None, ())) + ")"
+
+
+def _facts_text(facts: dict) -> str:
+    shown = []
+    for key, value in facts.items():
+        if key in ("reason",) or value is None:
+            continue
+        shown.append(f"{key}={_fmt(value) if isinstance(value, float) else value}")
+    return "; ".join(shown)
+
+
+# --- guarantee sdgs -----------------------------------------------------------------------------
+
+
+@guarantee_app.command("sdgs")
+def guarantee_sdgs(
+    k: str = typer.Option(..., "--k", help="k, or a comma-separated list."),
+    beta: str = typer.Option(..., "--beta", help="Sampling probability beta in (0, 1], or a list."),
+    epsilon: str = typer.Option(..., "--epsilon", help="epsilon >= 0, or a list."),
+    json_out: bool = JSON,
+) -> None:
+    """delta of (k, beta)-SDGS under Theorem 1 and exact (hockey-stick), with the argmax n."""
+    import numpy as np
+
+    from privrelease.mechanisms.sdgs_math import exact_grid, theorem1_grid
+
+    ks, betas, epsilons = _numbers(k, "k", int), _numbers(beta, "beta", float), _numbers(epsilon, "epsilon", float)
+    for value in ks:
+        _check_sdgs(value, None, None)
+    for value in betas:
+        _check_sdgs(None, value, None)
+    for value in epsilons:
+        _check_sdgs(None, None, value)
+    grid_k, grid_beta, grid_eps = (a.ravel() for a in np.meshgrid(ks, betas, epsilons, indexing="ij"))
+    theorem1 = theorem1_grid(grid_k, grid_beta, grid_eps)
+    exact = exact_grid(grid_k, grid_beta, grid_eps)
+    rows = [
+        {
+            "k": int(kk), "beta": float(bb), "epsilon": float(ee),
+            "delta_theorem1": t.delta, "delta_exact": x.delta, "argmax_n": t.argmax_n,
+            "argmax_n_exact": x.argmax_n, "log10_delta_theorem1": t.log10_delta,
+            "log10_delta_exact": x.log10_delta, "note": t.reason or x.reason,
+        }
+        for kk, bb, ee, t, x in zip(grid_k, grid_beta, grid_eps, theorem1, exact)
+    ]
+    if json_out:
+        print_json(rows)
+        return
+    table = Table(title="(k, beta)-SDGS: delta at epsilon", title_justify="left")
+    for column in ("k", "beta", "epsilon", "delta (Theorem 1)", "argmax n", "delta (exact)", "argmax n", "note"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(str(row["k"]), _fmt(row["beta"]), _fmt(row["epsilon"]), _fmt(row["delta_theorem1"], 3),
+                      str(row["argmax_n"] or "-"), _fmt(row["delta_exact"], 3), str(row["argmax_n_exact"] or "-"),
+                      row["note"])
+    console.print(table)
+
+
+# --- calibrate ----------------------------------------------------------------------------------
+
+
+@calibrate_app.command("sdgs")
+def calibrate_sdgs(
+    k: Optional[int] = typer.Option(None, "--k", help="k (omit to find the smallest)."),
+    beta: Optional[str] = typer.Option(None, "--beta", help="beta in (0, 1], or 'auto' for 1 - e^-eps (omit to find the largest)."),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="epsilon (omit to find the smallest)."),
+    delta: Optional[float] = typer.Option(None, "--delta", help="target delta (omit to compute it)."),
+    accounting: str = ACCOUNTING,
+    json_out: bool = JSON,
+) -> None:
+    """Given three of (k, beta, epsilon, delta), the best fourth: smallest k, smallest epsilon,
+    largest beta, or the delta achieved."""
+    from privrelease.mechanisms import sdgs_calibration as cal
+
+    if accounting not in ("probabilistic", "approximate"):
+        raise UserError(f"--accounting must be probabilistic or approximate; got {accounting!r}")
+    auto = beta is not None and beta.strip().lower() == "auto"
+    if auto and epsilon is None:
+        raise UserError("--beta auto means beta = 1 - e^-epsilon: give --epsilon too")
+    beta_value = None
+    if beta is not None and not auto:
+        beta_value = _numbers(beta, "beta", float)[0]
+    if auto:
+        beta_value = cal.auto_beta(epsilon)  # type: ignore[arg-type]
+    _check_sdgs(k, beta_value, epsilon, delta)
+    missing = [name for name, value in (("k", k), ("beta", beta_value), ("epsilon", epsilon), ("delta", delta)) if value is None]
+    if len(missing) != 1:
+        raise UserError(f"give exactly three of --k, --beta, --epsilon, --delta; missing: {', '.join(missing) or 'none'}")
+    try:
+        if missing == ["k"]:
+            result = cal.smallest_k(beta_value, epsilon, delta, accounting)  # type: ignore[arg-type]
+        elif missing == ["epsilon"]:
+            result = cal.smallest_epsilon(k, beta_value, delta, accounting)  # type: ignore[arg-type]
+        elif missing == ["beta"]:
+            result = cal.largest_beta(k, epsilon, delta, accounting)  # type: ignore[arg-type]
+        else:
+            achieved = cal.sdgs_delta(k, beta_value, epsilon, accounting)  # type: ignore[arg-type]
+            if achieved is None:
+                raise cal.CalibrationError(f"Theorem 1 gives no delta for epsilon {epsilon:g} < -ln(1 - beta)")
+            result = cal.Calibrated(k, beta_value, epsilon, achieved, accounting)  # type: ignore[arg-type]
+    except cal.CalibrationError as error:
+        raise TargetNotMet(str(error)) from None
+    document = {"k": result.k, "beta": result.beta, "epsilon": result.epsilon, "delta": result.delta,
+                "accounting": result.notion, "solved_for": missing[0], "target_delta": delta}
+    if json_out:
+        print_json(document)
+        return
+    table = Table(title=f"(k, beta)-SDGS calibrated ({accounting})", title_justify="left")
+    for column in ("k", "beta", "epsilon", "delta achieved", "solved for"):
+        table.add_column(column)
+    table.add_row(str(result.k), f"{result.beta:.10g}", f"{result.epsilon:.10g}", _fmt(result.delta, 4), missing[0])
+    console.print(table)
+
+
+@calibrate_app.command("identifiability")
+def calibrate_identifiability(
+    rho: float = typer.Option(..., "--rho", help="Target rho in (0, 1)."),
+    lower: float = typer.Option(..., "--lower", help="Declared lower bound of the column."),
+    upper: float = typer.Option(..., "--upper", help="Declared upper bound of the column."),
+    query: str = typer.Option("mean", "--query", help="count, sum or mean."),
+    rows: Optional[int] = typer.Option(None, "--rows", help="Declared public row count (needed for a mean)."),
+    groups: int = typer.Option(1, "--groups", help="Number of groups of a grouped statistic (a count needs >= 2)."),
+    real: bool = typer.Option(False, "--real", help="The column is real-valued (default: integer)."),
+    json_out: bool = JSON,
+) -> None:
+    """Laplace scale lambda for rho-differential identifiability, and the equivalent epsilon."""
+    from privrelease.mechanisms.identifiability import calibrate
+
+    if query not in ("count", "sum", "mean"):
+        raise UserError(f"--query must be count, sum or mean; got {query!r}")
+    result = calibrate(query, lower, upper, rho, rows=rows, integer=not real, groups=groups)
+    document = {
+        "feasible": result.feasible, "lambda": result.lambda_, "epsilon": result.epsilon,
+        "epsilon_add_remove": result.epsilon_add_remove, "universe_size": result.universe_size,
+        "sensitive_range": result.sensitive_range, "rho": rho, "query": query, "reason": result.reason,
+    }
+    if json_out:
+        print_json(document)
+    else:
+        table = Table(title="rho-differential identifiability (Lee & Clifton)", title_justify="left")
+        for column in ("query", "rho", "m", "S(f)", "lambda", "epsilon", "epsilon (add/remove)"):
+            table.add_column(column)
+        table.add_row(query, _fmt(rho), str(result.universe_size), _fmt(result.sensitive_range, 6),
+                      _fmt(result.lambda_, 6) if result.feasible else "infeasible", _fmt(result.epsilon, 6),
+                      _fmt(result.epsilon_add_remove, 6))
+        console.print(table)
+        if not result.feasible:
+            console.print(f"[red]infeasible:[/] {result.reason}", highlight=False)
+    if not result.feasible:
+        raise typer.Exit(TargetNotMet.exit_code)
+
+
+@calibrate_app.command("splu")
+def calibrate_splu(
+    gamma: int = typer.Option(..., "--gamma", help="Decoy group size gamma >= 2."),
+    eps: float = typer.Option(..., "--eps", help="Relative error bound eps."),
+    alpha: int = typer.Option(..., "--alpha", help="Small counts: up to alpha."),
+    t_e: Optional[float] = typer.Option(None, "--t-e", help="Utility error probability T_E (gives T_f)."),
+    json_out: bool = JSON,
+) -> None:
+    """SPLU-Gen small-sum privacy T_p (Theorem 4) and, with --t-e, large-sum utility T_f (Lemma 1)."""
+    from privrelease.cli.splu import calibrate_splu_command
+
+    calibrate_splu_command(gamma, eps, alpha, t_e, json_out)
