@@ -39,6 +39,7 @@ from privrelease.settings import get_settings
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 _READONLY = "privrelease_readonly"
+_MIGRATION_LOCK = 0x70726976  # PostgreSQL advisory lock key ("priv")
 
 _engines: dict[str, sa.Engine] = {}
 _migrated: set[str] = set()
@@ -173,11 +174,17 @@ def current_revision(engine: sa.Engine) -> str | None:
 
 
 def migrate(engine: sa.Engine | None = None, revision: str = "head") -> None:
-    """``alembic upgrade <revision>`` on ``engine`` (default: the settings' database)."""
+    """``alembic upgrade <revision>`` on ``engine`` (default: the settings' database), in one
+    transaction that concurrent migrators wait for (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL:
+    an advisory lock), so two processes starting on a fresh database do not collide."""
     from alembic import command
 
     engine = engine or get_engine()
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql(
+                f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})"
+            )
         command.upgrade(alembic_config(connection), revision)
 
 

@@ -63,12 +63,17 @@ BACKENDS = [
 
 
 @contextmanager
-def audit_database(backend: str, folder: Path) -> Iterator[Any]:
-    """A fresh, migrated audit database: SQLite in ``folder``, or a new database on the
-    PostgreSQL server named by ``PRIVRELEASE_TEST_POSTGRES_URL`` (dropped afterwards)."""
+def audit_database(
+    backend: str, folder: Path, *, migrated: bool = True
+) -> Iterator[Any]:
+    """A fresh audit database (migrated, or empty): SQLite in ``folder``, or a new database on
+    the PostgreSQL server named by ``PRIVRELEASE_TEST_POSTGRES_URL`` (dropped afterwards)."""
     if backend == "sqlite":
         try:
-            yield fresh_engine(folder)
+            if migrated:
+                yield fresh_engine(folder)
+            else:
+                yield database.get_engine(f"sqlite:///{folder / 'audit.db'}")
         finally:
             database.dispose_engines()
         return
@@ -78,8 +83,12 @@ def audit_database(backend: str, folder: Path) -> Iterator[Any]:
     with admin.connect() as connection:
         connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
     try:
-        url = sa.make_url(admin_url).set(database=name)
-        yield database.open_database(url.render_as_string(hide_password=False))
+        url = (
+            sa.make_url(admin_url)
+            .set(database=name)
+            .render_as_string(hide_password=False)
+        )
+        yield database.open_database(url) if migrated else database.get_engine(url)
     finally:
         database.dispose_engines()
         with admin.connect() as connection:

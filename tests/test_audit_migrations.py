@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +15,7 @@ from privrelease.audit import database
 from privrelease.audit.migrations.versions import HEAD_REVISION
 from privrelease.audit.models import AUDITED_TABLES, ChainHead
 from sqlmodel import SQLModel
+from test_audit_chain import BACKENDS, audit_database
 
 from privrelease.errors import UserError
 from privrelease.settings import Settings, get_settings
@@ -108,3 +111,25 @@ def test_settings_defaults_and_environment(
     assert settings.reservation_ttl_seconds == 90
     with pytest.raises(ValueError, match="delta"):
         Settings(default_lifetime_budget=(1.0, 1.5))
+
+
+def _open(url: str, barrier: Any) -> None:
+    barrier.wait(30)
+    database.open_database(url)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_processes_migrating_a_fresh_database_at_once_do_not_collide(
+    backend: str, tmp_path: Path
+) -> None:
+    with audit_database(backend, tmp_path, migrated=False) as engine:
+        url = engine.url.render_as_string(hide_password=False)
+        context = multiprocessing.get_context("fork")
+        barrier = context.Barrier(3)
+        workers = [context.Process(target=_open, args=(url, barrier)) for _ in range(3)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert [worker.exitcode for worker in workers] == [0, 0, 0]
+        assert database.current_revision(engine) == HEAD_REVISION
