@@ -1,0 +1,157 @@
+"""epsilon-safe k-anonymization: choosing the generalization scheme with the exponential mechanism.
+
+Li, Qardaji, Su, "On sampling, anonymization, and differential privacy", Section 3.2: a
+k-anonymization algorithm is *epsilon-safe* when its first step (choosing the partition of the
+tuple space, i.e. the generalization scheme) is epsilon-DP; "consider various possible
+generalization schemes, use a quality function to assign a quality to each of them, and then use
+the exponential mechanism [McSherry-Talwar] to differentially privately select" one (ARX calls
+this SafePub). The candidates are fixed before the data is read (they come from the approved
+policy); only the choice among them looks at the data.
+
+Utility. For a candidate scheme S, the score is the expected number of rows that
+(k, beta)-SDGS with S would publish from the table D:
+
+    u(S, D) = w_S * sum_cells g(n_c),   g(n) = E[X 1{X >= k}] = n beta P(Bin(n - 1, beta) >= k - 1),
+
+X ~ Bin(n, beta) the sampled rows of a cell with n rows in D, and w_S in (0, 1] an optional
+data-independent weight per candidate (e.g. the share of detail the scheme keeps; fixed in the
+policy: without weights a coarser scheme always scores at least as high).
+
+Sensitivity (neighbouring tables differ by adding or removing one row). Adding a row changes the
+count of one cell only, n -> n + 1. Write X_{n+1} = X_n + B with B ~ Bernoulli(beta) independent;
+if B = 1, (X + 1) 1{X + 1 >= k} - X 1{X >= k} = 1{X >= k} + k 1{X = k - 1}, so
+
+    0 <= g(n + 1) - g(n) = beta [P(X_n >= k) + k f(k - 1; n, beta)] =: beta h(n).
+
+Hence |u(S, D) - u(S, D')| <= w_S * Delta(k, beta) with Delta = beta * sup_n h(n). The sup is
+computed over n <= N = 2 ceil((k - 1) / beta) + 20 and bounded beyond by 1 + k f(k - 1; N + 1, beta)
+(f(k - 1; n, beta) decreases in n once n >= (k - 1) / beta, and P(X >= k) <= 1). Examples:
+beta = 1 gives Delta = k (a cell reaching k publishes k rows at once: the "rows not suppressed"
+score); k = 1 gives Delta = beta; k = 20, beta = 0.1 gives Delta ~ 0.24.
+
+Mechanism: Pr[S] proportional to exp(epsilon u(S) / (2 Delta_max)), Delta_max = Delta * max_S w_S,
+computed in log space (subtract the largest exponent) and sampled by inverse CDF with a uniform
+from the OS CSPRNG (:mod:`.randomness`). It is epsilon-DP (McSherry-Talwar, Theorem 6), realized
+as the event ``ExponentialSelection(epsilon, candidates, sensitivity=Delta_max)``. The SDGS run
+that follows samples afresh, so the release composes as Composed([selection, SDGS]).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from privrelease.mechanisms import randomness
+from privrelease.mechanisms.events import ExponentialSelection
+from privrelease.mechanisms.schemes import ColumnScheme
+from privrelease.mechanisms.sdgs import check_parameters, count_cells
+from scipy.stats import binom
+
+from privrelease.errors import UserError
+
+_FLOAT_SLACK = 1e-9
+"""Relative margin added to the computed sensitivity, above any floating-point error of scipy's
+binomial pmf / survival function."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen candidate: its ``name`` and ``scheme``, the privacy ``event``, and
+    ``internal_facts`` (the scores, which describe the data: internal review only)."""
+
+    name: str
+    scheme: Mapping[str, ColumnScheme]
+    event: ExponentialSelection
+    internal_facts: dict[str, Any] = field(default_factory=dict)
+
+
+def sensitivity(k: int, beta: float) -> float:
+    """Delta(k, beta) = beta * sup_n [P(Bin(n, beta) >= k) + k f(k - 1; n, beta)]: the most one
+    row can change the expected number of SDGS-published rows (module docstring)."""
+    check_parameters(k, beta, 0.0)
+    limit = 2 * math.ceil((k - 1) / beta) + 20
+    n = np.arange(limit + 1)
+    h = binom.sf(k - 1, n, beta) + k * binom.pmf(k - 1, n, beta)
+    tail = 1.0 + k * float(binom.pmf(k - 1, limit + 1, beta))
+    return beta * max(float(h.max()), tail) * (1 + _FLOAT_SLACK)
+
+
+def expected_published_rows(
+    table: pa.Table, scheme: Mapping[str, ColumnScheme], *, k: int, beta: float
+) -> float:
+    """sum over the cells of ``scheme`` on ``table`` of n beta P(Bin(n - 1, beta) >= k - 1): the
+    expected number of rows (k, beta)-SDGS would publish."""
+    counts = count_cells(table, scheme, beta=1.0).counts
+    return float(np.sum(counts * beta * binom.sf(k - 2, counts - 1, beta)))
+
+
+def selection_probabilities(
+    scores: Sequence[float], *, epsilon: float, sensitivity: float
+) -> np.ndarray:
+    """exp(epsilon u_i / (2 sensitivity)), normalized, computed in log space."""
+    exponents = epsilon * np.asarray(scores, dtype=np.float64) / (2.0 * sensitivity)
+    weights = np.exp(exponents - exponents.max())
+    return weights / weights.sum()
+
+
+def exponential_mechanism(
+    scores: Sequence[float], *, epsilon: float, sensitivity: float
+) -> int:
+    """Index i drawn with probability :func:`selection_probabilities` ``[i]`` (inverse CDF of a
+    53-bit uniform from the OS CSPRNG)."""
+    cumulative = np.cumsum(
+        selection_probabilities(scores, epsilon=epsilon, sensitivity=sensitivity)
+    )
+    uniform = float(randomness.random_uint64(1)[0] >> np.uint64(11)) * 2.0**-53
+    return min(
+        int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right")),
+        len(cumulative) - 1,
+    )
+
+
+def select_scheme(
+    table: pa.Table,
+    candidates: Mapping[str, Mapping[str, ColumnScheme]],
+    *,
+    k: int,
+    beta: float,
+    epsilon: float,
+    weights: Mapping[str, float] | None = None,
+) -> Selection:
+    """Choose one of ``candidates`` (name -> scheme, fixed before data access) by the
+    exponential mechanism on the expected number of rows (k, beta)-SDGS would publish (times the
+    candidate's weight, default 1). epsilon-DP; see the module docstring for the sensitivity."""
+    if not candidates:
+        raise UserError("candidates must name at least one generalization scheme")
+    if not isinstance(epsilon, (int, float)) or not 0 < epsilon < math.inf:
+        raise UserError(f"epsilon must be a finite number > 0; got {epsilon!r}")
+    check_parameters(k, beta, epsilon)
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(candidates))
+    if unknown:
+        raise UserError(
+            f"weights name {unknown[0]!r}, which is not a candidate; candidates: {', '.join(candidates)}"
+        )
+    for name in candidates:
+        weight = weights.setdefault(name, 1.0)
+        if not isinstance(weight, (int, float)) or not 0 < weight <= 1:
+            raise UserError(
+                f"weight of candidate {name!r} must be in (0, 1]; got {weight!r}"
+            )
+    names = list(candidates)
+    scores = [
+        weights[name] * expected_published_rows(table, candidates[name], k=k, beta=beta)
+        for name in names
+    ]
+    bound = sensitivity(k, beta) * max(weights.values())
+    chosen = names[exponential_mechanism(scores, epsilon=epsilon, sensitivity=bound)]
+    event = ExponentialSelection(
+        epsilon=epsilon, candidates=len(names), sensitivity=bound
+    )
+    return Selection(
+        chosen, candidates[chosen], event, {"scores": dict(zip(names, scores))}
+    )

@@ -1,0 +1,328 @@
+"""Reading datasets: CSV (declared / sniffed delimiter, quoting, CRLF, header) and Parquet, checked
+before any mechanism runs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from privrelease.datasets import fingerprint, read_dataset, write_parquet
+from privrelease.errors import UserError
+
+ADULT_COLUMNS = {
+    "sex": "string",
+    "age": "integer",
+    "race": "string",
+    "marital-status": "string",
+    "education": "string",
+    "native-country": "string",
+    "workclass": "string",
+    "occupation": "string",
+}
+ADULT_SHA256 = (
+    "c700df9304fbf3c4d4db5938bffc510561bd4a2dfad285a3feef9a20619391c5"  # SOURCE.md
+)
+
+
+def write(
+    tmp_path: Path, text: str, name: str = "data.csv", newline: str = "\n"
+) -> Path:
+    path = tmp_path / name
+    path.write_bytes(text.replace("\n", newline).encode("utf-8"))
+    return path
+
+
+def strings(column: pa.ChunkedArray) -> list:
+    return column.cast(pa.string()).to_pylist()
+
+
+@pytest.mark.parametrize("delimiter", [";", None])
+def test_adult_csv_semicolon_crlf(adult_dir: Path, delimiter: str | None) -> None:
+    read = read_dataset(
+        adult_dir / "adult.csv",
+        format="csv",
+        columns=ADULT_COLUMNS,
+        delimiter=delimiter,
+    )
+    table = read.table
+    assert (read.rows_read, read.rows_dropped, table.num_rows) == (30162, 0, 30162)
+    assert table.column_names == list(
+        ADULT_COLUMNS
+    )  # salary-class is in the file: dropped
+    assert table.schema.field("age").type == pa.int64()
+    assert table.schema.field("sex").type == pa.dictionary(pa.int32(), pa.string())
+    assert table.column("age").slice(0, 2).to_pylist() == [39, 50]
+    assert strings(table.column("occupation"))[:2] == [
+        "Adm-clerical",
+        "Exec-managerial",
+    ]
+    assert not any(
+        value.endswith("\r") for value in strings(table.column("occupation"))
+    )
+    assert (
+        min(table.column("age").to_pylist()),
+        max(table.column("age").to_pylist()),
+    ) == (17, 90)
+    assert len(set(strings(table.column("native-country")))) == 41
+
+
+def test_adult_fingerprint(adult_dir: Path) -> None:
+    assert fingerprint(adult_dir / "adult.csv") == (ADULT_SHA256, 2_516_935)
+
+
+def test_fingerprint_streams_large_file(tmp_path: Path) -> None:
+    data = np.arange(700_000, dtype=np.int64).tobytes()  # 5.3 MiB: several 1 MiB chunks
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    assert fingerprint(path) == (hashlib.sha256(data).hexdigest(), len(data))
+    with pytest.raises(UserError, match="cannot read"):
+        fingerprint(tmp_path / "absent.bin")
+
+
+@pytest.mark.parametrize("delimiter", [",", "\t", "|", ";"])
+def test_sniffed_delimiter(tmp_path: Path, delimiter: str) -> None:
+    rows = ["name,age,score", "ann,31,1.5", "bob,42,2.25", "cy,7,-3"]
+    path = write(
+        tmp_path, "\n".join(row.replace(",", delimiter) for row in rows) + "\n"
+    )
+    table = read_dataset(
+        path,
+        format="csv",
+        columns={"age": "integer", "score": "float", "name": "string"},
+    ).table
+    assert table.column_names == ["age", "score", "name"]
+    assert table.column("age").to_pylist() == [31, 42, 7]
+    assert table.column("score").to_pylist() == [1.5, 2.25, -3.0]
+    assert strings(table.column("name")) == ["ann", "bob", "cy"]
+
+
+def test_quoting_crlf_and_spaces(tmp_path: Path) -> None:
+    text = 'city;n\n"Paris; France";  12 \n"say ""hi""";3\n'
+    path = write(tmp_path, text, newline="\r\n")
+    table = read_dataset(
+        path, format="csv", columns={"city": "string", "n": "integer"}, delimiter=";"
+    ).table
+    assert strings(table.column("city")) == ["Paris; France", 'say "hi"']
+    assert table.column("n").to_pylist() == [12, 3]
+
+
+def test_single_column_needs_no_delimiter(tmp_path: Path) -> None:
+    path = write(tmp_path, "x\n1.5\n2\n")
+    assert read_dataset(path, format="csv", columns={"x": "float"}).table.column(
+        "x"
+    ).to_pylist() == [1.5, 2.0]
+
+
+def test_no_header(tmp_path: Path) -> None:
+    path = write(tmp_path, "a,1\nb,2\n")
+    table = read_dataset(
+        path, format="csv", columns={"k": "string", "v": "integer"}, header=False
+    ).table
+    assert strings(table.column("k")) == ["a", "b"] and table.column(
+        "v"
+    ).to_pylist() == [1, 2]
+    with pytest.raises(UserError, match="2 fields per row and no header; 3 columns"):
+        read_dataset(
+            path,
+            format="csv",
+            columns={"k": "string", "v": "integer", "w": "float"},
+            header=False,
+        )
+
+
+def test_missing_column_names_it_and_lists_file_columns(tmp_path: Path) -> None:
+    path = write(tmp_path, "a,b\n1,2\n")
+    with pytest.raises(
+        UserError, match=r"no column 'zip' \(declared\); its columns are: 'a', 'b'"
+    ):
+        read_dataset(path, format="csv", columns={"a": "integer", "zip": "string"})
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"a": [1], "b": [2]}), parquet)
+    with pytest.raises(
+        UserError, match=r"no column 'zip' \(declared\); its columns are: 'a', 'b'"
+    ):
+        read_dataset(parquet, format="parquet", columns={"zip": "string"})
+
+
+def test_non_numeric_text_names_column_row_and_value(tmp_path: Path) -> None:
+    path = write(tmp_path, "id,age\n1,30\n2,31\n3,thirty\n4,33\n")
+    with pytest.raises(
+        UserError,
+        match=r"column 'age' is declared integer but data row 3 holds 'thirty'",
+    ):
+        read_dataset(path, format="csv", columns={"id": "integer", "age": "integer"})
+    path = write(tmp_path, "x\n1.5\n2,5\n", name="f.csv")
+    with pytest.raises(
+        UserError, match=r"column 'x' is declared float but data row 2 holds '2,5'"
+    ):
+        read_dataset(path, format="csv", columns={"x": "float"}, delimiter=";")
+    path = write(tmp_path, "x\n1.5\ninf\n", name="g.csv")
+    with pytest.raises(
+        UserError, match=r"data row 2 holds 'inf', which is not a finite number"
+    ):
+        read_dataset(path, format="csv", columns={"x": "float"})
+
+
+def test_bad_value_located_in_a_large_file(tmp_path: Path) -> None:
+    values = [str(i) for i in range(50_000)]
+    values[37_211] = "12a"
+    path = write(tmp_path, "n\n" + "\n".join(values) + "\n")
+    with pytest.raises(UserError, match=r"data row 37212 holds '12a'"):
+        read_dataset(path, format="csv", columns={"n": "integer"})
+
+
+@pytest.mark.parametrize("text", ["", "a,b\n", "a,b\r\n"])
+def test_empty_file(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(UserError, match="is empty|has no data rows"):
+        read_dataset(path, format="csv", columns={"a": "integer"})
+
+
+def test_missing_values_rejected_or_dropped(tmp_path: Path) -> None:
+    path = write(tmp_path, "job,age\nclerk,30\n?,31\nnurse,\nsmith, ?\ncook,x\n")
+    columns = {"job": "string", "age": "integer"}
+    with pytest.raises(
+        UserError, match=r"column 'job' has a missing value '\?' at data row 2"
+    ):
+        read_dataset(path, format="csv", columns=columns)
+    # dropped rows 2, 3, 4; the type error keeps the file's row numbering (row 5)
+    with pytest.raises(UserError, match=r"data row 5 holds 'x'"):
+        read_dataset(path, format="csv", columns=columns, missing="drop")
+    path = write(
+        tmp_path, "job,age\nclerk,30\n?,31\nnurse,\nsmith, ?\ncook,40\n", name="ok.csv"
+    )
+    read = read_dataset(path, format="csv", columns=columns, missing="drop")
+    assert (read.rows_read, read.rows_dropped) == (5, 3)
+    assert strings(read.table.column("job")) == ["clerk", "cook"]
+    assert read.table.column("age").to_pylist() == [30, 40]
+    custom = read_dataset(
+        path,
+        format="csv",
+        columns={"job": "string"},
+        missing_values=("smith",),
+        missing="drop",
+    )
+    assert strings(custom.table.column("job")) == ["clerk", "?", "nurse", "cook"]
+    with pytest.raises(UserError, match="every data row"):
+        read_dataset(
+            write(tmp_path, "a\n?\n\n?\n", name="all.csv"),
+            format="csv",
+            columns={"a": "string"},
+            missing="drop",
+        )
+
+
+def test_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "d.parquet"
+    source = pa.table(
+        {
+            "extra": ["secret", "also secret", "x"],
+            "city": pa.array(["a", "b", "a"]).dictionary_encode(),
+            "n": pa.array([1, 2, 3], pa.int32()),
+            "text_n": ["10", " 20", "30"],
+            "w": [0.5, 1.0, 2.0],
+        }
+    )
+    pq.write_table(source, path, row_group_size=2)
+    columns = {"w": "float", "city": "string", "n": "integer", "text_n": "integer"}
+    read = read_dataset(path, format="parquet", columns=columns)
+    assert read.table.column_names == [
+        "w",
+        "city",
+        "n",
+        "text_n",
+    ]  # 'extra' is not read
+    assert read.table.schema.field("n").type == pa.int64()
+    assert read.table.column("text_n").to_pylist() == [10, 20, 30]
+    assert strings(read.table.column("city")) == ["a", "b", "a"]
+    as_float = read_dataset(
+        path, format="parquet", columns={"n": "float", "extra": "string"}
+    ).table
+    assert as_float.column("n").to_pylist() == [1.0, 2.0, 3.0]
+    with pytest.raises(
+        UserError, match="column 'w' holds double values; declared integer"
+    ):
+        read_dataset(path, format="parquet", columns={"w": "integer"})
+    with pytest.raises(
+        UserError,
+        match="column 'extra' is declared integer but data row 1 holds 'secret'",
+    ):
+        read_dataset(path, format="parquet", columns={"extra": "integer"})
+
+
+def test_parquet_nulls_and_nan(tmp_path: Path) -> None:
+    path = tmp_path / "d.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "a": [1, None, 3, 4],
+                "b": [0.5, 1.5, float("nan"), 2.0],
+                "c": ["x", "y", "z", "?"],
+            }
+        ),
+        path,
+    )
+    with pytest.raises(
+        UserError, match=r"column 'a' has a missing value null at data row 2"
+    ):
+        read_dataset(path, format="parquet", columns={"a": "integer"})
+    with pytest.raises(
+        UserError, match=r"column 'b' has a missing value nan at data row 3"
+    ):
+        read_dataset(path, format="parquet", columns={"b": "float"})
+    read = read_dataset(
+        path,
+        format="parquet",
+        columns={"a": "integer", "b": "float", "c": "string"},
+        missing="drop",
+    )
+    assert (read.rows_dropped, read.table.column("a").to_pylist()) == (3, [1])
+
+
+def test_bad_arguments_and_files(tmp_path: Path) -> None:
+    path = write(tmp_path, "a\n1\n")
+    with pytest.raises(
+        UserError, match="format must be 'csv' or 'parquet'; got 'xlsx'"
+    ):
+        read_dataset(path, format="xlsx", columns={"a": "integer"})  # type: ignore[arg-type]
+    with pytest.raises(
+        UserError,
+        match="column 'a': type must be one of integer, float, string; got 'date'",
+    ):
+        read_dataset(path, format="csv", columns={"a": "date"})
+    with pytest.raises(UserError, match="missing must be 'reject' or 'drop'"):
+        read_dataset(path, format="csv", columns={"a": "integer"}, missing="ignore")  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="does not exist"):
+        read_dataset(tmp_path / "nope.csv", format="csv", columns={"a": "integer"})
+    with pytest.raises(UserError, match="not a readable Parquet file"):
+        read_dataset(path, format="parquet", columns={"a": "integer"})
+    with pytest.raises(UserError, match="not valid CSV"):
+        read_dataset(
+            write(tmp_path, "a,b\n1,2\n3\n", name="ragged.csv"),
+            format="csv",
+            columns={"a": "integer"},
+            delimiter=",",
+        )
+    with pytest.raises(UserError, match="not valid CSV"):
+        bad = tmp_path / "latin.csv"
+        bad.write_bytes(b"a\ncaf\xe9\n")
+        read_dataset(bad, format="csv", columns={"a": "string"})
+    with pytest.raises(UserError, match="could not detect the delimiter"):
+        read_dataset(
+            write(tmp_path, "a,b\n1;2\n", name="odd.csv"),
+            format="csv",
+            columns={"a": "string"},
+        )
+
+
+def test_write_parquet_round_trip(tmp_path: Path) -> None:
+    table = pa.table({"g": pa.array(["x", "y", "x"]).dictionary_encode()})
+    write_parquet(table, tmp_path / "out.parquet")
+    assert pq.read_table(tmp_path / "out.parquet").equals(table)
+    with pytest.raises(UserError, match="cannot write"):
+        write_parquet(table, tmp_path / "no-such-dir" / "out.parquet")
