@@ -38,6 +38,7 @@ from privrelease.audit.models import (
     AuditEvent,
     ChainHead,
     Output,
+    PolicyVersion,
     Report,
     Run,
     utcnow,
@@ -358,6 +359,16 @@ def _check_chain(
     return newest
 
 
+def _content_sha256(row: SQLModel) -> str | None:
+    """sha256 of the content a row stores next to its hash: a policy's canonical JSON, a
+    report's HTML (None for other rows)."""
+    if isinstance(row, PolicyVersion):
+        return sha256_text(row.canonical_json)
+    if isinstance(row, Report):
+        return sha256_text(row.html)
+    return None
+
+
 def _check_file(
     path_text: str, expected: str, output_root: Path | None, what: str, seq: int
 ) -> Problem | None:
@@ -392,7 +403,8 @@ def verify(
     end with the chain-head row and with an external ``head`` (from :func:`read_head`).
 
     Finds edited, deleted or reordered log records; edited or deleted rows; rows no record
-    describes (inserted outside privrelease); edited or missing files; and, given ``head``,
+    describes (inserted outside privrelease); a policy or report whose stored content does
+    not hash to its recorded sha256; edited or missing files; and, given ``head``,
     records cut off the end. ``result.first`` names the first broken record. Relative file
     paths are resolved against ``output_root`` (default: the working directory).
     """
@@ -426,6 +438,15 @@ def verify(
                         found[0].seq,
                         "row_edited",
                         f"{table} row {key!r} was edited after {_describe(found[0])}",
+                    )
+                )
+            elif _content_sha256(row) not in (None, getattr(row, "sha256", None)):
+                problems.append(
+                    Problem(
+                        found[0].seq,
+                        "content_mismatch",
+                        f"{table} row {key!r} ({_describe(found[0])}): its stored content "
+                        "does not hash to its sha256",
                     )
                 )
             else:

@@ -26,7 +26,9 @@ from sqlmodel import select
 
 from privrelease.errors import UserError
 
-POLICY_SHA = hashlib.sha256(b"policy census v1").hexdigest()
+POLICY_JSON = '{"name":"census","version":"1"}'
+POLICY_SHA = hashlib.sha256(POLICY_JSON.encode()).hexdigest()
+POLICY = approvals.PolicyFacts("census", "1", POLICY_SHA, POLICY_JSON)
 FINGERPRINT = hashlib.sha256(b"dataset bytes").hexdigest()
 
 
@@ -106,7 +108,7 @@ def populate(engine: Any, out: Path, *, fail: bool = False) -> dict[str, Any]:
     """A complete release in the audit DB: policy approved, dataset, run, two outputs, a
     guarantee, a report, run finished. Returns ids and paths."""
     out.mkdir(parents=True, exist_ok=True)
-    facts = approvals.PolicyFacts("census", "1", POLICY_SHA, '{"name":"census"}')
+    facts = POLICY
     with database.session(engine) as s:
         approvals.approve_policy(s, facts, "Ada Lovelace", note="reviewed")
         records.register_dataset(
@@ -202,9 +204,8 @@ def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
 
 
 def test_record_hash_is_sha256_of_previous_hash_and_canonical_json(engine: Any) -> None:
-    facts = approvals.PolicyFacts("p", "1", POLICY_SHA, "{}")
     with database.session(engine) as s:
-        version = approvals.register_policy(s, facts)
+        version = approvals.register_policy(s, POLICY)
     with database.session(engine, readonly=True) as s:
         (record,) = s.exec(select(AuditEvent)).all()
     payload = json.loads(record.payload_json)
@@ -336,7 +337,7 @@ def test_relative_output_paths_resolve_against_output_root(
     (out / "cells.csv").write_text("a\n", encoding="utf-8")
     monkeypatch.chdir(out)
     with database.session(engine) as s:
-        approvals.register_policy(s, approvals.PolicyFacts("p", "1", POLICY_SHA, "{}"))
+        approvals.register_policy(s, POLICY)
         run = records.start_run(s, policy_sha256=POLICY_SHA, code_version="t")
         output = records.record_output(s, run, "cells.csv", rows=1)
     assert output.path == "cells.csv"
@@ -354,6 +355,14 @@ def test_files_of_failed_runs_are_not_required(engine: Any, tmp_path: Path) -> N
     result = check(engine)
     assert result.ok, result.problems
     assert result.files_checked == 0
+
+
+def test_content_that_does_not_match_its_hash_is_found(engine: Any) -> None:
+    with database.session(engine) as s:
+        approvals.register_policy(s, approvals.PolicyFacts("p", "1", POLICY_SHA, "{}"))
+    first = check(engine).first
+    assert first is not None
+    assert (first.kind, first.seq) == ("content_mismatch", 1)
 
 
 def test_unrecorded_row_is_found(engine: Any, tmp_path: Path) -> None:
@@ -449,18 +458,17 @@ def test_head_file_round_trip_and_bad_files(tmp_path: Path) -> None:
 
 def _append_many(url: str, worker: int, count: int, barrier: Any) -> None:
     engine = database.open_database(url)
-    facts = approvals.PolicyFacts("p", "1", POLICY_SHA, "{}")
     barrier.wait()
     for _ in range(count):
         with database.session(engine) as s:
             records.start_run(
-                s, policy_sha256=facts.sha256, code_version=f"worker {worker}"
+                s, policy_sha256=POLICY_SHA, code_version=f"worker {worker}"
             )
 
 
 def test_two_processes_appending_never_fork_the_chain(engine: Any) -> None:
     with database.session(engine) as s:
-        approvals.register_policy(s, approvals.PolicyFacts("p", "1", POLICY_SHA, "{}"))
+        approvals.register_policy(s, POLICY)
     url = engine.url.render_as_string(hide_password=False)
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(2)

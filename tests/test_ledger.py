@@ -26,7 +26,14 @@ from privrelease.mechanisms.events import (
     event_to_json,
 )
 from sqlmodel import select
-from test_audit_chain import BACKENDS, FINGERPRINT, POLICY_SHA, audit_database, check
+from test_audit_chain import (
+    BACKENDS,
+    FINGERPRINT,
+    POLICY,
+    POLICY_SHA,
+    audit_database,
+    check,
+)
 
 from privrelease.errors import TargetNotMet, UserError
 
@@ -70,9 +77,7 @@ def composed(*events: Any) -> ledger.Budget:
 def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
     """Approve a policy, register the dataset with ``budget``, start ``runs`` runs."""
     with database.session(engine) as s:
-        approvals.register_policy(
-            s, approvals.PolicyFacts("census", "1", POLICY_SHA, "{}")
-        )
+        approvals.register_policy(s, POLICY)
         records.register_dataset(
             s,
             FINGERPRINT,
