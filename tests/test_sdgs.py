@@ -111,6 +111,34 @@ def test_every_published_cell_has_at_least_k_rows(
         )
 
 
+@pytest.mark.parametrize("columns", [3, 7])
+def test_large_key_spaces(columns: int) -> None:
+    """Cells are counted exactly when the mixed-radix key space is too large for bincount
+    (5000^3) and when it overflows int64 (5000^7, prefixes renumbered): compared with a Counter."""
+    rng = np.random.default_rng()
+    values = rng.integers(0, 5000, (4000, columns))
+    values[:3000] = values[
+        rng.integers(0, 40, 3000)
+    ]  # 40 frequent rows, ~75 copies each
+    table = pa.table({f"c{i}": values[:, i] for i in range(columns)})
+    schemes = {name: Keep() for name in table.column_names}
+    expected: dict[tuple, int] = {}
+    for row in map(tuple, values.astype(str).tolist()):
+        expected[row] = expected.get(row, 0) + 1
+    result = sdgs(table, schemes, k=30, beta=1.0, epsilon=1.0)
+    assert cell_counts(result.table) == {
+        cell: n for cell, n in expected.items() if n >= 30
+    }
+    histogram = crowd_blending_histogram(table, schemes, k=2)
+    counts = dict(
+        zip(
+            rows_of(histogram.table.drop_columns("count")),
+            histogram.table.column("count").to_pylist(),
+        )
+    )
+    assert counts == {cell: n for cell, n in expected.items() if n >= 2}
+
+
 def test_exact_cells_on_adult(adult_dir: Path) -> None:
     """k-DGS (beta = 1) on the real data with ARX level-1 hierarchies equals an independent
     pyarrow group-by of the generalized table, filtered at k."""
