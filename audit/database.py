@@ -124,11 +124,13 @@ def session(
 ) -> Iterator[Session]:
     """A session in one transaction: committed on normal exit, rolled back on an exception.
 
-    A writing session (the default) takes SQLite's write lock at its first statement
-    (``BEGIN IMMEDIATE``; other writers wait up to the busy timeout); ``readonly=True`` reads a
+    ``engine`` defaults to the settings' database (:func:`open_database`: schema upgraded on
+    first use). A writing session (the default) takes SQLite's write lock at its first
+    statement (``BEGIN IMMEDIATE``; other writers wait up to the busy timeout), so keep it
+    short: never hold one open while reading or processing data. ``readonly=True`` reads a
     consistent snapshot without blocking writers. Objects stay usable after the block.
     """
-    engine = engine or get_engine()
+    engine = engine or open_database()
     if readonly:
         engine = engine.execution_options(**{_READONLY: True})
     with Session(engine, expire_on_commit=False) as s:

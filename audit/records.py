@@ -41,11 +41,15 @@ __all__ = [
     "find_run",
     "fingerprint_file",
     "finish_run",
+    "guarantees_of",
     "list_datasets",
+    "list_runs",
+    "outputs_of",
     "record_data_read",
     "record_guarantee",
     "record_output",
     "register_dataset",
+    "reports_of",
     "start_run",
     "store_report",
 ]
@@ -331,3 +335,32 @@ def store_report(
     )
     chain.append(session, "report_stored", report, run=run.id, sha256=digest)
     return report
+
+
+def list_runs(session: Session, *, limit: int | None = None) -> list[Run]:
+    """Runs, newest first."""
+    statement = select(Run).order_by(col(Run.started_at).desc()).limit(limit)
+    return list(session.exec(statement).all())
+
+
+def outputs_of(session: Session, run: Run | str) -> list[Output]:
+    """A run's recorded output files, in the order recorded."""
+    run_id = run.id if isinstance(run, Run) else run
+    statement = select(Output).where(Output.run_id == run_id).order_by(col(Output.id))
+    return list(session.exec(statement).all())
+
+
+def guarantees_of(session: Session, run: Run | str) -> list[Guarantee]:
+    """A run's recorded guarantees, in the order recorded."""
+    run_id = run.id if isinstance(run, Run) else run
+    statement = (
+        select(Guarantee).where(Guarantee.run_id == run_id).order_by(col(Guarantee.id))
+    )
+    return list(session.exec(statement).all())
+
+
+def reports_of(session: Session, run: Run | str) -> list[Report]:
+    """A run's stored reports, oldest first (normally one)."""
+    run_id = run.id if isinstance(run, Run) else run
+    statement = select(Report).where(Report.run_id == run_id).order_by(col(Report.id))
+    return list(session.exec(statement).all())

@@ -201,6 +201,18 @@ def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
         trail = [r.kind for r in chain.records(s, run_id=populate_ids["run"])]
     assert trail[0] == "run_started" and trail[1] == "data_read"
     assert trail.count("output_recorded") == 2 and trail[-1] == "run_finished"
+    with database.session(engine, readonly=True) as s:
+        (run,) = records.list_runs(s)
+        assert records.find_run(s, run.id[:6]) == run
+        assert [Path(o.path).name for o in records.outputs_of(s, run)] == [
+            "cells.csv",
+            "rows.csv",
+        ]
+        assert [g.epsilon for g in records.guarantees_of(s, run.id)] == [1.0]
+        (report,) = records.reports_of(s, run)
+        assert report.sha256 == chain.file_sha256(populate_ids["report"])
+        assert run.status == "succeeded" and run.data_read_at is not None
+        assert json.loads(run.timings_json) == {"total": 0.5}
 
 
 def test_record_hash_is_sha256_of_previous_hash_and_canonical_json(engine: Any) -> None:
