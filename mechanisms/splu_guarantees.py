@@ -1,0 +1,213 @@
+"""What SPLU-Gen guarantees: small-sum privacy and large-sum utility (Fu, Wang, Wong, Wang,
+Jiang, "Small sum privacy and large sum utility in data publishing", J. Biomed. Inform. 2014).
+
+These are **not** differential-privacy guarantees. SPLU-Gen promises that the count of a concept
+(a sensitive value, possibly in conjunction with non-sensitive values) estimated from the
+published table is *inaccurate* when the true count is small and *accurate* when it is large:
+
+- **large-sum utility** (Definition 1, Theorem 3, Lemma 1): for a true count ``f >= T_f`` the
+  estimate is off by at least ``eps * f`` with probability at most ``T_E``, where
+  ``T_f = (1 / (gamma * eps^2 * T_E))^(1/2)`` (Chebyshev: ``Pr[|f' - f| >= eps f] <=
+  1 / (gamma eps^2 f^2)``, Inequality (3) as printed).
+- **small-sum privacy** (Definition 2, Lemma 2, Theorem 4): for every true count ``f <= alpha``
+  the estimate is off by more than ``eps * f`` with probability at least
+
+  ``T_p = min_{f in 1..alpha} 1 - sum_{x = ceil((1-eps) f)}^{floor((1+eps) f)}
+  binom(gamma f, x) (1/gamma)^x (1 - 1/gamma)^(gamma f - x)``
+
+  because the published count of a value that truly occurs ``f`` times is
+  Binomial(gamma * f, 1/gamma). The lower summation limit is rounded *up* as in the paper's
+  Examples 1 and 2 (Theorem 4 prints a floor; the Examples and Fig. 5 use the ceiling:
+  ``f = 5, eps = 0.3`` sums ``x = 4..6``). With closed limits the sum counts a deviation of
+  exactly ``eps * f`` as "close", so ``T_p`` bounds ``Pr[|f' - f| > eps f]`` and hence also
+  Definition 2's ``Pr[|f' - f| >= eps f]`` from below: the stated guarantee is conservative.
+
+``eps`` is read as the decimal number it prints as (``0.3`` is 3/10 exactly), so the summation
+limits are exact integers, not the result of binary floating-point rounding.
+
+The guarantees depend only on gamma, eps, alpha and T_E: not on the data, not on N.
+
+>>> round(privacy_probability(gamma=10, eps=0.3, f=5).item(), 2)  # Example 1
+0.48
+>>> privacy_threshold(gamma=10, eps=0.3, alpha=3).t_p >= 0.6  # Example 2
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+from scipy.stats import binom
+
+from privrelease.errors import UserError
+
+
+def _check_gamma(gamma: int) -> int:
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 2:
+        raise UserError(f"gamma must be an integer >= 2; got {gamma!r}")
+    return int(gamma)
+
+
+def _check_eps(eps: float) -> Fraction:
+    if isinstance(eps, bool) or not isinstance(
+        eps, (int, float, np.floating, np.integer)
+    ):
+        raise UserError(f"eps must be a number > 0; got {eps!r}")
+    if not math.isfinite(float(eps)) or eps <= 0:
+        raise UserError(
+            f"eps (relative error bound) must be a finite number > 0; got {eps!r}"
+        )
+    return Fraction(str(float(eps)))
+
+
+def _check_positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise UserError(f"{name} must be an integer >= 1; got {value!r}")
+    return int(value)
+
+
+def summation_limits(eps: float, f: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ceil((1 - eps) f), floor((1 + eps) f))`` per true count ``f``, in exact rational
+    arithmetic (the lower limit clipped at 0). These are the published counts the paper counts
+    as "within eps of f" (Lemma 2, Examples 1-2)."""
+    ratio = _check_eps(eps)
+    counts = np.atleast_1d(np.asarray(f, dtype=np.int64)).astype(object)
+    p, q = ratio.numerator, ratio.denominator
+    lower = -((-(q - p) * counts) // q)  # ceil((1 - eps) f) = ceil((q - p) f / q)
+    upper = ((q + p) * counts) // q  # floor((1 + eps) f)
+    lower = np.maximum(lower.astype(np.int64), 0)
+    return lower, upper.astype(np.int64)
+
+
+def privacy_probability(gamma: int, eps: float, f: np.ndarray | int) -> np.ndarray:
+    """Probability that the published count of a value with true count ``f`` falls outside
+    ``[ceil((1 - eps) f), floor((1 + eps) f)]``: ``1 - sum_x binom(gamma f, x) gamma^-x
+    (1 - 1/gamma)^(gamma f - x)`` (Fu et al., Section 4.2, Example 1). Vectorized over ``f``.
+
+    This is a small-sum *privacy* figure (higher = less accurate estimate = more private), not a
+    differential-privacy epsilon.
+    """
+    gamma = _check_gamma(gamma)
+    counts = np.atleast_1d(np.asarray(f))
+    if counts.size and (counts.min() < 1 or not np.all(counts == np.floor(counts))):
+        raise UserError(f"true counts f must be integers >= 1; got {counts.min()!r}")
+    counts = counts.astype(np.int64)
+    lower, upper = summation_limits(eps, counts)
+    n = gamma * counts
+    inside = binom.cdf(upper, n, 1.0 / gamma) - binom.cdf(lower - 1, n, 1.0 / gamma)
+    return np.clip(1.0 - inside, 0.0, 1.0)
+
+
+def privacy_curve(gamma: int, eps: float, f_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(f, probability)`` for ``f = 1..f_max``: the sawtooth curve of Fu et al., Fig. 5
+    (probability that the estimated count misses the true count by more than ``eps f``), for
+    report charts. Not differential privacy."""
+    f_max = _check_positive_int("f_max", f_max)
+    counts = np.arange(1, f_max + 1, dtype=np.int64)
+    return counts, privacy_probability(gamma, eps, counts)
+
+
+@dataclass(frozen=True)
+class SmallSumPrivacy:
+    """Small-sum privacy of SPLU-Gen (Fu et al., Theorem 4): for every concept whose true count
+    is at most ``alpha``, ``Pr[relative error > eps] >= t_p``; ``argmin_f`` is the count that
+    attains the minimum. Not differential privacy."""
+
+    gamma: int
+    eps: float
+    alpha: int
+    t_p: float
+    argmin_f: int
+
+
+def privacy_threshold(gamma: int, eps: float, alpha: int) -> SmallSumPrivacy:
+    """T_p of Lemma 2 / Theorem 4: the minimum of :func:`privacy_probability` over
+    ``f in [1..alpha]`` (Fu et al.; Example 2: gamma = 10, eps = 0.3, alpha = 3 gives
+    T_p >= 0.6)."""
+    alpha = _check_positive_int("alpha", alpha)
+    counts, probability = privacy_curve(gamma, eps, alpha)
+    index = int(np.argmin(probability))
+    return SmallSumPrivacy(
+        gamma=int(gamma),
+        eps=float(eps),
+        alpha=alpha,
+        t_p=float(probability[index]),
+        argmin_f=int(counts[index]),
+    )
+
+
+def utility_error_bound(gamma: int, eps: float, f: np.ndarray | float) -> np.ndarray:
+    """Right-hand side of Fu et al., Inequality (3) (Theorem 3, Chebyshev):
+    ``Pr[|f' - f| >= eps f] <= 1 / (gamma eps^2 f^2)`` (clipped at 1). Vectorized over ``f``."""
+    gamma = _check_gamma(gamma)
+    _check_eps(eps)
+    counts = np.asarray(f, dtype=float)
+    if np.any(counts <= 0):
+        raise UserError("true counts f must be > 0")
+    return np.minimum(1.0, 1.0 / (gamma * float(eps) ** 2 * counts**2))
+
+
+def utility_threshold(gamma: int, eps: float, t_e: float) -> float:
+    """T_f of Fu et al., Lemma 1: ``T_f = (1 / (gamma eps^2 T_E))^(1/2)``; every value whose true
+    count is at least ``T_f`` has relative error at least ``eps`` with probability at most
+    ``T_E`` (the large-sum utility guarantee (eps, T_E, T_f) of Definition 1)."""
+    gamma = _check_gamma(gamma)
+    _check_eps(eps)
+    if isinstance(t_e, bool) or not isinstance(t_e, (int, float, np.floating)):
+        raise UserError(f"t_e must be a number in (0, 1]; got {t_e!r}")
+    if not 0.0 < float(t_e) <= 1.0:
+        raise UserError(
+            f"t_e (utility error probability) must be in (0, 1]; got {t_e!r}"
+        )
+    return math.sqrt(1.0 / (gamma * float(eps) ** 2 * float(t_e)))
+
+
+@dataclass(frozen=True)
+class SPLUCalibration:
+    """Both SPLU guarantees for one parameter set (what ``privrelease calibrate splu`` prints).
+    ``t_e`` / ``t_f`` are None when no utility error probability was asked for."""
+
+    gamma: int
+    eps: float
+    alpha: int
+    t_p: float
+    argmin_f: int
+    t_e: float | None
+    t_f: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready fields, with a note that this is not differential privacy."""
+        document: dict[str, object] = {
+            "gamma": self.gamma,
+            "eps": self.eps,
+            "alpha": self.alpha,
+            "t_p": self.t_p,
+            "argmin_f": self.argmin_f,
+        }
+        if self.t_e is not None:
+            document["t_e"] = self.t_e
+            document["t_f"] = self.t_f
+        document["model"] = (
+            "SPLU small-sum privacy / large-sum utility (not differential privacy)"
+        )
+        return document
+
+
+def calibrate(
+    gamma: int, eps: float, alpha: int, t_e: float | None = None
+) -> SPLUCalibration:
+    """T_p (Theorem 4) for counts up to ``alpha`` and, when ``t_e`` is given, T_f (Lemma 1)."""
+    privacy = privacy_threshold(gamma, eps, alpha)
+    t_f = None if t_e is None else utility_threshold(gamma, eps, t_e)
+    return SPLUCalibration(
+        gamma=privacy.gamma,
+        eps=privacy.eps,
+        alpha=privacy.alpha,
+        t_p=privacy.t_p,
+        argmin_f=privacy.argmin_f,
+        t_e=None if t_e is None else float(t_e),
+        t_f=t_f,
+    )
