@@ -482,18 +482,26 @@ def verify(
 
     # the end of the chain: the chain-head row, and the external head
     stored = session.get(ChainHead, 1)
-    if stored is None or (stored.seq, stored.hash) != (last.seq, last.hash):
-        said = f"seq {stored.seq}" if stored else "nothing"
+    if stored is None:
+        problems.append(
+            Problem(last.seq + 1, "head_mismatch", "the chain_head row is missing")
+        )
+    elif stored.seq > last.seq:
         problems.append(
             Problem(
-                min(last.seq + 1, stored.seq) if stored else last.seq + 1,
+                last.seq + 1,
+                "truncated",
+                f"the chain_head row says record {stored.seq} but the log ends at record "
+                f"{last.seq}: records {last.seq + 1}..{stored.seq} were removed",
+            )
+        )
+    elif (stored.seq, stored.hash) != (last.seq, last.hash):
+        problems.append(
+            Problem(
+                stored.seq,
                 "head_mismatch",
-                f"the chain_head row says {said} but the log ends at record {last.seq}"
-                + (
-                    f": records {last.seq + 1}..{stored.seq} were removed"
-                    if stored and stored.seq > last.seq
-                    else ""
-                ),
+                f"the chain_head row (record {stored.seq}, hash {stored.hash[:16]}...) does "
+                f"not match the log, which ends at record {last.seq}",
             )
         )
     if head is not None:
