@@ -85,9 +85,8 @@ def encode(
                 f"generalization scheme names column {name!r}, which the data does not have;"
                 f" its columns are: {', '.join(map(repr, table.column_names))}"
             )
-    splits: dict[
-        tuple[int, ...], list[np.ndarray | None]
-    ] = {}  # columns share chunk layouts
+    # chunk-local row positions, computed once per chunk layout (columns usually share one)
+    splits: dict[tuple[int, ...], list[np.ndarray | None]] = {}
     return {
         name: _encode(table.column(name), scheme, name, rows, splits)
         for name, scheme in schemes.items()
@@ -133,9 +132,8 @@ def _encode(
         source = chunk.codes if local is None else chunk.codes[local]
         if chunk.offset:
             source = source - chunk.offset
-        np.take(
-            lut, source, out=codes[at : at + len(source)], mode="clip"
-        )  # in range: no check
+        # mode="clip": the codes index their lookup table, no bounds check needed
+        np.take(lut, source, out=codes[at : at + len(source)], mode="clip")
         at += len(source)
     return CodedColumn(codes=codes, labels=labels)
 

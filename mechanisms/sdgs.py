@@ -154,10 +154,9 @@ def _count(
         return [np.zeros(0, np.int32) for _ in codes], np.zeros(0, np.int64)
     space = math.prod(radices)
     if space <= _BINCOUNT_MAX:
-        dtype = np.int32 if space < 2**31 else np.int64
-        key = np.zeros(size, dtype)
+        key = np.zeros(size, np.int32)  # space <= 2^24: no overflow
         for column, radix in zip(codes, radices):
-            key *= dtype(radix)
+            key *= np.int32(radix)
             key += column
         counts = np.bincount(key, minlength=space)
         present = np.flatnonzero(counts)
