@@ -62,7 +62,13 @@ class _Chunk:
 def generalize(table: pa.Table, schemes: Mapping[str, ColumnScheme]) -> pa.Table:
     """The columns named in ``schemes`` (in that order), each generalized by its scheme, as
     dictionary-encoded string labels in input row order (a transform, not a release: the
-    mechanisms that publish shuffle their output). The dictionaries hold only used labels."""
+    mechanisms that publish shuffle their output). The dictionaries hold only used labels.
+
+    >>> from privrelease.mechanisms.schemes import Bins
+    >>> ages = pa.table({"age": [3, 17, 30, 65]})
+    >>> generalize(ages, {"age": Bins(edges=(0, 18, 65))}).column("age").to_pylist()
+    ['0-18', '0-18', '18-65', '18-65']
+    """
     coded = encode(table, schemes)
     return pa.table(
         {
