@@ -132,7 +132,10 @@ def session(
     """
     engine = engine or open_database()
     if readonly:
-        engine = engine.execution_options(**{_READONLY: True})
+        options: dict[str, Any] = {_READONLY: True}
+        if engine.dialect.name == "postgresql":
+            options["isolation_level"] = "REPEATABLE READ"  # one snapshot for all reads
+        engine = engine.execution_options(**options)
     with Session(engine, expire_on_commit=False) as s:
         try:
             yield s
