@@ -1,0 +1,5 @@
+"""``python -m privrelease`` runs the command line."""
+
+from privrelease.cli import main
+
+main()
