@@ -29,10 +29,11 @@ computed over n <= N = 2 ceil((k - 1) / beta) + 20 and bounded beyond by 1 + k f
 beta = 1 gives Delta = k (a cell reaching k publishes k rows at once: the "rows not suppressed"
 score); k = 1 gives Delta = beta; k = 20, beta = 0.1 gives Delta ~ 0.24.
 
-Mechanism: Pr[S] proportional to exp(epsilon u(S) / (2 Delta_max)), Delta_max = Delta * max_S w_S,
-computed in log space (subtract the largest exponent) and sampled by inverse CDF with a uniform
-from the OS CSPRNG (:mod:`.randomness`). It is epsilon-DP (McSherry-Talwar, Theorem 6), realized
-as the event ``ExponentialSelection(epsilon, candidates, sensitivity=Delta_max)``. The SDGS run
+Mechanism: Pr[S] proportional to exp(epsilon u(S) / (2 Delta)), computed in log space (subtract
+the largest exponent) and sampled by inverse CDF with a uniform from the OS CSPRNG
+(:mod:`.randomness`). Delta bounds the weighted scores too (w_S <= 1); using it whatever the
+weights keeps the event a function of k and beta only, as planned before data access. It is epsilon-DP (McSherry-Talwar, Theorem 6), realized
+as the event ``ExponentialSelection(epsilon, candidates, sensitivity=Delta)``. The SDGS run
 that follows samples afresh, so the release composes as Composed([selection, SDGS]).
 """
 
@@ -147,7 +148,7 @@ def select_scheme(
         weights[name] * expected_published_rows(table, candidates[name], k=k, beta=beta)
         for name in names
     ]
-    bound = sensitivity(k, beta) * max(weights.values())
+    bound = sensitivity(k, beta)
     chosen = names[exponential_mechanism(scores, epsilon=epsilon, sensitivity=bound)]
     event = ExponentialSelection(
         epsilon=epsilon, candidates=len(names), sensitivity=bound

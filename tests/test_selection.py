@@ -174,7 +174,7 @@ def test_select_scheme() -> None:
         table, CANDIDATES, k=20, beta=0.5, epsilon=1.0, weights=weights
     )
     assert weighted.internal_facts["scores"]["none"] == pytest.approx(2.0)
-    assert weighted.event.sensitivity == bound  # the largest weight is 1
+    assert weighted.event.sensitivity == bound
     assert (
         weighted.name == "coarse"
     )  # ahead of the others by > 180 rows: probability > 1 - 1e-25
