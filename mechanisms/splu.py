@@ -86,9 +86,7 @@ class DecoyPartition:
         return members.reshape(-1, self.gamma)
 
 
-def encode_column(
-    column: pa.ChunkedArray | pa.Array, name: str
-) -> tuple[np.ndarray, pa.Array]:
+def encode_column(column: pa.ChunkedArray | pa.Array, name: str) -> tuple[np.ndarray, pa.Array]:
     """Dictionary codes (int32, one per row) and the dictionary of a column. A missing value is
     a user error: SPLU-Gen needs a value to randomize for every row."""
     if isinstance(column, pa.ChunkedArray):
@@ -99,8 +97,7 @@ def encode_column(
         array = column
     if array.null_count:
         raise UserError(
-            f"sensitive column {name!r} has {array.null_count} missing values; "
-            "remove or recode them before SPLU-Gen"
+            f"sensitive column {name!r} has {array.null_count} missing values; remove or recode them before SPLU-Gen"
         )
     if not pa.types.is_dictionary(array.type):
         array = pc.dictionary_encode(array)
@@ -148,9 +145,7 @@ def decoy_partition(
     codes = np.asarray(codes)
     n = codes.size
     assert n % gamma == 0 and n > 0, "row count must be a positive multiple of gamma"
-    assert np.bincount(codes).max() * gamma <= n, (
-        "ineligible: a value occurs > N / gamma times"
-    )
+    assert np.bincount(codes).max() * gamma <= n, "ineligible: a value occurs > N / gamma times"
     if method == "layout":
         return layout_partition(codes, gamma, ranks, ids)
     if method == "random":
@@ -165,9 +160,7 @@ def _default_ranks(codes: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def _layout(
-    codes: np.ndarray, ranks: np.ndarray | None, ids: np.ndarray | None
-) -> np.ndarray:
+def _layout(codes: np.ndarray, ranks: np.ndarray | None, ids: np.ndarray | None) -> np.ndarray:
     """Rows in layout order: by bucket rank, then tuple id."""
     if ranks is None:
         ranks = _default_ranks(codes)
@@ -238,9 +231,7 @@ def block_partition(
     block_rank = np.argsort(np.argsort(keys, axis=1), axis=1)
     rank_key = block_rank.reshape(-1)[block * values + codes[layout]]
     first = np.argsort(rank_key.astype(_small_dtype(values)), kind="stable")
-    by_block = first[
-        np.argsort(block[first].astype(_small_dtype(blocks)), kind="stable")
-    ]
+    by_block = first[np.argsort(block[first].astype(_small_dtype(blocks)), kind="stable")]
     # layout positions sorted by (block, the block's value order, layout position): block k
     # takes the next gamma * m_k places and deals them round-robin into its m_k groups
     per_block = np.bincount(np.arange(groups) % blocks, minlength=blocks)
@@ -285,9 +276,7 @@ def _random_subset(n: int, size: int) -> np.ndarray:
     return np.fromiter(sorted(chosen), dtype=np.int64, count=size)
 
 
-def _check_inputs(
-    table: pa.Table, sensitive: str | Sequence[str], gamma: int, partition: str
-) -> tuple[str, ...]:
+def _check_inputs(table: pa.Table, sensitive: str | Sequence[str], gamma: int, partition: str) -> tuple[str, ...]:
     if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)):
         raise UserError(f"gamma must be an integer >= 2; got {gamma!r}")
     if not 2 <= gamma <= _MAX_GAMMA:
@@ -301,27 +290,18 @@ def _check_inputs(
         raise UserError(f"sensitive columns must be distinct; got {list(names)}")
     for name in names:
         if name not in table.column_names:
-            raise UserError(
-                f"sensitive column {name!r} is not in the table; "
-                f"columns: {table.column_names}"
-            )
+            raise UserError(f"sensitive column {name!r} is not in the table; columns: {table.column_names}")
     if table.num_rows == 0:
         raise UserError("the table has no rows; SPLU-Gen needs at least gamma rows")
     return names
 
 
-def _check_eligible(
-    name: str, counts: np.ndarray, dictionary: pa.Array, n: int, gamma: int
-) -> None:
+def _check_eligible(name: str, counts: np.ndarray, dictionary: pa.Array, n: int, gamma: int) -> None:
     top = int(np.argmax(counts))
     top_count = int(counts[top])
     if top_count * gamma > n:
         largest = n // top_count
-        hint = (
-            f"choose gamma <= {largest}"
-            if largest >= 2
-            else "no gamma >= 2 is possible"
-        )
+        hint = f"choose gamma <= {largest}" if largest >= 2 else "no gamma >= 2 is possible"
         raise UserError(
             f"sensitive column {name!r} is not eligible for SPLU-Gen with gamma = {gamma}: "
             f"value {dictionary[top].as_py()!r} occurs {top_count} times, more than "
@@ -373,9 +353,7 @@ def splu_gen(
         kept = codes[keep] if dropped else codes
         counts = np.bincount(kept, minlength=len(dictionary))
         ids = randomness.random_uint64(n)  # Step 1: fresh CSPRNG tuple ids
-        groups = decoy_partition(
-            kept, gamma, partition, bucket_ranks(counts, dictionary), ids
-        )
+        groups = decoy_partition(kept, gamma, partition, bucket_ranks(counts, dictionary), ids)
         published[name] = (randomize(groups), dictionary)
         attributes[name] = {
             "distinct_values": int(np.count_nonzero(counts)),
@@ -392,9 +370,7 @@ def splu_gen(
             column = dictionary.take(pa.array(new_codes[order]))
             if pa.types.is_dictionary(field.type):
                 column = pc.dictionary_encode(column)
-            columns.append(
-                column if column.type == field.type else column.cast(field.type)
-            )
+            columns.append(column if column.type == field.type else column.cast(field.type))
         else:
             columns.append(table.column(field.name).take(rows))
     output = pa.Table.from_arrays(columns, schema=table.schema)
@@ -405,8 +381,7 @@ def splu_gen(
         "sensitive": list(names),
         "partition": partition,
         "rows_published": n,
-        "guarantee": "small-sum privacy / large-sum utility (Fu et al. 2014); "
-        "not differential privacy",
+        "guarantee": "small-sum privacy / large-sum utility (Fu et al. 2014); not differential privacy",
     }
     internal_facts = {
         "rows_in": n_in,

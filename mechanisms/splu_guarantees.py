@@ -52,14 +52,10 @@ def _check_gamma(gamma: int) -> int:
 
 
 def _check_eps(eps: float) -> Fraction:
-    if isinstance(eps, bool) or not isinstance(
-        eps, (int, float, np.floating, np.integer)
-    ):
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise UserError(f"eps must be a number > 0; got {eps!r}")
     if not math.isfinite(float(eps)) or eps <= 0:
-        raise UserError(
-            f"eps (relative error bound) must be a finite number > 0; got {eps!r}"
-        )
+        raise UserError(f"eps (relative error bound) must be a finite number > 0; got {eps!r}")
     return Fraction(str(float(eps)))
 
 
@@ -159,9 +155,7 @@ def utility_threshold(gamma: int, eps: float, t_e: float) -> float:
     if isinstance(t_e, bool) or not isinstance(t_e, (int, float, np.floating)):
         raise UserError(f"t_e must be a number in (0, 1]; got {t_e!r}")
     if not 0.0 < float(t_e) <= 1.0:
-        raise UserError(
-            f"t_e (utility error probability) must be in (0, 1]; got {t_e!r}"
-        )
+        raise UserError(f"t_e (utility error probability) must be in (0, 1]; got {t_e!r}")
     return math.sqrt(1.0 / (gamma * float(eps) ** 2 * float(t_e)))
 
 
@@ -190,15 +184,11 @@ class SPLUCalibration:
         if self.t_e is not None:
             document["t_e"] = self.t_e
             document["t_f"] = self.t_f
-        document["model"] = (
-            "SPLU small-sum privacy / large-sum utility (not differential privacy)"
-        )
+        document["model"] = "SPLU small-sum privacy / large-sum utility (not differential privacy)"
         return document
 
 
-def calibrate(
-    gamma: int, eps: float, alpha: int, t_e: float | None = None
-) -> SPLUCalibration:
+def calibrate(gamma: int, eps: float, alpha: int, t_e: float | None = None) -> SPLUCalibration:
     """T_p (Theorem 4) for counts up to ``alpha`` and, when ``t_e`` is given, T_f (Lemma 1)."""
     privacy = privacy_threshold(gamma, eps, alpha)
     t_f = None if t_e is None else utility_threshold(gamma, eps, t_e)

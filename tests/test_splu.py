@@ -45,23 +45,15 @@ def load_adult_occupation(directory: Path) -> pa.Table:
         parts.append(
             pacsv.read_csv(
                 directory / name,
-                read_options=pacsv.ReadOptions(
-                    column_names=UCI_COLUMNS, skip_rows=skip
-                ),
-                convert_options=pacsv.ConvertOptions(
-                    column_types=dict.fromkeys(UCI_COLUMNS, pa.string())
-                ),
+                read_options=pacsv.ReadOptions(column_names=UCI_COLUMNS, skip_rows=skip),
+                convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(UCI_COLUMNS, pa.string())),
             )
         )
     table = pa.concat_tables(parts)
-    table = pa.table(
-        {name: pc.utf8_trim_whitespace(table[name]) for name in UCI_COLUMNS}
-    )
+    table = pa.table({name: pc.utf8_trim_whitespace(table[name]) for name in UCI_COLUMNS})
     table = table.filter(pc.not_equal(table["occupation"], "?"))
     decade = pc.multiply(pc.divide(pc.cast(table["age"], pa.int64()), 10), 10)
-    age = pc.binary_join_element_wise(
-        pc.cast(decade, pa.string()), pc.cast(pc.add(decade, 9), pa.string()), "-"
-    )
+    age = pc.binary_join_element_wise(pc.cast(decade, pa.string()), pc.cast(pc.add(decade, 9), pa.string()), "-")
     return pa.table(
         {
             "age": age,
@@ -79,9 +71,7 @@ def check_partition(codes: np.ndarray, partition, gamma: int) -> None:
     group, members = partition.group, partition.members
     assert members.shape == (n // gamma, gamma)
     assert np.bincount(group, minlength=n // gamma).tolist() == [gamma] * (n // gamma)
-    assert np.all(np.diff(np.sort(members, axis=1), axis=1) > 0), (
-        "repeated value in a group"
-    )
+    assert np.all(np.diff(np.sort(members, axis=1), axis=1) > 0), "repeated value in a group"
     # each row's value is in its group, so a value occurring f times lies in exactly f groups
     assert np.all((members[group] == codes[:, None]).any(axis=1))
     assert sorted(members.ravel().tolist()) == sorted(codes.tolist())
@@ -108,9 +98,7 @@ def test_partition_properties(case, method: str) -> None:
     codes, gamma = case
     if np.bincount(codes).size < gamma:
         return  # fewer distinct values than gamma: not eligible
-    partition = decoy_partition(
-        codes, gamma, method, ids=randomness.random_uint64(codes.size)
-    )
+    partition = decoy_partition(codes, gamma, method, ids=randomness.random_uint64(codes.size))
     check_partition(codes, partition, gamma)
     assert partition.method == method
     new = randomize(partition)
@@ -124,16 +112,12 @@ def test_partition_at_the_eligibility_bound(method: str) -> None:
     counts = [groups] * 4 + [groups - 1, 1]
     codes = np.repeat(np.arange(len(counts)), counts).astype(np.int32)
     codes = codes[randomness.permutation(codes.size)]
-    partition = decoy_partition(
-        codes, gamma, method, ids=randomness.random_uint64(codes.size)
-    )
+    partition = decoy_partition(codes, gamma, method, ids=randomness.random_uint64(codes.size))
     check_partition(codes, partition, gamma)
 
 
 def test_layout_is_deterministic_given_ids_and_largest_first() -> None:
-    codes = np.repeat(np.arange(6), [9, 8, 6, 4, 2, 1]).astype(
-        np.int32
-    )  # N = 30, gamma = 3
+    codes = np.repeat(np.arange(6), [9, 8, 6, 4, 2, 1]).astype(np.int32)  # N = 30, gamma = 3
     ids = randomness.random_uint64(codes.size)
     first = layout_partition(codes, 3, ids=ids)
     again = layout_partition(codes, 3, ids=ids)
@@ -152,9 +136,7 @@ def test_randomization_is_uniform_over_the_decoys() -> None:
     codes = np.tile(np.arange(gamma), groups).astype(np.int32)
     partition = decoy_partition(codes, gamma, "layout")
     picks = np.stack([randomize(partition) for _ in range(draws)])  # (draws, rows)
-    observed = np.array(
-        [np.bincount(picks[:, row], minlength=gamma) for row in range(0, 200, 7)]
-    )
+    observed = np.array([np.bincount(picks[:, row], minlength=gamma) for row in range(0, 200, 7)])
     # chi-square per row with gamma-1 degrees of freedom; Bonferroni over the rows tested:
     # the test fails with probability below 1e-6
     expected = draws / gamma
@@ -191,12 +173,10 @@ def test_output_contract() -> None:
     assert "not differential privacy" in result.public_facts["guarantee"]
     ids = output["id"].to_numpy()
     assert len(set(ids.tolist())) == 1000  # 1000 distinct input rows, 3 dropped
-    assert not np.array_equal(
-        ids, np.sort(ids)
-    )  # shuffled (fails with probability 1/1000!)
+    assert not np.array_equal(ids, np.sort(ids))  # shuffled (fails with probability 1/1000!)
     # non-sensitive values travel with their row, unchanged
     zip_of = {i: f"z{i % 13}" for i in range(1003)}
-    assert all(zip_of[i] == z for i, z in zip(ids.tolist(), output["zip"].to_pylist()))
+    assert all(zip_of[i] == z for i, z in zip(ids.tolist(), output["zip"].to_pylist(), strict=True))
     assert set(output["disease"].to_pylist()) <= set("abcdefg")
 
 
@@ -221,9 +201,7 @@ def test_sensitive_attributes_are_randomized_independently() -> None:
     table = pa.table({"s1": pa.array(values), "s2": pa.array(values)})
     result = splu_gen(table, ["s1", "s2"], gamma=5)
     assert result.event.sensitive == ("s1", "s2")
-    same = np.mean(
-        np.array(result.table["s1"].to_pylist()) == result.table["s2"].to_pylist()
-    )
+    same = np.mean(np.array(result.table["s1"].to_pylist()) == result.table["s2"].to_pylist())
     # independent draws agree far less often than always (identical draws would give 1.0):
     # both keep the true value (1/25) or pick the same decoy; about 0.2 here
     assert same < 0.5
@@ -253,9 +231,7 @@ def test_ineligible_table_names_value_count_n_and_gamma() -> None:
         assert part in message
     assert "gamma <= " not in message  # 50 // 30 = 1: no gamma >= 2 works
     with pytest.raises(UserError, match="choose gamma <= 2"):
-        splu_gen(
-            pa.table({"d": pa.array(["x"] * 20 + ["y"] * 20 + ["z"] * 10)}), "d", 3
-        )
+        splu_gen(pa.table({"d": pa.array(["x"] * 20 + ["y"] * 20 + ["z"] * 10)}), "d", 3)
 
 
 @pytest.mark.parametrize(
@@ -291,13 +267,11 @@ def test_small_counts_miss_as_often_as_the_guarantee_says() -> None:
         counts = Counter(splu_gen(table, "s", gamma).table["s"].to_pylist())
         published[run] = [counts.get(f"v{i}", 0) for i in range(10)]
     f = np.arange(1, 11)
-    missed = (
-        (published < np.ceil(0.7 * f - 1e-9)) | (published > np.floor(1.3 * f + 1e-9))
-    ).sum(0)
+    missed = ((published < np.ceil(0.7 * f - 1e-9)) | (published > np.floor(1.3 * f + 1e-9))).sum(0)
     expected = privacy_probability(gamma, 0.3, f)
     assert np.all(expected > 0.2)  # small sums are inaccurate: the SPLU privacy side
     # exact two-sided binomial tests, Bonferroni over 10 counts: failure probability < 1e-6
-    for hits, p in zip(missed, expected):
+    for hits, p in zip(missed, expected, strict=True):
         assert stats.binomtest(int(hits), runs, p).pvalue > 1e-7
     # and the mean relative error of these small counts is large
     assert np.mean(np.abs(published - f) / f) > 0.3
@@ -314,28 +288,19 @@ def test_adult_single_value_counts_unbiased_and_accurate_when_large(
     adult: pa.Table,
 ) -> None:
     gamma, runs = 5, 20
-    truth = {
-        d["values"]: d["counts"]
-        for d in pc.value_counts(adult["occupation"]).to_pylist()
-    }
+    truth = {d["values"]: d["counts"] for d in pc.value_counts(adult["occupation"]).to_pylist()}
     names = sorted(truth)
     published = np.zeros((runs, len(names)), dtype=np.int64)
     for run in range(runs):
         result = splu_gen(adult, "occupation", gamma)
         assert result.internal_facts["rows_dropped"] == 0
-        counts = {
-            d["values"]: d["counts"]
-            for d in pc.value_counts(result.table["occupation"]).to_pylist()
-        }
+        counts = {d["values"]: d["counts"] for d in pc.value_counts(result.table["occupation"]).to_pylist()}
         published[run] = [counts.get(name, 0) for name in names]
     f = np.array([truth[name] for name in names])
     # unbiased (Theorem 2): the total over runs is exactly Binomial(runs gamma f, 1/gamma);
     # exact two-sided tests, Bonferroni over the 14 values: failure probability < 1e-6
-    for total, count in zip(published.sum(axis=0), f):
-        assert (
-            stats.binomtest(int(total), runs * gamma * int(count), 1 / gamma).pvalue
-            > 1e-6 / 14
-        )
+    for total, count in zip(published.sum(axis=0), f, strict=True):
+        assert stats.binomtest(int(total), runs * gamma * int(count), 1 / gamma).pvalue > 1e-6 / 14
     # large counts (selectivity >= 1%): one publication within 15% of the truth, all runs within
     # 20%. The failure probabilities, from the exact binomial tails, are computed here.
     large = f >= 0.01 * adult.num_rows

@@ -29,9 +29,7 @@ def exact_privacy(gamma: int, eps: str, f: int) -> Fraction:
     lower = max(0, math.ceil((1 - e) * f))
     n = gamma * f
     upper = min(n, math.floor((1 + e) * f))
-    inside = sum(
-        math.comb(n, x) * (gamma - 1) ** (n - x) for x in range(lower, upper + 1)
-    )
+    inside = sum(math.comb(n, x) * (gamma - 1) ** (n - x) for x in range(lower, upper + 1))
     return 1 - Fraction(inside, gamma**n)
 
 
@@ -41,10 +39,7 @@ def mpmath_privacy(gamma: int, eps: float, f: int) -> mpmath.mpf:
     n = gamma * f
     upper = min(n, math.floor((1 + Fraction(str(eps))) * f))
     p = mpmath.mpf(1) / gamma
-    inside = mpmath.fsum(
-        mpmath.binomial(n, x) * p**x * (1 - p) ** (n - x)
-        for x in range(lower, upper + 1)
-    )
+    inside = mpmath.fsum(mpmath.binomial(n, x) * p**x * (1 - p) ** (n - x) for x in range(lower, upper + 1))
     return 1 - inside
 
 
@@ -74,12 +69,10 @@ def test_example_2_pinned() -> None:
 @pytest.mark.parametrize("eps", ["0.1", "0.3", "0.5", "1.5"])
 def test_matches_exact_arithmetic_and_mpmath(gamma: int, eps: str) -> None:
     counts, probability = privacy_curve(gamma, float(eps), 25)
-    for f, value in zip(counts, probability):
+    for f, value in zip(counts, probability, strict=True):
         exact = exact_privacy(gamma, eps, int(f))
         assert value == pytest.approx(float(exact), abs=1e-12)
-        assert value == pytest.approx(
-            float(mpmath_privacy(gamma, float(eps), int(f))), abs=1e-12
-        )
+        assert value == pytest.approx(float(mpmath_privacy(gamma, float(eps), int(f))), abs=1e-12)
 
 
 def test_limits_are_exact_rationals() -> None:
@@ -111,9 +104,7 @@ def test_threshold_is_the_minimum_over_one_to_alpha() -> None:
 
 def test_lemma_1_utility_threshold() -> None:
     # T_f = (1 / (gamma eps^2 T_E))^(1/2)
-    assert utility_threshold(10, 0.1, 0.01) == pytest.approx(
-        math.sqrt(1 / (10 * 0.01 * 0.01))
-    )
+    assert utility_threshold(10, 0.1, 0.01) == pytest.approx(math.sqrt(1 / (10 * 0.01 * 0.01)))
     t_f = utility_threshold(5, 0.2, 0.05)
     # at f = T_f the Chebyshev bound of Theorem 3 equals T_E, above it is smaller
     assert utility_error_bound(5, 0.2, t_f) == pytest.approx(0.05)
