@@ -31,6 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from privrelease.mechanisms.binomial import log_pmf as _log_pmf
+from privrelease.mechanisms.binomial import lower_tail as _lower_tail
+from privrelease.mechanisms.binomial import pmf as _pmf
+from privrelease.mechanisms.binomial import upper_tail as _upper_tail
+
 SAFETY_MARGIN = 1e-9
 """Relative amount by which every reported delta exceeds the computed one."""
 
@@ -88,35 +93,6 @@ def _kl(a, b):
     with np.errstate(divide="ignore", invalid="ignore"):
         kl = special.xlogy(a, a / b) + special.xlog1py(1 - a, -a) - special.xlog1py(1 - a, -b)
     return np.maximum(np.nan_to_num(kl, nan=0.0), 0.0) * (1 - 1e-9)
-
-
-def _upper_tail(j, n, beta):
-    """P[Bin(n, beta) >= j] = I_beta(j, n - j + 1) (1 where j <= 0, 0 where j > n)."""
-    inside = (j >= 1) & (j <= n)
-    out = special.betainc(np.where(inside, j, 1), np.where(inside, n - j + 1, 1), beta)
-    return np.where(j > n, 0.0, np.where(j <= 0, 1.0, out))
-
-
-def _lower_tail(j, n, beta):
-    """P[Bin(n, beta) <= j] = 1 - I_beta(j + 1, n - j) (0 where j < 0, 1 where j >= n)."""
-    inside = (j >= 0) & (j < n)
-    out = special.betaincc(np.where(inside, j + 1, 1), np.where(inside, n - j, 1), beta)
-    return np.where(j >= n, 1.0, np.where(j < 0, 0.0, out))
-
-
-def _log_pmf(j, n, beta):
-    """log f(j; n, beta) (-inf outside 0..n)."""
-    inside = (j >= 0) & (j <= n)
-    jj, nn = np.where(inside, j, 0), np.where(inside, n, 0)
-    value = (
-        special.gammaln(nn + 1) - special.gammaln(jj + 1) - special.gammaln(nn - jj + 1)
-        + special.xlogy(jj, beta) + special.xlog1py(nn - jj, -beta)
-    )
-    return np.where(inside, value, -np.inf)
-
-
-def _pmf(j, n, beta):
-    return np.exp(_log_pmf(j, n, beta))
 
 
 def _log_upper_tail(j: int, n: int, beta: float) -> float:

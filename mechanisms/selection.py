@@ -46,11 +46,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from privrelease.mechanisms import randomness
+from privrelease.mechanisms import binomial, randomness
 from privrelease.mechanisms.events import ExponentialSelection
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import check_parameters, count_cells
-from scipy.stats import binom
 
 from privrelease.errors import UserError
 
@@ -76,8 +75,8 @@ def sensitivity(k: int, beta: float) -> float:
     check_parameters(k, beta, 0.0)
     limit = 2 * math.ceil((k - 1) / beta) + 20
     n = np.arange(limit + 1)
-    h = binom.sf(k - 1, n, beta) + k * binom.pmf(k - 1, n, beta)
-    tail = 1.0 + k * float(binom.pmf(k - 1, limit + 1, beta))
+    h = binomial.upper_tail(k, n, beta) + k * binomial.pmf(k - 1, n, beta)
+    tail = 1.0 + k * float(binomial.pmf(k - 1, limit + 1, beta))
     return beta * max(float(h.max()), tail) * (1 + _FLOAT_SLACK)
 
 
@@ -87,7 +86,7 @@ def expected_published_rows(
     """sum over the cells of ``scheme`` on ``table`` of n beta P(Bin(n - 1, beta) >= k - 1): the
     expected number of rows (k, beta)-SDGS would publish."""
     counts = count_cells(table, scheme, beta=1.0).counts
-    return float(np.sum(counts * beta * binom.sf(k - 2, counts - 1, beta)))
+    return float(np.sum(counts * beta * binomial.upper_tail(k - 1, counts - 1, beta)))
 
 
 def selection_probabilities(

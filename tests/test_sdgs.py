@@ -20,7 +20,8 @@ from privrelease.mechanisms.events import SDGS
 from privrelease.mechanisms.generalization import generalize
 from privrelease.mechanisms.histogram import crowd_blending_histogram
 from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap
-from privrelease.mechanisms.sdgs import bernoulli, sdgs, shuffled_repeat
+from privrelease.mechanisms.randomness import bernoulli
+from privrelease.mechanisms.sdgs import sdgs, shuffled_repeat
 from scipy.stats import binom, hypergeom
 
 from privrelease.errors import UserError
