@@ -1,0 +1,73 @@
+"""The HTML disclosure report of a release: Jinja2 template, inline SVG charts, rendering.
+
+The flow fills a :class:`ReportContext` and calls ``render_report(context)`` (one
+self-contained, autoescaped HTML document) or ``write_report(context, path) -> sha256``.
+
+>>> from privrelease.reports import example_context, render_report   # doctest: +SKIP
+>>> html = render_report(example_context())                           # doctest: +SKIP
+
+Importing this package is cheap (the CLI's ``report`` commands use :func:`write_html`); the
+renderer (Jinja2, the calculus) loads on first use of the names re-exported lazily below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from privrelease.reports.context import ReportContext, example_context
+    from privrelease.reports.render import render_report, write_report
+
+__all__ = [
+    "ReportContext",
+    "example_context",
+    "render_report",
+    "report_sha256",
+    "write_html",
+    "write_report",
+]
+
+_LAZY = {
+    "ReportContext": "privrelease.reports.context",
+    "example_context": "privrelease.reports.context",
+    "render_report": "privrelease.reports.render",
+    "write_report": "privrelease.reports.render",
+}
+
+
+def report_sha256(html: str) -> str:
+    """sha256 of a report's UTF-8 bytes (what the audit database records)."""
+    return hashlib.sha256(html.encode("utf-8")).hexdigest()
+
+
+def write_html(html: str, path: str | Path) -> str:
+    """Write ``html`` as UTF-8 atomically (temp file in the same folder, fsync, rename; the
+    folder is created); returns the sha256 of the bytes written."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = html.encode("utf-8")
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return hashlib.sha256(data).hexdigest()
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy re-exports (PEP 562): ``privrelease.reports.render_report`` etc."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@ import typer
 
 from privrelease.cli import audit as audit_commands
 from privrelease.cli import calculus
+from privrelease.cli import report as report_commands
 from privrelease.cli import splu as splu_commands
 from privrelease.cli.output import fail
 from privrelease.errors import TargetNotMet, UserError
@@ -26,6 +27,7 @@ app = typer.Typer(
 )
 calculus.register(app)
 audit_commands.register(app)
+report_commands.register(app)
 splu_commands.register(app)
 
 

@@ -1,0 +1,223 @@
+"""``privrelease report``: the disclosure reports stored in the audit database.
+
+``report list`` shows the runs with a stored report; ``report show RUN_ID`` prints the path of
+the run's report file, writing it out from the audit database's copy (under the work dir) when
+the file is missing or no longer matches the recorded sha256; ``report open RUN_ID`` opens it
+in the default browser. Run ids may be abbreviated to a unique prefix.
+
+These commands read the audit database only: they never import Prefect or the renderer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import webbrowser
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from privrelease.cli.output import console, error_console, print_json
+from privrelease.errors import UserError
+
+report_app = typer.Typer(help="Disclosure reports of runs.", no_args_is_help=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+RunArg = Annotated[str, typer.Argument(help="A run id or a unique prefix of one.")]
+RESTORED_DIR = "reports"
+"""Folder under the work dir where reports are written out from the audit database."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``report`` command group to ``app``."""
+    app.add_typer(report_app, name="report")
+
+
+def _when(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="seconds")
+
+
+@report_app.command("list")
+def report_list(json_output: JsonFlag = False) -> None:
+    """Runs that have a stored report: run id, policy, version, status, created."""
+    from sqlmodel import col, select
+
+    from privrelease.audit.database import open_database, session
+    from privrelease.audit.models import PolicyVersion, Report, Run
+
+    statement = (
+        select(
+            Report.id,
+            Report.run_id,
+            Report.created_at,
+            Report.sha256,
+            Report.path,
+            Run.status,
+            Run.kind,
+            PolicyVersion.name,
+            PolicyVersion.version,
+        )
+        .join(Run, col(Run.id) == col(Report.run_id))
+        .join(
+            PolicyVersion,
+            col(PolicyVersion.sha256) == col(Run.policy_sha256),
+            isouter=True,
+        )
+        .order_by(col(Report.created_at), col(Report.id))
+    )
+    latest: dict[str, dict[str, Any]] = {}
+    with session(open_database(), readonly=True) as s:
+        for _id, run_id, created, sha256, path, status, kind, name, version in s.exec(statement).all():
+            latest[run_id] = {
+                "run_id": run_id,
+                "policy": name,
+                "version": version,
+                "status": status,
+                "kind": kind,
+                "created_at": _when(created),
+                "sha256": sha256,
+                "path": path,
+            }
+    rows = sorted(latest.values(), key=lambda row: row["created_at"] or "")
+    if json_output:
+        print_json({"reports": rows})
+        return
+    if not rows:
+        console.print("no stored reports yet (privrelease run POLICY.yaml writes one)")
+        return
+    table = Table()
+    table.add_column("run", no_wrap=True)
+    table.add_column("policy", overflow="fold")
+    table.add_column("version", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("created (UTC)", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            row["run_id"][:12],
+            row["policy"] or "",
+            row["version"] or "",
+            row["status"],
+            (row["created_at"] or "")[:16].replace("T", " "),
+        )
+    console.print(table)
+    console.print("privrelease report show RUN prints a report's path", style="dim")
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a run's report can be read, and how it got there."""
+
+    run_id: str
+    path: Path
+    sha256: str
+    source: str
+    """``file``: the recorded file, intact; ``audit-db``: written out from the database copy."""
+    recorded_path: str | None
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "source": self.source,
+            "recorded_path": self.recorded_path,
+            "note": self.note,
+        }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _candidates(recorded: str, work_dir: Path) -> list[Path]:
+    path = Path(recorded).expanduser()
+    if path.is_absolute():
+        return [path]
+    return [Path.cwd() / path, work_dir / path]
+
+
+def locate_report(ref: str) -> Located:
+    """The run's newest stored report as a file whose bytes match the recorded sha256: the
+    recorded file when it is intact, otherwise the audit database's copy written (atomically)
+    to ``<work_dir>/reports/<run id>.html``."""
+    from sqlmodel import col, select
+
+    from privrelease.audit.database import open_database, session
+    from privrelease.audit.models import Report
+    from privrelease.audit.records import find_run
+    from privrelease.settings import get_settings
+
+    with session(open_database(), readonly=True) as s:
+        run = find_run(s, ref)
+        report = s.exec(
+            select(Report).where(Report.run_id == run.id).order_by(col(Report.created_at).desc(), col(Report.id).desc())
+        ).first()
+    if report is None:
+        raise UserError(
+            f"run {run.id} has no stored report (status {run.status}): it ended before its report was rendered"
+        )
+    data = report.html.encode("utf-8")
+    if hashlib.sha256(data).hexdigest() != report.sha256:
+        raise UserError(
+            f"the audit database's copy of run {run.id}'s report does not match its recorded sha256 "
+            f"{report.sha256[:12]}: run `privrelease audit verify`"
+        )
+    work_dir = get_settings().work_dir
+    note = None
+    if report.path:
+        for candidate in _candidates(report.path, work_dir):
+            if candidate.is_file():
+                if _sha256(candidate) == report.sha256:
+                    return Located(run.id, candidate.resolve(), report.sha256, "file", report.path)
+                note = (
+                    f"the report file {candidate} was changed since it was recorded; showing the audit database's copy"
+                )
+                break
+        else:
+            note = f"the report file {report.path} is missing; written out from the audit database"
+    else:
+        note = "no report file was recorded; written out from the audit database"
+    target = work_dir / RESTORED_DIR / f"{run.id}.html"
+    if not (target.is_file() and _sha256(target) == report.sha256):
+        from privrelease.reports import write_html
+
+        write_html(report.html, target)
+    return Located(run.id, target, report.sha256, "audit-db", report.path, note)
+
+
+@report_app.command("show")
+def report_show(run: RunArg, json_output: JsonFlag = False) -> None:
+    """Print the path of the run's report file (written out from the audit database if the
+    file is missing or was changed)."""
+    located = locate_report(run)
+    if json_output:
+        print_json(located.as_dict())
+        return
+    if located.note:
+        error_console.print(f"note: {located.note}", highlight=False, markup=False, soft_wrap=True)
+    print(located.path)
+
+
+@report_app.command("open")
+def report_open(run: RunArg, json_output: JsonFlag = False) -> None:
+    """Open the run's report in the default web browser."""
+    located = locate_report(run)
+    opened = bool(webbrowser.open(located.path.as_uri()))
+    if json_output:
+        print_json({**located.as_dict(), "opened": opened})
+        return
+    if located.note:
+        error_console.print(f"note: {located.note}", highlight=False, markup=False, soft_wrap=True)
+    if opened:
+        console.print(f"opened {located.path}", highlight=False, markup=False, soft_wrap=True)
+    else:
+        console.print(
+            f"no web browser could be started; the report is at {located.path}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )

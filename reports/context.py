@@ -1,0 +1,154 @@
+"""What a disclosure report is rendered from: the release's :class:`~privrelease.planning.Plan`
+(policy-derived, public) and the facts of one run (internal).
+
+The flow fills a :class:`ReportContext` after the outputs are written and hands it to
+:func:`privrelease.reports.render.render_report`. Nothing in it may hold raw data: datasets are
+known by fingerprint, outputs by name and sha256, mechanisms by counts (rows sampled, cells
+suppressed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import privrelease.policies
+from privrelease.policies import LoadedPolicy, load_policy
+
+from privrelease.planning import Plan, plan_policy
+
+EXAMPLES_DIR = Path(privrelease.policies.__file__).resolve().parent / "examples"
+"""The example policies (``policies/examples`` in the source tree)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportContext:
+    """Everything a report shows. Only ``plan`` is public; the rest are run facts.
+
+    - ``plan``: the release's plan (mechanisms, event tree, guarantees, checks).
+    - ``run_id``, ``flow_run_id`` (Prefect, None outside a flow), ``code_version``, ``status``
+      (``succeeded``, ``failed``, ...), ``generated_at`` (aware UTC).
+    - ``approval``: ``{approved_by, os_user, approved_at (datetime), note}`` or None.
+    - ``data_read_at``: when the run first read the data (from the audit record) or None.
+    - ``dataset``: ``{sha256, size_bytes, rows}`` (a fingerprint, never contents).
+    - ``budget``: the dataset's lifetime budget ``{epsilon, delta}`` or None.
+    - ``ledger_before`` / ``ledger_after``: ``{epsilon, delta}`` spent (stored trees composed)
+      before and after this release.
+    - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
+    - ``timings``: step -> seconds.
+    - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
+    - ``chain_head``: ``{seq, hash}`` of the audit hash chain after this run's records.
+    """
+
+    plan: Plan
+    run_id: str
+    flow_run_id: str | None = None
+    code_version: str
+    status: str
+    generated_at: datetime
+    approval: dict[str, Any] | None = None
+    data_read_at: datetime | None = None
+    dataset: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, float] | None = None
+    ledger_before: dict[str, float] | None = None
+    ledger_after: dict[str, float] | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    chain_head: dict[str, Any] | None = None
+
+    @property
+    def fixed_before_data_access(self) -> bool | None:
+        """True when the approval is recorded before the first read of the data, False when
+        after, None when either time is unknown."""
+        approved_at = (self.approval or {}).get("approved_at")
+        if approved_at is None or self.data_read_at is None:
+            return None
+        return _aware(approved_at) < _aware(self.data_read_at)
+
+
+def _aware(moment: datetime) -> datetime:
+    """Naive timestamps are UTC (the audit database's convention)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: str = "succeeded") -> ReportContext:
+    """A complete context for tests and previews: a real :class:`Plan` of ``policy`` (default
+    ``policies/examples/demo.yaml``, which needs no external files) with made-up run facts
+    derived from it (rows from the policy, sampled rows = beta * rows, fake checksums)."""
+    loaded = policy if isinstance(policy, LoadedPolicy) else load_policy(policy or EXAMPLES_DIR / "demo.yaml")
+    plan = plan_policy(loaded)
+    now = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+    rows = loaded.policy.dataset.rows or 10_000
+    facts: dict[str, dict[str, Any]] = {}
+    outputs: list[dict[str, Any]] = []
+    for spec in loaded.policy.mechanisms:
+        beta = getattr(spec, "beta", None)
+        if beta is not None:  # sampling, generalization, suppression
+            sampled = round(rows * beta)
+            facts[spec.name] = {
+                "rows_in": rows,
+                "rows_sampled": sampled,
+                "rows_suppressed": sampled // 97,
+            }
+            published = sampled - sampled // 97
+        elif spec.type == "splu_gen":
+            facts[spec.name] = {
+                "rows_in": rows,
+                "decoy_groups": len(spec.sensitive) * 3,
+            }
+            published = rows
+        else:  # a statistic: one row per group
+            facts[spec.name] = {"rows_in": rows}
+            published = 1
+        name = f"{spec.name}.csv"
+        outputs.append(
+            {
+                "mechanism": spec.name,
+                "path": name,
+                "sha256": hashlib.sha256(name.encode()).hexdigest(),
+                "rows": published,
+                "bytes": 40 * published,
+            }
+        )
+    budget = loaded.policy.targets.lifetime_budget
+    spent = plan.guarantee
+    return ReportContext(
+        plan=plan,
+        run_id="0123456789abcdef0123456789abcdef",
+        flow_run_id="11111111-2222-3333-4444-555555555555",
+        code_version="0.1.0+example",
+        status=status,
+        generated_at=now,
+        approval={
+            "approved_by": "Disclosure Review Board",
+            "os_user": "reviewer",
+            "approved_at": now - timedelta(days=2),
+            "note": "example approval",
+        },
+        data_read_at=now - timedelta(seconds=30),
+        dataset={
+            "sha256": hashlib.sha256(b"example dataset").hexdigest(),
+            "size_bytes": 64 * rows,
+            "rows": rows,
+        },
+        budget=None if budget is None else {"epsilon": budget.epsilon, "delta": budget.delta},
+        ledger_before={"epsilon": 0.0, "delta": 0.0},
+        ledger_after={"epsilon": spent.epsilon, "delta": spent.delta} if spent.supported else None,
+        outputs=outputs,
+        timings={
+            "load policy": 0.05,
+            "fingerprint": 0.12,
+            "plan": 0.4,
+            "mechanisms": 1.3,
+            "write outputs": 0.2,
+        },
+        internal_facts=facts,
+        chain_head={
+            "seq": 42,
+            "hash": hashlib.sha256(b"example chain head").hexdigest(),
+        },
+    )

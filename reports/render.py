@@ -1,0 +1,335 @@
+"""Render a release's disclosure report: one self-contained HTML file (Jinja2, autoescaped,
+inline CSS and SVG, no scripts, no external resources), readable offline and printable.
+
+Two sections, clearly apart:
+
+* **Public disclosure statement** — only facts derived from the policy and its plan (policy name,
+  version, hash and approval time; mechanisms, parameters and generalization; guarantees per
+  accountant and composed; pass/fail per target; charts; output files with checksums; the audit
+  chain head; what the guarantees mean). Safe to publish with the data
+  (``render_report(context, public_only=True)`` renders this part alone).
+* **Internal review — not for publication** — run facts: rows read, sampled and suppressed,
+  timings, the ledger before and after, the dataset fingerprint, the Prefect flow-run id, the
+  code version, who approved.
+
+>>> from privrelease.reports.context import example_context   # doctest: +SKIP
+>>> html = render_report(example_context())                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path, PurePath
+from typing import Any
+
+import jinja2
+from privrelease.mechanisms.events import (
+    SDGS,
+    ExponentialSelection,
+    Laplace,
+    SPLUGen,
+    leaves,
+)
+from privrelease.reports import report_sha256, write_html
+from privrelease.reports.charts import all_charts, fmt
+from privrelease.reports.context import ReportContext
+
+__all__ = [
+    "ReportContext",
+    "environment",
+    "render_report",
+    "report_sha256",
+    "view",
+    "write_html",
+    "write_report",
+]
+
+TEMPLATE = "report.html.j2"
+
+NOTION_NAMES = {
+    "probabilistic": "probabilistic DP (Theorem 1, the papers' notion)",
+    "approximate": "approximate (ε, δ)-DP (exact hockey-stick δ)",
+}
+MECHANISM_KINDS = {
+    "sdgs": "(k, β)-SDGS microdata",
+    "histogram": "crowd-blending histogram",
+    "identifiable_statistic": "ρ-identifiable statistic (Laplace)",
+    "splu_gen": "SPLU-Gen (not differential privacy)",
+}
+FACT_LABELS = {
+    "k_anonymity": "k-anonymity",
+    "crowd_blending": "crowd-blending",
+    "candidate_schemes": "candidate schemes",
+    "query": "query",
+    "column": "column",
+    "rho": "target ρ",
+    "rho_achieved": "ρ achieved",
+    "feasible": "ρ feasible",
+    "lambda": "Laplace scale λ",
+    "universe_size": "universe size m",
+    "sensitive_range": "sensitive range S(f)",
+    "reason": "note",
+    "fsmooth": "f-smooth (Theorem 6)",
+    "model": "privacy model",
+    "t_p": "small-sum privacy T_p",
+    "t_p_argmin_f": "T_p attained at f",
+    "t_f": "large-sum utility T_f",
+    "approximate_epsilon_at_target_delta": "approximate ε at the target δ (optimal composition)",
+    "rho_composed_statistics": "ρ of the statistics composed",
+    "not_dp": "not differential privacy",
+}
+
+
+# --- formatting filters ------------------------------------------------------------------
+
+
+def _value(value: Any) -> str:
+    """A fact or parameter for people: numbers to 6 digits, lists joined, dicts as k = v."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return fmt(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_value(item) for item in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{key} = {_value(item)}" for key, item in value.items())
+    if value is None:
+        return "none"
+    return str(value)
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return "not recorded"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "n/a"
+    value = float(count)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f} s"
+
+
+@cache
+def environment() -> jinja2.Environment:
+    """The Jinja2 environment: package templates, autoescape on, undefined names are errors."""
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("privrelease.reports", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(num=fmt, value=_value, when=_when, size=_size, seconds=_seconds)
+    return env
+
+
+# --- the view of a context --------------------------------------------------------------
+
+
+def _guarantee(guarantee: Any) -> dict[str, Any]:
+    return {
+        "notion": guarantee.notion,
+        "notion_name": NOTION_NAMES.get(guarantee.notion, guarantee.notion),
+        "supported": guarantee.supported,
+        "epsilon": fmt(guarantee.epsilon) if guarantee.supported else "none",
+        "delta": fmt(guarantee.delta) if guarantee.supported else "none",
+        "factor": fmt(math.exp(guarantee.epsilon), 3) if guarantee.supported and guarantee.epsilon < 700 else None,
+        "detail": guarantee.detail,
+    }
+
+
+def _scheme(scheme: Any) -> str:
+    kind = scheme.type
+    if kind == "keep":
+        return "kept as is"
+    if kind == "suppress":
+        return "suppressed (every value becomes *)"
+    if kind == "hierarchy":
+        return f"hierarchy {PurePath(scheme.hierarchy).name}, level {scheme.level}"
+    if kind == "bins":
+        edges = ", ".join(f"{edge:g}" for edge in scheme.bins)
+        labels = f" labelled {', '.join(scheme.labels)}" if scheme.labels else ""
+        return f"intervals with edges {edges}{labels}"
+    if kind == "top_bottom":
+        parts = []
+        if scheme.bottom is not None:
+            parts.append(f"values ≤ {scheme.bottom:g} coded as one")
+        if scheme.top is not None:
+            parts.append(f"values ≥ {scheme.top:g} coded as one")
+        return "top/bottom coding: " + "; ".join(parts)
+    if kind == "map":
+        targets = sorted(set(scheme.map.values()))
+        default = f"; every other value → {scheme.default}" if scheme.default is not None else ""
+        return f"value map of {len(scheme.map)} values onto {', '.join(targets)}{default}"
+    return kind
+
+
+def _parameters(spec: Any) -> list[tuple[str, str]]:
+    dumped = spec.model_dump(exclude_none=True, exclude={"name", "type"})
+    return [(key, _value(value)) for key, value in dumped.items() if value not in ((), [], {})]
+
+
+FACT_KEYS = {"epsilon0": "ε0", "delta0": "δ0"}
+
+
+def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """Facts as (label, text), leaving out empty ones and those ``shown`` already (parameters)."""
+    rows = []
+    for key, value in facts.items():
+        if value is None or value == "" or (shown and shown.get(key) == _value(value)):
+            continue
+        if isinstance(value, dict):
+            value = {FACT_KEYS.get(k, k): v for k, v in value.items()}
+        rows.append((FACT_LABELS.get(key, key), _value(value)))
+    return rows
+
+
+def _remaining(budget: dict[str, Any], spent: dict[str, Any], key: str) -> str:
+    """What is left of the budget (as the ledger computes it: never below 0; an unbounded or
+    unknown spend leaves nothing)."""
+    limit, used = budget.get(key), spent.get(key)
+    if limit is None:
+        return "n/a"
+    if used is None or not math.isfinite(used):
+        return fmt(0.0)
+    return fmt(max(0.0, limit - used))
+
+
+def view(context: ReportContext) -> dict[str, Any]:
+    """Everything the template shows, formatted (numbers to 6 significant digits)."""
+    plan = context.plan
+    policy = plan.loaded.policy
+    specs = {spec.name: spec for spec in policy.mechanisms}
+    all_leaves = leaves(plan.event)
+    mechanisms = []
+    for mechanism in plan.mechanisms:
+        parameters = _parameters(specs[mechanism.name])
+        mechanisms.append(
+            {
+                "name": mechanism.name,
+                "type": mechanism.type,
+                "kind": MECHANISM_KINDS.get(mechanism.type, mechanism.type),
+                "parameters": parameters,
+                "guarantees": [_guarantee(g) for g in mechanism.guarantees.values()],
+                "facts": _facts(mechanism.facts, dict(parameters)),
+                "not_dp": isinstance(mechanism.event, SPLUGen)
+                or any(isinstance(leaf, SDGS) and leaf.beta >= 1 for leaf in leaves(mechanism.event)),
+            }
+        )
+    generalization = [(column, "", _scheme(scheme)) for column, scheme in policy.generalization.items()]
+    for candidate, schemes in (policy.candidate_schemes or {}).items():
+        generalization += [(column, candidate, _scheme(scheme)) for column, scheme in schemes.items()]
+    approval = context.approval or {}
+    outputs = [
+        {
+            "mechanism": output.get("mechanism") or "",
+            "name": str(output.get("path", "")),
+            "sha256": output.get("sha256", ""),
+            "rows": output.get("rows"),
+            "bytes": output.get("bytes"),
+        }
+        for output in context.outputs
+    ]
+    ledger_rows = []
+    if context.budget or context.ledger_before or context.ledger_after:
+        for label, amounts in (
+            ("lifetime budget", context.budget),
+            ("spent before this release", context.ledger_before),
+            ("spent after this release", context.ledger_after),
+        ):
+            amounts = amounts or {}
+            ledger_rows.append((label, fmt(amounts.get("epsilon")), fmt(amounts.get("delta"))))
+        if context.budget and context.ledger_after:
+            ledger_rows.append(
+                (
+                    "remaining",
+                    *(_remaining(context.budget, context.ledger_after, key) for key in ("epsilon", "delta")),
+                )
+            )
+    internal_facts = [
+        (
+            name,
+            [(str(key).replace("_", " "), _value(value)) for key, value in facts.items()],
+        )
+        for name, facts in context.internal_facts.items()
+    ]
+    kinds = {type(leaf) for leaf in all_leaves}
+    return {
+        "policy": {
+            "name": policy.name,
+            "version": policy.version,
+            "sha256": plan.loaded.sha256,
+            "description": policy.description,
+            "accounting": plan.notion,
+            "accounting_name": NOTION_NAMES.get(plan.notion, plan.notion),
+            "dataset_rows": policy.dataset.rows,
+            "columns": list(policy.dataset.columns),
+        },
+        "status": context.status,
+        "generated_at": context.generated_at,
+        "approved_at": approval.get("approved_at"),
+        "approval": approval,
+        "data_read_at": context.data_read_at,
+        "fixed_before_data_access": context.fixed_before_data_access,
+        "mechanisms": mechanisms,
+        "generalization": generalization,
+        "composed": [_guarantee(g) for g in plan.composed.values()],
+        "composed_notion": _guarantee(plan.guarantee),
+        "composed_facts": _facts(plan.facts),
+        "checks": plan.checks,
+        "passed": plan.passed,
+        "charts": all_charts(plan),
+        "outputs": outputs,
+        "chain_head": context.chain_head,
+        "explain": {
+            "sdgs": any(isinstance(leaf, SDGS) and leaf.beta < 1 for leaf in all_leaves),
+            "kdgs": any(isinstance(leaf, SDGS) and leaf.beta >= 1 for leaf in all_leaves),
+            "laplace": Laplace in kinds,
+            "rho": any(isinstance(leaf, Laplace) and leaf.universe_size for leaf in all_leaves),
+            "selection": ExponentialSelection in kinds,
+            "splu": SPLUGen in kinds,
+            "dp": bool(kinds - {SPLUGen}),
+        },
+        "splu_targets": policy.targets.splu_privacy,
+        "splu_utility": policy.targets.splu_utility,
+        "internal": {
+            "run_id": context.run_id,
+            "flow_run_id": context.flow_run_id,
+            "code_version": context.code_version,
+            "dataset": context.dataset,
+            "ledger": ledger_rows,
+            "timings": list(context.timings.items()),
+            "total_seconds": sum(context.timings.values()) if context.timings else None,
+            "facts": internal_facts,
+        },
+    }
+
+
+# --- rendering and writing ----------------------------------------------------------------
+
+
+def render_report(context: ReportContext, *, public_only: bool = False) -> str:
+    """The report as one HTML document (``public_only``: the public disclosure statement alone,
+    for publication with the data). Deterministic: the same context gives the same text."""
+    template = environment().get_template(TEMPLATE)
+    return template.render(**view(context), public_only=public_only)
+
+
+def write_report(context: ReportContext, path: str | Path, *, public_only: bool = False) -> str:
+    """Render the report and write it atomically to ``path``; returns the sha256 of the bytes
+    written (equal to :func:`report_sha256` of :func:`render_report`'s text)."""
+    return write_html(render_report(context, public_only=public_only), path)
