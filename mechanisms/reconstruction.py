@@ -32,11 +32,12 @@ per-column-set histograms, and the reconstructions of all queries run together a
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -329,6 +330,7 @@ def reconstruct(
     return Reconstruction(x=x, iterations=iterations, converged=converged)
 
 
+@functools.lru_cache(maxsize=16)
 def mobius_matrix(atoms: int) -> np.ndarray:
     """``(2^atoms, 2^atoms)`` matrix turning counts of "all atoms in S hold" (column S, a bitmask)
     into counts of exact states (row j: atoms in j hold, the others fail)."""
@@ -337,7 +339,9 @@ def mobius_matrix(atoms: int) -> np.ndarray:
     state = subset[:, None]
     superset = (subset[None, :] & state) == state
     sign = np.where(_popcount(subset[None, :] & ~state) % 2 == 1, -1, 1)
-    return np.where(superset, sign, 0).astype(np.int64)
+    matrix = np.where(superset, sign, 0).astype(np.int64)
+    matrix.flags.writeable = False
+    return matrix
 
 
 def _popcount(values: np.ndarray) -> np.ndarray:
@@ -383,13 +387,25 @@ class PublishedTable:
         if self.table.num_rows == 0:
             raise UserError("the published table has no rows")
         self._codes, self._cards, self._lookup, self._keys = {}, {}, {}, {}
+        self._conditions: dict[tuple[str, str], tuple[int, int]] = {}
         for name in self.table.column_names:
             column = self.table.column(name)
-            if column.type != pa.string():
-                column = column.cast(pa.string())
-            encoded = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode")
-            self._codes[name] = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-            values = encoded.dictionary.to_pylist()
+            if pa.types.is_dictionary(column.type):  # categorical already: reuse its codes
+                encoded = column.unify_dictionaries().combine_chunks()
+                dictionary = encoded.dictionary.cast(pa.string())
+                if len(pc.unique(dictionary)) != len(dictionary):
+                    encoded = pc.dictionary_encode(encoded.cast(pa.string()), null_encoding="encode")
+                    dictionary = encoded.dictionary
+            else:
+                text = column if column.type == pa.string() else column.cast(pa.string())
+                encoded = pc.dictionary_encode(text.combine_chunks(), null_encoding="encode")
+                dictionary = encoded.dictionary
+            values = dictionary.to_pylist()
+            indices = encoded.indices
+            if indices.null_count:  # a missing value never matches a condition
+                indices = indices.fill_null(len(values))
+                values.append(None)
+            self._codes[name] = indices.to_numpy(zero_copy_only=False).astype(np.int64)
             self._cards[name] = len(values)
             self._lookup[name] = {value: code for code, value in enumerate(values) if value is not None}
         self._index = {name: i for i, name in enumerate(self.table.column_names)}
@@ -576,41 +592,51 @@ class PublishedTable:
     ) -> dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], list[list[int]]]]:
         """Queries grouped by their columns (where columns in table order, then sensitive
         columns), each as its value codes. Raises :class:`UserError` for a bad query."""
-        index, lookup = self._index, self._lookup
+        conditions = self._conditions
         signatures: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], list[list[int]]]] = {}
+
+        def encode(condition: tuple[str, str]) -> tuple[int, int]:
+            found = conditions.get(condition)
+            if found is None:
+                column, value = condition
+                found = conditions[condition] = (self._index.get(column, -1), self._code(column, value))
+            return found
+
         for position, query in enumerate(queries):
-            if not query.sensitive:
-                raise UserError(
-                    f"query {query.describe() or '(empty)'!r} has no sensitive condition; "
-                    "give at least one sensitive column = value"
-                )
-            if len(query.sensitive) > _MAX_SENSITIVE:
-                raise UserError(
-                    f"at most {_MAX_SENSITIVE} sensitive conditions per query; "
-                    f"got {len(query.sensitive)} in {query.describe()!r}"
-                )
-            pairs = []
-            for column, value in query.where + query.sensitive:
-                column_index = index.get(column)
-                code = lookup[column].get(value) if column_index is not None else None
-                if code is None:
-                    self._code(column, value)  # raises the precise error
-                pairs.append((column_index, code))
             width = len(query.sensitive)
-            where = sorted(pairs[:-width]) if len(pairs) > width + 1 else pairs[:-width]
-            columns = [c for c, _ in where] + [c for c, _ in pairs[-width:]]
-            if len(set(columns)) != len(columns):
-                repeated = next(c for c in columns if columns.count(c) > 1)
-                raise UserError(
-                    f"column {self.columns[repeated]!r} appears more than once in query {query.describe()!r}"
-                )
-            key = (tuple(columns[: len(where)]), tuple(columns[len(where) :]))
+            if not width or width > _MAX_SENSITIVE:
+                self._refuse(query)
+            where = [encode(condition) for condition in query.where]
+            if len(where) > 1:
+                where.sort()
+            sensitive = [encode(condition) for condition in query.sensitive]
+            columns = tuple(column for column, _ in where)
+            sensitive_columns = tuple(column for column, _ in sensitive)
+            if len(where) + width > 1 and len(set(columns + sensitive_columns)) < len(where) + width:
+                self._refuse(query)
+            key = (columns, sensitive_columns)
             group = signatures.get(key)
             if group is None:
                 group = signatures[key] = ([], [])
             group[0].append(position)
-            group[1].append([v for _, v in where] + [v for _, v in pairs[-width:]])
+            group[1].append([code for _, code in where] + [code for _, code in sensitive])
         return signatures
+
+    def _refuse(self, query: CountQuery) -> NoReturn:
+        """Raise the :class:`UserError` that says what is wrong with ``query``."""
+        if not query.sensitive:
+            raise UserError(
+                f"query {query.describe() or '(empty)'!r} has no sensitive condition; "
+                "give at least one sensitive column = value"
+            )
+        if len(query.sensitive) > _MAX_SENSITIVE:
+            raise UserError(
+                f"at most {_MAX_SENSITIVE} sensitive conditions per query; "
+                f"got {len(query.sensitive)} in {query.describe()!r}"
+            )
+        columns = [column for column, _ in query.where + query.sensitive]
+        repeated = next(column for column in columns if columns.count(column) > 1)
+        raise UserError(f"column {repeated!r} appears more than once in query {query.describe()!r}")
 
     def _state_counts(self, where: tuple[int, ...], sensitive: tuple[int, ...], codes: np.ndarray) -> np.ndarray:
         """Observed counts ``y`` (Q, 2^(w+1)) of the states of Q queries on the same columns

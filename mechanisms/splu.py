@@ -32,11 +32,11 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.events import SPLUGen
 from privrelease.mechanisms.results import MechanismResult
-
-from privrelease.errors import UserError
 
 _MAX_GAMMA = 2**16
 PartitionMethod = Literal["random", "layout"]

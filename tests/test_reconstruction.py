@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+
+from privrelease.errors import UserError
 from privrelease.mechanisms.reconstruction import (
     CountQuery,
     PublishedTable,
@@ -22,8 +24,6 @@ from privrelease.mechanisms.reconstruction import (
     transition_matrices,
 )
 from privrelease.mechanisms.splu import splu_gen
-
-from privrelease.errors import UserError
 
 GAMMA = 5
 
@@ -178,6 +178,22 @@ def test_observed_counts_match_a_brute_force_filter() -> None:
     # one query at a time gives the same answers as the batch
     for query, estimate in list(zip(queries, estimates, strict=True))[:20]:
         assert published.estimate(query) == estimate
+
+
+def test_dictionary_columns_and_missing_values_count_like_text() -> None:
+    table = pa.table(
+        {
+            "age": pa.array(["30", "40", None, "30", "30"]),
+            "n": pa.array([1, 2, 3, 1, None]),
+            "disease": pa.array(["flu", "flu", "hiv", "flu", "flu"]),
+        }
+    )
+    encoded = pa.table({name: pc.dictionary_encode(table[name]) for name in table.column_names})
+    query = CountQuery.of({"age": "30", "n": "1"}, {"disease": "flu"})
+    for candidate in (table, encoded):
+        assert PublishedTable(candidate, GAMMA).estimate(query).observed == 2
+    with pytest.raises(UserError, match="value 'None' does not occur"):
+        PublishedTable(encoded, GAMMA).estimate(CountQuery.of({"age": "None"}, {"disease": "flu"}))
 
 
 def test_single_sensitive_value_is_the_published_count() -> None:

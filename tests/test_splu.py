@@ -17,6 +17,9 @@ import pyarrow.csv as pacsv
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
+
+from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.events import SPLUGen
 from privrelease.mechanisms.splu import (
@@ -26,9 +29,6 @@ from privrelease.mechanisms.splu import (
     splu_gen,
 )
 from privrelease.mechanisms.splu_guarantees import privacy_probability
-from scipy import stats
-
-from privrelease.errors import UserError
 
 UCI_COLUMNS = [
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",

@@ -11,11 +11,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
-from privrelease.mechanisms.splu import splu_gen
 from typer.testing import CliRunner
 
 from privrelease.cli import app
 from privrelease.errors import UserError
+from privrelease.mechanisms.splu import splu_gen
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -9,6 +9,8 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
+
+from privrelease.errors import UserError
 from privrelease.mechanisms.splu_guarantees import (
     calibrate,
     privacy_curve,
@@ -18,8 +20,6 @@ from privrelease.mechanisms.splu_guarantees import (
     utility_error_bound,
     utility_threshold,
 )
-
-from privrelease.errors import UserError
 
 
 def exact_privacy(gamma: int, eps: str, f: int) -> Fraction:
