@@ -14,6 +14,7 @@ import typer
 from privrelease.cli import audit as audit_commands
 from privrelease.cli import calculus
 from privrelease.cli import report as report_commands
+from privrelease.cli import run as run_commands
 from privrelease.cli import splu as splu_commands
 from privrelease.cli.output import fail
 from privrelease.errors import TargetNotMet, UserError
@@ -29,6 +30,7 @@ calculus.register(app)
 audit_commands.register(app)
 report_commands.register(app)
 splu_commands.register(app)
+run_commands.register(app)
 
 
 def main() -> None:

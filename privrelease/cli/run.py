@@ -1,0 +1,632 @@
+"""``privrelease run``, ``rerun``, ``reissue`` and ``demo``: the commands that release data.
+
+``run`` and ``rerun`` (and ``demo``, which ends in a run) execute the Prefect flow
+:func:`privrelease.flows.release.release` in this process. Without ``PREFECT_API_URL`` Prefect
+needs a temporary local server, whose start (20-30 s here) dominates a small release; this
+module starts it as the very first thing, in the background (the same ``uvicorn`` command
+Prefect itself runs for its temporary server, with UI and block registration off), and does
+everything else meanwhile: loading the policy, generating the demo data, importing Prefect and
+the mechanisms, migrating the audit database. Before importing Prefect it sets defaults (unless
+the user set them): ``PREFECT_LOGGING_LEVEL=WARNING``, ``PREFECT_SERVER_ANALYTICS_ENABLED=false``,
+``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90``, ``PREFECT_TASKS_DEFAULT_NO_CACHE=true``.
+
+``reissue`` needs no flow and never imports Prefect: it checks the stored outputs of an earlier
+run against their recorded sha256 and hands them back (optionally copied), without a new
+charge. Progress goes to stderr (Rich); the result to stdout (``--json``: one JSON document).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from privrelease.cli.output import console, error_console, fail, print_json
+from privrelease.errors import TargetNotMet, UserError
+
+PREFECT_DEFAULTS = {
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
+}
+SERVER_LOG = "prefect-server.log"
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+DataOption = Annotated[
+    Path | None,
+    typer.Option("--data", help="The dataset file (default: the policy's dataset.path)."),
+]
+OutOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        help="Folder for releases (default <work_dir>/releases); each run gets a subfolder.",
+    ),
+]
+FormatOption = Annotated[str, typer.Option("--format", help="Output file format: parquet or csv.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run``, ``rerun``, ``reissue`` and ``demo`` to ``app``."""
+    app.command("run")(run_command)
+    app.command("rerun")(rerun_command)
+    app.command("reissue")(reissue_command)
+    app.command("demo")(demo_command)
+
+
+# --------------------------------------------------------------------------- Prefect start
+
+
+def prefect_defaults() -> None:
+    """Set Prefect's environment defaults for this process (the user's values win)."""
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def _prefect_configured_elsewhere() -> bool:
+    """True when an API URL may come from somewhere else than the environment: the active
+    profile, or a ``prefect.toml`` / ``.env`` / ``pyproject.toml [tool.prefect]`` here."""
+    cwd = Path.cwd()
+    if (cwd / "prefect.toml").is_file() or (cwd / ".env").is_file():
+        return True
+    pyproject = cwd / "pyproject.toml"
+    try:
+        if pyproject.is_file() and "prefect" in tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}):
+            return True
+    except (OSError, tomllib.TOMLDecodeError):
+        return True
+    home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
+    profiles = Path(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml"))
+    if not profiles.is_file():
+        return False
+    try:
+        document = tomllib.loads(profiles.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return True
+    active = os.environ.get("PREFECT_PROFILE") or document.get("active", "ephemeral")
+    profile = document.get("profiles", {}).get(active, {})
+    return bool(profile.get("PREFECT_API_URL"))
+
+
+class TemporaryServer:
+    """A temporary local Prefect server for this process: ``uvicorn`` on
+    ``prefect.server.api.server:create_app`` (what Prefect runs in its own temporary-server
+    mode), started at once in a child process; its log goes to ``<work_dir>/prefect-server.log``.
+    It stops when this process exits (and, on Linux, when it dies)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = log_dir / SERVER_LOG
+        self.started = time.perf_counter()
+        self.ready_after: float | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def wait(self, timeout: float) -> float:
+        """Block until the server answers its health check; returns the seconds since start."""
+        assert self.process is not None
+        deadline = self.started + timeout
+        while time.perf_counter() < deadline:
+            if self.process.poll() is not None:
+                raise UserError(
+                    f"Prefect's temporary server exited (code {self.process.returncode}); see {self.log_path}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        self.ready_after = time.perf_counter() - self.started
+                        return self.ready_after
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise UserError(
+            f"Prefect's temporary server did not answer within {timeout:g} s (raise "
+            f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); see {self.log_path}"
+        )
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: the server gets SIGTERM when this process dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def start_temporary_server() -> TemporaryServer | None:
+    """Start Prefect's temporary server now, in the background, unless Prefect is configured
+    with an API URL (environment or profile/config file): then None. Sets ``PREFECT_API_URL``
+    for this process, so Prefect uses this server instead of starting its own."""
+    prefect_defaults()
+    if os.environ.get("PREFECT_API_URL") or _prefect_configured_elsewhere():
+        return None
+    if os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "").lower() in ("false", "0"):
+        return None
+    from privrelease.settings import get_settings
+
+    log_dir = get_settings().work_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    server = TemporaryServer(log_dir)
+    import importlib.util
+
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or spec.origin is None:
+        return None
+    environment = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        "PREFECT_API_BLOCKS_REGISTER_ON_START": os.environ.get("PREFECT_API_BLOCKS_REGISTER_ON_START", "false"),
+    }
+    with open(server.log_path, "ab") as log:
+        server.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--app-dir",
+                str(Path(spec.origin).parent.parent),
+                "--factory",
+                "prefect.server.api.server:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(server.port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+    atexit.register(server.stop)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    return server
+
+
+def _startup_timeout() -> float:
+    try:
+        return float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))
+    except ValueError:
+        return 90.0
+
+
+def _quiet_expected_errors() -> None:
+    """Keep Prefect's console handler from printing tracebacks of user mistakes and refused
+    releases (they are reported as one line by this command; Prefect's API still gets them)."""
+    import logging
+
+    from privrelease.flows.steps import DataStepError
+
+    expected = (UserError, TargetNotMet, DataStepError)
+
+    class _Filter(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.exc_info and isinstance(record.exc_info[1], expected):
+                return False
+            if record.levelno >= logging.ERROR and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
+                message = record.getMessage()
+                return not any(kind.__name__ in message for kind in expected)
+            return True
+
+    seen: set[int] = set()
+    for name in ["", *logging.root.manager.loggerDict]:
+        logger = logging.getLogger(name)
+        for handler in getattr(logger, "handlers", []):
+            if id(handler) in seen or type(handler).__name__ != "PrefectConsoleHandler":
+                continue
+            seen.add(id(handler))
+            handler.addFilter(_Filter())
+
+
+class RichProgress:
+    """Progress of the release steps on stderr: a spinner while a step runs, then a line."""
+
+    def __init__(self) -> None:
+        self._status: Any = None
+
+    def start(self, step: str, description: str) -> None:
+        self.close()
+        self._status = error_console.status(f"{description}…")
+        self._status.start()
+
+    def done(self, step: str, seconds: float, note: str = "") -> None:
+        self.close()
+        error_console.print(
+            f"  [green]✓[/] {step} [dim]{seconds:.2f} s{' ' + note if note else ''}[/]",
+            highlight=False,
+        )
+
+    def close(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def _warm_up() -> None:
+    """Import what the flow needs and migrate the audit database (while the server starts)."""
+    prefect_defaults()
+    import opendp.prelude  # noqa: F401  (the statistics' Laplace sampler)
+
+    import privrelease.flows.release  # noqa: F401  (imports Prefect)
+    import privrelease.mechanisms.histogram  # noqa: F401
+    import privrelease.mechanisms.sdgs  # noqa: F401
+    import privrelease.mechanisms.selection  # noqa: F401
+    import privrelease.mechanisms.statistics  # noqa: F401
+    import privrelease.planning  # noqa: F401
+    from privrelease.audit.database import open_database
+    from privrelease.reports import render
+
+    render.environment().get_template(render.TEMPLATE)
+    open_database()
+
+
+def run_flow(
+    *, server: TemporaryServer | None, progress: RichProgress | None, **parameters: Any
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the release flow in this process; returns its summary and timings of the start
+    (``prefect_start``: waiting for the server after the warm-up; ``flow``: the flow call)."""
+    timings: dict[str, float] = {}
+    status = error_console.status("importing Prefect and the mechanisms…")
+    status.start()
+    try:
+        start = time.perf_counter()
+        _warm_up()
+        timings["warm_up"] = time.perf_counter() - start
+        if server is not None:
+            status.update("waiting for Prefect's temporary server (20-30 s on a fresh machine)…")
+            server.wait(_startup_timeout())
+            timings["prefect_start"] = server.ready_after or 0.0
+    finally:
+        status.stop()
+    if server is not None:
+        error_console.print(
+            f"  [green]✓[/] Prefect server ready [dim]{timings['prefect_start']:.1f} s (log {server.log_path})[/]",
+            highlight=False,
+        )
+    from privrelease.flows import steps
+    from privrelease.flows.release import release
+
+    _quiet_expected_errors()
+    steps.set_progress(progress)
+    start = time.perf_counter()
+    try:
+        summary = release(**parameters)
+    finally:
+        timings["flow"] = time.perf_counter() - start
+        steps.set_progress(None)
+        if progress is not None:
+            progress.close()
+    return summary, timings
+
+
+def _fail_release(error: BaseException) -> None:
+    """Turn an expected failure of the flow into one line on stderr and the exit code."""
+    from privrelease.audit.ledger import LedgerStateError
+    from privrelease.flows.steps import DataStepError
+
+    if isinstance(error, DataStepError):
+        if error.exit_code is None:
+            raise error.original
+        fail(f"{error.step}: {error.detail}", error.exit_code)
+    if isinstance(error, (UserError, TargetNotMet)):
+        fail(str(error), error.exit_code)
+    if isinstance(error, LedgerStateError):
+        fail(f"the release was not published: {error}", TargetNotMet.exit_code)
+    raise error
+
+
+def _print_summary(summary: dict[str, Any], timings: dict[str, float], json_output: bool) -> None:
+    if json_output:
+        print_json({**summary, "timings": timings})
+        return
+    folder = Path(summary["release_dir"])
+    console.print(f"released to: {folder}", highlight=False, soft_wrap=True)
+    table = Table("output", "rows", "sha256")
+    for output in summary["outputs"]:
+        table.add_row(Path(output["path"]).name, str(output["rows"]), output["sha256"])
+    console.print(table)
+    console.print(f"report:      {summary['report']}", highlight=False, soft_wrap=True)
+    console.print(f"statement:   {summary['statement']}", highlight=False, soft_wrap=True)
+    head = summary["chain_head"]
+    console.print(
+        f"audit chain: seq {head['seq']} {head['hash']} (also in chain-head.json)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"run id:      {summary['run_id']}", highlight=False)
+
+
+def _release(json_output: bool, server: TemporaryServer | None, **parameters: Any) -> None:
+    progress = RichProgress()
+    try:
+        summary, timings = run_flow(server=server, progress=progress, **parameters)
+    except Exception as error:
+        _fail_release(error)
+        raise
+    _print_summary(summary, timings, json_output)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def run_command(
+    policy: Annotated[Path, typer.Argument(help="The release policy (YAML).")],
+    data: DataOption = None,
+    out: OutOption = None,
+    output_format: FormatOption = "parquet",
+    production: Annotated[
+        bool | None,
+        typer.Option(
+            "--production/--no-production",
+            help="Refuse unapproved policies (default: the PRIVRELEASE_PRODUCTION setting).",
+        ),
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Release what POLICY says: check, reserve budget, read, run the mechanisms, publish the
+    outputs and the disclosure report (a Prefect flow run)."""
+    server = start_temporary_server()
+    try:
+        from privrelease.policies import load_policy
+
+        load_policy(policy)  # a broken policy fails now, not after Prefect's start
+        _check_format(output_format)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    _release(
+        json_output,
+        server,
+        policy_path=str(policy),
+        data_path=None if data is None else str(data),
+        out_dir=None if out is None else str(out),
+        output_format=output_format,
+        production=production,
+    )
+
+
+def rerun_command(
+    run_id: Annotated[str, typer.Argument(help="The run to repeat (id or unique prefix).")],
+    data: DataOption = None,
+    out: OutOption = None,
+    output_format: FormatOption = "parquet",
+    json_output: JsonFlag = False,
+) -> None:
+    """Repeat a run's approved policy version on the same data: fresh randomness, a new
+    budget charge, new outputs and report."""
+    server = start_temporary_server()
+    try:
+        _check_format(output_format)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    _release(
+        json_output,
+        server,
+        rerun_of=run_id,
+        data_path=None if data is None else str(data),
+        out_dir=None if out is None else str(out),
+        output_format=output_format,
+    )
+
+
+def _check_format(output_format: str) -> None:
+    if output_format not in ("parquet", "csv"):
+        raise UserError(f"--format must be parquet or csv; got {output_format!r}")
+
+
+def reissue_command(
+    run_id: Annotated[str, typer.Argument(help="The run whose outputs to hand back.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Also copy the outputs and report into this folder."),
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Hand back the stored outputs of an earlier run without recomputing (no new budget
+    charge): every file is checked against its recorded sha256 first."""
+    result = reissue(run_id, out)
+    if json_output:
+        print_json(result)
+        return
+    table = Table("file", "rows", "sha256", title=f"Reissued run {result['source_run_id']}")
+    for output in result["outputs"]:
+        table.add_row(
+            output["path"], "" if output["rows"] is None else str(output["rows"]), output["sha256"][:16] + "…"
+        )
+    console.print(table)
+    if result["report"]:
+        console.print(f"report: {result['report']}", highlight=False, soft_wrap=True)
+    console.print(
+        f"checksums verified; recorded as run {result['run_id']} (no budget charged)",
+        highlight=False,
+    )
+
+
+def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
+    """Verify and hand back the outputs of run ``run_ref``; with ``out``, copy them (and the
+    report) into a new folder under ``out``. Recorded as a ``reissue`` run; nothing charged."""
+    from sqlmodel import col, select
+
+    from privrelease.audit import chain, records
+    from privrelease.audit.database import open_database, session
+    from privrelease.audit.models import Output, Report
+    from privrelease.flows.steps import CHAIN_HEAD_FILE, code_version, safe_name
+
+    with session(open_database(), readonly=True) as s:
+        source = records.find_run(s, run_ref)
+        outputs = list(s.exec(select(Output).where(Output.run_id == source.id).order_by(col(Output.id))))
+        report = s.exec(select(Report).where(Report.run_id == source.id)).first()
+    if source.status != "succeeded" or source.kind == "reissue":
+        raise UserError(
+            f"run {source.id} is a {source.kind} that {source.status}; only a succeeded release "
+            "or rerun can be reissued"
+        )
+    files = [(Path(o.path), o.sha256, o.rows) for o in outputs]
+    if report is not None and report.path:
+        files.append((Path(report.path), report.sha256, None))
+    for path, expected, _rows in files:
+        try:
+            actual = chain.file_sha256(path)
+        except OSError:
+            raise UserError(
+                f"output {path} of run {source.id} is missing; it cannot be reissued "
+                "(`privrelease audit verify` lists what changed)"
+            ) from None
+        if actual != expected:
+            raise UserError(
+                f"output {path} of run {source.id} was edited (sha256 {actual[:16]} on disk, "
+                f"{expected[:16]} recorded); it cannot be reissued"
+            )
+    handed: list[dict[str, Any]] = []
+    target = None
+    if out is not None:
+        name = Path(files[0][0]).parent.name if files else safe_name(source.id)
+        target = out.expanduser().resolve() / f"{name}-reissue-{time.strftime('%Y%m%dT%H%M%S')}"
+        try:
+            target.mkdir(parents=True)
+        except OSError as error:
+            raise UserError(f"cannot create {str(target)!r}: {error.strerror or error}") from None
+    with session(open_database()) as s:
+        run = records.start_run(
+            s,
+            policy_sha256=source.policy_sha256,
+            code_version=code_version(),
+            dataset_fingerprint=source.dataset_fingerprint,
+            kind="reissue",
+            source_run_id=source.id,
+        )
+        report_path = None
+        for path, expected, rows in files:
+            final = path
+            if target is not None:
+                final = target / path.name
+                temp = target / f".{path.name}.tmp"
+                shutil.copyfile(path, temp)
+                os.replace(temp, final)
+                if chain.file_sha256(final) != expected:
+                    raise UserError(f"copy {final} does not match its source's sha256")
+            if report is not None and str(path) == report.path:
+                report_path = str(final)
+                if target is not None:
+                    records.record_output(s, run, final, sha256=expected)
+                continue
+            if target is not None:
+                records.record_output(s, run, final, sha256=expected, rows=rows)
+            handed.append({"path": str(final), "sha256": expected, "rows": rows})
+        records.finish_run(s, run, "succeeded")
+        head = chain.head(s)
+        if target is not None:
+            chain.write_head(target / CHAIN_HEAD_FILE, head)
+    return {
+        "run_id": run.id,
+        "source_run_id": source.id,
+        "outputs": handed,
+        "report": report_path,
+        "folder": None if target is None else str(target),
+        "chain_head": {"seq": head.seq, "hash": head.hash},
+    }
+
+
+def demo_command(
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Where to write the demo (default <work_dir>/demo)."),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Fixed seed for the synthetic data (default: OS CSPRNG)."),
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """One command, end to end: generate a SYNTHETIC census-like dataset, approve the demo
+    policy, run the release flow, print where the outputs and the report are."""
+    started = time.perf_counter()
+    server = start_temporary_server()
+    try:
+        from privrelease import demo
+        from privrelease.audit import approvals
+        from privrelease.audit.database import open_database, session
+        from privrelease.policies import load_policy
+        from privrelease.settings import get_settings
+
+        folder = directory or get_settings().work_dir / "demo"
+        policy_path, data_path = demo.write_demo(folder, seed=seed)
+        error_console.print(
+            f"  [green]✓[/] wrote {demo.ROWS} rows of SYNTHETIC data: {data_path}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        facts = approvals.policy_facts(load_policy(policy_path))
+        with session(open_database()) as s:
+            approvals.approve_policy(s, facts, "privrelease demo", note="demo policy on synthetic data")
+        error_console.print(
+            f"  [green]✓[/] approved {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) as 'privrelease demo'",
+            highlight=False,
+        )
+        progress = RichProgress()
+        summary, timings = run_flow(
+            server=server,
+            progress=progress,
+            policy_path=str(policy_path),
+            out_dir=str(Path(folder).expanduser().resolve() / "releases"),
+            production=True,
+        )
+    except Exception as error:
+        if server is not None and "prefect" not in sys.modules:
+            server.stop()
+        _fail_release(error)
+        raise
+    timings["total"] = time.perf_counter() - started
+    _print_summary({**summary, "data": str(data_path), "policy": str(policy_path)}, timings, json_output)
+    if not json_output:
+        console.print(
+            f"demo finished in {timings['total']:.1f} s; open the report: "
+            f"privrelease report open {summary['run_id'][:12]}",
+            highlight=False,
+        )

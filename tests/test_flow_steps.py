@@ -1,0 +1,483 @@
+"""The release steps without Prefect (privrelease.flows.steps): a whole release on the demo data
+and the real Adult data, and the faults: each publishes nothing, releases the reservation,
+records the failure and loses nothing already stored."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+from sqlmodel import col, select
+
+from privrelease import demo
+from privrelease.audit import approvals, chain
+from privrelease.audit.database import open_database, session
+from privrelease.audit.models import LedgerEntry, Output, Report, Run
+from privrelease.errors import TargetNotMet, UserError
+from privrelease.flows import steps
+from privrelease.flows.steps import DataStepError, release_plain
+from privrelease.policies import load_policy
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "policies" / "examples"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def demo_source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("demo-source")
+    demo.write_demo(folder, seed=7)
+    return folder
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A fresh work dir (audit database, manifests, releases) for each test."""
+    folder = tmp_path / "work"
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(folder))
+    for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_RESERVATION_TTL_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    return folder
+
+
+@pytest.fixture
+def demo_dir(demo_source, tmp_path, work):
+    folder = tmp_path / "demo"
+    shutil.copytree(demo_source, folder)
+    return folder
+
+
+def variant(demo_dir: Path, name: str, *replacements: tuple[str, str]) -> Path:
+    """A copy of the demo policy with text replaced (and its own version)."""
+    text = (demo_dir / demo.POLICY_FILE).read_text()
+    for old, new in (*replacements, ('version: "1"', f'version: "{name}"')):
+        assert old in text, old
+        text = text.replace(old, new)
+    path = demo_dir / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def runs() -> list[Run]:
+    with session(open_database(), readonly=True) as s:
+        return list(s.exec(select(Run).order_by(col(Run.started_at))))
+
+
+def ledger_entries() -> list[LedgerEntry]:
+    with session(open_database(), readonly=True) as s:
+        return list(s.exec(select(LedgerEntry).order_by(col(LedgerEntry.id))))
+
+
+def published_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.exists() else []
+
+
+def assert_nothing_published(root: Path, before: list[Path] | None = None) -> None:
+    """No new release folder, no staging folder, no temp file under ``root``."""
+    assert published_dirs(root) == (before or [])
+    if root.exists():
+        assert [p for p in root.iterdir() if p.name.startswith(".")] == []
+        assert list(root.rglob("*.tmp")) == []
+
+
+def verify_intact(head_file: Path | None = None) -> None:
+    with session(open_database(), readonly=True) as s:
+        result = chain.verify(s, head=chain.read_head(head_file) if head_file else None)
+    assert result.ok, result.problems
+
+
+def approve(path: Path) -> None:
+    facts = approvals.policy_facts(load_policy(path))
+    with session(open_database()) as s:
+        approvals.approve_policy(s, facts, "test reviewer")
+
+
+# --------------------------------------------------------------------------- whole releases
+
+
+def test_release_on_demo_data(demo_dir, work):
+    published = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    folder = Path(published.release_dir)
+    root = work / "releases"
+    assert published_dirs(root) == [folder]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [
+            "microdata.parquet",
+            "hours-by-sex.parquet",
+            "mean-hours.parquet",
+            steps.REPORT_FILE,
+            steps.STATEMENT_FILE,
+            steps.CHAIN_HEAD_FILE,
+        ]
+    )
+    microdata = pq.read_table(folder / "microdata.parquet")
+    assert microdata.column_names == ["age", "sex", "education", "salary-class"]
+    assert 3000 < microdata.num_rows < 6000  # about beta * 50000, less suppressed cells
+    assert set(microdata.column("education").to_pylist()) <= {
+        "No-diploma",
+        "HS-grad",
+        "Some-college",
+        "Bachelors",
+        "Graduate",
+    }
+    counts = pq.read_table(folder / "hours-by-sex.parquet").column("count").to_pylist()
+    assert counts and min(counts) >= 20
+    mean = pq.read_table(folder / "mean-hours.parquet").column("value").to_pylist()
+    assert len(mean) == 1 and 30 < mean[0] < 50
+    for output in published.outputs:
+        assert chain.file_sha256(Path(output["path"])) == output["sha256"]
+
+    (run,) = runs()
+    assert run.status == "succeeded" and run.kind == "release" and run.data_read_at is not None
+    assert run.dataset_fingerprint == chain.file_sha256(demo_dir / demo.DATA_FILE)
+    assert set(json.loads(run.timings_json)) >= {"verify policy", "read data", "microdata", "report"}
+    with session(open_database(), readonly=True) as s:
+        outputs = list(s.exec(select(Output).where(Output.run_id == run.id)))
+        report = s.exec(select(Report).where(Report.run_id == run.id)).one()
+    assert len(outputs) == 4  # three mechanisms and the public statement
+    assert report.path == str(folder / steps.REPORT_FILE)
+    assert run.id in report.html and "demo-census" in report.html
+    (entry,) = ledger_entries()
+    assert entry.state == "committed" and entry.epsilon == pytest.approx(3.657, abs=1e-3)
+    head = chain.read_head(folder / steps.CHAIN_HEAD_FILE)
+    assert head.seq == published.chain_head["seq"]
+    verify_intact(folder / steps.CHAIN_HEAD_FILE)
+    assert not steps._tables  # the data is not kept after the run
+
+
+def test_release_as_csv(demo_dir, work):
+    published = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), output_format="csv")
+    histogram = pcsv.read_csv(Path(published.release_dir) / "hours-by-sex.csv")
+    assert histogram.column_names == ["hours-per-week", "sex", "count"]
+    assert min(histogram.column("count").to_pylist()) >= 20
+
+
+def test_release_on_adult_with_scheme_selection(adult_dir, work, monkeypatch):
+    with pytest.raises(UserError, match="no lifetime budget for the dataset"):
+        release_plain(policy_path=str(EXAMPLES / "adult-select.yaml"))  # the policy names none
+    monkeypatch.setenv("PRIVRELEASE_DEFAULT_LIFETIME_BUDGET", "[10, 1e-6]")
+    published = release_plain(policy_path=str(EXAMPLES / "adult-select.yaml"))
+    (output,) = published.outputs
+    table = pq.read_table(output["path"])
+    assert table.column_names == ["age", "sex", "education", "occupation", "salary-class"]
+    assert table.num_rows > 1000
+    (entry,) = ledger_entries()
+    assert entry.state == "committed"  # selection (0.1) + SDGS (1.0), composed
+    assert entry.epsilon == pytest.approx(1.1)
+    verify_intact()
+
+
+def test_splu_release_charges_no_dp_budget(adult_dir, work):
+    """SPLU-Gen is not DP: nothing is reserved, and no lifetime budget is needed."""
+    published = release_plain(policy_path=str(EXAMPLES / "adult-splu.yaml"))
+    table = pq.read_table(published.outputs[0]["path"])
+    assert table.num_rows == 30160  # 30162 rows, made a multiple of gamma = 5
+    assert ledger_entries() == []
+    (run,) = runs()
+    assert run.status == "succeeded" and run.dataset_fingerprint is None
+    verify_intact()
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+def test_production_refuses_an_unapproved_policy(demo_dir, work, monkeypatch):
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    policy = demo_dir / demo.POLICY_FILE
+    with pytest.raises(UserError, match="is not approved"):
+        release_plain(policy_path=str(policy))
+    assert_nothing_published(work / "releases")
+    (refused,) = runs()
+    assert refused.status == "failed" and refused.error.startswith("refused:")
+    assert refused.data_read_at is None and ledger_entries() == []
+
+    approve(policy)
+    published = release_plain(policy_path=str(policy))
+    run = next(r for r in runs() if r.id == published.run_id)
+    with session(open_database(), readonly=True) as s:
+        (approval,) = approvals.approvals_of(s, run.policy_sha256)
+    assert approval.approved_at < run.data_read_at  # fixed before data access
+    verify_intact()
+
+
+def test_production_refuses_an_edited_policy(demo_dir, work, monkeypatch):
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    policy = demo_dir / demo.POLICY_FILE
+    approve(policy)
+    policy.write_text(policy.read_text().replace("k: 20", "k: 5", 1))  # same name@version
+    with pytest.raises(UserError, match="was changed"):
+        release_plain(policy_path=str(policy))
+    assert_nothing_published(work / "releases")
+    assert runs() == [] and ledger_entries() == []
+    verify_intact()
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_data_with_other_row_count_is_refused_before_reading(demo_dir, work):
+    short = demo_dir / "short.csv"
+    lines = (demo_dir / demo.DATA_FILE).read_text().splitlines(keepends=True)
+    short.write_text("".join(lines[:1001]))
+    with pytest.raises(UserError, match="has 1000 data rows; the policy declares dataset.rows: 50000"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), data_path=str(short))
+    assert_nothing_published(work / "releases")
+    (run,) = runs()
+    assert run.status == "failed" and run.data_read_at is None
+    assert ledger_entries() == []
+
+
+def test_data_without_a_declared_column_is_refused(demo_dir, work):
+    renamed = demo_dir / "renamed.csv"
+    text = (demo_dir / demo.DATA_FILE).read_text()
+    renamed.write_text(text.replace('"education"', '"schooling"', 1))
+    with pytest.raises(UserError, match="has no column 'education'"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), data_path=str(renamed))
+    assert_nothing_published(work / "releases")
+    assert runs()[0].status == "failed" and ledger_entries() == []
+
+
+def test_bad_value_fails_after_reservation_without_leaking_it(demo_dir, work):
+    """A cell that is not a number is found while reading: the reservation is released and
+    neither the exception text nor the audit record quotes the value."""
+    bad = demo_dir / "bad.csv"
+    lines = (demo_dir / demo.DATA_FILE).read_text().splitlines(keepends=True)
+    lines[5] = "SECRET-VALUE" + lines[5][lines[5].index(",") :]
+    bad.write_text("".join(lines))
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), data_path=str(bad))
+    assert "SECRET-VALUE" not in str(caught.value)
+    assert "SECRET-VALUE" in caught.value.detail and caught.value.exit_code == 2
+    assert_nothing_published(work / "releases")
+    (run,) = runs()
+    assert run.status == "failed" and "SECRET-VALUE" not in run.error
+    assert run.data_read_at is not None  # it failed while reading
+    (entry,) = ledger_entries()
+    assert entry.state == "released"
+    verify_intact()
+
+
+def test_rerun_on_other_data_is_refused(demo_dir, work, tmp_path):
+    first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    other = tmp_path / "other"
+    _, other_data = demo.write_demo(other, seed=99)
+    with pytest.raises(UserError, match="a rerun repeats a release on the same data"):
+        release_plain(rerun_of=first.run_id, data_path=str(other_data))
+    assert published_dirs(work / "releases") == [Path(first.release_dir)]
+
+
+# --------------------------------------------------------------------------- targets, budget
+
+
+def test_target_not_met_is_refused_before_reading(demo_dir, work):
+    strict = variant(demo_dir, "strict", ("max_epsilon: 4.5", "max_epsilon: 1.5"))
+    with pytest.raises(TargetNotMet, match=r"max_epsilon \(probabilistic\): required <= 1.5"):
+        release_plain(policy_path=str(strict))
+    assert_nothing_published(work / "releases")
+    (run,) = runs()
+    assert run.status == "failed" and run.data_read_at is None and ledger_entries() == []
+
+
+def test_budget_exhausted(demo_dir, work):
+    small = variant(demo_dir, "small", ("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 5"))
+    first = release_plain(policy_path=str(small))
+    with pytest.raises(TargetNotMet, match="privacy budget of dataset .* would be exceeded"):
+        release_plain(policy_path=str(small))
+    assert published_dirs(work / "releases") == [Path(first.release_dir)]
+    assert [e.state for e in ledger_entries()] == ["committed"]
+    assert [r.status for r in runs()] == ["succeeded", "failed"]
+    assert runs()[1].data_read_at is None
+    verify_intact()
+
+
+# --------------------------------------------------------------------------- output faults
+
+
+def test_output_folder_not_writable(demo_dir, work, tmp_path, monkeypatch):
+    out = tmp_path / "locked"
+    out.mkdir()
+    real_mkdir = os.mkdir
+
+    def refuse(path, *args, **kwargs):  # root ignores permissions, so refuse explicitly
+        if Path(path).parent == out:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refuse)
+    with pytest.raises(UserError, match="is not writable"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), out_dir=str(out))
+    assert list(out.iterdir()) == []
+    assert runs()[0].status == "failed" and ledger_entries() == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_output_folder_not_writable_for_real(demo_dir, work, tmp_path):
+    out = tmp_path / "readonly"
+    out.mkdir(mode=0o555)
+    with pytest.raises(UserError, match="is not writable"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), out_dir=str(out))
+
+
+def test_disk_full_publishes_nothing_and_loses_nothing(demo_dir, work, monkeypatch):
+    policy = str(demo_dir / demo.POLICY_FILE)
+    first = release_plain(policy_path=policy)
+    kept = {o["path"]: o["sha256"] for o in first.outputs}
+    root = work / "releases"
+    before = published_dirs(root)
+    real_write = pq.write_table
+    calls = []
+
+    def full_disk(table, where, **kwargs):
+        calls.append(where)
+        if len(calls) == 2:  # the second output: the first is already staged
+            Path(where).write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(table, where, **kwargs)
+
+    monkeypatch.setattr(pq, "write_table", full_disk)
+    with pytest.raises(UserError, match="No space left on device"):
+        release_plain(policy_path=policy)
+    assert_nothing_published(root, before)
+    failed = runs()[-1]
+    assert failed.status == "failed" and "No space left" in failed.error
+    assert [e.state for e in ledger_entries()] == ["committed", "released"]
+    for path, digest in kept.items():
+        assert chain.file_sha256(Path(path)) == digest
+    verify_intact(Path(first.release_dir) / steps.CHAIN_HEAD_FILE)
+
+    monkeypatch.setattr(pq, "write_table", real_write)
+    release_plain(policy_path=policy)  # the released budget is available again
+    assert [e.state for e in ledger_entries()] == ["committed", "released", "committed"]
+
+
+def test_failed_commit_removes_the_published_folder(demo_dir, work, monkeypatch):
+    from privrelease.audit import records
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(records, "store_report", broken)
+    with pytest.raises(RuntimeError, match="database went away"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    assert_nothing_published(work / "releases")
+    assert [e.state for e in ledger_entries()] == ["released"]
+    with session(open_database(), readonly=True) as s:
+        assert list(s.exec(select(Output))) == []
+    verify_intact()
+
+
+KILLED_RUN = """
+import sys, time
+from pathlib import Path
+from privrelease.flows import steps
+
+marker = Path(sys.argv[2])
+original = steps._execute
+
+def slow(loaded, spec, table):
+    if spec.name == "hours-by-sex":  # the first mechanism is done and staged
+        marker.write_text("in the mechanism step")
+        time.sleep(120)
+    return original(loaded, spec, table)
+
+steps._execute = slow
+steps.release_plain(policy_path=sys.argv[1])
+"""
+
+
+def test_process_killed_mid_run(demo_dir, work, tmp_path, monkeypatch):
+    """SIGKILL during the mechanisms: the next run finds nothing published by the killed one,
+    its reservation expired and released, its staging folder gone and the chain intact."""
+    monkeypatch.setenv("PRIVRELEASE_RESERVATION_TTL_SECONDS", "2")
+    policy = str(demo_dir / demo.POLICY_FILE)
+    marker = tmp_path / "marker"
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(KILLED_RUN), policy, str(marker)],
+        env={**os.environ},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert child.poll() is None, "the release process ended early"
+            assert time.monotonic() < deadline, "the release never reached the mechanisms"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    root = work / "releases"
+    assert published_dirs(root) == []  # only the hidden staging folder is left
+    (staging,) = root.glob(".*.partial")
+    assert (staging / "microdata.parquet").exists()
+    (killed,) = runs()
+    assert killed.status == "running"
+    (entry,) = ledger_entries()
+    assert entry.state == "reserved"
+
+    time.sleep(2.1)  # the reservation's time to live
+    second = release_plain(policy_path=policy)
+    assert published_dirs(root) == [Path(second.release_dir)]
+    assert list(root.glob(".*")) == []  # the killed run's staging folder was removed
+    killed, ok = runs()
+    assert killed.status == "failed" and "expired" in killed.error
+    assert ok.status == "succeeded"
+    assert [(e.run_id, e.state) for e in ledger_entries()] == [(killed.id, "released"), (ok.id, "committed")]
+    with session(open_database(), readonly=True) as s:
+        assert list(s.exec(select(Output).where(Output.run_id == killed.id))) == []
+    verify_intact(Path(second.release_dir) / steps.CHAIN_HEAD_FILE)
+
+
+# --------------------------------------------------------------------------- rerun, reissue
+
+
+def test_rerun_and_reissue(demo_dir, work, tmp_path):
+    from privrelease.cli.run import reissue
+
+    first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    again = release_plain(rerun_of=first.run_id[:10])
+    by_id = {r.id: r for r in runs()}
+    assert by_id[again.run_id].kind == "rerun" and by_id[again.run_id].source_run_id == first.run_id
+    assert by_id[again.run_id].policy_sha256 == by_id[first.run_id].policy_sha256
+    assert [e.state for e in ledger_entries()] == ["committed", "committed"]  # a new charge
+    assert first.outputs[0]["sha256"] != again.outputs[0]["sha256"]  # fresh randomness
+
+    handed = reissue(first.run_id, tmp_path / "copies")
+    assert [e.state for e in ledger_entries()] == ["committed", "committed"]  # no charge
+    assert [Path(o["path"]).name for o in handed["outputs"]][:3] == [
+        "microdata.parquet",
+        "hours-by-sex.parquet",
+        "mean-hours.parquet",
+    ]
+    for copy, original in zip(handed["outputs"], first.outputs, strict=False):
+        assert chain.file_sha256(Path(copy["path"])) == original["sha256"]
+    assert Path(handed["report"]).name == steps.REPORT_FILE
+    reissued = next(r for r in runs() if r.id == handed["run_id"])
+    assert reissued.kind == "reissue" and reissued.source_run_id == first.run_id
+    verify_intact()
+
+    Path(first.outputs[0]["path"]).write_bytes(b"tampered")
+    with pytest.raises(UserError, match="was edited"):
+        reissue(first.run_id)
+    with pytest.raises(UserError, match="only a succeeded release"):
+        reissue(handed["run_id"])
+
+
+def test_open_run_needs_exactly_one_source(work):
+    with pytest.raises(UserError, match="either a policy file or the id of a run"):
+        release_plain()
+    with pytest.raises(UserError, match="no run with id"):
+        release_plain(rerun_of="feedfacecafe")
+    with pytest.raises(UserError, match="policy file not found"):
+        release_plain(policy_path=str(work / "nope.yaml"))
