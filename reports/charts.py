@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from markupsafe import Markup, escape
+
 from privrelease.mechanisms import accountants, splu_guarantees
 from privrelease.mechanisms.events import SDGS, Composed, SPLUGen, leaves
 from privrelease.mechanisms.sdgs_math import (
@@ -37,7 +38,6 @@ from privrelease.mechanisms.sdgs_math import (
     min_theorem1_epsilon,
     theorem1_grid,
 )
-
 from privrelease.planning import Plan
 
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")

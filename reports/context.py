@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import privrelease.policies
-from privrelease.policies import LoadedPolicy, load_policy
-
 from privrelease.planning import Plan, plan_policy
+from privrelease.policies import LoadedPolicy, load_policy
 
 EXAMPLES_DIR = Path(privrelease.policies.__file__).resolve().parent / "examples"
 """The example policies (``policies/examples`` in the source tree)."""

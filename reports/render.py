@@ -25,8 +25,11 @@ from pathlib import Path, PurePath
 from typing import Any
 
 import jinja2
+
+from privrelease.mechanisms import accountants
 from privrelease.mechanisms.events import (
     SDGS,
+    Composed,
     ExponentialSelection,
     Laplace,
     SPLUGen,
@@ -198,6 +201,17 @@ def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[t
     return rows
 
 
+def _dp_only(all_leaves: list[Any], notion: str) -> dict[str, Any] | None:
+    """When a release mixes SPLU-Gen (not DP) with DP releases: the guarantee of the DP
+    releases alone, composed, under each accountant (``notion`` first)."""
+    dp = tuple(leaf for leaf in all_leaves if not isinstance(leaf, SPLUGen))
+    if not dp or len(dp) == len(all_leaves):
+        return None
+    tree = Composed(events=dp)
+    rows = [_guarantee(accountants.account(tree, n)) for n in accountants.NOTIONS]
+    return {"rows": rows, "notion": next(r for r in rows if r["notion"] == notion)}
+
+
 def _remaining(budget: dict[str, Any], spent: dict[str, Any], key: str) -> str:
     """What is left of the budget (as the ledger computes it: never below 0; an unbounded or
     unknown spend leaves nothing)."""
@@ -289,6 +303,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         "generalization": generalization,
         "composed": [_guarantee(g) for g in plan.composed.values()],
         "composed_notion": _guarantee(plan.guarantee),
+        "dp_only": _dp_only(all_leaves, plan.notion),
         "composed_facts": _facts(plan.facts),
         "checks": plan.checks,
         "passed": plan.passed,

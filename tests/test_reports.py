@@ -24,6 +24,10 @@ from typing import Any
 
 import pytest
 import typer
+from scipy.stats import binom
+from typer.testing import CliRunner
+
+from privrelease.cli import report as report_cli
 from privrelease.mechanisms import sdgs_math, splu_guarantees
 from privrelease.mechanisms.events import SDGS, Laplace, leaves
 from privrelease.policies import load_policy_text
@@ -36,10 +40,6 @@ from privrelease.reports.charts import (
 )
 from privrelease.reports.context import EXAMPLES_DIR, ReportContext, example_context
 from privrelease.reports.render import render_report, write_report
-from scipy.stats import binom
-from typer.testing import CliRunner
-
-from privrelease.cli import report as report_cli
 
 # --- policies ---------------------------------------------------------------------------------
 
@@ -305,6 +305,15 @@ def test_mechanism_and_composed_guarantees_equal_the_calculus(mixed) -> None:
     assert close(mean["probabilistic"][0], laplace.sensitivity / laplace.scale)
     assert mean["probabilistic"][1] == "0"
     assert guarantees(page, 4)["probabilistic"] == ("none", "none")  # SPLU-Gen: not DP
+    # the whole release is not DP; its DP releases alone are, composed
+    rows = Page(html).table(id="composed-table")
+    whole, alone = rows[1], rows[3]
+    assert whole[0].startswith("probabilistic") and whole[1:3] == ["none", "none"]
+    assert alone[0].startswith("probabilistic") and "SPLU-Gen excluded" in alone[0]
+    epsilon = 1.0 + 0.6 + laplace.sensitivity / laplace.scale
+    delta = t1 + sdgs_math.delta_theorem1(10, 0.25, 0.6).delta
+    assert close(alone[1], epsilon) and close(alone[2], delta)
+    assert "The differentially private releases alone (SPLU-Gen excluded)" in html
     # T_p and T_f shown for the SPLU release
     privacy = splu_guarantees.privacy_threshold(5, 0.3, 3)
     assert f"{privacy.t_p:.6g}" in html
@@ -503,8 +512,9 @@ def run(*args: str, code: int = 0) -> Any:
 @pytest.fixture
 def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A fresh audit database and work dir for the commands, the cwd elsewhere."""
-    from privrelease.audit import database
     from test_audit_chain import fresh_engine
+
+    from privrelease.audit import database
 
     engine = fresh_engine(tmp_path)
     monkeypatch.setenv("PRIVRELEASE_DB_URL", engine.url.render_as_string(hide_password=False))
@@ -583,9 +593,10 @@ def test_report_show_relative_path_against_the_work_dir(db: Any, tmp_path: Path)
     (tmp_path / "work" / "runs").mkdir(parents=True)
     write_html(HTML, tmp_path / "work" / "runs" / "r.html")
     run_id = store(db, HTML, None)
+    from sqlmodel import select
+
     from privrelease.audit.database import session
     from privrelease.audit.models import Report
-    from sqlmodel import select
 
     with session(db) as s:  # a relative recorded path (bypassing the chain on purpose)
         report = s.exec(select(Report).where(Report.run_id == run_id)).one()
@@ -595,10 +606,10 @@ def test_report_show_relative_path_against_the_work_dir(db: Any, tmp_path: Path)
 
 
 def test_report_show_errors(db: Any) -> None:
-    from privrelease.audit.database import session
-    from privrelease.audit.models import Report
     from sqlmodel import select
 
+    from privrelease.audit.database import session
+    from privrelease.audit.models import Report
     from privrelease.errors import UserError
 
     with pytest.raises(UserError, match="no run with id"):
