@@ -191,8 +191,7 @@ def locate_report(ref: str) -> Located:
 
 @report_app.command("show")
 def report_show(run: RunArg, json_output: JsonFlag = False) -> None:
-    """Print the path of the run's report file (written out from the audit database if the
-    file is missing or was changed)."""
+    """Print the path of the run's report file (restored from the audit DB if missing or changed)."""
     located = locate_report(run)
     if json_output:
         print_json(located.as_dict())
