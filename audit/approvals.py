@@ -14,10 +14,10 @@ import getpass
 from dataclasses import dataclass
 from typing import Any
 
-from privrelease.audit import chain
-from privrelease.audit.models import Approval, PolicyVersion
 from sqlmodel import Session, col, select
 
+from privrelease.audit import chain
+from privrelease.audit.models import Approval, PolicyVersion
 from privrelease.errors import UserError
 
 __all__ = [
@@ -48,9 +48,7 @@ def policy_facts(loaded: Any) -> PolicyFacts:
     from privrelease.policies import canonical_json
 
     text = canonical_json(loaded)
-    assert chain.sha256_text(text) == loaded.sha256, (
-        "policy hash is not of its canonical JSON"
-    )
+    assert chain.sha256_text(text) == loaded.sha256, "policy hash is not of its canonical JSON"
     policy = loaded.policy
     return PolicyFacts(
         name=str(policy.name),
@@ -63,18 +61,12 @@ def policy_facts(loaded: Any) -> PolicyFacts:
 def register_policy(session: Session, facts: PolicyFacts) -> PolicyVersion:
     """Register a policy version (idempotent for the same hash). Raises :class:`UserError` when
     name@version is already registered with another hash."""
-    chain.lock(
-        session
-    )  # before the look-up: concurrent registrations wait, then find it
-    existing = session.exec(
-        select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)
-    ).first()
+    chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
+    existing = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)).first()
     if existing is not None:
         return existing
     clash = session.exec(
-        select(PolicyVersion).where(
-            PolicyVersion.name == facts.name, PolicyVersion.version == facts.version
-        )
+        select(PolicyVersion).where(PolicyVersion.name == facts.name, PolicyVersion.version == facts.version)
     ).first()
     if clash is not None:
         raise UserError(
@@ -131,9 +123,7 @@ def approve_policy(
 def approvals_of(session: Session, sha256: str) -> list[Approval]:
     """Approvals of a policy hash, oldest first."""
     statement = (
-        select(Approval)
-        .where(Approval.policy_sha256 == sha256)
-        .order_by(col(Approval.approved_at), col(Approval.id))
+        select(Approval).where(Approval.policy_sha256 == sha256).order_by(col(Approval.approved_at), col(Approval.id))
     )
     return list(session.exec(statement).all())
 
@@ -145,9 +135,7 @@ def require_approved(session: Session, facts: PolicyFacts) -> Approval:
     if approvals:
         return approvals[0]
     same_name = session.exec(
-        select(PolicyVersion).where(
-            PolicyVersion.name == facts.name, PolicyVersion.version == facts.version
-        )
+        select(PolicyVersion).where(PolicyVersion.name == facts.name, PolicyVersion.version == facts.version)
     ).first()
     if same_name is not None and same_name.sha256 != facts.sha256:
         raise UserError(
@@ -176,17 +164,11 @@ def find_policy(session: Session, ref: str) -> PolicyVersion:
     statement = select(PolicyVersion).where(PolicyVersion.name == name)
     if version:
         statement = statement.where(PolicyVersion.version == version)
-    statement = statement.order_by(
-        col(PolicyVersion.registered_at).desc(), col(PolicyVersion.id).desc()
-    )
+    statement = statement.order_by(col(PolicyVersion.registered_at).desc(), col(PolicyVersion.id).desc())
     found = session.exec(statement).first()
     if found is None and not version and len(ref) >= 6:
         by_hash = list(
-            session.exec(
-                select(PolicyVersion).where(
-                    col(PolicyVersion.sha256).startswith(ref.lower())
-                )
-            ).all()
+            session.exec(select(PolicyVersion).where(col(PolicyVersion.sha256).startswith(ref.lower()))).all()
         )
         if len(by_hash) == 1:
             found = by_hash[0]

@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sqlmodel import Session, SQLModel, col, select
+
 from privrelease.audit.models import (
     AUDITED_TABLES,
     GENESIS_HASH,
@@ -43,8 +45,6 @@ from privrelease.audit.models import (
     Run,
     utcnow,
 )
-from sqlmodel import Session, SQLModel, col, select
-
 from privrelease.errors import UserError
 
 __all__ = [
@@ -109,9 +109,7 @@ def row_sha256(row: SQLModel) -> str:
     return sha256_text(canonical_json({"table": table.name, "columns": columns}))
 
 
-def record_hash(
-    prev_hash: str, seq: int, time: datetime, kind: str, payload: Any
-) -> str:
+def record_hash(prev_hash: str, seq: int, time: datetime, kind: str, payload: Any) -> str:
     """``sha256(prev_hash || canonical_json({"seq", "time", "kind", "payload"}))``."""
     body = canonical_json({"seq": seq, "time": time, "kind": kind, "payload": payload})
     return sha256_text(prev_hash + body)
@@ -146,22 +144,13 @@ def lock(session: Session) -> ChainHead:
     """Lock and return the chain-head row. Every audit writer calls this first, so writers are
     serialized for the rest of their transaction (PostgreSQL: ``SELECT ... FOR UPDATE``; SQLite:
     the writing session's ``BEGIN IMMEDIATE`` already holds the database's write lock)."""
-    statement = (
-        select(ChainHead)
-        .where(ChainHead.id == 1)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
+    statement = select(ChainHead).where(ChainHead.id == 1).with_for_update().execution_options(populate_existing=True)
     row = session.exec(statement).first()
-    assert row is not None, (
-        "chain_head row missing: the database was not created by migrate()"
-    )
+    assert row is not None, "chain_head row missing: the database was not created by migrate()"
     return row
 
 
-def append(
-    session: Session, kind: str, row: SQLModel | None = None, **facts: Any
-) -> AuditEvent:
+def append(session: Session, kind: str, row: SQLModel | None = None, **facts: Any) -> AuditEvent:
     """Append one record describing ``row`` (flushed first; its table, key and content hash go
     into the payload) plus ``facts`` (small, never data). Locks the chain head; the caller's
     transaction commits both the row and the record, or neither."""
@@ -204,9 +193,7 @@ def records(session: Session, *, run_id: str | None = None) -> list[AuditEvent]:
 def head(session: Session) -> Head:
     """The chain's newest record as the chain-head row says."""
     row = session.get(ChainHead, 1)
-    assert row is not None, (
-        "chain_head row missing: the database was not created by migrate()"
-    )
+    assert row is not None, "chain_head row missing: the database was not created by migrate()"
     return Head(seq=row.seq, hash=row.hash)
 
 
@@ -214,9 +201,7 @@ def write_head(path: Path | str, chain_head: Head) -> Path:
     """Write ``{"seq", "hash"}`` to ``path`` atomically (temp file + rename); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
+    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump(asdict(chain_head), handle, sort_keys=True)
@@ -239,18 +224,9 @@ def read_head(path: Path | str) -> Head:
     except FileNotFoundError:
         raise
     except (ValueError, KeyError, TypeError) as error:
-        raise UserError(
-            f"chain head file {path} must hold JSON {{'seq': int, 'hash': hex}}; {error}"
-        ) from None
-    if (
-        not isinstance(seq, int)
-        or seq < 0
-        or not isinstance(digest, str)
-        or len(digest) != 64
-    ):
-        raise UserError(
-            f"chain head file {path}: seq must be an int >= 0 and hash 64 hex digits"
-        )
+        raise UserError(f"chain head file {path} must hold JSON {{'seq': int, 'hash': hex}}; {error}") from None
+    if not isinstance(seq, int) or seq < 0 or not isinstance(digest, str) or len(digest) != 64:
+        raise UserError(f"chain head file {path}: seq must be an int >= 0 and hash 64 hex digits")
     return Head(seq=seq, hash=digest)
 
 
@@ -332,10 +308,7 @@ def _check_chain(
             payload = json.loads(record.payload_json)
         except ValueError:
             payload = None
-        if (
-            not isinstance(payload, dict)
-            or canonical_json(payload) != record.payload_json
-        ):
+        if not isinstance(payload, dict) or canonical_json(payload) != record.payload_json:
             problems.append(
                 Problem(
                     record.seq,
@@ -343,9 +316,7 @@ def _check_chain(
                     f"{_describe(record)}: payload was edited",
                 )
             )
-        elif record_hash(
-            record.prev_hash, record.seq, record.time, record.kind, payload
-        ) != (record.hash):
+        elif record_hash(record.prev_hash, record.seq, record.time, record.kind, payload) != (record.hash):
             problems.append(
                 Problem(
                     record.seq,
@@ -369,9 +340,7 @@ def _content_sha256(row: SQLModel) -> str | None:
     return None
 
 
-def _check_file(
-    path_text: str, expected: str, output_root: Path | None, what: str, seq: int
-) -> Problem | None:
+def _check_file(path_text: str, expected: str, output_root: Path | None, what: str, seq: int) -> Problem | None:
     path = Path(path_text)
     if not path.is_absolute():
         path = (output_root or Path.cwd()) / path
@@ -385,8 +354,7 @@ def _check_file(
         return Problem(
             seq,
             "file_edited",
-            f"{what} {path} (record {seq}) was edited: sha256 {actual[:16]}... on disk, "
-            f"{expected[:16]}... recorded",
+            f"{what} {path} (record {seq}) was edited: sha256 {actual[:16]}... on disk, {expected[:16]}... recorded",
         )
     return None
 
@@ -445,8 +413,7 @@ def verify(
                     Problem(
                         found[0].seq,
                         "content_mismatch",
-                        f"{table} row {key!r} ({_describe(found[0])}): its stored content "
-                        "does not hash to its sha256",
+                        f"{table} row {key!r} ({_describe(found[0])}): its stored content does not hash to its sha256",
                     )
                 )
             else:
@@ -483,9 +450,7 @@ def verify(
     # the end of the chain: the chain-head row, and the external head
     stored = session.get(ChainHead, 1)
     if stored is None:
-        problems.append(
-            Problem(last.seq + 1, "head_mismatch", "the chain_head row is missing")
-        )
+        problems.append(Problem(last.seq + 1, "head_mismatch", "the chain_head row is missing"))
     elif stored.seq > last.seq:
         problems.append(
             Problem(

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from privrelease.audit.models import ChainHead  # noqa: F401  (doctest)
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session
 
+from privrelease.audit.models import ChainHead  # noqa: F401  (doctest)
 from privrelease.errors import UserError
 from privrelease.settings import get_settings
 
@@ -84,9 +84,7 @@ def create_engine(url: str) -> sa.Engine:
         return engine
     if parsed.get_backend_name() == "postgresql":
         return sa.create_engine(url, pool_pre_ping=True)
-    raise UserError(
-        f"PRIVRELEASE_DB_URL must be a sqlite:/// or postgresql+psycopg:// URL; got {url!r}"
-    )
+    raise UserError(f"PRIVRELEASE_DB_URL must be a sqlite:/// or postgresql+psycopg:// URL; got {url!r}")
 
 
 def get_engine(url: str | None = None) -> sa.Engine:
@@ -119,9 +117,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager
-def session(
-    engine: sa.Engine | None = None, *, readonly: bool = False
-) -> Iterator[Session]:
+def session(engine: sa.Engine | None = None, *, readonly: bool = False) -> Iterator[Session]:
     """A session in one transaction: committed on normal exit, rolled back on an exception.
 
     ``engine`` defaults to the settings' database (:func:`open_database`: schema upgraded on
@@ -173,9 +169,7 @@ def current_revision(engine: sa.Engine) -> str | None:
     with engine.connect() as connection:
         if not sa.inspect(connection).has_table("alembic_version"):
             return None
-        return connection.execute(
-            sa.text("SELECT version_num FROM alembic_version")
-        ).scalar()
+        return connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def migrate(engine: sa.Engine | None = None, revision: str = "head") -> None:
@@ -187,9 +181,7 @@ def migrate(engine: sa.Engine | None = None, revision: str = "head") -> None:
     engine = engine or get_engine()
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
-            connection.exec_driver_sql(
-                f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})"
-            )
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
         command.upgrade(alembic_config(connection), revision)
 
 

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlmodel import Session, col, select
+
 from privrelease.audit import chain
 from privrelease.audit.models import Dataset, LedgerEntry, Run, utcnow
 from privrelease.audit.records import attach_dataset, finish_run
-from sqlmodel import Session, col, select
-
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.settings import get_settings
 
@@ -46,9 +46,7 @@ __all__ = [
 ]
 
 RELATIVE_SLACK = 1e-9
-EXPIRED_REASON = (
-    "expired: not committed within the reservation time to live (crashed run?)"
-)
+EXPIRED_REASON = "expired: not committed within the reservation time to live (crashed run?)"
 
 
 class LedgerStateError(RuntimeError):
@@ -121,9 +119,7 @@ def _expired(entry: LedgerEntry, now: datetime) -> bool:
 
 
 def _counts(entry: LedgerEntry, now: datetime) -> bool:
-    return entry.state == "committed" or (
-        entry.state == "reserved" and not _expired(entry, now)
-    )
+    return entry.state == "committed" or (entry.state == "reserved" and not _expired(entry, now))
 
 
 def resolve_lifetime_budget(stated: Any | None = None) -> Budget:
@@ -244,9 +240,7 @@ def reserve(
     entries = _entries(session, ds.fingerprint)
     counting = [entry for entry in entries if _counts(entry, now)]
     if any(entry.run_id == run_id for entry in counting):
-        raise LedgerStateError(
-            f"run {run_id} already holds budget of dataset {_name(ds)}"
-        )
+        raise LedgerStateError(f"run {run_id} already holds budget of dataset {_name(ds)}")
     trees = _trees(counting)
     spent_before = _account(trees, notion)
     this_release = _account([event], notion)
@@ -289,9 +283,7 @@ def reserve(
 
 
 def _entry(session: Session, reservation: Reservation | int) -> LedgerEntry:
-    entry_id = (
-        reservation.entry_id if isinstance(reservation, Reservation) else reservation
-    )
+    entry_id = reservation.entry_id if isinstance(reservation, Reservation) else reservation
     chain.lock(session)
     entry = session.get(LedgerEntry, entry_id, populate_existing=True)
     if entry is None:
@@ -299,9 +291,7 @@ def _entry(session: Session, reservation: Reservation | int) -> LedgerEntry:
     return entry
 
 
-def commit(
-    session: Session, reservation: Reservation | int, *, now: datetime | None = None
-) -> LedgerEntry:
+def commit(session: Session, reservation: Reservation | int, *, now: datetime | None = None) -> LedgerEntry:
     """Turn a live reservation into a committed charge (idempotent for a committed one).
     Raises :class:`LedgerStateError` if it was released or has expired: the run must then
     publish nothing."""
@@ -311,8 +301,7 @@ def commit(
         return entry
     if entry.state != "reserved":
         raise LedgerStateError(
-            f"ledger entry {entry.id} of run {entry.run_id} is {entry.state} ({entry.reason}); "
-            "it cannot be committed"
+            f"ledger entry {entry.id} of run {entry.run_id} is {entry.state} ({entry.reason}); it cannot be committed"
         )
     if _expired(entry, now):
         raise LedgerStateError(
@@ -339,8 +328,7 @@ def release(
         return entry
     if entry.state == "committed":
         raise LedgerStateError(
-            f"ledger entry {entry.id} of run {entry.run_id} is committed: a published release "
-            "cannot be un-spent"
+            f"ledger entry {entry.id} of run {entry.run_id} is committed: a published release cannot be un-spent"
         )
     entry.state, entry.reason, entry.updated_at = "released", reason, now or utcnow()
     chain.append(session, "ledger_released", entry, run=entry.run_id, reason=reason)
@@ -364,15 +352,11 @@ def reap_expired(session: Session, *, now: datetime | None = None) -> list[Ledge
         chain.append(session, "ledger_expired", entry, run=entry.run_id)
         run = session.get(Run, entry.run_id)
         if run is not None and run.status in ("pending", "running"):
-            finish_run(
-                session, run, "failed", error=f"budget reservation {EXPIRED_REASON}"
-            )
+            finish_run(session, run, "failed", error=f"budget reservation {EXPIRED_REASON}")
     return reaped
 
 
-def ledger_status(
-    session: Session, dataset: Dataset | str, *, now: datetime | None = None
-) -> LedgerStatus:
+def ledger_status(session: Session, dataset: Dataset | str, *, now: datetime | None = None) -> LedgerStatus:
     """A dataset's ledger: entries, the composition of the counting trees, what remains."""
     now = now or utcnow()
     ds = _dataset(session, dataset)
@@ -381,9 +365,7 @@ def ledger_status(
     spent = _account(_trees(counting), ds.notion)
     limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
     remaining = Budget(
-        max(0.0, limit.epsilon - spent.epsilon)
-        if math.isfinite(spent.epsilon)
-        else 0.0,
+        max(0.0, limit.epsilon - spent.epsilon) if math.isfinite(spent.epsilon) else 0.0,
         max(0.0, limit.delta - spent.delta) if math.isfinite(spent.delta) else 0.0,
     )
     return LedgerStatus(

@@ -38,23 +38,17 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
     impl = sa.DateTime(timezone=False)
     cache_ok = True
 
-    def process_bind_param(
-        self, value: datetime | None, dialect: Any
-    ) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is not None:
             value = value.astimezone(UTC).replace(tzinfo=None)
         return value
 
-    def process_result_value(
-        self, value: datetime | None, dialect: Any
-    ) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        return (
-            value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        )
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _when(**kwargs: Any) -> Any:
@@ -79,18 +73,14 @@ class PolicyVersion(PolicyVersionBase, table=True):
     """One content-addressed version of a policy: ``sha256`` is the hash of its canonical form."""
 
     __tablename__ = "policy_version"
-    __table_args__ = (
-        sa.UniqueConstraint("name", "version", name="uq_policy_version_name"),
-    )
+    __table_args__ = (sa.UniqueConstraint("name", "version", name="uq_policy_version_name"),)
 
     id: int | None = Field(default=None, primary_key=True)
     registered_at: datetime = _when(default_factory=utcnow)
 
 
 class ApprovalBase(SQLModel):
-    policy_sha256: str = Field(
-        foreign_key="policy_version.sha256", index=True, max_length=64
-    )
+    policy_sha256: str = Field(foreign_key="policy_version.sha256", index=True, max_length=64)
     approved_by: str = Field(max_length=200)
     os_user: str = Field(max_length=200)
     note: str | None = _text(default=None)
@@ -128,12 +118,8 @@ class Dataset(DatasetBase, table=True):
 
 
 class RunBase(SQLModel):
-    policy_sha256: str = Field(
-        foreign_key="policy_version.sha256", index=True, max_length=64
-    )
-    dataset_fingerprint: str | None = Field(
-        default=None, foreign_key="dataset.fingerprint", index=True, max_length=64
-    )
+    policy_sha256: str = Field(foreign_key="policy_version.sha256", index=True, max_length=64)
+    dataset_fingerprint: str | None = Field(default=None, foreign_key="dataset.fingerprint", index=True, max_length=64)
     code_version: str = Field(max_length=200)
     flow_run_id: str | None = Field(default=None, max_length=100)
     kind: str = Field(default="release", max_length=20)
@@ -194,9 +180,7 @@ class Guarantee(GuaranteeBase, table=True):
 
 
 class LedgerEntryBase(SQLModel):
-    dataset_fingerprint: str = Field(
-        foreign_key="dataset.fingerprint", index=True, max_length=64
-    )
+    dataset_fingerprint: str = Field(foreign_key="dataset.fingerprint", index=True, max_length=64)
     run_id: str = Field(foreign_key="run.id", index=True, max_length=32)
     notion: str = Field(max_length=40)
     event_json: str = _text()
@@ -257,9 +241,7 @@ class ChainHead(SQLModel, table=True):
 
     __tablename__ = "chain_head"
 
-    id: int = Field(
-        default=1, primary_key=True, sa_column_kwargs={"autoincrement": False}
-    )
+    id: int = Field(default=1, primary_key=True, sa_column_kwargs={"autoincrement": False})
     seq: int = 0
     hash: str = Field(default=GENESIS_HASH, max_length=64)
 

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sqlmodel import Session, col, select
+
 from privrelease.audit import chain
 from privrelease.audit.models import (
     Dataset,
@@ -31,8 +33,6 @@ from privrelease.audit.models import (
     Run,
     utcnow,
 )
-from sqlmodel import Session, col, select
-
 from privrelease.errors import UserError
 
 __all__ = [
@@ -64,9 +64,7 @@ def fingerprint_file(path: Path | str) -> str:
 
 def _check_budget(epsilon: float, delta: float) -> None:
     if not (math.isfinite(epsilon) and epsilon >= 0):
-        raise UserError(
-            f"lifetime budget epsilon must be finite and >= 0; got {epsilon}"
-        )
+        raise UserError(f"lifetime budget epsilon must be finite and >= 0; got {epsilon}")
     if not 0 <= delta < 1:
         raise UserError(f"lifetime budget delta must be in [0, 1); got {delta}")
 
@@ -89,13 +87,9 @@ def register_dataset(
     """
     fingerprint = fingerprint.lower()
     if len(fingerprint) != 64 or not set(fingerprint) <= HEX:
-        raise UserError(
-            f"dataset fingerprint must be 64 hex digits (sha256); got {fingerprint!r}"
-        )
+        raise UserError(f"dataset fingerprint must be 64 hex digits (sha256); got {fingerprint!r}")
     _check_budget(lifetime_epsilon, lifetime_delta)
-    chain.lock(
-        session
-    )  # before the look-up: concurrent registrations wait, then find it
+    chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
     existing = session.get(Dataset, fingerprint)
     if existing is not None:
         stated = (lifetime_epsilon, lifetime_delta, notion)
@@ -138,16 +132,11 @@ def find_dataset(session: Session, ref: str) -> Dataset:
         return exact
     matches = list(
         session.exec(
-            select(Dataset).where(
-                col(Dataset.fingerprint).startswith(ref.lower())
-                | (col(Dataset.label) == ref)
-            )
+            select(Dataset).where(col(Dataset.fingerprint).startswith(ref.lower()) | (col(Dataset.label) == ref))
         ).all()
     )
     if not matches:
-        raise UserError(
-            f"no dataset with fingerprint or label {ref!r} in the audit database"
-        )
+        raise UserError(f"no dataset with fingerprint or label {ref!r} in the audit database")
     if len(matches) > 1:
         names = ", ".join(d.fingerprint[:12] for d in matches)
         raise UserError(f"dataset {ref!r} is ambiguous: it matches {names}")
@@ -168,15 +157,8 @@ def start_run(
     """Create a run (status ``pending``) of the registered policy version ``policy_sha256``.
     ``kind`` is ``release``, ``rerun`` or ``reissue`` (then ``source_run_id`` names the run
     repeated or handed back)."""
-    if (
-        session.exec(
-            select(PolicyVersion).where(PolicyVersion.sha256 == policy_sha256)
-        ).first()
-        is None
-    ):
-        raise UserError(
-            f"policy sha256 {policy_sha256[:12]} is not registered: approve or register it first"
-        )
+    if session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == policy_sha256)).first() is None:
+        raise UserError(f"policy sha256 {policy_sha256[:12]} is not registered: approve or register it first")
     run = Run(
         id=run_id or uuid.uuid4().hex,
         policy_sha256=policy_sha256,
@@ -196,11 +178,7 @@ def find_run(session: Session, ref: str) -> Run:
     exact = session.get(Run, ref)
     if exact is not None:
         return exact
-    matches = (
-        list(session.exec(select(Run).where(col(Run.id).startswith(ref))).all())
-        if ref
-        else []
-    )
+    matches = list(session.exec(select(Run).where(col(Run.id).startswith(ref))).all()) if ref else []
     if not matches:
         raise UserError(f"no run with id {ref!r} in the audit database")
     if len(matches) > 1:
@@ -224,9 +202,7 @@ def attach_dataset(session: Session, run: Run | str, fingerprint: str) -> Run:
         return run
     assert run.dataset_fingerprint is None, f"run {run.id} already has a dataset"
     if session.get(Dataset, fingerprint) is None:
-        raise UserError(
-            f"dataset {fingerprint[:12]} is not registered: register_dataset first"
-        )
+        raise UserError(f"dataset {fingerprint[:12]} is not registered: register_dataset first")
     run.dataset_fingerprint = fingerprint
     chain.append(session, "run_dataset", run, run=run.id, dataset=fingerprint)
     return run
@@ -253,14 +229,10 @@ def finish_run(
     """Close a run as ``succeeded`` or ``failed`` with its step timings (seconds) and, for a
     failure, the error message (never data). Failing a failed run is a no-op; any other change
     of a finished run is refused."""
-    assert status in ("succeeded", "failed"), (
-        f"status must be succeeded or failed; got {status}"
-    )
+    assert status in ("succeeded", "failed"), f"status must be succeeded or failed; got {status}"
     run = _run(session, run)
     if run.status == "failed" and status == "failed":
-        return (
-            run  # already failed (e.g. its reservation expired): keep the first reason
-        )
+        return run  # already failed (e.g. its reservation expired): keep the first reason
     assert run.status in ("pending", "running"), f"run {run.id} is already {run.status}"
     run.status, run.finished_at = status, utcnow()
     run.timings_json = chain.canonical_json(dict(timings or {}))
@@ -321,9 +293,7 @@ def record_guarantee(
     return guarantee
 
 
-def store_report(
-    session: Session, run: Run | str, html: str, *, path: Path | str | None = None
-) -> Report:
+def store_report(session: Session, run: Run | str, html: str, *, path: Path | str | None = None) -> Report:
     """Store a run's HTML report and its sha256 (of the UTF-8 bytes, as written to ``path``)."""
     run = _run(session, run)
     digest = hashlib.sha256(html.encode("utf-8")).hexdigest()
@@ -353,9 +323,7 @@ def outputs_of(session: Session, run: Run | str) -> list[Output]:
 def guarantees_of(session: Session, run: Run | str) -> list[Guarantee]:
     """A run's recorded guarantees, in the order recorded."""
     run_id = run.id if isinstance(run, Run) else run
-    statement = (
-        select(Guarantee).where(Guarantee.run_id == run_id).order_by(col(Guarantee.id))
-    )
+    statement = select(Guarantee).where(Guarantee.run_id == run_id).order_by(col(Guarantee.id))
     return list(session.exec(statement).all())
 
 

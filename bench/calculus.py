@@ -50,9 +50,17 @@ def main() -> None:
     calibrations = [(b, e, d) for b in (0.01, 0.1, 0.36) for e in (0.5, 1.0, 3.0) for d in (1e-6, 1e-30)]
     calibrate_worst = max(best_of(lambda c=c: smallest_k(*c, "probabilistic"), repeats=3) for c in calibrations)
 
-    args = ["guarantee", "sdgs", "--k", ",".join(str(int(k)) for k in range(5, 51, 5)),
-            "--beta", ",".join(f"{b:.3f}" for b in np.linspace(0.01, 0.36, 11)),
-            "--epsilon", ",".join(f"{e:.4f}" for e in np.linspace(0.5, 3, 10)), "--json"]
+    args = [
+        "guarantee",
+        "sdgs",
+        "--k",
+        ",".join(str(int(k)) for k in range(5, 51, 5)),
+        "--beta",
+        ",".join(f"{b:.3f}" for b in np.linspace(0.01, 0.36, 11)),
+        "--epsilon",
+        ",".join(f"{e:.4f}" for e in np.linspace(0.5, 3, 10)),
+        "--json",
+    ]
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "privrelease", *args], check=True, capture_output=True)
     process_seconds = time.perf_counter() - start
@@ -68,11 +76,20 @@ def main() -> None:
         base_text = f"{base * 1000:8.1f}ms" if base is not None else f"{'-':>10}"
         print(f"{name:58} {ours * 1000:8.1f}ms {base_text} {target * 1000:6.0f}ms")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({
-        "seconds": grid_seconds, "baseline_seconds": baseline_grid, "ratio": grid_seconds / baseline_grid,
-        "table1_seconds": table1, "table1_baseline_seconds": baseline_table1,
-        "calibrate_k_worst_seconds": calibrate_worst, "process_seconds": process_seconds, "peak_rss_mb": peak,
-    }))
+    print(
+        json.dumps(
+            {
+                "seconds": grid_seconds,
+                "baseline_seconds": baseline_grid,
+                "ratio": grid_seconds / baseline_grid,
+                "table1_seconds": table1,
+                "table1_baseline_seconds": baseline_table1,
+                "calibrate_k_worst_seconds": calibrate_worst,
+                "process_seconds": process_seconds,
+                "peak_rss_mb": peak,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

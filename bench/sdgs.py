@@ -54,9 +54,7 @@ BOOTSTRAP_BATCH = 1_000_000
 
 def hierarchy(column: str) -> list[tuple[str, str]]:
     """(leaf, level-1 label) pairs of ARX's hierarchy file for ``column``."""
-    with open(
-        ADULT / f"adult_hierarchy_{column}.csv", newline="", encoding="utf-8"
-    ) as handle:
+    with open(ADULT / f"adult_hierarchy_{column}.csv", newline="", encoding="utf-8") as handle:
         return [(row[0], row[1]) for row in csv.reader(handle, delimiter=";") if row]
 
 
@@ -68,9 +66,7 @@ def bootstrap(rows: int, path: Path) -> None:
 
     from privrelease.datasets import read_dataset
 
-    source = read_dataset(
-        ADULT / "adult.csv", format="csv", columns=COLUMNS, delimiter=";"
-    ).table
+    source = read_dataset(ADULT / "adult.csv", format="csv", columns=COLUMNS, delimiter=";").table
     rng = np.random.default_rng()
     with pq.ParquetWriter(path, source.schema) as writer:
         for start in range(0, rows, BOOTSTRAP_BATCH):
@@ -79,10 +75,9 @@ def bootstrap(rows: int, path: Path) -> None:
 
 
 def run_ours(data: Path, out: Path, beta: float) -> int:
+    from privrelease.datasets import read_dataset, write_parquet
     from privrelease.mechanisms.schemes import ValueMap
     from privrelease.mechanisms.sdgs import sdgs
-
-    from privrelease.datasets import read_dataset, write_parquet
 
     schemes = {column: ValueMap(tuple(hierarchy(column))) for column in COLUMNS}
     table = read_dataset(data, format="parquet", columns=COLUMNS).table
@@ -94,9 +89,7 @@ def run_ours(data: Path, out: Path, beta: float) -> int:
 def baseline_sql(data: Path, out: Path, beta: float) -> str:
     columns = ", ".join(f'"{name}"' for name in COLUMNS)
     labels = ", ".join(f'"h_{name}".label AS "{name}"' for name in COLUMNS)
-    joins = "\n".join(
-        f'JOIN "h_{name}" ON s."{name}" = "h_{name}".leaf' for name in COLUMNS
-    )
+    joins = "\n".join(f'JOIN "h_{name}" ON s."{name}" = "h_{name}".leaf' for name in COLUMNS)
     return f"""
 COPY (
   WITH s AS (SELECT * FROM read_parquet('{data}') USING SAMPLE {beta * 100}% (bernoulli)),
@@ -125,20 +118,14 @@ def run_baseline(data: Path, out: Path, beta: float) -> int:
 def worker(kind: str, data: Path, out: Path, beta: float) -> None:
     """One timed run in this (fresh) process, imports done before the clock starts; prints
     one JSON line."""
-    modules = (
-        ("privrelease.datasets", "privrelease.mechanisms.sdgs")
-        if kind == "ours"
-        else ("duckdb",)
-    )
+    modules = ("privrelease.datasets", "privrelease.mechanisms.sdgs") if kind == "ours" else ("duckdb",)
     for module in modules:
         importlib.import_module(module)
     start = time.perf_counter()
     rows_out = (run_ours if kind == "ours" else run_baseline)(data, out, beta)
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        json.dumps({"seconds": seconds, "peak_rss_mb": peak_mb, "rows_out": rows_out})
-    )
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_mb, "rows_out": rows_out}))
 
 
 def spawn(kind: str, data: Path, out: Path, beta: float) -> dict:
@@ -170,9 +157,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument(
-        "--worker", choices=["ours", "baseline"], help=argparse.SUPPRESS
-    )
+    parser.add_argument("--worker", choices=["ours", "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--beta", type=float, help=argparse.SUPPRESS)
@@ -196,9 +181,7 @@ def main() -> None:
             runs: dict[str, list[dict]] = {"ours": [], "baseline": []}
             for _ in range(args.repeat):
                 for kind, kind_runs in runs.items():
-                    kind_runs.append(
-                        spawn(kind, data, Path(tmp) / f"{kind}.parquet", beta)
-                    )
+                    kind_runs.append(spawn(kind, data, Path(tmp) / f"{kind}.parquet", beta))
             results[beta] = {
                 kind: {
                     "seconds": statistics.median(run["seconds"] for run in kind_runs),
@@ -220,11 +203,7 @@ def main() -> None:
             f" {ours['rows_out']:>10,} {base['rows_out']:>11,} {min(ours['smallest_cell'], base['smallest_cell']):>9}"
             f" {ours['peak_rss_mb']:>8.0f} {base['peak_rss_mb']:>9.0f}"
         )
-    assert all(
-        r[kind]["smallest_cell"] >= K or r[kind]["rows_out"] == 0
-        for r in results.values()
-        for kind in r
-    )
+    assert all(r[kind]["smallest_cell"] >= K or r[kind]["rows_out"] == 0 for r in results.values() for kind in r)
     slowest = max(BETAS, key=lambda beta: results[beta]["ours"]["seconds"])
     summary = {
         "rows": args.rows,
@@ -233,18 +212,12 @@ def main() -> None:
         "seconds": round(results[slowest]["ours"]["seconds"], 3),
         "baseline_seconds": round(results[slowest]["baseline"]["seconds"], 3),
         "ratio": round(
-            max(
-                r["ours"]["seconds"] / r["baseline"]["seconds"]
-                for r in results.values()
-            ),
+            max(r["ours"]["seconds"] / r["baseline"]["seconds"] for r in results.values()),
             3,
         ),
         "peak_rss_mb": round(max(r["ours"]["peak_rss_mb"] for r in results.values())),
         "per_beta": {
-            str(beta): {
-                kind: {key: round(value, 3) for key, value in r[kind].items()}
-                for kind in r
-            }
+            str(beta): {kind: {key: round(value, 3) for key, value in r[kind].items()} for kind in r}
             for beta, r in results.items()
         },
     }

@@ -17,8 +17,9 @@ delta 1 — fail closed, never a guess. Dispatch is per event type (one function
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from privrelease.mechanisms.events import (
     SDGS,
@@ -79,17 +80,27 @@ def _sdgs(event: SDGS, notion: Notion) -> Guarantee:
         result = delta_theorem1(event.k, event.beta, event.epsilon)
         if result.delta is None:
             return unsupported(notion, result.reason)
-        return Guarantee(notion, event.epsilon, result.delta, True,
-                         f"Theorem 1: d(k={event.k}, beta={event.beta:g}, eps={event.epsilon:g}), "
-                         f"max at n = {result.argmax_n}")
+        return Guarantee(
+            notion,
+            event.epsilon,
+            result.delta,
+            True,
+            f"Theorem 1: d(k={event.k}, beta={event.beta:g}, eps={event.epsilon:g}), max at n = {result.argmax_n}",
+        )
     result = delta_exact(event.k, event.beta, event.epsilon)
-    return Guarantee(notion, event.epsilon, result.delta, True,  # type: ignore[arg-type]
-                     f"exact hockey-stick delta, max at n = {result.argmax_n}")
+    return Guarantee(
+        notion,
+        event.epsilon,
+        result.delta,
+        True,  # type: ignore[arg-type]
+        f"exact hockey-stick delta, max at n = {result.argmax_n}",
+    )
 
 
 def _laplace(event: Laplace, notion: Notion) -> Guarantee:
-    return _pure(notion, event.sensitivity / event.scale,
-                 f"Laplace(scale {event.scale:.6g}), sensitivity {event.sensitivity:g}")
+    return _pure(
+        notion, event.sensitivity / event.scale, f"Laplace(scale {event.scale:.6g}), sensitivity {event.sensitivity:g}"
+    )
 
 
 def _exponential(event: ExponentialSelection, notion: Notion) -> Guarantee:
@@ -97,8 +108,10 @@ def _exponential(event: ExponentialSelection, notion: Notion) -> Guarantee:
 
 
 def _splu(event: SPLUGen, notion: Notion) -> Guarantee:
-    return unsupported(notion, f"SPLU-Gen (gamma = {event.gamma}) gives small-sum privacy and "
-                       "large-sum utility, not differential privacy")
+    return unsupported(
+        notion,
+        f"SPLU-Gen (gamma = {event.gamma}) gives small-sum privacy and large-sum utility, not differential privacy",
+    )
 
 
 def _sampled(event: Sampled, notion: Notion) -> Guarantee:
@@ -106,10 +119,15 @@ def _sampled(event: Sampled, notion: Notion) -> Guarantee:
     if not inner.supported:
         return inner
     if inner.delta > 0:
-        return unsupported(notion, "amplification by sampling is proven for pure eps-DP only "
-                           "(Li-Qardaji-Su Theorem 3 leaves delta > 0 open)")
-    return _pure(notion, amplified_epsilon(event.beta, inner.epsilon),
-                 f"Corollary 4: ln(1 + {event.beta:g} (e^{inner.epsilon:.6g} - 1))")
+        return unsupported(
+            notion,
+            "amplification by sampling is proven for pure eps-DP only (Li-Qardaji-Su Theorem 3 leaves delta > 0 open)",
+        )
+    return _pure(
+        notion,
+        amplified_epsilon(event.beta, inner.epsilon),
+        f"Corollary 4: ln(1 + {event.beta:g} (e^{inner.epsilon:.6g} - 1))",
+    )
 
 
 def _composed(event: Composed, notion: Notion) -> Guarantee:

@@ -13,7 +13,7 @@ True
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -91,7 +91,7 @@ class Composed(_Event):
 
 
 Event = Annotated[
-    Union[SDGS, Laplace, ExponentialSelection, SPLUGen, Sampled, Composed],
+    SDGS | Laplace | ExponentialSelection | SPLUGen | Sampled | Composed,
     Field(discriminator="kind"),
 ]
 Sampled.model_rebuild()
@@ -110,9 +110,7 @@ def event_from_json(text: str) -> Event:
     """Parse :func:`event_to_json` output; refuses a schema version this code does not know."""
     body = json.loads(text)
     if body.get("schema_version") != EVENT_SCHEMA_VERSION:
-        raise ValueError(
-            f"event schema_version must be {EVENT_SCHEMA_VERSION}; got {body.get('schema_version')!r}"
-        )
+        raise ValueError(f"event schema_version must be {EVENT_SCHEMA_VERSION}; got {body.get('schema_version')!r}")
     return _ADAPTER.validate_python(body["event"])
 
 

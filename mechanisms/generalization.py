@@ -25,6 +25,8 @@ from itertools import pairwise
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from privrelease.errors import UserError
 from privrelease.mechanisms.schemes import (
     SUPPRESSED,
     Bins,
@@ -34,8 +36,6 @@ from privrelease.mechanisms.schemes import (
     TopBottomCoding,
     ValueMap,
 )
-
-from privrelease.errors import UserError
 
 _DENSE_INT_RANGE = 1 << 16
 """An integer column whose values span fewer than this many integers is coded as value - min
@@ -70,12 +70,7 @@ def generalize(table: pa.Table, schemes: Mapping[str, ColumnScheme]) -> pa.Table
     ['0-18', '0-18', '18-65', '18-65']
     """
     coded = encode(table, schemes)
-    return pa.table(
-        {
-            name: dictionary_column(column.codes, column.labels)
-            for name, column in coded.items()
-        }
-    )
+    return pa.table({name: dictionary_column(column.codes, column.labels) for name, column in coded.items()})
 
 
 def encode(
@@ -93,10 +88,7 @@ def encode(
             )
     # chunk-local row positions, computed once per chunk layout (columns usually share one)
     splits: dict[tuple[int, ...], list[np.ndarray | None]] = {}
-    return {
-        name: _encode(table.column(name), scheme, name, rows, splits)
-        for name, scheme in schemes.items()
-    }
+    return {name: _encode(table.column(name), scheme, name, rows, splits) for name, scheme in schemes.items()}
 
 
 def encode_column(
@@ -124,10 +116,7 @@ def _encode(
     distinct = _distinct_value_sets(chunks)
     labels = _label_set(scheme, distinct, name)
     lookups = [(values, _lookup(values, scheme, labels, name)) for values in distinct]
-    luts = [
-        next(lut for values, lut in lookups if values is chunk.values)
-        for chunk in chunks
-    ]
+    luts = [next(lut for values, lut in lookups if values is chunk.values) for chunk in chunks]
     _check_domain(chunks, luts, scheme, name)
     lengths = tuple(len(chunk.codes) for chunk in chunks)
     if lengths not in splits:
@@ -144,23 +133,16 @@ def _encode(
     return CodedColumn(codes=codes, labels=labels)
 
 
-def _split_rows(
-    lengths: tuple[int, ...], rows: np.ndarray | None
-) -> list[np.ndarray | None]:
+def _split_rows(lengths: tuple[int, ...], rows: np.ndarray | None) -> list[np.ndarray | None]:
     """Per chunk of these lengths, the chunk-local positions of ``rows`` (None: all rows)."""
     if rows is None:
         return [None] * len(lengths)
     starts = np.cumsum((0, *lengths))
     bounds = np.searchsorted(rows, starts)
-    return [
-        rows[lo:hi] - start
-        for lo, hi, start in zip(bounds[:-1], bounds[1:], starts[:-1])
-    ]
+    return [rows[lo:hi] - start for lo, hi, start in zip(bounds[:-1], bounds[1:], starts[:-1])]
 
 
-def dictionary_column(
-    codes: np.ndarray, labels: pa.Array, take: np.ndarray | None = None
-) -> pa.DictionaryArray:
+def dictionary_column(codes: np.ndarray, labels: pa.Array, take: np.ndarray | None = None) -> pa.DictionaryArray:
     """``labels[codes]`` (``labels[codes][take]`` when ``take`` is given) as a dictionary array
     whose dictionary keeps only the labels occurring in ``codes``, in their order in
     ``labels`` (so the dictionary reveals nothing beyond the rows; with ``take``, every entry
@@ -169,9 +151,7 @@ def dictionary_column(
     used[codes] = True
     remap = (np.cumsum(used, dtype=np.int32) - 1)[codes]
     indices = remap if take is None else remap[take]
-    return pa.DictionaryArray.from_arrays(
-        pa.array(indices, pa.int32()), labels.filter(pa.array(used))
-    )
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), labels.filter(pa.array(used)))
 
 
 def _reject_nulls(column: pa.ChunkedArray, name: str) -> None:
@@ -183,10 +163,7 @@ def _reject_nulls(column: pa.ChunkedArray, name: str) -> None:
 def _source_chunks(column: pa.ChunkedArray) -> list[_Chunk]:
     """The column as codes into per-chunk distinct values."""
     if pa.types.is_dictionary(column.type):
-        return [
-            _Chunk(chunk.dictionary, chunk.indices.to_numpy(), 0)
-            for chunk in column.chunks
-        ]
+        return [_Chunk(chunk.dictionary, chunk.indices.to_numpy(), 0) for chunk in column.chunks]
     if pa.types.is_integer(column.type) and len(column):
         bounds = pc.min_max(column)
         low, high = bounds["min"].as_py(), bounds["max"].as_py()
@@ -194,10 +171,7 @@ def _source_chunks(column: pa.ChunkedArray) -> list[_Chunk]:
             values = pa.array(np.arange(low, high + 1, dtype=np.int64))
             return [_Chunk(values, chunk.to_numpy(), low) for chunk in column.chunks]
     encoded = pc.dictionary_encode(column)
-    return [
-        _Chunk(chunk.dictionary, chunk.indices.to_numpy(), 0)
-        for chunk in encoded.chunks
-    ]
+    return [_Chunk(chunk.dictionary, chunk.indices.to_numpy(), 0) for chunk in encoded.chunks]
 
 
 def _distinct_value_sets(chunks: list[_Chunk]) -> list[pa.Array]:
@@ -206,11 +180,7 @@ def _distinct_value_sets(chunks: list[_Chunk]) -> list[pa.Array]:
     distinct: list[pa.Array] = []
     for index, chunk in enumerate(chunks):
         same = next(
-            (
-                values
-                for values in distinct
-                if values is chunk.values or values.equals(chunk.values)
-            ),
+            (values for values in distinct if values is chunk.values or values.equals(chunk.values)),
             None,
         )
         if same is None:
@@ -226,18 +196,14 @@ def _as_text(values: pa.Array) -> pa.Array:
 
 def _numeric(values: pa.Array, scheme: ColumnScheme, name: str) -> np.ndarray:
     if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
-        raise UserError(
-            f"column {name!r}: {type(scheme).__name__} needs a numeric column; it holds {values.type}"
-        )
+        raise UserError(f"column {name!r}: {type(scheme).__name__} needs a numeric column; it holds {values.type}")
     return values.to_numpy(zero_copy_only=False).astype(np.float64)
 
 
 def _bin_labels(scheme: Bins, name: str) -> list[str]:
     edges = scheme.edges
     if len(edges) < 2 or any(not a < b for a, b in pairwise(edges)):
-        raise UserError(
-            f"column {name!r}: bin edges must be at least two, strictly increasing; got {edges}"
-        )
+        raise UserError(f"column {name!r}: bin edges must be at least two, strictly increasing; got {edges}")
     if scheme.labels is None:
         return [f"{lo:g}-{hi:g}" for lo, hi in pairwise(edges)]
     if len(scheme.labels) != len(edges) - 1:
@@ -268,24 +234,16 @@ def _label_set(scheme: ColumnScheme, distinct: list[pa.Array], name: str) -> pa.
     elif isinstance(scheme, Bins):
         labels = _bin_labels(scheme, name)
     elif isinstance(scheme, (Keep, TopBottomCoding)):
-        values = pc.unique(
-            pa.chunked_array(distinct, distinct[0].type if distinct else pa.string())
-        )
+        values = pc.unique(pa.chunked_array(distinct, distinct[0].type if distinct else pa.string()))
         values = values.take(pc.sort_indices(values))
-        text = (
-            _as_text(values)
-            if isinstance(scheme, Keep)
-            else _top_bottom_text(values, scheme, name)
-        )
+        text = _as_text(values) if isinstance(scheme, Keep) else _top_bottom_text(values, scheme, name)
         labels = text.to_pylist()
     else:
         raise UserError(f"column {name!r}: unknown generalization scheme {scheme!r}")
     return pa.array(list(dict.fromkeys(labels)), pa.string())
 
 
-def _lookup(
-    values: pa.Array, scheme: ColumnScheme, labels: pa.Array, name: str
-) -> np.ndarray:
+def _lookup(values: pa.Array, scheme: ColumnScheme, labels: pa.Array, name: str) -> np.ndarray:
     """For each distinct value, the index of its label in ``labels``; -1 outside the domain."""
     if isinstance(scheme, Suppress):
         return np.zeros(len(values), np.int32)
@@ -296,9 +254,7 @@ def _lookup(
         index[numbers == edges[-1]] = len(edges) - 2  # the last bin is closed
         index[(numbers < edges[0]) | (numbers > edges[-1])] = -1
         # labels may repeat (two bins, one label): map bin -> position of its label
-        bin_label = pc.index_in(
-            pa.array(_bin_labels(scheme, name)), value_set=labels
-        ).to_numpy()
+        bin_label = pc.index_in(pa.array(_bin_labels(scheme, name)), value_set=labels).to_numpy()
         return np.where(index >= 0, bin_label[index], -1).astype(np.int32)
     if isinstance(scheme, ValueMap):
         keys = pa.array([key for key, _ in scheme.mapping], pa.string())
@@ -306,16 +262,10 @@ def _lookup(
             pa.array([label for _, label in scheme.mapping], pa.string()),
             value_set=labels,
         ).to_numpy(zero_copy_only=False)
-        position = (
-            pc.index_in(_as_text(values), value_set=keys).fill_null(-1).to_numpy()
-        )
+        position = pc.index_in(_as_text(values), value_set=keys).fill_null(-1).to_numpy()
         default = -1 if scheme.default is None else labels.index(scheme.default).as_py()
         return np.where(position >= 0, targets[position], default).astype(np.int32)
-    text = (
-        _as_text(values)
-        if isinstance(scheme, Keep)
-        else _top_bottom_text(values, scheme, name)
-    )
+    text = _as_text(values) if isinstance(scheme, Keep) else _top_bottom_text(values, scheme, name)
     return pc.index_in(text, value_set=labels).fill_null(-1).to_numpy().astype(np.int32)
 
 
@@ -327,9 +277,7 @@ def _describe(scheme: ColumnScheme) -> str:
     return "outside the scheme's domain"
 
 
-def _check_domain(
-    chunks: list[_Chunk], luts: list[np.ndarray], scheme: ColumnScheme, name: str
-) -> None:
+def _check_domain(chunks: list[_Chunk], luts: list[np.ndarray], scheme: ColumnScheme, name: str) -> None:
     start = 0
     for chunk, lut in zip(chunks, luts):
         if (lut < 0).any():

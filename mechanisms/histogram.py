@@ -15,12 +15,12 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
+
+from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import check_parameters, count_cells, release
-
-from privrelease.errors import UserError
 
 COUNT_COLUMN = "count"
 
@@ -39,9 +39,7 @@ def crowd_blending_histogram(
     ``epsilon`` is the epsilon at which the guarantee is stated (None: 0, i.e. not claimed).
     Facts as in :func:`.sdgs.sdgs`."""
     if COUNT_COLUMN in schemes:
-        raise UserError(
-            f"a histogram cannot generalize a column named {COUNT_COLUMN!r}: the output uses that name"
-        )
+        raise UserError(f"a histogram cannot generalize a column named {COUNT_COLUMN!r}: the output uses that name")
     epsilon = 0.0 if epsilon is None else epsilon
     check_parameters(k, beta, epsilon)
     cells = count_cells(table, schemes, beta=beta)
@@ -49,6 +47,4 @@ def crowd_blending_histogram(
     published = published[randomness.permutation(len(published))]
     columns = cells.label_columns(published)
     columns[COUNT_COLUMN] = pa.array(cells.counts[published], pa.int64())
-    return release(
-        cells, pa.table(columns), k=k, beta=beta, epsilon=epsilon, output="histogram"
-    )
+    return release(cells, pa.table(columns), k=k, beta=beta, epsilon=epsilon, output="histogram")

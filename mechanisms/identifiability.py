@@ -81,9 +81,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
-from privrelease.mechanisms.events import Laplace
 
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.mechanisms.events import Laplace
 
 QUERIES = ("count", "sum", "mean")
 
@@ -133,18 +133,12 @@ def _round_up(x: float) -> float:
 
 
 def _check_rho(rho: float) -> None:
-    if (
-        isinstance(rho, bool)
-        or not isinstance(rho, (int, float))
-        or not 0.0 < rho < 1.0
-    ):
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0.0 < rho < 1.0:
         raise UserError(f"rho must be in (0, 1); got {rho!r}")
 
 
 def _check_universe(universe_size: int) -> None:
-    if isinstance(universe_size, bool) or not isinstance(
-        universe_size, (int, np.integer)
-    ):
+    if isinstance(universe_size, bool) or not isinstance(universe_size, (int, np.integer)):
         raise UserError(f"universe_size must be an integer >= 2; got {universe_size!r}")
     if universe_size < 2:
         raise UserError(f"universe_size must be an integer >= 2; got {universe_size!r}")
@@ -197,21 +191,15 @@ def rho_of_epsilon(epsilon: float, universe_size: int) -> float:
     return e / (1.0 + e)
 
 
-def identifiability_bound(
-    sensitive_range: float, lambda_: float, universe_size: int
-) -> float:
+def identifiability_bound(sensitive_range: float, lambda_: float, universe_size: int) -> float:
     """Eq. 9: the adversary's posterior on any world is at most
     ``1 / (1 + (m - 1) exp(-S(f) / lambda))`` for Laplace noise of scale lambda."""
     if not sensitive_range >= 0 or not lambda_ > 0:
-        raise UserError(
-            f"sensitive_range must be >= 0 and lambda > 0; got {sensitive_range!r}, {lambda_!r}"
-        )
+        raise UserError(f"sensitive_range must be >= 0 and lambda > 0; got {sensitive_range!r}, {lambda_!r}")
     return rho_of_epsilon(sensitive_range / lambda_, universe_size)
 
 
-def laplace_scale(
-    sensitive_range: float, universe_size: int, rho: float
-) -> float | None:
+def laplace_scale(sensitive_range: float, universe_size: int, rho: float) -> float | None:
     """Theorem 1 / Eq. 15: ``lambda = S(f) / ln((m - 1) rho / (1 - rho))``, raised by
     ``LAMBDA_MARGIN``; None when ``rho <= 1/m`` (infeasible, Eq. 14).
 
@@ -221,18 +209,14 @@ def laplace_scale(
     _check_rho(rho)
     _check_universe(universe_size)
     if not (math.isfinite(sensitive_range) and sensitive_range > 0):
-        raise UserError(
-            f"sensitive_range must be finite and > 0; got {sensitive_range!r}"
-        )
+        raise UserError(f"sensitive_range must be finite and > 0; got {sensitive_range!r}")
     denominator = _log_odds_excess(rho, universe_size)
     if denominator is None:
         return None
     return (sensitive_range / denominator) * (1.0 + LAMBDA_MARGIN)
 
 
-def world_posterior(
-    response: float | Sequence[float], world_values: Sequence, lambda_: float
-) -> np.ndarray:
+def world_posterior(response: float | Sequence[float], world_values: Sequence, lambda_: float) -> np.ndarray:
     """The informed adversary's posterior over possible worlds (Eq. 5-6, uniform prior) after
     seeing ``response`` of Laplace noise of scale ``lambda_`` added to ``f``.
 
@@ -253,9 +237,7 @@ def world_posterior(
 
 def _validate_bounds(lower: float, upper: float, integer: bool) -> None:
     for name, value in (("lower", lower), ("upper", upper)):
-        if isinstance(value, bool) or not isinstance(
-            value, (int, float, np.integer, np.floating)
-        ):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise UserError(f"{name} must be a number; got {value!r}")
         if not math.isfinite(value):
             raise UserError(f"{name} must be finite; got {value!r}")
@@ -295,22 +277,12 @@ def calibrate(
         raise UserError(f"query must be one of {', '.join(QUERIES)}; got {query!r}")
     _check_rho(rho)
     _validate_bounds(lower, upper, integer)
-    if (
-        isinstance(groups, bool)
-        or not isinstance(groups, (int, np.integer))
-        or groups < 1
-    ):
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
         raise UserError(f"groups must be an integer >= 1; got {groups!r}")
     groups = int(groups)
     if rows is not None:
-        if (
-            isinstance(rows, bool)
-            or not isinstance(rows, (int, np.integer))
-            or rows < 1
-        ):
-            raise UserError(
-                f"rows (the declared public row count N) must be an integer >= 1; got {rows!r}"
-            )
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise UserError(f"rows (the declared public row count N) must be an integer >= 1; got {rows!r}")
         rows = int(rows)
     lower_f, upper_f = float(lower), float(upper)
     width = upper_f - lower_f

@@ -9,7 +9,6 @@ never silently passed through.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 SUPPRESSED = "*"
 
@@ -54,4 +53,4 @@ class ValueMap:
     default: str | None = None
 
 
-ColumnScheme = Union[Keep, Suppress, Bins, TopBottomCoding, ValueMap]
+ColumnScheme = Keep | Suppress | Bins | TopBottomCoding | ValueMap

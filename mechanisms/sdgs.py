@@ -29,13 +29,13 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+
+from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.events import SDGS
 from privrelease.mechanisms.generalization import dictionary_column, encode
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
-
-from privrelease.errors import UserError
 
 _BINCOUNT_MAX = 1 << 24
 """Largest key space counted with ``np.bincount`` (128 MiB of counts); beyond, ``np.unique``."""
@@ -54,15 +54,10 @@ class CellCounts:
     rows_in: int
     rows_sampled: int
 
-    def label_columns(
-        self, cells: np.ndarray, rows: np.ndarray | None = None
-    ) -> dict[str, pa.DictionaryArray]:
+    def label_columns(self, cells: np.ndarray, rows: np.ndarray | None = None) -> dict[str, pa.DictionaryArray]:
         """The labels of the cells ``cells`` (distinct cell indices), one row per cell, or one
         row per entry of ``rows`` (indices into ``cells``, each used at least once)."""
-        return {
-            name: dictionary_column(self.codes[name][cells], self.labels[name], rows)
-            for name in self.labels
-        }
+        return {name: dictionary_column(self.codes[name][cells], self.labels[name], rows) for name in self.labels}
 
 
 def check_parameters(k: int, beta: float, epsilon: float) -> None:
@@ -75,9 +70,7 @@ def check_parameters(k: int, beta: float, epsilon: float) -> None:
         raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
 
 
-def count_cells(
-    table: pa.Table, schemes: Mapping[str, ColumnScheme], *, beta: float
-) -> CellCounts:
+def count_cells(table: pa.Table, schemes: Mapping[str, ColumnScheme], *, beta: float) -> CellCounts:
     """Bernoulli(beta)-sample the rows of ``table`` (all rows when beta == 1), generalize the
     sampled rows with ``schemes`` and count the rows per cell (distinct label combination)."""
     rows_in = table.num_rows
@@ -116,9 +109,7 @@ def shuffled_repeat(cells: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return (keys & low).astype(np.int64)
 
 
-def _count(
-    codes: list[np.ndarray], radices: list[int]
-) -> tuple[list[np.ndarray], np.ndarray]:
+def _count(codes: list[np.ndarray], radices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
     """Distinct rows of the code matrix (columns ``codes``, column i in ``[0, radices[i])``):
     per column the code of each distinct row, and the number of rows equal to it."""
     size = len(codes[0])
@@ -171,9 +162,7 @@ def release(
         "cells_published": int(published.sum()),
     }
     if not published.any():
-        public["explanation"] = (
-            f"nothing is published: every generalized cell of the sample has fewer than k={k} rows"
-        )
+        public["explanation"] = f"nothing is published: every generalized cell of the sample has fewer than k={k} rows"
     internal = {
         "rows_in": cells.rows_in,
         "rows_sampled": cells.rows_sampled,
@@ -181,9 +170,7 @@ def release(
         "cells_suppressed": int((~published).sum()),
     }
     event = SDGS(k=k, beta=beta, epsilon=epsilon, output=output)
-    return MechanismResult(
-        table=table, event=event, public_facts=public, internal_facts=internal
-    )
+    return MechanismResult(table=table, event=event, public_facts=public, internal_facts=internal)
 
 
 def sdgs(

@@ -89,7 +89,9 @@ def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion) -> Calib
     high = max(2 * low, 0.5)
     while not _meets(k, beta, high, delta, notion):
         if high > _MAX_EPSILON:
-            raise CalibrationError(f"no epsilon up to {_MAX_EPSILON:g} reaches delta {delta:g} with k = {k}, beta = {beta:g}")
+            raise CalibrationError(
+                f"no epsilon up to {_MAX_EPSILON:g} reaches delta {delta:g} with k = {k}, beta = {beta:g}"
+            )
         low, high = high, 2 * high
     while high - low > 1e-10 * high:
         middle = (low + high) / 2

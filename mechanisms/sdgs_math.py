@@ -216,13 +216,23 @@ def theorem1_grid(k, beta, epsilon) -> list[SdgsDelta]:
     for c in range(len(k)):
         _check(int(k[c]), float(beta[c]), float(epsilon[c]))
         if beta[c] >= 1:
-            results[c] = SdgsDelta(None, None, None, "Theorem 1 needs beta < 1: k-DGS without "
-                                   "sampling gives no (eps, delta)-DP for any delta < 1 "
-                                   "(Proposition 4)")
+            results[c] = SdgsDelta(
+                None,
+                None,
+                None,
+                "Theorem 1 needs beta < 1: k-DGS without "
+                "sampling gives no (eps, delta)-DP for any delta < 1 "
+                "(Proposition 4)",
+            )
         elif epsilon[c] < min_theorem1_epsilon(float(beta[c])):
-            results[c] = SdgsDelta(None, None, None, "Theorem 1 needs epsilon >= -ln(1 - beta) "
-                                   f"= {min_theorem1_epsilon(float(beta[c])):.6g}; "
-                                   f"got {epsilon[c]:g}")
+            results[c] = SdgsDelta(
+                None,
+                None,
+                None,
+                "Theorem 1 needs epsilon >= -ln(1 - beta) "
+                f"= {min_theorem1_epsilon(float(beta[c])):.6g}; "
+                f"got {epsilon[c]:g}",
+            )
         else:
             valid[c] = True
     idx = np.flatnonzero(valid)
@@ -239,8 +249,7 @@ def theorem1_grid(k, beta, epsilon) -> list[SdgsDelta]:
             if best[pos] >= _TINY:
                 results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])
             else:
-                results[c] = _theorem1_log_space(int(kk[pos]), float(bb[pos]), float(gg[pos]),
-                                                 float(kl[pos]))
+                results[c] = _theorem1_log_space(int(kk[pos]), float(bb[pos]), float(gg[pos]), float(kl[pos]))
     return results  # type: ignore[return-value]
 
 
@@ -314,8 +323,12 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
     results: list[SdgsDelta | None] = [None] * len(k)
     sampled = beta < 1
     for c in np.flatnonzero(~sampled):
-        results[c] = SdgsDelta(1.0, 0.0, int(k[c]), "k-DGS without sampling (beta = 1): no "
-                               "(eps, delta)-DP for any delta < 1 (Proposition 4)")
+        results[c] = SdgsDelta(
+            1.0,
+            0.0,
+            int(k[c]),
+            "k-DGS without sampling (beta = 1): no (eps, delta)-DP for any delta < 1 (Proposition 4)",
+        )
     idx = np.flatnonzero(sampled)
     if not idx.size:
         return results  # type: ignore[return-value]
@@ -344,8 +357,7 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
         if best[pos] >= _TINY:
             results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])
         else:
-            results[c] = _exact_log_space(int(kk[pos]), float(bb[pos]), float(ee[pos]),
-                                          float(kl[pos]), int(n_m[pos]))
+            results[c] = _exact_log_space(int(kk[pos]), float(bb[pos]), float(ee[pos]), float(kl[pos]), int(n_m[pos]))
     return results  # type: ignore[return-value]
 
 

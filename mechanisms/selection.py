@@ -46,12 +46,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from privrelease.errors import UserError
 from privrelease.mechanisms import binomial, randomness
 from privrelease.mechanisms.events import ExponentialSelection
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import check_parameters, count_cells
-
-from privrelease.errors import UserError
 
 _FLOAT_SLACK = 1e-9
 """Relative margin added to the computed sensitivity, above any floating-point error of scipy's
@@ -80,32 +80,24 @@ def sensitivity(k: int, beta: float) -> float:
     return beta * max(float(h.max()), tail) * (1 + _FLOAT_SLACK)
 
 
-def expected_published_rows(
-    table: pa.Table, scheme: Mapping[str, ColumnScheme], *, k: int, beta: float
-) -> float:
+def expected_published_rows(table: pa.Table, scheme: Mapping[str, ColumnScheme], *, k: int, beta: float) -> float:
     """sum over the cells of ``scheme`` on ``table`` of n beta P(Bin(n - 1, beta) >= k - 1): the
     expected number of rows (k, beta)-SDGS would publish."""
     counts = count_cells(table, scheme, beta=1.0).counts
     return float(np.sum(counts * beta * binomial.upper_tail(k - 1, counts - 1, beta)))
 
 
-def selection_probabilities(
-    scores: Sequence[float], *, epsilon: float, sensitivity: float
-) -> np.ndarray:
+def selection_probabilities(scores: Sequence[float], *, epsilon: float, sensitivity: float) -> np.ndarray:
     """exp(epsilon u_i / (2 sensitivity)), normalized, computed in log space."""
     exponents = epsilon * np.asarray(scores, dtype=np.float64) / (2.0 * sensitivity)
     weights = np.exp(exponents - exponents.max())
     return weights / weights.sum()
 
 
-def exponential_mechanism(
-    scores: Sequence[float], *, epsilon: float, sensitivity: float
-) -> int:
+def exponential_mechanism(scores: Sequence[float], *, epsilon: float, sensitivity: float) -> int:
     """Index i drawn with probability :func:`selection_probabilities` ``[i]`` (inverse CDF of a
     53-bit uniform from the OS CSPRNG)."""
-    cumulative = np.cumsum(
-        selection_probabilities(scores, epsilon=epsilon, sensitivity=sensitivity)
-    )
+    cumulative = np.cumsum(selection_probabilities(scores, epsilon=epsilon, sensitivity=sensitivity))
     uniform = float(randomness.random_uint64(1)[0] >> np.uint64(11)) * 2.0**-53
     return min(
         int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right")),
@@ -133,25 +125,14 @@ def select_scheme(
     weights = dict(weights or {})
     unknown = sorted(set(weights) - set(candidates))
     if unknown:
-        raise UserError(
-            f"weights name {unknown[0]!r}, which is not a candidate; candidates: {', '.join(candidates)}"
-        )
+        raise UserError(f"weights name {unknown[0]!r}, which is not a candidate; candidates: {', '.join(candidates)}")
     for name in candidates:
         weight = weights.setdefault(name, 1.0)
         if not isinstance(weight, (int, float)) or not 0 < weight <= 1:
-            raise UserError(
-                f"weight of candidate {name!r} must be in (0, 1]; got {weight!r}"
-            )
+            raise UserError(f"weight of candidate {name!r} must be in (0, 1]; got {weight!r}")
     names = list(candidates)
-    scores = [
-        weights[name] * expected_published_rows(table, candidates[name], k=k, beta=beta)
-        for name in names
-    ]
+    scores = [weights[name] * expected_published_rows(table, candidates[name], k=k, beta=beta) for name in names]
     bound = sensitivity(k, beta)
     chosen = names[exponential_mechanism(scores, epsilon=epsilon, sensitivity=bound)]
-    event = ExponentialSelection(
-        epsilon=epsilon, candidates=len(names), sensitivity=bound
-    )
-    return Selection(
-        chosen, candidates[chosen], event, {"scores": dict(zip(names, scores))}
-    )
+    event = ExponentialSelection(epsilon=epsilon, candidates=len(names), sensitivity=bound)
+    return Selection(chosen, candidates[chosen], event, {"scores": dict(zip(names, scores))})

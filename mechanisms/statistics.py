@@ -52,11 +52,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.identifiability import Calibration, calibrate, laplace_event
 from privrelease.mechanisms.randomness import permutation
 from privrelease.mechanisms.results import MechanismResult
-
-from privrelease.errors import TargetNotMet, UserError
 
 VALUE_COLUMN = "value"
 LAMBDA_COLUMN = "lambda"
@@ -80,9 +80,7 @@ def identifiable_statistic(
     An infeasible rho raises :class:`~privrelease.errors.TargetNotMet`; plan with ``calibrate``
     before reading data to find out earlier."""
     groups = _domain_size(group_domain)
-    calibration = calibrate(
-        query, lower, upper, rho, rows=rows, integer=integer, groups=groups
-    )
+    calibration = calibrate(query, lower, upper, rho, rows=rows, integer=integer, groups=groups)
     return noisy_statistic(table, column, calibration, group_domain=group_domain)
 
 
@@ -117,9 +115,7 @@ def noisy_statistic(
         )
     for name in domain:
         if name in (VALUE_COLUMN, LAMBDA_COLUMN):
-            raise UserError(
-                f"group column must not be named {name!r} (an output column)"
-            )
+            raise UserError(f"group column must not be named {name!r} (an output column)")
 
     values, clamped_below, clamped_above = _clamped_values(table, column, calibration)
     codes, labels = _group_codes(table, domain)
@@ -137,8 +133,7 @@ def noisy_statistic(
 
     order = permutation(groups)
     columns: dict[str, pa.Array] = {
-        name: pa.array(label_values[order], type=pa.string())
-        for name, label_values in labels.items()
+        name: pa.array(label_values[order], type=pa.string()) for name, label_values in labels.items()
     }
     columns[VALUE_COLUMN] = pa.array(noisy[order], type=pa.float64())
     columns[LAMBDA_COLUMN] = pa.array(np.full(groups, scale), type=pa.float64())
@@ -187,22 +182,14 @@ def _domain_size(group_domain: Mapping[str, Sequence[Any]] | None) -> int:
     return size
 
 
-def _clamped_values(
-    table: pa.Table, column: str, calibration: Calibration
-) -> tuple[np.ndarray, int, int]:
+def _clamped_values(table: pa.Table, column: str, calibration: Calibration) -> tuple[np.ndarray, int, int]:
     """The column as numbers clamped to the bounds (int64 for integer columns), and how many
     values were raised to ``lower`` / lowered to ``upper``."""
     if column not in table.column_names:
-        raise UserError(
-            f"column {column!r} not found; the table has {table.column_names}"
-        )
+        raise UserError(f"column {column!r} not found; the table has {table.column_names}")
     data = table.column(column)
     kind = data.type
-    if not (
-        pa.types.is_integer(kind)
-        or pa.types.is_floating(kind)
-        or pa.types.is_decimal(kind)
-    ):
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
         raise UserError(f"column {column!r} must be numeric; got type {kind}")
     if data.null_count:
         raise UserError(
@@ -215,18 +202,12 @@ def _clamped_values(
     else:
         raw = pc.cast(data, pa.float64()).to_numpy()
         if np.isnan(raw).any():
-            raise UserError(
-                f"column {column!r} has NaN values; they are outside any bounds"
-            )
+            raise UserError(f"column {column!r} has NaN values; they are outside any bounds")
         lo, hi = calibration.lower, calibration.upper
     below = int(np.count_nonzero(raw < lo))
     above = int(np.count_nonzero(raw > hi))
     values = np.clip(raw, lo, hi)
-    if (
-        calibration.integer
-        and calibration.query != "count"
-        and values.dtype != np.int64
-    ):
+    if calibration.integer and calibration.query != "count" and values.dtype != np.int64:
         if not np.array_equal(values, np.floor(values)):
             raise UserError(
                 f"column {column!r} has non-integer values but was declared integer; "
@@ -236,9 +217,7 @@ def _clamped_values(
     return values, below, above
 
 
-def _group_codes(
-    table: pa.Table, domain: Mapping[str, Sequence[Any]]
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _group_codes(table: pa.Table, domain: Mapping[str, Sequence[Any]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Each row's group index in the row-major product of the domains, and the labels of every
     group index per column."""
     codes = np.zeros(table.num_rows, dtype=np.int64)
@@ -249,16 +228,12 @@ def _group_codes(
     stride = total
     for (name, labels), size in zip(domain.items(), sizes, strict=True):
         if name not in table.column_names:
-            raise UserError(
-                f"group column {name!r} not found; the table has {table.column_names}"
-            )
+            raise UserError(f"group column {name!r} not found; the table has {table.column_names}")
         texts = [str(label) for label in labels]
         column = table.column(name)
         if column.null_count:
             raise UserError(f"group column {name!r} has missing values")
-        position = pc.index_in(
-            pc.cast(column, pa.string()), value_set=pa.array(texts, pa.string())
-        )
+        position = pc.index_in(pc.cast(column, pa.string()), value_set=pa.array(texts, pa.string()))
         outside = position.null_count
         if outside:
             raise UserError(
@@ -271,9 +246,7 @@ def _group_codes(
     return codes, labels_out
 
 
-def _true_statistics(
-    values: np.ndarray, codes: np.ndarray, groups: int, calibration: Calibration
-) -> np.ndarray:
+def _true_statistics(values: np.ndarray, codes: np.ndarray, groups: int, calibration: Calibration) -> np.ndarray:
     """The exact statistic per group before noise: counts, or sums of clamped values (the mean
     is released through its sum, see the module doc)."""
     if calibration.query == "count":
@@ -289,14 +262,10 @@ def _true_statistics(
         return np.bincount(codes, weights=values.astype(np.float64), minlength=groups)
     order = np.argsort(codes, kind="stable")
     bounds = np.cumsum(np.bincount(codes, minlength=groups))[:-1]
-    return np.array(
-        [math.fsum(part) for part in np.split(values[order], bounds)], dtype=float
-    )
+    return np.array([math.fsum(part) for part in np.split(values[order], bounds)], dtype=float)
 
 
-def _opendp_laplace(
-    true: np.ndarray, scale: float, calibration: Calibration
-) -> np.ndarray:
+def _opendp_laplace(true: np.ndarray, scale: float, calibration: Calibration) -> np.ndarray:
     """One OpenDP Laplace measurement over the whole vector (L1 metric), applied once; its
     privacy map must not exceed the calibration's epsilon."""
     import opendp.prelude as dp

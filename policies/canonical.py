@@ -49,24 +49,18 @@ def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) 
 
 def policy_sha256(policy: Policy, hierarchies: Mapping[str, Hierarchy]) -> str:
     """sha256 (hex) of :func:`policy_canonical_json`."""
-    return hashlib.sha256(
-        policy_canonical_json(policy, hierarchies).encode("utf-8")
-    ).hexdigest()
+    return hashlib.sha256(policy_canonical_json(policy, hierarchies).encode("utf-8")).hexdigest()
 
 
 def hierarchy_sha256(rows: Hierarchy) -> str:
     """sha256 of a hierarchy's parsed rows (as compact JSON): line endings and BOMs do not count."""
-    text = json.dumps(
-        [list(row) for row in rows], separators=(",", ":"), ensure_ascii=False
-    )
+    text = json.dumps([list(row) for row in rows], separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _hierarchy_schemes(body: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     """The dumped hierarchy schemes with their column."""
-    found = [
-        (s, c) for c, s in body["generalization"].items() if s["type"] == "hierarchy"
-    ]
+    found = [(s, c) for c, s in body["generalization"].items() if s["type"] == "hierarchy"]
     for schemes in body["candidate_schemes"].values():
         found.extend((s, c) for c, s in schemes.items() if s["type"] == "hierarchy")
     return found
@@ -80,7 +74,5 @@ def _normalize(value: Any) -> Any:
         return [_normalize(v) for v in value]
     if isinstance(value, float):
         return value + 0.0
-    assert value is None or isinstance(value, (str, int, bool)), (
-        f"not canonical JSON: {value!r}"
-    )
+    assert value is None or isinstance(value, (str, int, bool)), f"not canonical JSON: {value!r}"
     return value

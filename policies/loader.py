@@ -23,11 +23,11 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 import yaml
-from privrelease.mechanisms.schemes import ColumnScheme
 from pydantic import ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.schemes import ColumnScheme
 
 from .canonical import policy_sha256
 from .schema import (
@@ -75,9 +75,7 @@ class LoadedPolicy:
             raise KeyError(f"no generalization scheme for column {column!r}")
         return scheme.to_scheme(self.hierarchies.get(column))
 
-    def schemes(
-        self, columns: Iterable[str], candidate: str | None = None
-    ) -> dict[str, ColumnScheme]:
+    def schemes(self, columns: Iterable[str], candidate: str | None = None) -> dict[str, ColumnScheme]:
         """Compiled schemes of ``columns``, in that order."""
         return {column: self.scheme(column, candidate) for column in columns}
 
@@ -92,17 +90,13 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     except IsADirectoryError:
         raise UserError(f"policy path is a folder, not a YAML file: {path}") from None
     except UnicodeDecodeError as exc:
-        raise UserError(
-            f"policy file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
-        ) from None
+        raise UserError(f"policy file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except OSError as exc:
         raise UserError(f"cannot read policy file {path}: {exc.strerror}") from None
     return _load(text, path.parent, source=str(path), path=path)
 
 
-def load_policy_text(
-    text: str, base_dir: str | Path, *, source: str = "<policy>"
-) -> LoadedPolicy:
+def load_policy_text(text: str, base_dir: str | Path, *, source: str = "<policy>") -> LoadedPolicy:
     """Validate and hash policy ``text``; relative paths resolve against ``base_dir``.
 
     ``source`` names the text in error messages.
@@ -162,9 +156,7 @@ _PolicyYamlLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_PolicyYamlLoader.add_implicit_resolver(
-    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
+_PolicyYamlLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _PolicyYamlLoader.add_implicit_resolver(
     _FLOAT,
     re.compile(
@@ -184,9 +176,7 @@ def _parse_yaml(text: str, source: str) -> tuple[MappingNode, Any]:
     try:
         root = loader.get_single_node()
         if root is None:
-            raise UserError(
-                f"{source}: the policy is empty; expected a YAML mapping with name, version, ..."
-            )
+            raise UserError(f"{source}: the policy is empty; expected a YAML mapping with name, version, ...")
         if not isinstance(root, MappingNode):
             raise UserError(
                 f"{source}, line {root.start_mark.line + 1}: the policy must be a YAML mapping "
@@ -197,11 +187,7 @@ def _parse_yaml(text: str, source: str) -> tuple[MappingNode, Any]:
         data = loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        where = (
-            f"{source}, line {mark.line + 1}, column {mark.column + 1}"
-            if mark
-            else source
-        )
+        where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else source
         problem = " ".join(p for p in (exc.context, exc.problem) if p)
         raise UserError(f"{where}: invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
@@ -289,11 +275,7 @@ def _line_of(root: Node, loc: Loc) -> int:
                     break
             else:
                 return line
-        elif (
-            isinstance(node, SequenceNode)
-            and isinstance(part, int)
-            and 0 <= part < len(node.value)
-        ):
+        elif isinstance(node, SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             node = node.value[part]
             line = node.start_mark.line + 1
         else:
@@ -353,16 +335,10 @@ def _user_error(exc: ValidationError, root: Node, source: str) -> UserError:
     problems: list[tuple[Loc, str]] = []
     for error in exc.errors(include_url=False):
         problems.extend(_describe(error))
-    located = sorted(
-        ((_line_of(root, loc), loc, msg) for loc, msg in problems), key=lambda p: p[0]
-    )
+    located = sorted(((_line_of(root, loc), loc, msg) for loc, msg in problems), key=lambda p: p[0])
     line, loc, message = located[0]
     more = len(located) - 1
-    suffix = (
-        f" (and {more} more problem{'s' if more > 1 else ''} in this policy)"
-        if more
-        else ""
-    )
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''} in this policy)" if more else ""
     return UserError(f"{source}, line {line}, {format_loc(loc)}: {message}{suffix}")
 
 
@@ -389,9 +365,7 @@ def _describe(error: Mapping[str, Any]) -> list[tuple[Loc, str]]:
             )
         ]
     if kind == "union_tag_not_found":
-        return [
-            ((*loc, "type"), f"type is required: one of {', '.join(MECHANISM_TYPES)}")
-        ]
+        return [((*loc, "type"), f"type is required: one of {', '.join(MECHANISM_TYPES)}")]
     if kind == "scheme_form":
         return [(loc, f"{error['msg']}; got {value}")]
     if kind == "literal_error":
@@ -422,9 +396,7 @@ def _strip_union_tags(loc: Loc) -> Loc:
         and parts[2] in SCHEME_TYPES
     ):
         del parts[2]
-    elif (
-        len(parts) >= 4 and parts[0] == "candidate_schemes" and parts[3] in SCHEME_TYPES
-    ):
+    elif len(parts) >= 4 and parts[0] == "candidate_schemes" and parts[3] in SCHEME_TYPES:
         del parts[3]
     return tuple(parts)
 
@@ -432,9 +404,7 @@ def _strip_union_tags(loc: Loc) -> Loc:
 # --------------------------------------------------------------------------- hierarchies
 
 
-def _read_hierarchies(
-    policy: Policy, base_dir: Path, root: Node, source: str
-) -> dict[str, Hierarchy]:
+def _read_hierarchies(policy: Policy, base_dir: Path, root: Node, source: str) -> dict[str, Hierarchy]:
     """Parse every hierarchy file the policy names; one file per column; check each level."""
     files: dict[str, tuple[Path, Loc]] = {}
     hierarchies: dict[str, Hierarchy] = {}
@@ -490,30 +460,20 @@ def read_hierarchy(path: Path) -> Hierarchy:
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
             numbered = [
-                (n, tuple(row))
-                for n, row in enumerate(
-                    csv.reader(handle, delimiter=HIERARCHY_DELIMITER), 1
-                )
-                if row
+                (n, tuple(row)) for n, row in enumerate(csv.reader(handle, delimiter=HIERARCHY_DELIMITER), 1) if row
             ]
     except FileNotFoundError:
         raise ValueError(
             f"hierarchy file not found: {path} (relative paths resolve against the policy's folder)"
         ) from None
     except IsADirectoryError:
-        raise ValueError(
-            f"hierarchy path is a folder, not a CSV file: {path}"
-        ) from None
+        raise ValueError(f"hierarchy path is a folder, not a CSV file: {path}") from None
     except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"hierarchy file {path} is not UTF-8 text (byte {exc.start})"
-        ) from None
+        raise ValueError(f"hierarchy file {path} is not UTF-8 text (byte {exc.start})") from None
     except csv.Error as exc:
         raise ValueError(f"hierarchy file {path} is not valid CSV: {exc}") from None
     if not numbered:
-        raise ValueError(
-            f"hierarchy file {path} is empty; expected rows value;level1;...;*"
-        )
+        raise ValueError(f"hierarchy file {path} is empty; expected rows value;level1;...;*")
     first_line, first = numbered[0]
     if len(first) < 2:
         raise ValueError(

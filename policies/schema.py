@@ -20,14 +20,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from privrelease.mechanisms.schemes import (
-    Bins,
-    ColumnScheme,
-    Keep,
-    Suppress,
-    TopBottomCoding,
-    ValueMap,
-)
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -41,6 +33,15 @@ from pydantic import (
     Tag,
     field_validator,
     model_validator,
+)
+
+from privrelease.mechanisms.schemes import (
+    Bins,
+    ColumnScheme,
+    Keep,
+    Suppress,
+    TopBottomCoding,
+    ValueMap,
 )
 
 Loc = tuple[str | int, ...]
@@ -95,11 +96,7 @@ def show(value: Any, limit: int = 80) -> str:
     elif isinstance(value, (list, tuple)):
         text = "[" + ", ".join(show(v, limit) for v in value) + "]"
     elif isinstance(value, dict):
-        text = (
-            "{"
-            + ", ".join(f"{show(k)}: {show(v, limit)}" for k, v in value.items())
-            + "}"
-        )
+        text = "{" + ", ".join(f"{show(k)}: {show(v, limit)}" for k, v in value.items()) + "}"
     elif value is None:
         text = "null"
     else:
@@ -117,9 +114,7 @@ def _num(value: float) -> str:
 # --------------------------------------------------------------------------- field types
 
 
-def _check(
-    name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool = False
-) -> BeforeValidator:
+def _check(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool = False) -> BeforeValidator:
     """A validator raising "``name`` must be ``allowed``; got ``value``" for a wrong type or range.
 
     Numbers only: booleans, text and non-finite values are refused; an integer field refuses 2.5
@@ -128,11 +123,7 @@ def _check(
     kinds: tuple[type, ...] = (int,) if integer else (int, float)
 
     def check(value: Any) -> Any:
-        numeric = (
-            isinstance(value, kinds)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-        )
+        numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
         if not (numeric and ok(value)):
             raise ValueError(f"{name} must be {allowed}; got {show(value)}")
         return value
@@ -157,9 +148,7 @@ def _unique(items: tuple[str, ...]) -> tuple[str, ...]:
     seen: set[str] = set()
     for item in items:
         if item in seen:
-            raise ValueError(
-                f"must not repeat an entry; {item!r} appears twice in {show(items)}"
-            )
+            raise ValueError(f"must not repeat an entry; {item!r} appears twice in {show(items)}")
         seen.add(item)
     return items
 
@@ -187,16 +176,12 @@ def _at_least(count: int, what: str) -> AfterValidator:
 
 Beta = Annotated[float, _check("beta", "in (0, 1]", lambda v: 0 < v <= 1)]
 K = Annotated[int, _check("k", "an integer >= 1", lambda v: v >= 1, integer=True)]
-Gamma = Annotated[
-    int, _check("gamma", "an integer >= 2", lambda v: v >= 2, integer=True)
-]
+Gamma = Annotated[int, _check("gamma", "an integer >= 2", lambda v: v >= 2, integer=True)]
 Epsilon = Annotated[float, _check("epsilon", ">= 0", lambda v: v >= 0)]
 PositiveEpsilon = Annotated[float, _check("epsilon", "> 0", lambda v: v > 0)]
 Rho = Annotated[float, _check("rho", "in (0, 1)", lambda v: 0 < v < 1)]
 Delta = Annotated[float, _check("delta", "in (0, 1)", lambda v: 0 < v < 1)]
-Level = Annotated[
-    int, _check("level", "an integer >= 0", lambda v: v >= 0, integer=True)
-]
+Level = Annotated[int, _check("level", "an integer >= 0", lambda v: v >= 0, integer=True)]
 Rows = Annotated[int, _check("rows", "an integer >= 1", lambda v: v >= 1, integer=True)]
 
 
@@ -213,9 +198,7 @@ class _Model(BaseModel):
                     fields = list(cls.model_fields)
                     close = difflib.get_close_matches(str(key), fields, n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    message = (
-                        f"unknown field {key!r}{hint}; allowed: {', '.join(fields)}"
-                    )
+                    message = f"unknown field {key!r}{hint}; allowed: {', '.join(fields)}"
                     raise FieldError.at((key,), message)
         return data
 
@@ -235,9 +218,7 @@ class CsvOptions(_Model):
     @classmethod
     def _one_character(cls, value: str | None, info: Any) -> str | None:
         if value is not None and (len(value) != 1 or value in "\r\n"):
-            raise ValueError(
-                f"{info.field_name} must be one character (not a newline); got {show(value)}"
-            )
+            raise ValueError(f"{info.field_name} must be one character (not a newline); got {show(value)}")
         return value
 
     @field_validator("encoding")
@@ -262,9 +243,7 @@ class ColumnSpec(_Model):
 
     @field_validator("values")
     @classmethod
-    def _values_match_type(
-        cls, values: tuple[Any, ...] | None, info: Any
-    ) -> tuple[Any, ...] | None:
+    def _values_match_type(cls, values: tuple[Any, ...] | None, info: Any) -> tuple[Any, ...] | None:
         if values is None:
             return None
         kind = info.data.get("type")
@@ -276,9 +255,7 @@ class ColumnSpec(_Model):
         seen: dict[Any, int] = {}
         for i, v in enumerate(converted):
             if v in seen:
-                raise FieldError.at(
-                    (i,), f"value {show(v)} is listed twice (at {seen[v]} and {i})"
-                )
+                raise FieldError.at((i,), f"value {show(v)} is listed twice (at {seen[v]} and {i})")
             seen[v] = i
         return converted
 
@@ -301,9 +278,7 @@ def _as_column_value(kind: str, index: int, value: Any) -> Any:
     if kind == "float" and isinstance(value, (int, float)):
         return float(value)
     allowed = "an integer" if kind == "integer" else "a number"
-    raise FieldError.at(
-        (index,), f"a value of a {kind} column must be {allowed}; got {show(value)}"
-    )
+    raise FieldError.at((index,), f"a value of a {kind} column must be {allowed}; got {show(value)}")
 
 
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
@@ -339,9 +314,7 @@ class Dataset(_Model):
     def _file_path_or_uri(cls, value: str) -> str:
         match = _URI.match(value)
         if match and match.group(1).lower() != "file":
-            raise ValueError(
-                f"path must be a file path or a file:// URI; got {show(value)}"
-            )
+            raise ValueError(f"path must be a file path or a file:// URI; got {show(value)}")
         return value
 
     @model_validator(mode="after")
@@ -401,15 +374,9 @@ class HierarchyScheme(_Scheme):
 
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
         """``ValueMap(leaf -> row[level], default=None)``: a value that is no leaf is out of domain."""
-        assert hierarchy is not None, (
-            "a hierarchy scheme compiles from the parsed hierarchy rows"
-        )
-        assert self.level < len(hierarchy[0]), (
-            "the loader checks level against the depth"
-        )
-        return ValueMap(
-            mapping=tuple((row[0], row[self.level]) for row in hierarchy), default=None
-        )
+        assert hierarchy is not None, "a hierarchy scheme compiles from the parsed hierarchy rows"
+        assert self.level < len(hierarchy[0]), "the loader checks level against the depth"
+        return ValueMap(mapping=tuple((row[0], row[self.level]) for row in hierarchy), default=None)
 
 
 class BinsScheme(_Scheme):
@@ -424,9 +391,7 @@ class BinsScheme(_Scheme):
     def _edges_increase(self) -> BinsScheme:
         edges = self.bins
         if len(edges) < 2:
-            raise FieldError.at(
-                ("bins",), f"bins must list at least two edges; got {show(edges)}"
-            )
+            raise FieldError.at(("bins",), f"bins must list at least two edges; got {show(edges)}")
         for i in range(len(edges) - 1):
             lo, hi = edges[i], edges[i + 1]
             if hi == lo:
@@ -465,14 +430,8 @@ class TopBottomScheme(_Scheme):
     @model_validator(mode="after")
     def _bounds(self) -> TopBottomScheme:
         if self.top is None and self.bottom is None:
-            raise FieldError.at(
-                ("top",), "top/bottom coding needs top, bottom or both; got neither"
-            )
-        if (
-            self.top is not None
-            and self.bottom is not None
-            and not self.bottom < self.top
-        ):
+            raise FieldError.at(("top",), "top/bottom coding needs top, bottom or both; got neither")
+        if self.top is not None and self.bottom is not None and not self.bottom < self.top:
             raise FieldError.at(
                 ("bottom",),
                 f"bottom must be < top; got bottom {_num(self.bottom)}, top {_num(self.top)}",
@@ -587,10 +546,7 @@ class _Generalizing(_Mechanism):
     epsilon: Epsilon | None = None
 
     def column_refs(self) -> list[ColumnRef]:
-        return [
-            ColumnRef(("columns", i), c, needs_scheme=True)
-            for i, c in enumerate(self.columns)
-        ]
+        return [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
 
     @property
     def samples(self) -> bool:
@@ -640,13 +596,9 @@ class IdentifiableStatisticMechanism(_Mechanism):
     by: Names = ()
 
     def column_refs(self) -> list[ColumnRef]:
-        refs = [
-            ColumnRef(("by", i), c, needs_domain=True) for i, c in enumerate(self.by)
-        ]
+        refs = [ColumnRef(("by", i), c, needs_domain=True) for i, c in enumerate(self.by)]
         if self.column is not None:
-            refs.insert(
-                0, ColumnRef(("column",), self.column, numeric=self.query != "count")
-            )
+            refs.insert(0, ColumnRef(("column",), self.column, numeric=self.query != "count"))
         return refs
 
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
@@ -679,11 +631,7 @@ class IdentifiableStatisticMechanism(_Mechanism):
             return self
         for field in ("column", "lower", "upper"):
             if getattr(self, field) is None:
-                what = (
-                    "the numeric column to aggregate"
-                    if field == "column"
-                    else "a number (the clamp bound)"
-                )
+                what = "the numeric column to aggregate" if field == "column" else "a number (the clamp bound)"
                 raise FieldError.at((field,), f"a {self.query} needs {field}: {what}")
         assert self.lower is not None and self.upper is not None
         if not self.lower < self.upper:
@@ -705,20 +653,13 @@ class SpluGenMechanism(_Mechanism):
 
     def column_refs(self) -> list[ColumnRef]:
         refs = [ColumnRef(("sensitive", i), c) for i, c in enumerate(self.sensitive)]
-        return refs + [
-            ColumnRef(("columns", i), c, needs_scheme=True)
-            for i, c in enumerate(self.columns)
-        ]
+        return refs + [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
 
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
         """A sensitive column with a declared domain needs at least gamma values."""
         for j, column in enumerate(self.sensitive):
             spec = policy.dataset.columns.get(column)
-            if (
-                spec is not None
-                and spec.values is not None
-                and len(spec.values) < self.gamma
-            ):
+            if spec is not None and spec.values is not None and len(spec.values) < self.gamma:
                 yield Issue(
                     (*here, "sensitive", j),
                     f"sensitive column {column!r} declares {len(spec.values)} values; decoy groups "
@@ -738,10 +679,7 @@ class SpluGenMechanism(_Mechanism):
 
 MECHANISM_TYPES = ("sdgs", "histogram", "identifiable_statistic", "splu_gen")
 Mechanism = Annotated[
-    SdgsMechanism
-    | HistogramMechanism
-    | IdentifiableStatisticMechanism
-    | SpluGenMechanism,
+    SdgsMechanism | HistogramMechanism | IdentifiableStatisticMechanism | SpluGenMechanism,
     Field(discriminator="type"),
 ]
 
@@ -755,9 +693,7 @@ class SpluPrivacyTarget(_Model):
 
     epsilon: PositiveEpsilon
     t_p: Annotated[float, _check("t_p", "in (0, 1)", lambda v: 0 < v < 1)]
-    alpha: Annotated[
-        int, _check("alpha", "an integer >= 1", lambda v: v >= 1, integer=True)
-    ]
+    alpha: Annotated[int, _check("alpha", "an integer >= 1", lambda v: v >= 1, integer=True)]
 
 
 class SpluUtilityTarget(_Model):
@@ -780,9 +716,7 @@ class Targets(_Model):
     """What the release must guarantee; checked before any data is read."""
 
     accounting: Literal["probabilistic", "approximate"] = "probabilistic"
-    max_epsilon: (
-        Annotated[float, _check("max_epsilon", ">= 0", lambda v: v >= 0)] | None
-    ) = None
+    max_epsilon: Annotated[float, _check("max_epsilon", ">= 0", lambda v: v >= 0)] | None = None
     delta: Delta | None = None
     rho: Rho | None = None
     splu_privacy: SpluPrivacyTarget | None = None
@@ -801,17 +735,13 @@ class Policy(_Model):
     description: Text | None = None
     dataset: Dataset
     generalization: dict[Name, Scheme] = {}
-    candidate_schemes: dict[
-        Name, Annotated[dict[Name, Scheme], _at_least(1, "column scheme")]
-    ] = {}
+    candidate_schemes: dict[Name, Annotated[dict[Name, Scheme], _at_least(1, "column scheme")]] = {}
     mechanisms: Annotated[tuple[Mechanism, ...], _at_least(1, "mechanism")]
     targets: Targets = Targets()
 
     def scheme_for(self, column: str, candidate: str | None = None) -> _Scheme | None:
         """The scheme of ``column``: the candidate's when it defines one, else ``generalization``."""
-        if candidate is not None and column in self.candidate_schemes.get(
-            candidate, {}
-        ):
+        if candidate is not None and column in self.candidate_schemes.get(candidate, {}):
             return self.candidate_schemes[candidate][column]
         return self.generalization.get(column)
 
@@ -866,9 +796,7 @@ def _check_schemes(policy: Policy) -> Iterator[Issue]:
             yield from _check_domain(loc, column, scheme, spec.values)
 
 
-def _check_domain(
-    loc: Loc, column: str, scheme: _Scheme, values: Sequence[Any]
-) -> Iterator[Issue]:
+def _check_domain(loc: Loc, column: str, scheme: _Scheme, values: Sequence[Any]) -> Iterator[Issue]:
     """Each declared value of the column must be inside the scheme's domain."""
     if isinstance(scheme, MapScheme) and scheme.default is None:
         missing = [v for v in values if _number_as_text(v) not in scheme.map]
@@ -911,9 +839,7 @@ def _check_mechanisms(policy: Policy) -> Iterator[Issue]:
         yield from mechanism.policy_issues(policy, here)
 
 
-def _check_ref(
-    policy: Policy, mechanism: _Mechanism, loc: Loc, ref: ColumnRef
-) -> Iterator[Issue]:
+def _check_ref(policy: Policy, mechanism: _Mechanism, loc: Loc, ref: ColumnRef) -> Iterator[Issue]:
     spec = policy.dataset.columns.get(ref.column)
     if spec is None:
         yield Issue(
@@ -934,9 +860,7 @@ def _check_ref(
         )
     if ref.needs_scheme and ref.column not in policy.generalization:
         candidates = [c for c in mechanism.candidates if c in policy.candidate_schemes]
-        if candidates and all(
-            ref.column in policy.candidate_schemes[c] for c in candidates
-        ):
+        if candidates and all(ref.column in policy.candidate_schemes[c] for c in candidates):
             return
         where = f"generalization.{ref.column}"
         if candidates:

@@ -63,9 +63,7 @@ def fingerprint(path: str | Path) -> tuple[str, int]:
                 digest.update(chunk)
                 size += len(chunk)
     except OSError as exc:
-        raise UserError(
-            f"cannot read dataset file {str(path)!r}: {exc.strerror or exc}"
-        ) from exc
+        raise UserError(f"cannot read dataset file {str(path)!r}: {exc.strerror or exc}") from exc
     return digest.hexdigest(), size
 
 
@@ -122,9 +120,7 @@ def _check_arguments(format: str, columns: dict[str, str], missing: str) -> None
         raise UserError("columns must declare at least one column")
     for name, kind in columns.items():
         if kind not in COLUMN_TYPES:
-            raise UserError(
-                f"column {name!r}: type must be one of {', '.join(COLUMN_TYPES)}; got {kind!r}"
-            )
+            raise UserError(f"column {name!r}: type must be one of {', '.join(COLUMN_TYPES)}; got {kind!r}")
     if missing not in ("reject", "drop"):
         raise UserError(f"missing must be 'reject' or 'drop'; got {missing!r}")
 
@@ -144,14 +140,11 @@ def _sniff_delimiter(path: Path, encoding: str) -> str:
     try:
         return csv.Sniffer().sniff(sample, delimiters=SNIFFED_DELIMITERS).delimiter
     except csv.Error as exc:
-        if not any(
-            candidate in sample.splitlines()[0] for candidate in SNIFFED_DELIMITERS
-        ):
+        if not any(candidate in sample.splitlines()[0] for candidate in SNIFFED_DELIMITERS):
             return ","  # a single column: any delimiter reads it
 
         raise UserError(
-            f"could not detect the delimiter of {str(path)!r} (tried {SNIFFED_DELIMITERS!r});"
-            " declare it"
+            f"could not detect the delimiter of {str(path)!r} (tried {SNIFFED_DELIMITERS!r}); declare it"
         ) from exc
 
 
@@ -188,14 +181,10 @@ def _read_csv(
             strings_can_be_null=False,
             quoted_strings_can_be_null=False,
         )
-        return pcsv.read_csv(
-            path, read_options=read, parse_options=parse, convert_options=convert
-        )
+        return pcsv.read_csv(path, read_options=read, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, UnicodeDecodeError, LookupError) as exc:
         if "Empty CSV file" in str(exc):
-            raise UserError(
-                f"dataset file {str(path)!r} has no header and no rows"
-            ) from exc
+            raise UserError(f"dataset file {str(path)!r} has no header and no rows") from exc
         raise UserError(f"dataset file {str(path)!r} is not valid CSV: {exc}") from exc
 
 
@@ -207,16 +196,11 @@ def _read_parquet(path: Path, columns: dict[str, str]) -> pa.Table:
             name
             for name in columns
             if columns[name] == "string"
-            and (
-                pa.types.is_string(schema.field(name).type)
-                or pa.types.is_large_string(schema.field(name).type)
-            )
+            and (pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type))
         ]
         return pq.read_table(path, columns=list(columns), read_dictionary=as_dictionary)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise UserError(
-            f"dataset file {str(path)!r} is not a readable Parquet file: {exc}"
-        ) from exc
+        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
 
 
 def _is_text(type_: pa.DataType) -> bool:
@@ -225,9 +209,7 @@ def _is_text(type_: pa.DataType) -> bool:
     return pa.types.is_string(type_) or pa.types.is_large_string(type_)
 
 
-def _missing_mask(
-    column: pa.ChunkedArray, missing_values: tuple[str, ...]
-) -> np.ndarray | None:
+def _missing_mask(column: pa.ChunkedArray, missing_values: tuple[str, ...]) -> np.ndarray | None:
     """True where the value is missing: null, NaN, or (text) a missing token after trimming
     spaces. None when nothing is missing (the common case, found without a per-row array)."""
     tokens = pa.array(missing_values, pa.string())
@@ -241,19 +223,10 @@ def _missing_mask(
             if dictionary is None or not chunk.dictionary.equals(dictionary):
                 dictionary = chunk.dictionary
                 per_value = token(dictionary).to_numpy(zero_copy_only=False)
-            parts.append(
-                per_value[chunk.indices.fill_null(0).to_numpy()]
-                if per_value.any()
-                else None
-            )
+            parts.append(per_value[chunk.indices.fill_null(0).to_numpy()] if per_value.any() else None)
         if all(part is None for part in parts) and not column.null_count:
             return None
-        mask = np.concatenate(
-            [
-                np.zeros(len(c), bool) if p is None else p
-                for c, p in zip(column.chunks, parts)
-            ]
-        )
+        mask = np.concatenate([np.zeros(len(c), bool) if p is None else p for c, p in zip(column.chunks, parts)])
     elif _is_text(column.type):
         mask = token(column).to_numpy()
     elif pa.types.is_floating(column.type):
@@ -289,26 +262,17 @@ def _check_columns(
     if drop is not None:
         kept = np.flatnonzero(~drop) + 1
         if kept.size == 0:
-            raise UserError(
-                f"every data row of {str(path)!r} has a missing value; nothing is left"
-            )
+            raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
         raw = raw.filter(pa.array(~drop))
-    checked = {
-        name: _convert(raw.column(name), name, kind, kept)
-        for name, kind in columns.items()
-    }
-    return DatasetRead(
-        pa.table(checked), rows_read=rows_read, rows_dropped=rows_read - raw.num_rows
-    )
+    checked = {name: _convert(raw.column(name), name, kind, kept) for name, kind in columns.items()}
+    return DatasetRead(pa.table(checked), rows_read=rows_read, rows_dropped=rows_read - raw.num_rows)
 
 
 def _display(value: pa.Scalar) -> str:
     return "null" if not value.is_valid else repr(value.as_py())
 
 
-def _convert(
-    column: pa.ChunkedArray, name: str, kind: str, kept: np.ndarray | None
-) -> pa.ChunkedArray:
+def _convert(column: pa.ChunkedArray, name: str, kind: str, kept: np.ndarray | None) -> pa.ChunkedArray:
     """``column`` (no missing values left) as the declared type; ``kept``: the data row number
     of each row (None: row i is data row i + 1), for error messages."""
     if kind == "string":
@@ -318,9 +282,7 @@ def _convert(
             column = pc.dictionary_encode(column)
         return column
     target = _ARROW_TYPES[kind]
-    numeric = pa.types.is_integer(column.type) or (
-        kind == "float" and pa.types.is_floating(column.type)
-    )
+    numeric = pa.types.is_integer(column.type) or (kind == "float" and pa.types.is_floating(column.type))
     if numeric:
         return column.cast(target)
     if not _is_text(column.type):

@@ -160,7 +160,9 @@ def mechanism_event(loaded: LoadedPolicy, mechanism) -> tuple[Event | None, dict
             return None, facts
         return identifiability.laplace_event(calibration), facts
     if kind == "splu_gen":
-        return SPLUGen(gamma=mechanism.gamma, sensitive=tuple(mechanism.sensitive)), _splu_facts(loaded, mechanism.gamma)
+        return SPLUGen(gamma=mechanism.gamma, sensitive=tuple(mechanism.sensitive)), _splu_facts(
+            loaded, mechanism.gamma
+        )
     raise AssertionError(f"unknown mechanism type {kind!r}")
 
 
@@ -213,7 +215,9 @@ def _composed_facts(loaded: LoadedPolicy, tree: Composed, composed) -> dict[str,
     if fsmooth is not None and all(eps0 >= min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
         facts["fsmooth"] = {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}
     if any(isinstance(leaf, SPLUGen) for leaf in leaves(tree)):
-        facts["not_dp"] = "SPLU-Gen output is not differentially private: the release as a whole has no (eps, delta)-DP guarantee"
+        facts["not_dp"] = (
+            "SPLU-Gen output is not differentially private: the release as a whole has no (eps, delta)-DP guarantee"
+        )
     return facts
 
 
@@ -229,36 +233,71 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
     checks = [Check(f"{name}: rho feasible", "rho > 1/m", "infeasible", False) for name in infeasible]
     dp_kinds = {"sdgs", "histogram", "identifiable_statistic"}
     if targets.max_epsilon is not None:
-        checks.append(Check(f"max_epsilon ({targets.accounting})", f"<= {targets.max_epsilon:g}",
-                            _fmt(guarantee.epsilon) if guarantee.supported else f"none: {guarantee.detail}",
-                            guarantee.supported and guarantee.epsilon <= targets.max_epsilon))
+        checks.append(
+            Check(
+                f"max_epsilon ({targets.accounting})",
+                f"<= {targets.max_epsilon:g}",
+                _fmt(guarantee.epsilon) if guarantee.supported else f"none: {guarantee.detail}",
+                guarantee.supported and guarantee.epsilon <= targets.max_epsilon,
+            )
+        )
     if targets.delta is not None:
-        checks.append(Check(f"delta ({targets.accounting})", f"<= {targets.delta:g}",
-                            _fmt(guarantee.delta) if guarantee.supported else f"none: {guarantee.detail}",
-                            guarantee.supported and guarantee.delta <= targets.delta))
+        checks.append(
+            Check(
+                f"delta ({targets.accounting})",
+                f"<= {targets.delta:g}",
+                _fmt(guarantee.delta) if guarantee.supported else f"none: {guarantee.detail}",
+                guarantee.supported and guarantee.delta <= targets.delta,
+            )
+        )
     elif any(m.type in dp_kinds and m.guarantees[targets.accounting].delta > 0 for m in mechanisms):
         checks.append(Check("delta", "declared", "no delta target, but a mechanism has delta > 0", False))
     if targets.rho is not None:
         for m in mechanisms:
             if "rho_achieved" in m.facts:
-                checks.append(Check(f"{m.name}: rho", f"<= {targets.rho:g}", _fmt(m.facts["rho_achieved"]),
-                                    m.facts["rho_achieved"] <= targets.rho * (1 + 1e-9)))
+                checks.append(
+                    Check(
+                        f"{m.name}: rho",
+                        f"<= {targets.rho:g}",
+                        _fmt(m.facts["rho_achieved"]),
+                        m.facts["rho_achieved"] <= targets.rho * (1 + 1e-9),
+                    )
+                )
         if facts.get("rho_composed_statistics") is not None and sum("rho_achieved" in m.facts for m in mechanisms) > 1:
             rho = facts["rho_composed_statistics"]
-            checks.append(Check("rho (statistics composed)", f"<= {targets.rho:g}", _fmt(rho), rho <= targets.rho * (1 + 1e-9)))
+            checks.append(
+                Check("rho (statistics composed)", f"<= {targets.rho:g}", _fmt(rho), rho <= targets.rho * (1 + 1e-9))
+            )
     for m in mechanisms:
         if "t_p" in m.facts:
             want = targets.splu_privacy
-            checks.append(Check(f"{m.name}: SPLU T_p (eps {want.epsilon:g}, alpha {want.alpha})",
-                                f">= {want.t_p:g}", _fmt(m.facts["t_p"]), m.facts["t_p"] >= want.t_p))
+            checks.append(
+                Check(
+                    f"{m.name}: SPLU T_p (eps {want.epsilon:g}, alpha {want.alpha})",
+                    f">= {want.t_p:g}",
+                    _fmt(m.facts["t_p"]),
+                    m.facts["t_p"] >= want.t_p,
+                )
+            )
         if "t_f" in m.facts:
             want = targets.splu_utility
-            checks.append(Check(f"{m.name}: SPLU T_f (eps {want.epsilon:g}, T_E {want.t_e:g})",
-                                f"<= {want.t_f:g}", _fmt(m.facts["t_f"]), m.facts["t_f"] <= want.t_f))
+            checks.append(
+                Check(
+                    f"{m.name}: SPLU T_f (eps {want.epsilon:g}, T_E {want.t_e:g})",
+                    f"<= {want.t_f:g}",
+                    _fmt(m.facts["t_f"]),
+                    m.facts["t_f"] <= want.t_f,
+                )
+            )
     budget = targets.lifetime_budget
     if budget is not None and any(m.type in dp_kinds for m in mechanisms):
         fits = guarantee.supported and guarantee.epsilon <= budget.epsilon and guarantee.delta <= budget.delta
-        checks.append(Check("fits the lifetime budget (before earlier releases)",
-                            f"eps <= {budget.epsilon:g}, delta <= {budget.delta:g}",
-                            f"eps {_fmt(guarantee.epsilon)}, delta {_fmt(guarantee.delta)}", fits))
+        checks.append(
+            Check(
+                "fits the lifetime budget (before earlier releases)",
+                f"eps <= {budget.epsilon:g}, delta <= {budget.delta:g}",
+                f"eps {_fmt(guarantee.epsilon)}, delta {_fmt(guarantee.delta)}",
+                fits,
+            )
+        )
     return checks

@@ -35,19 +35,13 @@ class Settings(BaseSettings):
 
     @field_validator("default_lifetime_budget")
     @classmethod
-    def _budget_in_range(
-        cls, value: tuple[float, float] | None
-    ) -> tuple[float, float] | None:
+    def _budget_in_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
         if value is not None:
             epsilon, delta = value
             if not epsilon >= 0:
-                raise ValueError(
-                    f"default_lifetime_budget epsilon must be >= 0; got {epsilon}"
-                )
+                raise ValueError(f"default_lifetime_budget epsilon must be >= 0; got {epsilon}")
             if not 0 <= delta < 1:
-                raise ValueError(
-                    f"default_lifetime_budget delta must be in [0, 1); got {delta}"
-                )
+                raise ValueError(f"default_lifetime_budget delta must be in [0, 1); got {delta}")
         return value
 
     @model_validator(mode="after")

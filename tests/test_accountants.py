@@ -49,8 +49,13 @@ def test_sampling_amplifies_pure_dp_only() -> None:
 
 
 def test_probabilistic_composition_adds() -> None:
-    tree = Composed(events=(SDGS(k=20, beta=0.1, epsilon=1.0), Laplace(scale=2.0, sensitivity=1.0),
-                            ExponentialSelection(epsilon=0.1, candidates=3, sensitivity=1.0)))
+    tree = Composed(
+        events=(
+            SDGS(k=20, beta=0.1, epsilon=1.0),
+            Laplace(scale=2.0, sensitivity=1.0),
+            ExponentialSelection(epsilon=0.1, candidates=3, sensitivity=1.0),
+        )
+    )
     g = accountants.account(tree, "probabilistic")
     assert g.epsilon == pytest.approx(1.6)
     assert g.delta == delta_theorem1(20, 0.1, 1.0).delta
@@ -59,7 +64,8 @@ def test_probabilistic_composition_adds() -> None:
 def test_optimal_composition_against_privacy_loss_distributions() -> None:
     """An independent computation: dp_accounting's PLDs of the same (eps_i, delta_i) points
     (pessimistic discretization, so never below the exact value, and close to it)."""
-    from dp_accounting.pld import common, privacy_loss_distribution as pld
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld
 
     points = [(1.0, 1e-9), (0.5, 1e-6), (0.3, 0.0), (0.8, 3e-7)]
     distributions = [
@@ -99,8 +105,13 @@ def test_identifiability_of_calibrated_laplace_and_composition() -> None:
 
 
 def test_events_round_trip_as_json() -> None:
-    tree = Composed(events=(Sampled(beta=0.5, event=Laplace(scale=1.0, sensitivity=1.0)),
-                            SDGS(k=3, beta=0.2, epsilon=1.0, output="histogram"), SPLUGen(gamma=4, sensitive=("a",))))
+    tree = Composed(
+        events=(
+            Sampled(beta=0.5, event=Laplace(scale=1.0, sensitivity=1.0)),
+            SDGS(k=3, beta=0.2, epsilon=1.0, output="histogram"),
+            SPLUGen(gamma=4, sensitive=("a",)),
+        )
+    )
     assert event_from_json(event_to_json(tree)) == tree
     with pytest.raises(ValueError, match="schema_version"):
         event_from_json('{"schema_version": 99, "event": {}}')

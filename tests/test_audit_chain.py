@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from privrelease.audit import approvals, chain, database, records
-from privrelease.audit.models import AuditEvent, Run
 from sqlmodel import select
 
+from privrelease.audit import approvals, chain, database, records
+from privrelease.audit.models import AuditEvent, Run
 from privrelease.errors import UserError
 
 POLICY_JSON = '{"name":"census","version":"1"}'
@@ -65,9 +65,7 @@ BACKENDS = [
 
 
 @contextmanager
-def audit_database(
-    backend: str, folder: Path, *, migrated: bool = True
-) -> Iterator[Any]:
+def audit_database(backend: str, folder: Path, *, migrated: bool = True) -> Iterator[Any]:
     """A fresh audit database (migrated, or empty): SQLite in ``folder``, or a new database on
     the PostgreSQL server named by ``PRIVRELEASE_TEST_POSTGRES_URL`` (dropped afterwards)."""
     if backend == "sqlite":
@@ -194,8 +192,7 @@ def seq_of(engine: Any, kind: str, *, table: str | None = None, nth: int = 0) ->
         found = [
             r
             for r in s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
-            if r.kind == kind
-            and (table is None or json.loads(r.payload_json)["table"] == table)
+            if r.kind == kind and (table is None or json.loads(r.payload_json)["table"] == table)
         ]
     return found[nth].seq
 
@@ -209,9 +206,7 @@ def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
     assert result.files_checked == 3  # two outputs and the report
     with database.session(engine, readonly=True) as s:
         assert chain.head(s) == result.head
-        kinds = [
-            r.kind for r in s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
-        ]
+        kinds = [r.kind for r in s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()]
     assert kinds[:4] == [
         "policy_registered",
         "policy_approved",
@@ -245,11 +240,7 @@ def test_record_hash_is_sha256_of_previous_hash_and_canonical_json(engine: Any) 
     payload = json.loads(record.payload_json)
     assert payload["table"] == "policy_version" and payload["key"] == version.id
     assert payload["row_sha256"] == chain.row_sha256(version)
-    time = (
-        record.time.astimezone(UTC)
-        .replace(tzinfo=None)
-        .isoformat(timespec="microseconds")
-    )
+    time = record.time.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds")
     body = json.dumps(
         {"kind": record.kind, "payload": payload, "seq": 1, "time": time + "Z"},
         sort_keys=True,
@@ -271,9 +262,7 @@ def test_canonical_json_is_stable() -> None:
 # 4 run_started, 5 data_read, 6-7 output_recorded, 8 guarantee_recorded, 9 report_stored,
 # 10 run_finished.
 SWAP = "UPDATE {table} SET {key} = {b} WHERE {key} = {a}"
-EDIT_PAYLOAD = (
-    "UPDATE audit_event SET payload_json = replace(payload_json, 'census', 'x')"
-)
+EDIT_PAYLOAD = "UPDATE audit_event SET payload_json = replace(payload_json, 'census', 'x')"
 TAMPERINGS = {
     "edited run row": (["UPDATE run SET code_version = 'evil'"], "row_edited", 10),
     "edited approval row": (
@@ -315,9 +304,7 @@ TAMPERINGS = {
 
 
 @pytest.mark.parametrize("how", list(TAMPERINGS))
-def test_tampering_names_the_first_broken_record(
-    engine: Any, tmp_path: Path, how: str
-) -> None:
+def test_tampering_names_the_first_broken_record(engine: Any, tmp_path: Path, how: str) -> None:
     statements, kind, seq = TAMPERINGS[how]
     populate(engine, tmp_path / "out")
     for statement in statements:
@@ -328,17 +315,12 @@ def test_tampering_names_the_first_broken_record(
     assert (result.first.kind, result.first.seq) == (kind, seq), result.problems
 
 
-def test_a_row_edit_is_named_with_its_table_and_key(
-    engine: Any, tmp_path: Path
-) -> None:
+def test_a_row_edit_is_named_with_its_table_and_key(engine: Any, tmp_path: Path) -> None:
     ids = populate(engine, tmp_path / "out")
     execute(engine, "UPDATE run SET code_version = 'evil'")
     first = check(engine).first
     assert first is not None
-    assert (
-        f"run row '{ids['run']}' was edited after record 10 (run_finished)"
-        in first.message
-    )
+    assert f"run row '{ids['run']}' was edited after record 10 (run_finished)" in first.message
 
 
 def test_edited_output_file_is_named(engine: Any, tmp_path: Path) -> None:
@@ -417,10 +399,7 @@ def truncate(engine: Any, keep: int) -> None:
     chain-head row back, leaving a chain consistent in itself."""
     with database.session(engine) as s:
         doomed = s.exec(select(AuditEvent).where(AuditEvent.seq > keep)).all()
-        tables = [
-            (json.loads(r.payload_json)["table"], json.loads(r.payload_json)["key"])
-            for r in doomed
-        ]
+        tables = [(json.loads(r.payload_json)["table"], json.loads(r.payload_json)["key"]) for r in doomed]
         last = s.exec(select(AuditEvent).where(AuditEvent.seq == keep)).one()
         last_hash = last.hash
     for table, key in tables:
@@ -434,18 +413,14 @@ def truncate(engine: Any, keep: int) -> None:
     )
 
 
-def test_truncation_is_seen_only_against_an_external_head(
-    engine: Any, tmp_path: Path
-) -> None:
+def test_truncation_is_seen_only_against_an_external_head(engine: Any, tmp_path: Path) -> None:
     ids = populate(engine, tmp_path / "out")
     extra = tmp_path / "out" / "extra.csv"
     extra.write_text("x\n", encoding="utf-8")
     with database.session(engine) as s:
         records.record_output(s, ids["run"], extra, rows=1)
         records.store_report(s, ids["run"], "<html>second</html>")
-        head_file = chain.write_head(
-            tmp_path / "out" / "audit-head.json", chain.head(s)
-        )
+        head_file = chain.write_head(tmp_path / "out" / "audit-head.json", chain.head(s))
     written = chain.read_head(head_file)
     assert written.seq == 12
     assert check(engine, head=written).ok
@@ -458,9 +433,7 @@ def test_truncation_is_seen_only_against_an_external_head(
     assert "records 11..12 were removed" in result.first.message
 
 
-def test_careless_truncation_is_seen_without_a_head(
-    engine: Any, tmp_path: Path
-) -> None:
+def test_careless_truncation_is_seen_without_a_head(engine: Any, tmp_path: Path) -> None:
     populate(engine, tmp_path / "out")
     execute(engine, "DELETE FROM audit_event WHERE seq = 10")
     result = check(engine)
@@ -495,9 +468,7 @@ def _append_many(url: str, worker: int, count: int, barrier: Any) -> None:
     barrier.wait()
     for _ in range(count):
         with database.session(engine) as s:
-            records.start_run(
-                s, policy_sha256=POLICY_SHA, code_version=f"worker {worker}"
-            )
+            records.start_run(s, policy_sha256=POLICY_SHA, code_version=f"worker {worker}")
 
 
 def test_two_processes_appending_never_fork_the_chain(engine: Any) -> None:
@@ -506,10 +477,7 @@ def test_two_processes_appending_never_fork_the_chain(engine: Any) -> None:
     url = engine.url.render_as_string(hide_password=False)
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(2)
-    workers = [
-        context.Process(target=_append_many, args=(url, worker, 15, barrier))
-        for worker in (1, 2)
-    ]
+    workers = [context.Process(target=_append_many, args=(url, worker, 15, barrier)) for worker in (1, 2)]
     for worker in workers:
         worker.start()
     for worker in workers:

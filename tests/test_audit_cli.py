@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import typer
-from privrelease.audit import database, records
 from test_audit_chain import FINGERPRINT, fresh_engine
 from typer.testing import CliRunner
 
+from privrelease.audit import database, records
 from privrelease.errors import UserError
 
 try:
@@ -39,9 +39,7 @@ runner = CliRunner()
 def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A fresh audit database that the commands use (``PRIVRELEASE_DB_URL``)."""
     engine = fresh_engine(tmp_path)
-    monkeypatch.setenv(
-        "PRIVRELEASE_DB_URL", engine.url.render_as_string(hide_password=False)
-    )
+    monkeypatch.setenv("PRIVRELEASE_DB_URL", engine.url.render_as_string(hide_password=False))
     monkeypatch.chdir(tmp_path)
     yield engine
     database.dispose_engines()
@@ -60,9 +58,7 @@ def run_json(*args: str, code: int = 0) -> Any:
 
 
 def approve(*extra: str) -> Any:
-    return run_json(
-        "policy", "approve", str(DEMO_POLICY), "--by", "Ada Lovelace", *extra
-    )
+    return run_json("policy", "approve", str(DEMO_POLICY), "--by", "Ada Lovelace", *extra)
 
 
 def test_policy_approve_list_show(db: Any) -> None:
@@ -77,9 +73,7 @@ def test_policy_approve_list_show(db: Any) -> None:
     assert approval["note"] == "first review"
     assert approval["chain_head"]["seq"] == 2  # policy registered, approval
 
-    assert "approved" in run(
-        "policy", "approve", str(DEMO_POLICY), "--by", "Grace Hopper"
-    )
+    assert "approved" in run("policy", "approve", str(DEMO_POLICY), "--by", "Grace Hopper")
     (listed,) = run_json("policy", "list")["policies"]
     assert listed["sha256"] == loaded.sha256
     assert [a["approved_by"] for a in listed["approvals"]] == [
@@ -98,15 +92,11 @@ def test_policy_approve_list_show(db: Any) -> None:
         run("policy", "show", "demo-census@2")
 
 
-def test_a_changed_policy_under_the_same_version_is_refused(
-    db: Any, tmp_path: Path
-) -> None:
+def test_a_changed_policy_under_the_same_version_is_refused(db: Any, tmp_path: Path) -> None:
     approve()
     changed = tmp_path / "demo.yaml"
     text = DEMO_POLICY.read_text(encoding="utf-8")
-    changed.write_text(
-        text.replace("description: ", "description: edited "), encoding="utf-8"
-    )
+    changed.write_text(text.replace("description: ", "description: edited "), encoding="utf-8")
     with pytest.raises(UserError, match="new `version`"):
         run("policy", "approve", str(changed), "--by", "Mallory")
 
@@ -130,9 +120,7 @@ def test_audit_verify_head_and_tampering(db: Any, tmp_path: Path) -> None:
 
     head_file.write_text(json.dumps({"seq": 5, "hash": "0" * 64}))
     cut = run_json("audit", "verify", "--head", str(head_file), code=1)
-    assert (
-        cut["first_broken"]["kind"] == "truncated" and cut["first_broken"]["seq"] == 3
-    )
+    assert cut["first_broken"]["kind"] == "truncated" and cut["first_broken"]["seq"] == 3
 
     with db.begin() as connection:
         connection.execute(sa.text("UPDATE approval SET approved_by = 'Mallory'"))
@@ -156,8 +144,9 @@ def test_ledger_show(db: Any) -> None:
         "privrelease.mechanisms.accountants",
         reason="the accountants module has not landed yet",
     )
-    from privrelease.audit import ledger
     from test_ledger import RELEASE as release
+
+    from privrelease.audit import ledger
 
     approval = approve()
     one = accountants.account(release, "probabilistic")
@@ -172,13 +161,9 @@ def test_ledger_show(db: Any) -> None:
             notion="probabilistic",
             label="census.csv",
         )
-        run_id = records.start_run(
-            s, policy_sha256=approval["sha256"], code_version="t"
-        ).id
+        run_id = records.start_run(s, policy_sha256=approval["sha256"], code_version="t").id
     with database.session(db) as s:
-        ledger.commit(
-            s, ledger.reserve(s, FINGERPRINT, run_id, release, "probabilistic")
-        )
+        ledger.commit(s, ledger.reserve(s, FINGERPRINT, run_id, release, "probabilistic"))
     shown = run_json("ledger", "show", FINGERPRINT[:8])
     assert shown["dataset"] == FINGERPRINT
     assert shown["spent"]["epsilon"] == pytest.approx(one.epsilon)

@@ -11,12 +11,12 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from privrelease.audit import database
-from privrelease.audit.migrations.versions import HEAD_REVISION
-from privrelease.audit.models import AUDITED_TABLES, ChainHead
 from sqlmodel import SQLModel
 from test_audit_chain import BACKENDS, audit_database
 
+from privrelease.audit import database
+from privrelease.audit.migrations.versions import HEAD_REVISION
+from privrelease.audit.models import AUDITED_TABLES, ChainHead
 from privrelease.errors import UserError
 from privrelease.settings import Settings, get_settings
 
@@ -30,18 +30,12 @@ def test_migrations_create_the_schema_of_the_models_on_a_fresh_sqlite_file(
     engine = database.create_engine(url)  # creates the folder
     assert database.current_revision(engine) is None
     database.migrate(engine)
-    assert (
-        database.current_revision(engine) == HEAD_REVISION == database.head_revision()
-    )
+    assert database.current_revision(engine) == HEAD_REVISION == database.head_revision()
     tables = set(sa.inspect(engine).get_table_names())
-    assert (
-        set(AUDITED_TABLES) | {"audit_event", "chain_head", "alembic_version"} == tables
-    )
+    assert set(AUDITED_TABLES) | {"audit_event", "chain_head", "alembic_version"} == tables
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
-        assert (
-            compare_metadata(context, SQLModel.metadata) == []
-        )  # models == migrations
+        assert compare_metadata(context, SQLModel.metadata) == []  # models == migrations
     with database.session(engine, readonly=True) as s:
         head = s.get(ChainHead, 1)
         assert head is not None and (head.seq, head.hash) == (0, "0" * 64)
@@ -71,9 +65,7 @@ def test_sqlite_runs_in_wal_mode_with_foreign_keys(tmp_path: Path) -> None:
 def test_only_sqlite_and_postgresql_urls() -> None:
     with pytest.raises(UserError, match="PRIVRELEASE_DB_URL"):
         database.create_engine("mysql://localhost/audit")
-    engine = database.create_engine(
-        "postgresql+psycopg://u:p@127.0.0.1:1/audit"
-    )  # lazy: no I/O
+    engine = database.create_engine("postgresql+psycopg://u:p@127.0.0.1:1/audit")  # lazy: no I/O
     assert engine.dialect.name == "postgresql"
 
 
@@ -90,9 +82,7 @@ def test_migration_files_ship_in_the_package() -> None:
     assert database.alembic_config().config_file_name is None
 
 
-def test_settings_defaults_and_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_settings_defaults_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("DB_URL", "WORK_DIR", "PRODUCTION", "DEFAULT_LIFETIME_BUDGET"):
         monkeypatch.delenv(f"PRIVRELEASE_{name}", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -119,9 +109,7 @@ def _open(url: str, barrier: Any) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_processes_migrating_a_fresh_database_at_once_do_not_collide(
-    backend: str, tmp_path: Path
-) -> None:
+def test_processes_migrating_a_fresh_database_at_once_do_not_collide(backend: str, tmp_path: Path) -> None:
     with audit_database(backend, tmp_path, migrated=False) as engine:
         url = engine.url.render_as_string(hide_password=False)
         context = multiprocessing.get_context("fork")

@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "privrelease", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "privrelease", *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 def test_guarantee_sdgs_grid_json() -> None:
@@ -45,21 +47,64 @@ def test_calibrate_sdgs_each_unknown() -> None:
     assert eps["delta"] <= 1e-9 and eps["epsilon"] < 1.0
     auto = json.loads(cli("calibrate", "sdgs", "--k", "20", "--beta", "auto", "--epsilon", "1", "--json").stdout)
     assert auto["beta"] == pytest.approx(1 - 2.718281828459045**-1)
-    beta = json.loads(cli("calibrate", "sdgs", "--k", "20", "--epsilon", "1", "--delta", "1e-9", "--json",
-                          "--accounting", "approximate").stdout)
+    beta = json.loads(
+        cli(
+            "calibrate",
+            "sdgs",
+            "--k",
+            "20",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-9",
+            "--json",
+            "--accounting",
+            "approximate",
+        ).stdout
+    )
     assert beta["delta"] <= 1e-9 and 0 < beta["beta"] < 1
 
 
 def test_calibrate_identifiability_and_splu() -> None:
-    result = json.loads(cli("calibrate", "identifiability", "--rho", "0.1", "--lower", "1", "--upper", "99",
-                            "--query", "mean", "--rows", "48842", "--json").stdout)
+    result = json.loads(
+        cli(
+            "calibrate",
+            "identifiability",
+            "--rho",
+            "0.1",
+            "--lower",
+            "1",
+            "--upper",
+            "99",
+            "--query",
+            "mean",
+            "--rows",
+            "48842",
+            "--json",
+        ).stdout
+    )
     assert result["feasible"] and result["lambda"] == pytest.approx(0.000840, rel=1e-3)
-    infeasible = cli("calibrate", "identifiability", "--rho", "0.001", "--lower", "1", "--upper", "99",
-                     "--query", "mean", "--rows", "48842", "--json")
+    infeasible = cli(
+        "calibrate",
+        "identifiability",
+        "--rho",
+        "0.001",
+        "--lower",
+        "1",
+        "--upper",
+        "99",
+        "--query",
+        "mean",
+        "--rows",
+        "48842",
+        "--json",
+    )
     assert infeasible.returncode == 1
     body = json.loads(infeasible.stdout)
     assert body["feasible"] is False and body["lambda"] is None
-    splu = json.loads(cli("calibrate", "splu", "--gamma", "10", "--eps", "0.3", "--alpha", "3", "--t-e", "0.05", "--json").stdout)
+    splu = json.loads(
+        cli("calibrate", "splu", "--gamma", "10", "--eps", "0.3", "--alpha", "3", "--t-e", "0.05", "--json").stdout
+    )
     assert splu["t_p"] >= 0.6 and "t_f" in splu
 
 

@@ -24,14 +24,10 @@ ADULT_COLUMNS = {
     "workclass": "string",
     "occupation": "string",
 }
-ADULT_SHA256 = (
-    "c700df9304fbf3c4d4db5938bffc510561bd4a2dfad285a3feef9a20619391c5"  # SOURCE.md
-)
+ADULT_SHA256 = "c700df9304fbf3c4d4db5938bffc510561bd4a2dfad285a3feef9a20619391c5"  # SOURCE.md
 
 
-def write(
-    tmp_path: Path, text: str, name: str = "data.csv", newline: str = "\n"
-) -> Path:
+def write(tmp_path: Path, text: str, name: str = "data.csv", newline: str = "\n") -> Path:
     path = tmp_path / name
     path.write_bytes(text.replace("\n", newline).encode("utf-8"))
     return path
@@ -51,9 +47,7 @@ def test_adult_csv_semicolon_crlf(adult_dir: Path, delimiter: str | None) -> Non
     )
     table = read.table
     assert (read.rows_read, read.rows_dropped, table.num_rows) == (30162, 0, 30162)
-    assert table.column_names == list(
-        ADULT_COLUMNS
-    )  # salary-class is in the file: dropped
+    assert table.column_names == list(ADULT_COLUMNS)  # salary-class is in the file: dropped
     assert table.schema.field("age").type == pa.int64()
     assert table.schema.field("sex").type == pa.dictionary(pa.int32(), pa.string())
     assert table.column("age").slice(0, 2).to_pylist() == [39, 50]
@@ -61,9 +55,7 @@ def test_adult_csv_semicolon_crlf(adult_dir: Path, delimiter: str | None) -> Non
         "Adm-clerical",
         "Exec-managerial",
     ]
-    assert not any(
-        value.endswith("\r") for value in strings(table.column("occupation"))
-    )
+    assert not any(value.endswith("\r") for value in strings(table.column("occupation")))
     assert (
         min(table.column("age").to_pylist()),
         max(table.column("age").to_pylist()),
@@ -87,9 +79,7 @@ def test_fingerprint_streams_large_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("delimiter", [",", "\t", "|", ";"])
 def test_sniffed_delimiter(tmp_path: Path, delimiter: str) -> None:
     rows = ["name,age,score", "ann,31,1.5", "bob,42,2.25", "cy,7,-3"]
-    path = write(
-        tmp_path, "\n".join(row.replace(",", delimiter) for row in rows) + "\n"
-    )
+    path = write(tmp_path, "\n".join(row.replace(",", delimiter) for row in rows) + "\n")
     table = read_dataset(
         path,
         format="csv",
@@ -104,28 +94,20 @@ def test_sniffed_delimiter(tmp_path: Path, delimiter: str) -> None:
 def test_quoting_crlf_and_spaces(tmp_path: Path) -> None:
     text = 'city;n\n"Paris; France";  12 \n"say ""hi""";3\n'
     path = write(tmp_path, text, newline="\r\n")
-    table = read_dataset(
-        path, format="csv", columns={"city": "string", "n": "integer"}, delimiter=";"
-    ).table
+    table = read_dataset(path, format="csv", columns={"city": "string", "n": "integer"}, delimiter=";").table
     assert strings(table.column("city")) == ["Paris; France", 'say "hi"']
     assert table.column("n").to_pylist() == [12, 3]
 
 
 def test_single_column_needs_no_delimiter(tmp_path: Path) -> None:
     path = write(tmp_path, "x\n1.5\n2\n")
-    assert read_dataset(path, format="csv", columns={"x": "float"}).table.column(
-        "x"
-    ).to_pylist() == [1.5, 2.0]
+    assert read_dataset(path, format="csv", columns={"x": "float"}).table.column("x").to_pylist() == [1.5, 2.0]
 
 
 def test_no_header(tmp_path: Path) -> None:
     path = write(tmp_path, "a,1\nb,2\n")
-    table = read_dataset(
-        path, format="csv", columns={"k": "string", "v": "integer"}, header=False
-    ).table
-    assert strings(table.column("k")) == ["a", "b"] and table.column(
-        "v"
-    ).to_pylist() == [1, 2]
+    table = read_dataset(path, format="csv", columns={"k": "string", "v": "integer"}, header=False).table
+    assert strings(table.column("k")) == ["a", "b"] and table.column("v").to_pylist() == [1, 2]
     with pytest.raises(UserError, match="2 fields per row and no header; 3 columns"):
         read_dataset(
             path,
@@ -137,15 +119,11 @@ def test_no_header(tmp_path: Path) -> None:
 
 def test_missing_column_names_it_and_lists_file_columns(tmp_path: Path) -> None:
     path = write(tmp_path, "a,b\n1,2\n")
-    with pytest.raises(
-        UserError, match=r"no column 'zip' \(declared\); its columns are: 'a', 'b'"
-    ):
+    with pytest.raises(UserError, match=r"no column 'zip' \(declared\); its columns are: 'a', 'b'"):
         read_dataset(path, format="csv", columns={"a": "integer", "zip": "string"})
     parquet = tmp_path / "d.parquet"
     pq.write_table(pa.table({"a": [1], "b": [2]}), parquet)
-    with pytest.raises(
-        UserError, match=r"no column 'zip' \(declared\); its columns are: 'a', 'b'"
-    ):
+    with pytest.raises(UserError, match=r"no column 'zip' \(declared\); its columns are: 'a', 'b'"):
         read_dataset(parquet, format="parquet", columns={"zip": "string"})
 
 
@@ -157,14 +135,10 @@ def test_non_numeric_text_names_column_row_and_value(tmp_path: Path) -> None:
     ):
         read_dataset(path, format="csv", columns={"id": "integer", "age": "integer"})
     path = write(tmp_path, "x\n1.5\n2,5\n", name="f.csv")
-    with pytest.raises(
-        UserError, match=r"column 'x' is declared float but data row 2 holds '2,5'"
-    ):
+    with pytest.raises(UserError, match=r"column 'x' is declared float but data row 2 holds '2,5'"):
         read_dataset(path, format="csv", columns={"x": "float"}, delimiter=";")
     path = write(tmp_path, "x\n1.5\ninf\n", name="g.csv")
-    with pytest.raises(
-        UserError, match=r"data row 2 holds 'inf', which is not a finite number"
-    ):
+    with pytest.raises(UserError, match=r"data row 2 holds 'inf', which is not a finite number"):
         read_dataset(path, format="csv", columns={"x": "float"})
 
 
@@ -186,16 +160,12 @@ def test_empty_file(tmp_path: Path, text: str) -> None:
 def test_missing_values_rejected_or_dropped(tmp_path: Path) -> None:
     path = write(tmp_path, "job,age\nclerk,30\n?,31\nnurse,\nsmith, ?\ncook,x\n")
     columns = {"job": "string", "age": "integer"}
-    with pytest.raises(
-        UserError, match=r"column 'job' has a missing value '\?' at data row 2"
-    ):
+    with pytest.raises(UserError, match=r"column 'job' has a missing value '\?' at data row 2"):
         read_dataset(path, format="csv", columns=columns)
     # dropped rows 2, 3, 4; the type error keeps the file's row numbering (row 5)
     with pytest.raises(UserError, match=r"data row 5 holds 'x'"):
         read_dataset(path, format="csv", columns=columns, missing="drop")
-    path = write(
-        tmp_path, "job,age\nclerk,30\n?,31\nnurse,\nsmith, ?\ncook,40\n", name="ok.csv"
-    )
+    path = write(tmp_path, "job,age\nclerk,30\n?,31\nnurse,\nsmith, ?\ncook,40\n", name="ok.csv")
     read = read_dataset(path, format="csv", columns=columns, missing="drop")
     assert (read.rows_read, read.rows_dropped) == (5, 3)
     assert strings(read.table.column("job")) == ["clerk", "cook"]
@@ -240,13 +210,9 @@ def test_parquet(tmp_path: Path) -> None:
     assert read.table.schema.field("n").type == pa.int64()
     assert read.table.column("text_n").to_pylist() == [10, 20, 30]
     assert strings(read.table.column("city")) == ["a", "b", "a"]
-    as_float = read_dataset(
-        path, format="parquet", columns={"n": "float", "extra": "string"}
-    ).table
+    as_float = read_dataset(path, format="parquet", columns={"n": "float", "extra": "string"}).table
     assert as_float.column("n").to_pylist() == [1.0, 2.0, 3.0]
-    with pytest.raises(
-        UserError, match="column 'w' holds double values; declared integer"
-    ):
+    with pytest.raises(UserError, match="column 'w' holds double values; declared integer"):
         read_dataset(path, format="parquet", columns={"w": "integer"})
     with pytest.raises(
         UserError,
@@ -267,13 +233,9 @@ def test_parquet_nulls_and_nan(tmp_path: Path) -> None:
         ),
         path,
     )
-    with pytest.raises(
-        UserError, match=r"column 'a' has a missing value null at data row 2"
-    ):
+    with pytest.raises(UserError, match=r"column 'a' has a missing value null at data row 2"):
         read_dataset(path, format="parquet", columns={"a": "integer"})
-    with pytest.raises(
-        UserError, match=r"column 'b' has a missing value nan at data row 3"
-    ):
+    with pytest.raises(UserError, match=r"column 'b' has a missing value nan at data row 3"):
         read_dataset(path, format="parquet", columns={"b": "float"})
     read = read_dataset(
         path,
@@ -286,9 +248,7 @@ def test_parquet_nulls_and_nan(tmp_path: Path) -> None:
 
 def test_bad_arguments_and_files(tmp_path: Path) -> None:
     path = write(tmp_path, "a\n1\n")
-    with pytest.raises(
-        UserError, match="format must be 'csv' or 'parquet'; got 'xlsx'"
-    ):
+    with pytest.raises(UserError, match="format must be 'csv' or 'parquet'; got 'xlsx'"):
         read_dataset(path, format="xlsx", columns={"a": "integer"})  # type: ignore[arg-type]
     with pytest.raises(
         UserError,

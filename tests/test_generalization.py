@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+
+from privrelease.errors import UserError
 from privrelease.mechanisms.generalization import encode, encode_column, generalize
 from privrelease.mechanisms.schemes import (
     Bins,
@@ -16,8 +18,6 @@ from privrelease.mechanisms.schemes import (
     TopBottomCoding,
     ValueMap,
 )
-
-from privrelease.errors import UserError
 
 
 def labels(table: pa.Table, name: str) -> list:
@@ -43,10 +43,7 @@ def test_every_scheme_kind() -> None:
     table = table.append_column("extra", pa.array([3, 1, 2, 3, 1]))
     out = generalize(table, schemes)
     assert out.column_names == list(schemes)
-    assert all(
-        pa.types.is_dictionary(field.type) and field.type.value_type == pa.string()
-        for field in out.schema
-    )
+    assert all(pa.types.is_dictionary(field.type) and field.type.value_type == pa.string() for field in out.schema)
     assert labels(out, "age") == [
         "0-10",
         "0-10",
@@ -66,9 +63,7 @@ def test_bin_labels_and_float_edges() -> None:
     assert labels(out, "x") == ["0-0.5", "0-0.5", "0.5-1", "0.5-1"]
     named = generalize(table, {"x": Bins(edges=(0, 0.5, 1), labels=("low", "high"))})
     assert labels(named, "x") == ["low", "low", "high", "high"]
-    merged = generalize(
-        table, {"x": Bins(edges=(0, 0.5, 0.75, 1), labels=("a", "b", "a"))}
-    )
+    merged = generalize(table, {"x": Bins(edges=(0, 0.5, 0.75, 1), labels=("a", "b", "a"))})
     assert labels(merged, "x") == ["a", "a", "b", "a"]
     assert merged.column("x").chunk(0).dictionary.to_pylist() == ["a", "b"]
 
@@ -77,9 +72,7 @@ def test_dictionary_holds_only_used_labels_in_data_independent_order() -> None:
     mapping = ValueMap(mapping=(("x", "L1"), ("y", "L2"), ("z", "L3")))
     out = generalize(pa.table({"v": ["z", "x", "z"]}), {"v": mapping})
     assert out.column("v").chunk(0).dictionary.to_pylist() == ["L1", "L3"]
-    kept = generalize(
-        pa.table({"v": [30, 4, 200, 4]}), {"v": Keep()}
-    )  # sorted by value, not first seen
+    kept = generalize(pa.table({"v": [30, 4, 200, 4]}), {"v": Keep()})  # sorted by value, not first seen
     assert kept.column("v").chunk(0).dictionary.to_pylist() == ["4", "30", "200"]
     text = generalize(pa.table({"v": ["b", "c", "a"]}), {"v": Keep()})
     assert text.column("v").chunk(0).dictionary.to_pylist() == ["a", "b", "c"]
@@ -87,24 +80,16 @@ def test_dictionary_holds_only_used_labels_in_data_independent_order() -> None:
 
 def test_domain_errors_name_column_row_and_value() -> None:
     table = pa.table({"job": ["nurse", "cook", "spy"], "age": [10, 120, 20]})
-    with pytest.raises(
-        UserError, match=r"column 'job': value 'spy' at row 3 is outside .*no default"
-    ):
+    with pytest.raises(UserError, match=r"column 'job': value 'spy' at row 3 is outside .*no default"):
         generalize(table, {"job": ValueMap(mapping=(("nurse", "a"), ("cook", "b")))})
-    with pytest.raises(
-        UserError, match=r"column 'age': value 120 at row 2 is outside .*\[0, 100\]"
-    ):
+    with pytest.raises(UserError, match=r"column 'age': value 120 at row 2 is outside .*\[0, 100\]"):
         generalize(table, {"age": Bins(edges=(0, 50, 100))})
     with pytest.raises(UserError, match=r"column 'age': value 10 at row 1"):
         generalize(table, {"age": Bins(edges=(15, 50, 200))})
-    chunked = pa.table(
-        {"v": pa.chunked_array([pa.array(["a", "b"]), pa.array(["a", "q", "b"])])}
-    )
+    chunked = pa.table({"v": pa.chunked_array([pa.array(["a", "b"]), pa.array(["a", "q", "b"])])})
     with pytest.raises(UserError, match=r"value 'q' at row 4"):
         generalize(chunked, {"v": ValueMap(mapping=(("a", "x"), ("b", "y")))})
-    wide = pa.table(
-        {"v": pa.array([5, 10**12, 7, -(10**12)])}
-    )  # dictionary path, not a dense range
+    wide = pa.table({"v": pa.array([5, 10**12, 7, -(10**12)])})  # dictionary path, not a dense range
     with pytest.raises(UserError, match=r"value -1000000000000 at row 4"):
         generalize(wide, {"v": Bins(edges=(-(10**11), 10**13))})
 
@@ -126,9 +111,7 @@ def test_scheme_and_column_errors() -> None:
         generalize(table, {"n": Bins(edges=(0, 2, 2))})
     with pytest.raises(UserError, match="2 bins need 2 labels; got 1"):
         generalize(table, {"n": Bins(edges=(0, 1, 2), labels=("x",))})
-    with pytest.raises(
-        UserError, match=r"column 'm' has a missing value \(null\) at row 1"
-    ):
+    with pytest.raises(UserError, match=r"column 'm' has a missing value \(null\) at row 1"):
         generalize(table, {"m": Keep()})
     with pytest.raises(
         UserError,
@@ -150,9 +133,7 @@ def test_mapping_depends_on_the_scheme_only() -> None:
     assert half == whole[:2500]
     wide = np.append(values, 10**9)  # forces the hashed path
     wide_labels = labels(
-        generalize(
-            pa.table({"v": wide}), {"v": Bins(edges=(0, 18, 40, 65, 100, 10**10))}
-        ),
+        generalize(pa.table({"v": wide}), {"v": Bins(edges=(0, 18, 40, 65, 100, 10**10))}),
         "v",
     )
     assert wide_labels[:-1] == whole
@@ -169,12 +150,8 @@ def test_encode_rows_equals_generalize_then_take() -> None:
     rng = np.random.default_rng()
     table = pa.table(
         {
-            "a": pa.chunked_array(
-                [pa.array(rng.choice(["x", "y", "z"], 300)) for _ in range(3)]
-            ),
-            "b": pa.chunked_array(
-                [pa.array(rng.integers(0, 9, 450)), pa.array(rng.integers(0, 9, 450))]
-            ),
+            "a": pa.chunked_array([pa.array(rng.choice(["x", "y", "z"], 300)) for _ in range(3)]),
+            "b": pa.chunked_array([pa.array(rng.integers(0, 9, 450)), pa.array(rng.integers(0, 9, 450))]),
         }
     )
     schemes = {"a": Keep(), "b": Bins(edges=(0, 4, 8))}
@@ -182,13 +159,9 @@ def test_encode_rows_equals_generalize_then_take() -> None:
     coded = encode(table, schemes, rows)
     full = generalize(table, schemes)
     for name in schemes:
-        got = np.asarray(coded[name].labels.to_pylist(), dtype=object)[
-            coded[name].codes
-        ]
+        got = np.asarray(coded[name].labels.to_pylist(), dtype=object)[coded[name].codes]
         assert got.tolist() == [labels(full, name)[i] for i in rows]
-    single = encode_column(
-        table.column("a").combine_chunks(), Keep(), name="a", rows=rows
-    )
+    single = encode_column(table.column("a").combine_chunks(), Keep(), name="a", rows=rows)
     assert np.array_equal(single.codes, coded["a"].codes)
 
 
@@ -198,9 +171,7 @@ def test_adult_level1_hierarchies(adult_dir: Path) -> None:
     from privrelease.datasets import read_dataset
 
     columns = {"age": "integer", "education": "string", "native-country": "string"}
-    table = read_dataset(
-        adult_dir / "adult.csv", format="csv", columns=columns, delimiter=";"
-    ).table
+    table = read_dataset(adult_dir / "adult.csv", format="csv", columns=columns, delimiter=";").table
     schemes, lookups = {}, {}
     for name in columns:
         with open(adult_dir / f"adult_hierarchy_{name}.csv", newline="") as handle:

@@ -16,6 +16,9 @@ import mpmath
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
+
+from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.events import Laplace, event_from_json, event_to_json
 from privrelease.mechanisms.identifiability import (
     LAMBDA_MARGIN,
@@ -27,9 +30,6 @@ from privrelease.mechanisms.identifiability import (
     rho_of_epsilon,
     world_posterior,
 )
-from scipy import stats
-
-from privrelease.errors import TargetNotMet, UserError
 
 mpmath.mp.dps = 50
 
@@ -68,10 +68,7 @@ def printed(x: float, like: str) -> str:
 
 def mp_lambda(sensitive_range, m: int, rho) -> mpmath.mpf:
     """Independent Eq. 15 in 50 digits from exact rationals."""
-    s = (
-        mpmath.mpf(Fraction(sensitive_range).numerator)
-        / Fraction(sensitive_range).denominator
-    )
+    s = mpmath.mpf(Fraction(sensitive_range).numerator) / Fraction(sensitive_range).denominator
     r = Fraction(rho)
     ratio = (m - 1) * r / (1 - r)
     return s / mpmath.log(mpmath.mpf(ratio.numerator) / ratio.denominator)
@@ -127,10 +124,7 @@ def test_section5_hours_per_week_worked_example() -> None:
 def test_section5_rho_one_and_a_half_percent_all_but_education() -> None:
     """Section 5: "for everything except years of education, answers for rho = 1.5% are highly
     likely to be close to the true answer": rho = 0.015 < 1/16 is infeasible for EN only."""
-    feasible = {
-        a: calibrate("mean", lo, hi, 0.015, rows=ADULT_ROWS).feasible
-        for a, (lo, hi) in ADULT_BOUNDS.items()
-    }
+    feasible = {a: calibrate("mean", lo, hi, 0.015, rows=ADULT_ROWS).feasible for a, (lo, hi) in ADULT_BOUNDS.items()}
     assert feasible == {"AG": True, "EN": False, "CG": True, "CL": True, "HW": True}
 
 
@@ -219,9 +213,7 @@ def test_calibration_epsilon_is_papers_upper_bound_and_round_trips() -> None:
     for query, lo, hi, rho, rows, groups in cases:
         c = calibrate(query, lo, hi, rho, rows=rows, groups=groups)
         assert c.sensitivity == c.sensitive_range
-        assert c.epsilon == pytest.approx(
-            epsilon_of_rho(rho, c.universe_size), rel=1e-11
-        )
+        assert c.epsilon == pytest.approx(epsilon_of_rho(rho, c.universe_size), rel=1e-11)
         achieved = identifiability_bound(c.sensitive_range, c.lambda_, c.universe_size)
         assert achieved <= rho
         assert achieved == pytest.approx(rho, rel=1e-10)
@@ -255,10 +247,7 @@ def test_world_posterior_matches_mpmath_on_vectors() -> None:
     response = [0.3, 0.9, 5.5]
     lam = 0.7
     got = world_posterior(response, worlds, lam)
-    w = [
-        mpmath.exp(-sum(abs(mpmath.mpf(a) - b) for a, b in zip(x, response)) / lam)
-        for x in worlds
-    ]
+    w = [mpmath.exp(-sum(abs(mpmath.mpf(a) - b) for a, b in zip(x, response)) / lam) for x in worlds]
     want = [float(x / sum(w)) for x in w]
     assert got == pytest.approx(want, rel=1e-13)
 
@@ -266,9 +255,7 @@ def test_world_posterior_matches_mpmath_on_vectors() -> None:
 # --- Section 4: possible worlds U = {1..10}, D' = {1, 3}, rho = 1/3 ----------------------------
 
 
-def sup_posterior(
-    world_values: list[Fraction], lam: mpmath.mpf
-) -> tuple[mpmath.mpf, int]:
+def sup_posterior(world_values: list[Fraction], lam: mpmath.mpf) -> tuple[mpmath.mpf, int]:
     """Exact sup over all responses R of the largest world posterior (uniform prior, Laplace
     noise): an implementation independent of the module.
 
@@ -300,11 +287,7 @@ def sup_posterior(
                     b_coef += const
 
             def denominator(r, a_coef=a_coef, b_coef=b_coef, c_coef=c_coef):
-                return (
-                    a_coef * mpmath.exp(2 * r / lam)
-                    + b_coef
-                    + c_coef * mpmath.exp(-2 * r / lam)
-                )
+                return a_coef * mpmath.exp(2 * r / lam) + b_coef + c_coef * mpmath.exp(-2 * r / lam)
 
             candidates = [a, b]
             if a_coef > 0 and c_coef > 0:
@@ -319,9 +302,7 @@ def sup_posterior(
 
 
 # Table 2 (the printed means of omega_3 and omega_6, 3/2 and 4/3, are misprints of 9/3 and 12/3)
-SECTION4_WORLDS = [
-    Fraction(sum(s), 3) for s in ([1, 2, 3], *([1, 3, v] for v in range(4, 11)))
-]
+SECTION4_WORLDS = [Fraction(sum(s), 3) for s in ([1, 2, 3], *([1, 3, v] for v in range(4, 11)))]
 
 
 def test_section4_table2_worlds() -> None:
@@ -392,18 +373,14 @@ def test_section4_with_declared_bounds_calibration() -> None:
     rho=st.floats(0.05, 0.95),
     query=st.sampled_from(["sum", "mean"]),
 )
-def test_theorem1_supremum_posterior_at_most_rho(
-    lower, width, rows, rho, query
-) -> None:
+def test_theorem1_supremum_posterior_at_most_rho(lower, width, rows, rho, query) -> None:
     """Theorem 1 over the multiset worlds D' + {v}, v in [lower, upper], for any D'."""
     upper = lower + width
     c = calibrate(query, lower, upper, rho, rows=rows if query == "mean" else None)
     if not c.feasible:
         assert rho <= 1 / c.universe_size
         return
-    known = Fraction(
-        7 * (rows - 1)
-    )  # f(D') part: any constant; it shifts every world alike
+    known = Fraction(7 * (rows - 1))  # f(D') part: any constant; it shifts every world alike
     divisor = rows if query == "mean" else 1
     worlds = [(known + v) / divisor for v in range(lower, upper + 1)]
     sup, _ = sup_posterior(worlds, mpmath.mpf(c.lambda_))

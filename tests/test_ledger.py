@@ -16,15 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from privrelease.audit import approvals, database, ledger, records
-from privrelease.audit.models import LedgerEntry, Run, utcnow
-from privrelease.mechanisms.events import (
-    SDGS,
-    Composed,
-    Laplace,
-    SPLUGen,
-    event_to_json,
-)
 from sqlmodel import select
 from test_audit_chain import (
     BACKENDS,
@@ -35,7 +26,16 @@ from test_audit_chain import (
     check,
 )
 
+from privrelease.audit import approvals, database, ledger, records
+from privrelease.audit.models import LedgerEntry, Run, utcnow
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.mechanisms.events import (
+    SDGS,
+    Composed,
+    Laplace,
+    SPLUGen,
+    event_to_json,
+)
 
 accountants = pytest.importorskip(
     "privrelease.mechanisms.accountants",
@@ -88,10 +88,7 @@ def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
             notion=NOTION,
             label="census.csv",
         )
-        return [
-            records.start_run(s, policy_sha256=POLICY_SHA, code_version="test").id
-            for _ in range(runs)
-        ]
+        return [records.start_run(s, policy_sha256=POLICY_SHA, code_version="test").id for _ in range(runs)]
 
 
 def reserve(engine: Any, run_id: str, **kwargs: Any) -> ledger.Reservation:
@@ -144,9 +141,7 @@ def test_release_gives_the_budget_back(engine: Any) -> None:
         reserve(engine, runs[1])
     with database.session(engine) as s:
         released = ledger.release(s, first, "run failed: disk full")
-        assert (
-            released.state == "released" and released.reason == "run failed: disk full"
-        )
+        assert released.state == "released" and released.reason == "run failed: disk full"
         ledger.release(s, first)  # idempotent
     reserve(engine, runs[1])
     assert check(engine).ok
@@ -191,11 +186,7 @@ def test_an_expired_reservation_stops_counting(engine: Any) -> None:
         assert entry is not None and entry.state == "released"
         assert entry.reason is not None and entry.reason.startswith("expired")
         run = s.get(Run, runs[0])
-        assert (
-            run is not None
-            and run.status == "failed"
-            and "expired" in (run.error or "")
-        )
+        assert run is not None and run.status == "failed" and "expired" in (run.error or "")
     with database.session(engine) as s, pytest.raises(ledger.LedgerStateError):
         ledger.commit(s, crashed)
     assert check(engine).ok
@@ -275,18 +266,13 @@ def _race(url: str, run_id: str, event_json: str, barrier: Any, results: Any) ->
 
 
 @pytest.mark.parametrize("fits", [1, 2])
-def test_processes_racing_for_the_last_budget_never_overspend(
-    engine: Any, fits: int
-) -> None:
+def test_processes_racing_for_the_last_budget_never_overspend(engine: Any, fits: int) -> None:
     url = engine.url.render_as_string(hide_password=False)
     runs = setup_dataset(engine, composed(*[RELEASE] * fits), runs=4)
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(len(runs)), context.Queue()
     tree = event_to_json(RELEASE)
-    workers = [
-        context.Process(target=_race, args=(url, run, tree, barrier, results))
-        for run in runs
-    ]
+    workers = [context.Process(target=_race, args=(url, run, tree, barrier, results)) for run in runs]
     for worker in workers:
         worker.start()
     outcomes = {}

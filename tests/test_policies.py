@@ -10,6 +10,9 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from privrelease.errors import UserError
 from privrelease.mechanisms.schemes import (
     Bins,
     Keep,
@@ -29,9 +32,6 @@ from privrelease.policies import (
     policy_hash,
     read_hierarchy,
 )
-from pydantic import ValidationError
-
-from privrelease.errors import UserError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "policies" / "examples"
 ADULT_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("adult-*.yaml"))
@@ -64,9 +64,7 @@ targets:
   delta: 1.0e-9
 """
 
-AGE_HIERARCHY = "".join(
-    f"{a};{a // 10 * 10}-{a // 10 * 10 + 9};*\n" for a in range(100)
-)
+AGE_HIERARCHY = "".join(f"{a};{a // 10 * 10}-{a // 10 * 10 + 9};*\n" for a in range(100))
 
 
 @pytest.fixture
@@ -151,11 +149,11 @@ def test_demo_example_needs_no_external_file(tmp_path: Path) -> None:
     schemes = loaded.schemes(loaded.policy.generalization)
     assert schemes["sex"] == Keep()
     assert isinstance(schemes["age"], Bins) and schemes["age"].edges[0] == 17
+    # Only DP mechanisms: they compose and charge the lifetime budget (SPLU-Gen is not DP).
     assert {m.type for m in loaded.policy.mechanisms} == {
         "sdgs",
         "histogram",
         "identifiable_statistic",
-        "splu_gen",
     }
     # The same policy loaded from its file has the same hash (base_dir is not hashed).
     assert load_policy(EXAMPLES / "demo.yaml").sha256 == loaded.sha256
@@ -176,9 +174,7 @@ def test_adult_age_hierarchy_level_1(adult_dir: Path) -> None:
         "39",
         "39",
     )
-    assert set(
-        dict(HierarchyScheme(hierarchy="x", level=4).to_scheme(rows).mapping).values()
-    ) == {"*"}
+    assert set(dict(HierarchyScheme(hierarchy="x", level=4).to_scheme(rows).mapping).values()) == {"*"}
 
 
 # --------------------------------------------------------------------------- schema and compilation
@@ -192,19 +188,13 @@ def test_scheme_forms_compile(folder: Path) -> None:
             "  sex: {map: {Male: M, Female: F}, default: X}\n  job: suppress\n",
         ),
     )
-    text = text.replace(
-        "generalization:\n", "generalization:\n  gain: {top: 100, bottom: 0}\n"
-    )
+    text = text.replace("generalization:\n", "generalization:\n  gain: {top: 100, bottom: 0}\n")
     text = text.replace("    job:", "    gain: {type: integer}\n    job:")
     loaded = load(text, folder)
-    assert loaded.scheme("sex") == ValueMap(
-        mapping=(("Male", "M"), ("Female", "F")), default="X"
-    )
+    assert loaded.scheme("sex") == ValueMap(mapping=(("Male", "M"), ("Female", "F")), default="X")
     assert loaded.scheme("job") == Suppress()
     assert loaded.scheme("gain") == TopBottomCoding(lower=0.0, upper=100.0)
-    assert loaded.scheme("hours") == Bins(
-        edges=(0.0, 20.0, 40.0, 100.0), labels=("low", "mid", "high")
-    )
+    assert loaded.scheme("hours") == Bins(edges=(0.0, 20.0, 40.0, 100.0), labels=("low", "mid", "high"))
     assert dict(loaded.scheme("age").mapping)["42"] == "40-49"
 
 
@@ -305,12 +295,8 @@ def test_hash_ignores_layout_comments_order_quoting(folder: Path) -> None:
     assert canonical_json(other) == canonical_json(base)
     assert other.sha256 == base.sha256 == policy_hash(base)
     document = json.loads(canonical_json(base))
-    assert canonical_json(base) == json.dumps(
-        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
-    assert document["policy"]["generalization"]["age"]["hierarchy"].startswith(
-        "sha256:"
-    )
+    assert canonical_json(base) == json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert document["policy"]["generalization"]["age"]["hierarchy"].startswith("sha256:")
     assert document["policy"]["mechanisms"][0]["beta"] == 0.1
 
 
@@ -335,24 +321,15 @@ def test_hash_follows_hierarchy_content_not_its_path_or_format(folder: Path) -> 
     before = load(BASE, folder).sha256
     moved = folder / "sub" / "ages.csv"
     moved.parent.mkdir()
-    moved.write_bytes(
-        b"\xef\xbb\xbf" + AGE_HIERARCHY.replace("\n", "\r\n").encode() + b"\r\n"
-    )
-    assert (
-        load(
-            edit(BASE, ("hierarchy: age.csv", "hierarchy: sub/ages.csv")), folder
-        ).sha256
-        == before
-    )
+    moved.write_bytes(b"\xef\xbb\xbf" + AGE_HIERARCHY.replace("\n", "\r\n").encode() + b"\r\n")
+    assert load(edit(BASE, ("hierarchy: age.csv", "hierarchy: sub/ages.csv")), folder).sha256 == before
     (folder / "age.csv").write_text(AGE_HIERARCHY.replace("42;40-49;*", "42;40-45;*"))
     assert load(BASE, folder).sha256 != before
 
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), flow=st.booleans())
-def test_hash_invariant_under_key_permutation(
-    tmp_path_factory: pytest.TempPathFactory, seed: int, flow: bool
-) -> None:
+def test_hash_invariant_under_key_permutation(tmp_path_factory: pytest.TempPathFactory, seed: int, flow: bool) -> None:
     folder = tmp_path_factory.mktemp("perm")
     (folder / "age.csv").write_text(AGE_HIERARCHY)
     shuffle = random.Random(seed).shuffle
@@ -366,9 +343,7 @@ def test_hash_invariant_under_key_permutation(
             return [permute(v) for v in value]
         return value
 
-    text = yaml.safe_dump(
-        permute(yaml.safe_load(BASE)), sort_keys=False, default_flow_style=flow
-    )
+    text = yaml.safe_dump(permute(yaml.safe_load(BASE)), sort_keys=False, default_flow_style=flow)
     assert load(text, folder).sha256 == load(BASE, folder).sha256
 
 
@@ -752,12 +727,8 @@ def test_file_uri_and_absolute_paths(folder: Path) -> None:
     )
     assert loaded.dataset_path == folder / "data.csv"
     assert "age" in loaded.hierarchies
-    message = error_of(
-        edit(BASE, ("path: data.csv", "path: s3://bucket/data.csv")), folder
-    )
-    assert_mentions(
-        message, "line 4, dataset.path:", "s3://bucket/data.csv", "file:// URI"
-    )
+    message = error_of(edit(BASE, ("path: data.csv", "path: s3://bucket/data.csv")), folder)
+    assert_mentions(message, "line 4, dataset.path:", "s3://bucket/data.csv", "file:// URI")
 
 
 def test_load_policy_resolves_against_its_folder(folder: Path) -> None:
@@ -799,15 +770,11 @@ def test_bad_hierarchy_file(tmp_path: Path, content: str | None, expected: str) 
 
 def test_level_beyond_hierarchy_depth(folder: Path) -> None:
     message = error_of(edit(BASE, ("level: 1", "level: 3")), folder)
-    assert_mentions(
-        message, "line 12, generalization.age.level:", "got 3", "between 0 and 2"
-    )
+    assert_mentions(message, "line 12, generalization.age.level:", "got 3", "between 0 and 2")
 
 
 def test_hierarchy_must_cover_declared_values(folder: Path) -> None:
-    text = edit(
-        BASE, ("age: {type: integer}", "age: {type: integer, values: [5, 150]}")
-    )
+    text = edit(BASE, ("age: {type: integer}", "age: {type: integer, values: [5, 150]}"))
     assert_mentions(
         error_of(text, folder),
         "line 12, generalization.age.hierarchy:",
@@ -818,10 +785,7 @@ def test_hierarchy_must_cover_declared_values(folder: Path) -> None:
 
 def test_one_hierarchy_file_per_column(folder: Path) -> None:
     (folder / "age2.csv").write_text(AGE_HIERARCHY)
-    text = (
-        BASE
-        + "candidate_schemes:\n  other:\n    age: {hierarchy: age2.csv, level: 2}\n"
-    )
+    text = BASE + "candidate_schemes:\n  other:\n    age: {hierarchy: age2.csv, level: 2}\n"
     assert_mentions(
         error_of(text, folder),
         "line 27, candidate_schemes.other.age.hierarchy:",

@@ -16,24 +16,22 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from privrelease.mechanisms.events import SDGS
-from privrelease.mechanisms.generalization import generalize
-from privrelease.mechanisms.histogram import crowd_blending_histogram
-from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap
-from privrelease.mechanisms.randomness import bernoulli
-from privrelease.mechanisms.sdgs import sdgs, shuffled_repeat
 from scipy.stats import binom, hypergeom
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.events import SDGS
+from privrelease.mechanisms.generalization import generalize
+from privrelease.mechanisms.histogram import crowd_blending_histogram
+from privrelease.mechanisms.randomness import bernoulli
+from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap
+from privrelease.mechanisms.sdgs import sdgs, shuffled_repeat
 
 ALPHA = 1e-6
 """Failure probability of each statistical assertion below (when the code is correct)."""
 
 
 def rows_of(table: pa.Table) -> list[tuple]:
-    columns = [
-        table.column(name).cast(pa.string()).to_pylist() for name in table.column_names
-    ]
+    columns = [table.column(name).cast(pa.string()).to_pylist() for name in table.column_names]
     return list(zip(*columns))
 
 
@@ -47,18 +45,14 @@ def cell_counts(table: pa.Table) -> dict[tuple, int]:
 
 def histogram_counts(table: pa.Table) -> dict[tuple, int]:
     """The ``count`` of each cell of a histogram table."""
-    return dict(
-        zip(rows_of(table.drop_columns("count")), table.column("count").to_pylist())
-    )
+    return dict(zip(rows_of(table.drop_columns("count")), table.column("count").to_pylist()))
 
 
 # ---------------------------------------------------------------------------------------------
 # invariants (hypothesis)
 
 SCHEMES = {
-    "job": ValueMap(
-        mapping=(("a", "A"), ("b", "A"), ("c", "C"), ("d", "D")), default="other"
-    ),
+    "job": ValueMap(mapping=(("a", "A"), ("b", "A"), ("c", "C"), ("d", "D")), default="other"),
     "age": Bins(edges=(0, 10, 20, 40)),
     "zone": Keep(),
 }
@@ -69,9 +63,7 @@ def small_tables(draw: st.DrawFn) -> pa.Table:
     size = draw(st.integers(0, 60))
     return pa.table(
         {
-            "job": draw(
-                st.lists(st.sampled_from("abcdez"), min_size=size, max_size=size)
-            ),
+            "job": draw(st.lists(st.sampled_from("abcdez"), min_size=size, max_size=size)),
             "age": draw(st.lists(st.integers(0, 40), min_size=size, max_size=size)),
             "zone": draw(st.lists(st.integers(0, 3), min_size=size, max_size=size)),
         }
@@ -80,31 +72,20 @@ def small_tables(draw: st.DrawFn) -> pa.Table:
 
 @settings(max_examples=60, deadline=None)
 @given(table=small_tables(), k=st.integers(1, 6), beta=st.sampled_from([1.0, 0.7, 0.3]))
-def test_every_published_cell_has_at_least_k_rows(
-    table: pa.Table, k: int, beta: float
-) -> None:
+def test_every_published_cell_has_at_least_k_rows(table: pa.Table, k: int, beta: float) -> None:
     result = sdgs(table, SCHEMES, k=k, beta=beta, epsilon=1.0)
     published = cell_counts(result.table)
     assert all(count >= k for count in published.values())
     assert result.table.column_names == list(SCHEMES)
     population = cell_counts(generalize(table, SCHEMES)) if table.num_rows else {}
-    assert all(
-        count <= population[cell] for cell, count in published.items()
-    )  # rows of the input
+    assert all(count <= population[cell] for cell, count in published.items())  # rows of the input
     facts, internal = result.public_facts, result.internal_facts
     assert facts["rows_published"] == result.table.num_rows
     assert facts["cells_published"] == len(published)
-    assert (
-        internal["rows_sampled"]
-        == facts["rows_published"] + internal["rows_suppressed"]
-    )
-    if (
-        beta == 1.0
-    ):  # k-DGS is deterministic up to order: exactly the cells with >= k rows
+    assert internal["rows_sampled"] == facts["rows_published"] + internal["rows_suppressed"]
+    if beta == 1.0:  # k-DGS is deterministic up to order: exactly the cells with >= k rows
         assert published == {cell: n for cell, n in population.items() if n >= k}
-        assert internal["cells_suppressed"] == sum(
-            1 for n in population.values() if n < k
-        )
+        assert internal["cells_suppressed"] == sum(1 for n in population.values() if n < k)
 
     histogram = crowd_blending_histogram(table, SCHEMES, k=k, beta=beta)
     counts = histogram_counts(histogram.table)
@@ -128,13 +109,9 @@ def test_large_key_spaces(columns: int) -> None:
     for row in map(tuple, values.astype(str).tolist()):
         expected[row] = expected.get(row, 0) + 1
     result = sdgs(table, schemes, k=30, beta=1.0, epsilon=1.0)
-    assert cell_counts(result.table) == {
-        cell: n for cell, n in expected.items() if n >= 30
-    }
+    assert cell_counts(result.table) == {cell: n for cell, n in expected.items() if n >= 30}
     histogram = crowd_blending_histogram(table, schemes, k=2)
-    assert histogram_counts(histogram.table) == {
-        cell: n for cell, n in expected.items() if n >= 2
-    }
+    assert histogram_counts(histogram.table) == {cell: n for cell, n in expected.items() if n >= 2}
 
 
 def test_exact_cells_on_adult(adult_dir: Path) -> None:
@@ -148,28 +125,18 @@ def test_exact_cells_on_adult(adult_dir: Path) -> None:
         "marital-status": "string",
         "sex": "string",
     }
-    table = read_dataset(
-        adult_dir / "adult.csv", format="csv", columns=columns, delimiter=";"
-    ).table
+    table = read_dataset(adult_dir / "adult.csv", format="csv", columns=columns, delimiter=";").table
     schemes = {}
     for name in columns:
         with open(adult_dir / f"adult_hierarchy_{name}.csv", newline="") as handle:
             schemes[name] = ValueMap(
-                mapping=tuple(
-                    (row[0], row[1]) for row in csv.reader(handle, delimiter=";") if row
-                )
+                mapping=tuple((row[0], row[1]) for row in csv.reader(handle, delimiter=";") if row)
             )
     k = 20
     generalized = generalize(table, schemes)
-    plain = pa.table(
-        {name: generalized.column(name).cast(pa.string()) for name in columns}
-    )
+    plain = pa.table({name: generalized.column(name).cast(pa.string()) for name in columns})
     grouped = plain.group_by(list(columns)).aggregate([([], "count_all")]).to_pylist()
-    expected = {
-        tuple(row[name] for name in columns): row["count_all"]
-        for row in grouped
-        if row["count_all"] >= k
-    }
+    expected = {tuple(row[name] for name in columns): row["count_all"] for row in grouped if row["count_all"] >= k}
     result = sdgs(table, schemes, k=k, beta=1.0, epsilon=1.0)
     assert cell_counts(result.table) == expected
     assert result.internal_facts["rows_in"] == 30162
@@ -246,17 +213,9 @@ def test_shuffled_repeat() -> None:
     assert shuffled_repeat(np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
     # position of the single cell 1 among 99 copies of cell 0: uniform on 0..99 (chi-square-free
     # check: each position's count is binomial(20000, 1/100); all 100 within their intervals)
-    firsts = np.array(
-        [
-            np.argmax(shuffled_repeat(np.array([0, 1]), np.array([99, 1])) == 1)
-            for _ in range(20_000)
-        ]
-    )
+    firsts = np.array([np.argmax(shuffled_repeat(np.array([0, 1]), np.array([99, 1])) == 1) for _ in range(20_000)])
     lo, hi = binom.interval(1 - ALPHA / 100, 20_000, 0.01)
-    assert np.all(
-        (lo <= np.bincount(firsts, minlength=100))
-        & (np.bincount(firsts, minlength=100) <= hi)
-    )
+    assert np.all((lo <= np.bincount(firsts, minlength=100)) & (np.bincount(firsts, minlength=100) <= hi))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,9 +241,7 @@ def test_result_event_and_facts() -> None:
         "rows_suppressed": 3,
         "cells_suppressed": 1,
     }
-    assert result.table.column("v").chunk(0).dictionary.to_pylist() == [
-        "x"
-    ]  # 'y' does not leak
+    assert result.table.column("v").chunk(0).dictionary.to_pylist() == ["x"]  # 'y' does not leak
     histogram = crowd_blending_histogram(table, {"v": Keep()}, k=5, epsilon=0.7)
     assert histogram.event == SDGS(k=5, beta=1.0, epsilon=0.7, output="histogram")
     assert histogram.table.to_pydict() == {"v": ["x"], "count": [30]}
@@ -296,10 +253,7 @@ def test_everything_suppressed_is_an_explained_empty_result() -> None:
     schemes = {"v": Keep(), "n": Bins(edges=(0, 5))}
     result = sdgs(table, schemes, k=2, beta=1.0, epsilon=1.0)
     assert result.table.num_rows == 0 and result.table.column_names == ["v", "n"]
-    assert all(
-        field.type == pa.dictionary(pa.int32(), pa.string())
-        for field in result.table.schema
-    )
+    assert all(field.type == pa.dictionary(pa.int32(), pa.string()) for field in result.table.schema)
     assert "fewer than k=2 rows" in result.public_facts["explanation"]
     assert result.internal_facts["rows_suppressed"] == 3
     histogram = crowd_blending_histogram(table, schemes, k=2)
@@ -353,9 +307,7 @@ def test_domain_error_does_not_depend_on_the_sample() -> None:
 # empirical privacy: Theorem 1 of Li, Qardaji, Su, measured
 
 K, BETA, EPSILON = 5, 0.3, 1.0
-SIZES = np.arange(
-    1, 11
-)  # n identical rows in D, n - 1 in D'; n_m = 6 and the argmax 8 inside
+SIZES = np.arange(1, 11)  # n identical rows in D, n - 1 in D'; n_m = 6 and the argmax 8 inside
 
 
 def reference_delta(k: int, beta: float, epsilon: float) -> float:
@@ -377,14 +329,10 @@ def test_reference_delta_reproduces_the_paper() -> None:
         (0.2, 2.0, 1.59e-12),
     ]:
         assert reference_delta(20, beta, epsilon) == pytest.approx(delta, rel=5e-3)
-    assert reference_delta(K, BETA, EPSILON) == pytest.approx(
-        0.0112922, rel=1e-4
-    )  # at n = 8
+    assert reference_delta(K, BETA, EPSILON) == pytest.approx(0.0112922, rel=1e-4)  # at n = 8
 
 
-def published_counts(
-    sizes: np.ndarray, replicates: int, *, k: int, beta: float
-) -> np.ndarray:
+def published_counts(sizes: np.ndarray, replicates: int, *, k: int, beta: float) -> np.ndarray:
     """Runs the real :func:`sdgs` once on a table of ``len(sizes) * replicates`` groups, group
     (i, r) being ``sizes[i]`` identical rows with a value of its own (scheme Keep). Sampling is
     independent per row and suppression per cell, so each group's published count is an
@@ -392,21 +340,13 @@ def published_counts(
     ``replicates`` runs per size. Returns the counts, shape (len(sizes), replicates)."""
     per_group = np.repeat(sizes, replicates)
     group = np.repeat(np.arange(per_group.size), per_group)
-    result = sdgs(
-        pa.table({"g": group}), {"g": Keep()}, k=k, beta=beta, epsilon=EPSILON
-    )
+    result = sdgs(pa.table({"g": group}), {"g": Keep()}, k=k, beta=beta, epsilon=EPSILON)
     column = result.table.column("g").combine_chunks()
-    published = pc.cast(column.dictionary, pa.int64()).to_numpy()[
-        column.indices.to_numpy()
-    ]
-    return np.bincount(published, minlength=per_group.size).reshape(
-        len(sizes), replicates
-    )
+    published = pc.cast(column.dictionary, pa.int64()).to_numpy()[column.indices.to_numpy()]
+    return np.bincount(published, minlength=per_group.size).reshape(len(sizes), replicates)
 
 
-def hockey_stick(
-    x: np.ndarray, y: np.ndarray, epsilon: float, outcomes: int, alpha: float
-) -> tuple[float, float]:
+def hockey_stick(x: np.ndarray, y: np.ndarray, epsilon: float, outcomes: int, alpha: float) -> tuple[float, float]:
     """Estimate of sum_o max(0, P(o) - e^eps Q(o)) from independent samples x ~ P, y ~ Q (same
     size N), and its error margin.
 
@@ -426,9 +366,7 @@ def hockey_stick(
     z = np.isin(x, worst).astype(float) - e * np.isin(y, worst)
     n = len(z)
     log_term = (outcomes + 1) * math.log(2) + math.log(1 / alpha)
-    margin = math.sqrt(2 * z.var(ddof=1) * log_term / n) + 7 * (1 + e) * log_term / (
-        3 * (n - 1)
-    )
+    margin = math.sqrt(2 * z.var(ddof=1) * log_term / n) + 7 * (1 + e) * log_term / (3 * (n - 1))
     return float(z.mean()), margin
 
 
@@ -453,9 +391,7 @@ def test_empirical_privacy_within_theorem_1() -> None:
     alpha = ALPHA / (4 * len(SIZES))  # 4 checks per n
     for n, x, y in zip(SIZES, on_d, on_d_minus):
         for first, second in ((x, y), (y, x)):
-            estimate, margin = hockey_stick(
-                first, second, EPSILON, outcomes=n + 1, alpha=alpha
-            )
+            estimate, margin = hockey_stick(first, second, EPSILON, outcomes=n + 1, alpha=alpha)
             assert estimate <= delta + margin, (n, estimate, margin, delta)
         for size, draws in ((n, x), (n - 1, y)):
             observed = np.bincount(draws, minlength=size + 1) / replicates
@@ -470,9 +406,7 @@ def test_empirical_privacy_within_theorem_1() -> None:
     ("k", "beta", "variant"),
     [(1, BETA, "k ignored (k = 1)"), (K, 1.0, "no sampling (beta = 1)")],
 )
-def test_empirical_privacy_test_catches_broken_variants(
-    k: int, beta: float, variant: str
-) -> None:
+def test_empirical_privacy_test_catches_broken_variants(k: int, beta: float, variant: str) -> None:
     """The same estimator on a broken SDGS (the real function with k = 1, or beta = 1) finds a
     hockey-stick divergence whose lower confidence bound exceeds the delta claimed for (k = 5,
     beta = 0.3, eps = 1) ten times over (k = 1: 0.3 at n = 1; beta = 1: 1 at n = 5). Each lower
@@ -486,8 +420,6 @@ def test_empirical_privacy_test_catches_broken_variants(
         estimate - margin
         for n, x, y in zip(SIZES, on_d, on_d_minus)
         for first, second in ((x, y), (y, x))
-        for estimate, margin in [
-            hockey_stick(first, second, EPSILON, outcomes=n + 1, alpha=alpha)
-        ]
+        for estimate, margin in [hockey_stick(first, second, EPSILON, outcomes=n + 1, alpha=alpha)]
     )
     assert lower > 10 * delta, (variant, lower, delta)

@@ -92,7 +92,15 @@ def _mp_hockey_stick(k: int, beta: float, eps: float, n_max: int):
     return best
 
 
-CASES = [(20, 0.1, 1.0), (5, 0.3, 1.0), (10, 0.05, 0.5), (3, 0.5, 1.2), (30, 0.2, 0.75), (1, 0.025, 2.0), (8, 0.36, 3.0)]
+CASES = [
+    (20, 0.1, 1.0),
+    (5, 0.3, 1.0),
+    (10, 0.05, 0.5),
+    (3, 0.5, 1.2),
+    (30, 0.2, 0.75),
+    (1, 0.025, 2.0),
+    (8, 0.36, 3.0),
+]
 
 
 @pytest.mark.parametrize("k, beta, eps", CASES)
@@ -105,7 +113,16 @@ def test_theorem1_matches_brute_force_and_is_never_below_it(k: int, beta: float,
     assert result.delta <= float(truth) * (1 + 1e-8)
 
 
-EXACT_CASES = [(20, 0.1, 1.0), (5, 0.3, 1.0), (3, 0.5, 1.2), (1, 0.025, 2.0), (8, 0.36, 3.0), (5, 0.3, 0.0), (20, 0.2, 0.1), (4, 0.1, 0.05)]
+EXACT_CASES = [
+    (20, 0.1, 1.0),
+    (5, 0.3, 1.0),
+    (3, 0.5, 1.2),
+    (1, 0.025, 2.0),
+    (8, 0.36, 3.0),
+    (5, 0.3, 0.0),
+    (20, 0.2, 0.1),
+    (4, 0.1, 0.05),
+]
 
 
 @pytest.mark.parametrize("k, beta, eps", EXACT_CASES)
@@ -208,7 +225,9 @@ def test_fsmooth_bound_definition5_and_theorem5() -> None:
 
 
 @pytest.mark.parametrize("notion", ["probabilistic", "approximate"])
-@pytest.mark.parametrize("beta, eps, target", [(0.1, 1.0, 1e-9), (0.2, 0.5, 1e-6), (0.05, 2.0, 1e-30), (0.36, 1.0, 1e-12)])
+@pytest.mark.parametrize(
+    "beta, eps, target", [(0.1, 1.0, 1e-9), (0.2, 0.5, 1e-6), (0.05, 2.0, 1e-30), (0.36, 1.0, 1e-12)]
+)
 def test_smallest_k_is_exact(notion, beta, eps, target) -> None:
     result = smallest_k(beta, eps, target, notion)
     assert sdgs_delta(result.k, beta, eps, notion) <= target

@@ -9,6 +9,9 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import binom
+
+from privrelease.errors import UserError
 from privrelease.mechanisms.events import ExponentialSelection
 from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap
 from privrelease.mechanisms.selection import (
@@ -18,9 +21,6 @@ from privrelease.mechanisms.selection import (
     selection_probabilities,
     sensitivity,
 )
-from scipy.stats import binom
-
-from privrelease.errors import UserError
 
 ALPHA = 1e-6
 
@@ -48,9 +48,7 @@ def test_sensitivity_bounds_the_largest_step(k: int, beta: float) -> None:
     """Delta(k, beta) >= max_n g(n + 1) - g(n), with g computed by its definition, and is tight."""
     n = np.arange(int(4 * k / beta) + 50)
     j = np.arange(k, n[-1] + 2)[:, None]
-    g = np.sum(
-        j * binom.pmf(j, np.append(n, n[-1] + 1), beta), axis=0
-    )  # g(n) by definition
+    g = np.sum(j * binom.pmf(j, np.append(n, n[-1] + 1), beta), axis=0)  # g(n) by definition
     steps = np.diff(g)
     bound = sensitivity(k, beta)
     assert max(steps) <= bound <= max(max(steps), beta) * (1 + 1e-6)
@@ -65,9 +63,7 @@ def test_expected_published_rows() -> None:
     scheme = {"job": Keep(), "age": Suppress()}
     for k, beta in [(1, 1.0), (4, 1.0), (4, 0.5), (10, 0.3)]:
         expected = sum(published_rows_by_definition(n, k, beta) for n in (7, 3, 12))
-        assert expected_published_rows(table, scheme, k=k, beta=beta) == pytest.approx(
-            expected, rel=1e-12
-        )
+        assert expected_published_rows(table, scheme, k=k, beta=beta) == pytest.approx(expected, rel=1e-12)
     assert expected_published_rows(table, scheme, k=4, beta=1.0) == 19
 
 
@@ -87,40 +83,25 @@ def table_and_row(draw: st.DrawFn) -> tuple[pa.Table, pa.Table]:
     beta=st.sampled_from([1.0, 0.5, 0.1]),
     epsilon=st.sampled_from([0.1, 1.0]),
 )
-def test_neighbouring_tables(
-    pair: tuple[pa.Table, pa.Table], k: int, beta: float, epsilon: float
-) -> None:
+def test_neighbouring_tables(pair: tuple[pa.Table, pa.Table], k: int, beta: float, epsilon: float) -> None:
     """Adding one row moves every score by at most the sensitivity, so every candidate's
     selection probability changes by a factor of at most e^eps (epsilon-DP, checked exactly)."""
     smaller, bigger = pair
     bound = sensitivity(k, beta)
     scores = []
     for table in (smaller, bigger):
-        scores.append(
-            [
-                expected_published_rows(table, scheme, k=k, beta=beta)
-                for scheme in CANDIDATES.values()
-            ]
-        )
+        scores.append([expected_published_rows(table, scheme, k=k, beta=beta) for scheme in CANDIDATES.values()])
     assert np.all(np.abs(np.subtract(*scores)) <= bound)
-    first, second = (
-        selection_probabilities(s, epsilon=epsilon, sensitivity=bound) for s in scores
-    )
+    first, second = (selection_probabilities(s, epsilon=epsilon, sensitivity=bound) for s in scores)
     assert np.all(first <= math.exp(epsilon) * second * (1 + 1e-12))
     assert np.all(second <= math.exp(epsilon) * first * (1 + 1e-12))
 
 
 def test_probabilities_in_log_space() -> None:
-    assert selection_probabilities(
-        [5.0, 5.0], epsilon=1.0, sensitivity=1.0
-    ).tolist() == [0.5, 0.5]
-    huge = selection_probabilities(
-        [1e6, 1e6 - 2 * math.log(2), 0.0], epsilon=1.0, sensitivity=1.0
-    )
+    assert selection_probabilities([5.0, 5.0], epsilon=1.0, sensitivity=1.0).tolist() == [0.5, 0.5]
+    huge = selection_probabilities([1e6, 1e6 - 2 * math.log(2), 0.0], epsilon=1.0, sensitivity=1.0)
     assert huge == pytest.approx([2 / 3, 1 / 3, 0.0])
-    assert np.isfinite(
-        selection_probabilities([1e300, -1e300], epsilon=1.0, sensitivity=1.0)
-    ).all()
+    assert np.isfinite(selection_probabilities([1e300, -1e300], epsilon=1.0, sensitivity=1.0)).all()
 
 
 def test_exponential_mechanism_frequencies() -> None:
@@ -129,14 +110,9 @@ def test_exponential_mechanism_frequencies() -> None:
     epsilon, bound = 0.8, 2.5
     target = np.array([0.5, 0.25, 0.125, 0.125])
     scores = 2 * bound / epsilon * np.log(target)
-    assert selection_probabilities(
-        scores, epsilon=epsilon, sensitivity=bound
-    ) == pytest.approx(target)
+    assert selection_probabilities(scores, epsilon=epsilon, sensitivity=bound) == pytest.approx(target)
     draws = np.bincount(
-        [
-            exponential_mechanism(scores, epsilon=epsilon, sensitivity=bound)
-            for _ in range(20_000)
-        ],
+        [exponential_mechanism(scores, epsilon=epsilon, sensitivity=bound) for _ in range(20_000)],
         minlength=4,
     )
     lo, hi = binom.interval(1 - ALPHA / 4, 20_000, target)
@@ -147,37 +123,22 @@ def test_select_scheme() -> None:
     """400 rows: 'fine' has 32 cells of ~12 rows (a half-sample almost never reaches k = 20 in any),
     'coarse' 4 cells of ~100, 'none' one cell of 400 (both publish ~200 rows)."""
     rng = np.random.default_rng()
-    table = pa.table(
-        {"job": rng.choice(list("abcdefgh"), 400), "age": rng.integers(0, 40, 400)}
-    )
+    table = pa.table({"job": rng.choice(list("abcdefgh"), 400), "age": rng.integers(0, 40, 400)})
     selection = select_scheme(table, CANDIDATES, k=20, beta=0.5, epsilon=1.0)
     bound = sensitivity(20, 0.5)
-    assert selection.event == ExponentialSelection(
-        epsilon=1.0, candidates=3, sensitivity=bound
-    )
+    assert selection.event == ExponentialSelection(epsilon=1.0, candidates=3, sensitivity=bound)
     scores = selection.internal_facts["scores"]
     assert list(scores) == ["fine", "coarse", "none"]
-    assert scores["none"] == pytest.approx(
-        200.0
-    )  # one cell of 400 rows: all of the half-sample
+    assert scores["none"] == pytest.approx(200.0)  # one cell of 400 rows: all of the half-sample
     assert scores["fine"] < 10 and 190 < scores["coarse"] <= scores["none"]
-    probabilities = selection_probabilities(
-        list(scores.values()), epsilon=1.0, sensitivity=bound
-    )
+    probabilities = selection_probabilities(list(scores.values()), epsilon=1.0, sensitivity=bound)
     assert probabilities[0] < 1e-25  # 'fine' loses by ~190 rows: exp(-190 / (2 * 1.5))
-    assert (
-        selection.name in ("coarse", "none")
-        and selection.scheme == CANDIDATES[selection.name]
-    )
+    assert selection.name in ("coarse", "none") and selection.scheme == CANDIDATES[selection.name]
     weights = {"none": 0.01, "coarse": 1.0, "fine": 1.0}
-    weighted = select_scheme(
-        table, CANDIDATES, k=20, beta=0.5, epsilon=1.0, weights=weights
-    )
+    weighted = select_scheme(table, CANDIDATES, k=20, beta=0.5, epsilon=1.0, weights=weights)
     assert weighted.internal_facts["scores"]["none"] == pytest.approx(2.0)
     assert weighted.event.sensitivity == bound
-    assert (
-        weighted.name == "coarse"
-    )  # ahead of the others by > 180 rows: probability > 1 - 1e-25
+    assert weighted.name == "coarse"  # ahead of the others by > 180 rows: probability > 1 - 1e-25
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,9 @@ import opendp.measurements
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
+from scipy import stats
+
+from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.events import Laplace
 from privrelease.mechanisms.identifiability import calibrate
 from privrelease.mechanisms.statistics import (
@@ -22,9 +25,6 @@ from privrelease.mechanisms.statistics import (
     identifiable_statistic,
     noisy_statistic,
 )
-from scipy import stats
-
-from privrelease.errors import TargetNotMet, UserError
 
 KS_ALPHA = 1e-4
 TAIL = math.log(1e9)  # |noise| > TAIL * lambda with probability 1e-9
@@ -44,9 +44,7 @@ def test_grouped_count_noise_is_laplace_of_lambda() -> None:
     """3,000 groups in one release: value - true count ~ Laplace(lambda) (KS, alpha = 1e-4)."""
     groups, per_group = 3000, 2
     table, labels = grouped_table(groups, per_group)
-    result = identifiable_statistic(
-        table, "x", "count", 0, 6, 0.5, group_domain={"g": labels}
-    )
+    result = identifiable_statistic(table, "x", "count", 0, 6, 0.5, group_domain={"g": labels})
     lam = result.public_facts["lambda"]
     assert lam == pytest.approx(2 / math.log(groups - 1), rel=1e-11)
     noise = result.table.column("value").to_numpy() - per_group
@@ -59,39 +57,21 @@ def test_mean_noise_is_laplace_of_lambda() -> None:
     table = pa.table({"x": np.arange(100, dtype=np.int64) % 10})
     calibration = calibrate("mean", 0, 9, 0.5, rows=100)
     assert calibration.lambda_ == pytest.approx(0.09 / math.log(9), rel=1e-11)
-    responses = np.array(
-        [
-            noisy_statistic(table, "x", calibration).table["value"][0].as_py()
-            for _ in range(600)
-        ]
-    )
+    responses = np.array([noisy_statistic(table, "x", calibration).table["value"][0].as_py() for _ in range(600)])
     noise = responses - 4.5
-    assert (
-        stats.kstest(noise, stats.laplace(scale=calibration.lambda_).cdf).pvalue
-        > KS_ALPHA
-    )
+    assert stats.kstest(noise, stats.laplace(scale=calibration.lambda_).cdf).pvalue > KS_ALPHA
 
 
 def test_real_valued_grouped_sum_noise_is_laplace_of_lambda() -> None:
     groups = 2000
     rng_values = (np.arange(groups * 3) % 11) / 4.0  # 0 .. 2.5, exact in binary
-    table = pa.table(
-        {"g": [f"h{i % groups}" for i in range(groups * 3)], "y": rng_values}
-    )
+    table = pa.table({"g": [f"h{i % groups}" for i in range(groups * 3)], "y": rng_values})
     domain = {"g": [f"h{i}" for i in range(groups)]}
-    result = identifiable_statistic(
-        table, "y", "sum", 0.0, 2.5, 0.9, integer=False, group_domain=domain
-    )
+    result = identifiable_statistic(table, "y", "sum", 0.0, 2.5, 0.9, integer=False, group_domain=domain)
     lam = result.public_facts["lambda"]
     assert lam == pytest.approx(5.0 / math.log(9), rel=1e-11)  # m = 2, S = 2 max|bound|
-    truth = np.bincount(
-        np.arange(groups * 3) % groups, weights=rng_values, minlength=groups
-    )
-    got = dict(
-        zip(
-            result.table["g"].to_pylist(), result.table["value"].to_numpy(), strict=True
-        )
-    )
+    truth = np.bincount(np.arange(groups * 3) % groups, weights=rng_values, minlength=groups)
+    got = dict(zip(result.table["g"].to_pylist(), result.table["value"].to_numpy(), strict=True))
     noise = np.array([got[f"h{i}"] for i in range(groups)]) - truth
     assert stats.kstest(noise, stats.laplace(scale=lam).cdf).pvalue > KS_ALPHA
 
@@ -112,9 +92,7 @@ def test_opendp_produces_the_noise_once_per_release(monkeypatch) -> None:
     monkeypatch.setattr(np.random, "default_rng", forbidden)
 
     table, labels = grouped_table(50, 3)
-    result = identifiable_statistic(
-        table, "x", "sum", 0, 6, 0.5, group_domain={"g": labels}
-    )
+    result = identifiable_statistic(table, "x", "sum", 0, 6, 0.5, group_domain={"g": labels})
     assert len(calls) == 1
     domain, metric, scale = calls[0]
     assert "VectorDomain" in domain and "size=50" in domain
@@ -144,9 +122,7 @@ def test_values_are_clamped_before_aggregation() -> None:
 
 
 def test_float_values_clamped_and_summed_exactly() -> None:
-    table = pa.table(
-        {"y": [-math.inf, 0.1, 0.2, 0.3, math.inf], "g": ["a", "b", "b", "b", "a"]}
-    )
+    table = pa.table({"y": [-math.inf, 0.1, 0.2, 0.3, math.inf], "g": ["a", "b", "b", "b", "a"]})
     calibration = calibrate("sum", -1.0, 1.0, 0.9, integer=False, groups=2)
     values, below, above = _clamped_values(table, "y", calibration)
     assert values.tolist() == [-1.0, 0.1, 0.2, 0.3, 1.0]
@@ -175,9 +151,7 @@ def test_grouped_release_covers_the_declared_domain_in_random_order() -> None:
     present = labels[:15]  # the last 5 declared groups have no rows
     rows = [label for label in present for _ in range(1 + int(label[1:]))]
     table = pa.table({"g": rows, "x": pa.array(np.ones(len(rows), dtype=np.int64))})
-    result = identifiable_statistic(
-        table, "x", "count", 0, 1, 1 - 1e-12, group_domain={"g": labels}
-    )
+    result = identifiable_statistic(table, "x", "count", 0, 1, 1 - 1e-12, group_domain={"g": labels})
     out = result.table
     assert out.column_names == ["g", "value", "lambda"]
     assert sorted(out["g"].to_pylist()) == labels
@@ -185,20 +159,14 @@ def test_grouped_release_covers_the_declared_domain_in_random_order() -> None:
     assert out["g"].to_pylist() != labels
     lam = result.public_facts["lambda"]
     truth = {label: rows.count(label) for label in labels}
-    for label, value in zip(
-        out["g"].to_pylist(), out["value"].to_pylist(), strict=True
-    ):
+    for label, value in zip(out["g"].to_pylist(), out["value"].to_pylist(), strict=True):
         assert abs(value - truth[label]) < TAIL * lam
-    assert result.event == Laplace(
-        scale=lam, sensitivity=2.0, sensitive_range=2.0, universe_size=20
-    )
+    assert result.event == Laplace(scale=lam, sensitivity=2.0, sensitive_range=2.0, universe_size=20)
     facts = {**result.public_facts, **result.internal_facts}
     assert result.public_facts["groups"] == 20
     assert result.public_facts["group_by"] == ["g"]
     # no true group size anywhere in the facts
-    assert not any(
-        isinstance(v, (list, dict, np.ndarray)) and len(v) == 20 for v in facts.values()
-    )
+    assert not any(isinstance(v, (list, dict, np.ndarray)) and len(v) == 20 for v in facts.values())
     assert set(result.internal_facts) == {
         "rows_in",
         "values_clamped_below",
@@ -215,9 +183,7 @@ def test_two_group_columns_form_the_product_domain() -> None:
         }
     )
     domain = {"sex": ["F", "M"], "age": ["20-29", "30-39", "40-49"]}
-    result = identifiable_statistic(
-        table, "hours", "sum", 1, 99, 1 - 1e-12, group_domain=domain
-    )
+    result = identifiable_statistic(table, "hours", "sum", 1, 99, 1 - 1e-12, group_domain=domain)
     lam = result.public_facts["lambda"]
     assert result.event.sensitive_range == 2 * 99
     got = {
@@ -270,28 +236,18 @@ def test_bad_values_are_user_errors(table, match) -> None:
 def test_group_errors() -> None:
     table = pa.table({"g": ["a", "b", "zzz"], "x": pa.array([1, 2, 3], pa.int64())})
     with pytest.raises(UserError, match="'g': 1 rows have labels outside the declared"):
-        identifiable_statistic(
-            table, "x", "sum", 0, 10, 0.5, group_domain={"g": ["a", "b"]}
-        )
+        identifiable_statistic(table, "x", "sum", 0, 10, 0.5, group_domain={"g": ["a", "b"]})
     with pytest.raises(UserError, match="group column 'h' not found"):
-        identifiable_statistic(
-            table, "x", "sum", 0, 10, 0.5, group_domain={"h": ["a", "b"]}
-        )
+        identifiable_statistic(table, "x", "sum", 0, 10, 0.5, group_domain={"h": ["a", "b"]})
     with pytest.raises(UserError, match="calibrate with groups=2"):
-        noisy_statistic(
-            table, "x", calibrate("sum", 0, 10, 0.5), group_domain={"g": ["a", "b"]}
-        )
+        noisy_statistic(table, "x", calibrate("sum", 0, 10, 0.5), group_domain={"g": ["a", "b"]})
     with pytest.raises(UserError, match="duplicate"):
-        identifiable_statistic(
-            table, "x", "sum", 0, 10, 0.5, group_domain={"g": ["a", "a"]}
-        )
+        identifiable_statistic(table, "x", "sum", 0, 10, 0.5, group_domain={"g": ["a", "a"]})
 
 
 def test_mean_needs_the_declared_row_count() -> None:
     table = pa.table({"x": pa.array([1, 2, 3], pa.int64())})
-    with pytest.raises(
-        UserError, match="declared public row count is 4 but the table has 3"
-    ):
+    with pytest.raises(UserError, match="declared public row count is 4 but the table has 3"):
         identifiable_statistic(table, "x", "mean", 0, 10, 0.5, rows=4)
 
 
@@ -322,13 +278,9 @@ TABLE4_MEANS = {
 def adult(adult_uci_dir) -> pa.Table:
     read = pacsv.ReadOptions(column_names=ADULT_NAMES)
     parse = pacsv.ParseOptions(delimiter=",")
-    train = pacsv.read_csv(
-        adult_uci_dir / "adult.data", read_options=read, parse_options=parse
-    )
+    train = pacsv.read_csv(adult_uci_dir / "adult.data", read_options=read, parse_options=parse)
     read_test = pacsv.ReadOptions(column_names=ADULT_NAMES, skip_rows=1)
-    test = pacsv.read_csv(
-        adult_uci_dir / "adult.test", read_options=read_test, parse_options=parse
-    )
+    test = pacsv.read_csv(adult_uci_dir / "adult.test", read_options=read_test, parse_options=parse)
     columns = list(TABLE4_MEANS)
     return pa.concat_tables([train.select(columns), test.select(columns)])
 
@@ -338,16 +290,12 @@ def test_adult_true_means_match_table4(adult: pa.Table) -> None:
     for column, shown in TABLE4_MEANS.items():
         decimals = len(shown.split(".")[1])
         mean = math.fsum(adult[column].to_numpy().tolist()) / adult.num_rows
-        assert math.floor(mean * 10**decimals) / 10**decimals == pytest.approx(
-            float(shown)
-        )
+        assert math.floor(mean * 10**decimals) / 10**decimals == pytest.approx(float(shown))
 
 
 def test_adult_hours_per_week_release(adult: pa.Table) -> None:
     """Section 5: the rho = 0.1 mean of hours-per-week, lambda ~ 8.4032e-4, around 40.4223."""
-    result = identifiable_statistic(
-        adult, "hours-per-week", "mean", 1, 99, 0.1, rows=48_842
-    )
+    result = identifiable_statistic(adult, "hours-per-week", "mean", 1, 99, 0.1, rows=48_842)
     lam = result.public_facts["lambda"]
     assert f"{lam:.4e}" == "8.4032e-04"
     assert result.internal_facts["values_clamped_below"] == 0

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging.config
 
-import privrelease.audit.models  # noqa: F401  (registers the tables)
 from alembic import context
 from sqlmodel import SQLModel
+
+import privrelease.audit.models  # noqa: F401  (registers the tables)
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:
@@ -41,7 +42,5 @@ def run_migrations_online() -> None:
 
 
 if context.is_offline_mode():
-    raise SystemExit(
-        "offline (--sql) migrations are not supported; run against a database"
-    )
+    raise SystemExit("offline (--sql) migrations are not supported; run against a database")
 run_migrations_online()

@@ -16,13 +16,9 @@ from rich.table import Table
 
 from privrelease.cli.output import console, print_json
 
-policy_app = typer.Typer(
-    help="Approve, list and show policy versions.", no_args_is_help=True
-)
+policy_app = typer.Typer(help="Approve, list and show policy versions.", no_args_is_help=True)
 audit_app = typer.Typer(help="Check the hash-chained audit log.", no_args_is_help=True)
-ledger_app = typer.Typer(
-    help="The privacy budget of each dataset.", no_args_is_help=True
-)
+ledger_app = typer.Typer(help="The privacy budget of each dataset.", no_args_is_help=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
@@ -70,12 +66,8 @@ def _approval_dict(approval: Any) -> dict[str, Any]:
 @policy_app.command("approve")
 def policy_approve(
     policy: Annotated[Path, typer.Argument(help="The policy YAML file.")],
-    by: Annotated[
-        str, typer.Option("--by", help="Who approves (recorded with the OS user).")
-    ],
-    note: Annotated[
-        str | None, typer.Option("--note", help="A note kept with the approval.")
-    ] = None,
+    by: Annotated[str, typer.Option("--by", help="Who approves (recorded with the OS user).")],
+    note: Annotated[str | None, typer.Option("--note", help="A note kept with the approval.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Record an approval of the policy's exact content (its canonical sha256)."""
@@ -127,9 +119,7 @@ def policy_list(json_output: JsonFlag = False) -> None:
         print_json({"policies": rows})
         return
     if not rows:
-        console.print(
-            "no policies registered (privrelease policy approve POLICY.yaml --by NAME)"
-        )
+        console.print("no policies registered (privrelease policy approve POLICY.yaml --by NAME)")
         return
     table = Table("name", "version", "sha256", "registered (UTC)", "approved by")
     for row in rows:
@@ -139,9 +129,7 @@ def policy_list(json_output: JsonFlag = False) -> None:
             row["version"],
             _short(row["sha256"]),
             _minute(row["registered_at"]),
-            f"{last['approved_by']} ({_minute(last['approved_at'])})"
-            if last
-            else "[red]not approved[/]",
+            f"{last['approved_by']} ({_minute(last['approved_at'])})" if last else "[red]not approved[/]",
         )
     console.print(table)
 
@@ -159,9 +147,7 @@ def policy_show(
         version = approvals.find_policy(s, ref)
         approved = approvals.approvals_of(s, version.sha256)
         others = [
-            v.version
-            for v in approvals.list_policies(s)
-            if v.name == version.name and v.sha256 != version.sha256
+            v.version for v in approvals.list_policies(s) if v.name == version.name and v.sha256 != version.sha256
         ]
     document = {
         "name": version.name,
@@ -176,13 +162,9 @@ def policy_show(
     if json_output:
         print_json(document)
         return
-    console.print(
-        f"[bold]{version.name}@{version.version}[/]", highlight=False, soft_wrap=True
-    )
+    console.print(f"[bold]{version.name}@{version.version}[/]", highlight=False, soft_wrap=True)
     console.print(f"sha256      {version.sha256}", highlight=False, soft_wrap=True)
-    console.print(
-        f"registered  {document['registered_at']} UTC", highlight=False, soft_wrap=True
-    )
+    console.print(f"registered  {document['registered_at']} UTC", highlight=False, soft_wrap=True)
     if not approved:
         console.print("approvals   [red]none[/]")
     for approval in approved:
@@ -195,9 +177,7 @@ def policy_show(
             soft_wrap=True,
         )
     if others:
-        console.print(
-            f"other versions: {', '.join(others)}", highlight=False, markup=False
-        )
+        console.print(f"other versions: {', '.join(others)}", highlight=False, markup=False)
     console.print_json(json.dumps(document["policy"]))
 
 
@@ -208,9 +188,7 @@ def policy_show(
 def audit_verify(
     head: Annotated[
         Path | None,
-        typer.Option(
-            "--head", help="A chain-head file written beside outputs: detects cut-off."
-        ),
+        typer.Option("--head", help="A chain-head file written beside outputs: detects cut-off."),
     ] = None,
     output_root: Annotated[
         Path | None,
@@ -229,9 +207,7 @@ def audit_verify(
 
     external = chain.read_head(head) if head is not None else None
     with session(_engine(), readonly=True) as s:
-        result = chain.verify(
-            s, head=external, output_root=output_root, check_files=files
-        )
+        result = chain.verify(s, head=external, output_root=output_root, check_files=files)
     if json_output:
         print_json(result.to_dict())
     elif result.ok:
@@ -244,9 +220,7 @@ def audit_verify(
     else:
         first = result.first
         assert first is not None
-        console.print(
-            f"[bold red]BROKEN[/]: {first.message}", highlight=False, soft_wrap=True
-        )
+        console.print(f"[bold red]BROKEN[/]: {first.message}", highlight=False, soft_wrap=True)
         for problem in result.problems[1:]:
             console.print(
                 f"  also: {problem.message}",
@@ -277,9 +251,7 @@ def audit_head(
     if json_output:
         print_json({"seq": current.seq, "hash": current.hash})
     else:
-        console.print(
-            f"seq {current.seq} hash {current.hash}", highlight=False, soft_wrap=True
-        )
+        console.print(f"seq {current.seq} hash {current.hash}", highlight=False, soft_wrap=True)
 
 
 @audit_app.command("migrate")
@@ -294,9 +266,7 @@ def audit_migrate(json_output: JsonFlag = False) -> None:
     if json_output:
         print_json({"db_url": shown, "revision": revision})
     else:
-        console.print(
-            f"{shown}: schema at revision {revision}", highlight=False, soft_wrap=True
-        )
+        console.print(f"{shown}: schema at revision {revision}", highlight=False, soft_wrap=True)
 
 
 # --- ledger ---------------------------------------------------------------------------------
@@ -319,9 +289,7 @@ def _entry_dict(status: Any, entry: Any) -> dict[str, Any]:
 
 @ledger_app.command("show")
 def ledger_show(
-    dataset: Annotated[
-        str, typer.Argument(help="Fingerprint, fingerprint prefix or label.")
-    ],
+    dataset: Annotated[str, typer.Argument(help="Fingerprint, fingerprint prefix or label.")],
     json_output: JsonFlag = False,
 ) -> None:
     """A dataset's charges and its remaining lifetime budget (the stored trees composed)."""
@@ -350,9 +318,7 @@ def ledger_show(
         print_json(document)
         return
     label = f" ({ds.label})" if ds.label else ""
-    console.print(
-        f"dataset [bold]{ds.fingerprint}[/]{label}", highlight=False, soft_wrap=True
-    )
+    console.print(f"dataset [bold]{ds.fingerprint}[/]{label}", highlight=False, soft_wrap=True)
     console.print(
         f"{ds.row_count} rows, {ds.size_bytes} bytes; accountant: {ds.notion}",
         highlight=False,
@@ -364,9 +330,7 @@ def ledger_show(
         highlight=False,
         soft_wrap=True,
     )
-    console.print(
-        f"remaining        {status.remaining}", highlight=False, soft_wrap=True
-    )
+    console.print(f"remaining        {status.remaining}", highlight=False, soft_wrap=True)
     if not status.entries:
         console.print("no releases charged yet")
         return

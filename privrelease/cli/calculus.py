@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -17,7 +16,8 @@ calibrate_app = typer.Typer(help="Find the parameter that meets a target.", no_a
 
 JSON = typer.Option(False, "--json", help="Print one JSON document instead of tables.")
 ACCOUNTING = typer.Option(
-    "probabilistic", "--accounting",
+    "probabilistic",
+    "--accounting",
     help="probabilistic (Theorem 1's delta, as in the papers) or approximate (exact hockey-stick delta).",
 )
 
@@ -76,8 +76,11 @@ def plan(policy: Path = typer.Argument(..., help="The release policy (YAML)."), 
 
 def _print_plan(result) -> None:
     policy = result.loaded.policy
-    console.print(f"[bold]{policy.name}[/] version {policy.version}  sha256 {result.loaded.sha256[:16]}…  "
-                  f"accounting: [bold]{result.notion}[/]", highlight=False)
+    console.print(
+        f"[bold]{policy.name}[/] version {policy.version}  sha256 {result.loaded.sha256[:16]}…  "
+        f"accounting: [bold]{result.notion}[/]",
+        highlight=False,
+    )
     table = Table(title="Mechanisms (no data read)", title_justify="left")
     for column in ("mechanism", "event", "probabilistic (eps, delta)", "approximate (eps, delta)", "also"):
         table.add_column(column, overflow="fold")
@@ -95,15 +98,21 @@ def _print_plan(result) -> None:
         composed.add_row(notion, _fmt(g.epsilon), _fmt(g.delta, 3) if g.supported else "none", g.detail)
     console.print(composed)
     for key, value in result.facts.items():
-        console.print(f"  {key}: {value if isinstance(value, str) else _fmt(value) if not isinstance(value, dict) else value}",
-                      highlight=False)
+        console.print(
+            f"  {key}: {value if isinstance(value, str) else _fmt(value) if not isinstance(value, dict) else value}",
+            highlight=False,
+        )
     checks = Table(title="Targets", title_justify="left")
     for column in ("target", "required", "achieved", "result"):
         checks.add_column(column, overflow="fold")
     for check in result.checks:
-        checks.add_row(check.target, check.required, check.achieved, "[green]pass[/]" if check.passed else "[red]FAIL[/]")
+        checks.add_row(
+            check.target, check.required, check.achieved, "[green]pass[/]" if check.passed else "[red]FAIL[/]"
+        )
     console.print(checks)
-    console.print("[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]")
+    console.print(
+        "[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]"
+    )
 
 
 def _event_text(event) -> str:
@@ -111,7 +120,11 @@ def _event_text(event) -> str:
     kind = body.pop("kind")
     if kind == "composed":
         return " + ".join(_event_text(child) for child in event.events)
-    return f"{kind}(" + ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in body.items() if v not in (None, ())) + ")"
+    return (
+        f"{kind}("
+        + ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in body.items() if v not in (None, ()))
+        + ")"
+    )
 
 
 def _facts_text(facts: dict) -> str:
@@ -150,10 +163,16 @@ def guarantee_sdgs(
     exact = exact_grid(grid_k, grid_beta, grid_eps)
     rows = [
         {
-            "k": int(kk), "beta": float(bb), "epsilon": float(ee),
-            "delta_theorem1": t.delta, "delta_exact": x.delta, "argmax_n": t.argmax_n,
-            "argmax_n_exact": x.argmax_n, "log10_delta_theorem1": t.log10_delta,
-            "log10_delta_exact": x.log10_delta, "note": t.reason or x.reason,
+            "k": int(kk),
+            "beta": float(bb),
+            "epsilon": float(ee),
+            "delta_theorem1": t.delta,
+            "delta_exact": x.delta,
+            "argmax_n": t.argmax_n,
+            "argmax_n_exact": x.argmax_n,
+            "log10_delta_theorem1": t.log10_delta,
+            "log10_delta_exact": x.log10_delta,
+            "note": t.reason or x.reason,
         }
         for kk, bb, ee, t, x in zip(grid_k, grid_beta, grid_eps, theorem1, exact)
     ]
@@ -164,9 +183,16 @@ def guarantee_sdgs(
     for column in ("k", "beta", "epsilon", "delta (Theorem 1)", "argmax n", "delta (exact)", "argmax n", "note"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(str(row["k"]), _fmt(row["beta"]), _fmt(row["epsilon"]), _fmt(row["delta_theorem1"], 3),
-                      str(row["argmax_n"] or "-"), _fmt(row["delta_exact"], 3), str(row["argmax_n_exact"] or "-"),
-                      row["note"])
+        table.add_row(
+            str(row["k"]),
+            _fmt(row["beta"]),
+            _fmt(row["epsilon"]),
+            _fmt(row["delta_theorem1"], 3),
+            str(row["argmax_n"] or "-"),
+            _fmt(row["delta_exact"], 3),
+            str(row["argmax_n_exact"] or "-"),
+            row["note"],
+        )
     console.print(table)
 
 
@@ -175,10 +201,12 @@ def guarantee_sdgs(
 
 @calibrate_app.command("sdgs")
 def calibrate_sdgs(
-    k: Optional[int] = typer.Option(None, "--k", help="k (omit to find the smallest)."),
-    beta: Optional[str] = typer.Option(None, "--beta", help="beta in (0, 1], or 'auto' for 1 - e^-eps (omit to find the largest)."),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="epsilon (omit to find the smallest)."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="target delta (omit to compute it)."),
+    k: int | None = typer.Option(None, "--k", help="k (omit to find the smallest)."),
+    beta: str | None = typer.Option(
+        None, "--beta", help="beta in (0, 1], or 'auto' for 1 - e^-eps (omit to find the largest)."
+    ),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="epsilon (omit to find the smallest)."),
+    delta: float | None = typer.Option(None, "--delta", help="target delta (omit to compute it)."),
     accounting: str = ACCOUNTING,
     json_out: bool = JSON,
 ) -> None:
@@ -197,9 +225,15 @@ def calibrate_sdgs(
     if auto:
         beta_value = cal.auto_beta(epsilon)  # type: ignore[arg-type]
     _check_sdgs(k, beta_value, epsilon, delta)
-    missing = [name for name, value in (("k", k), ("beta", beta_value), ("epsilon", epsilon), ("delta", delta)) if value is None]
+    missing = [
+        name
+        for name, value in (("k", k), ("beta", beta_value), ("epsilon", epsilon), ("delta", delta))
+        if value is None
+    ]
     if len(missing) != 1:
-        raise UserError(f"give exactly three of --k, --beta, --epsilon, --delta; missing: {', '.join(missing) or 'none'}")
+        raise UserError(
+            f"give exactly three of --k, --beta, --epsilon, --delta; missing: {', '.join(missing) or 'none'}"
+        )
     try:
         if missing == ["k"]:
             result = cal.smallest_k(beta_value, epsilon, delta, accounting)  # type: ignore[arg-type]
@@ -214,8 +248,15 @@ def calibrate_sdgs(
             result = cal.Calibrated(k, beta_value, epsilon, achieved, accounting)  # type: ignore[arg-type]
     except cal.CalibrationError as error:
         raise TargetNotMet(str(error)) from None
-    document = {"k": result.k, "beta": result.beta, "epsilon": result.epsilon, "delta": result.delta,
-                "accounting": result.notion, "solved_for": missing[0], "target_delta": delta}
+    document = {
+        "k": result.k,
+        "beta": result.beta,
+        "epsilon": result.epsilon,
+        "delta": result.delta,
+        "accounting": result.notion,
+        "solved_for": missing[0],
+        "target_delta": delta,
+    }
     if json_out:
         print_json(document)
         return
@@ -232,7 +273,7 @@ def calibrate_identifiability(
     lower: float = typer.Option(..., "--lower", help="Declared lower bound of the column."),
     upper: float = typer.Option(..., "--upper", help="Declared upper bound of the column."),
     query: str = typer.Option("mean", "--query", help="count, sum or mean."),
-    rows: Optional[int] = typer.Option(None, "--rows", help="Declared public row count (needed for a mean)."),
+    rows: int | None = typer.Option(None, "--rows", help="Declared public row count (needed for a mean)."),
     groups: int = typer.Option(1, "--groups", help="Number of groups of a grouped statistic (a count needs >= 2)."),
     real: bool = typer.Option(False, "--real", help="The column is real-valued (default: integer)."),
     json_out: bool = JSON,
@@ -244,9 +285,15 @@ def calibrate_identifiability(
         raise UserError(f"--query must be count, sum or mean; got {query!r}")
     result = calibrate(query, lower, upper, rho, rows=rows, integer=not real, groups=groups)
     document = {
-        "feasible": result.feasible, "lambda": result.lambda_, "epsilon": result.epsilon,
-        "epsilon_add_remove": result.epsilon_add_remove, "universe_size": result.universe_size,
-        "sensitive_range": result.sensitive_range, "rho": rho, "query": query, "reason": result.reason,
+        "feasible": result.feasible,
+        "lambda": result.lambda_,
+        "epsilon": result.epsilon,
+        "epsilon_add_remove": result.epsilon_add_remove,
+        "universe_size": result.universe_size,
+        "sensitive_range": result.sensitive_range,
+        "rho": rho,
+        "query": query,
+        "reason": result.reason,
     }
     if json_out:
         print_json(document)
@@ -254,9 +301,15 @@ def calibrate_identifiability(
         table = Table(title="rho-differential identifiability (Lee & Clifton)", title_justify="left")
         for column in ("query", "rho", "m", "S(f)", "lambda", "epsilon", "epsilon (add/remove)"):
             table.add_column(column)
-        table.add_row(query, _fmt(rho), str(result.universe_size), _fmt(result.sensitive_range, 6),
-                      _fmt(result.lambda_, 6) if result.feasible else "infeasible", _fmt(result.epsilon, 6),
-                      _fmt(result.epsilon_add_remove, 6))
+        table.add_row(
+            query,
+            _fmt(rho),
+            str(result.universe_size),
+            _fmt(result.sensitive_range, 6),
+            _fmt(result.lambda_, 6) if result.feasible else "infeasible",
+            _fmt(result.epsilon, 6),
+            _fmt(result.epsilon_add_remove, 6),
+        )
         console.print(table)
         if not result.feasible:
             console.print(f"[red]infeasible:[/] {result.reason}", highlight=False)
@@ -269,7 +322,7 @@ def calibrate_splu(
     gamma: int = typer.Option(..., "--gamma", help="Decoy group size gamma >= 2."),
     eps: float = typer.Option(..., "--eps", help="Relative error bound eps."),
     alpha: int = typer.Option(..., "--alpha", help="Small counts: up to alpha."),
-    t_e: Optional[float] = typer.Option(None, "--t-e", help="Utility error probability T_E (gives T_f)."),
+    t_e: float | None = typer.Option(None, "--t-e", help="Utility error probability T_E (gives T_f)."),
     json_out: bool = JSON,
 ) -> None:
     """SPLU-Gen small-sum privacy T_p (Theorem 4) and, with --t-e, large-sum utility T_f (Lemma 1)."""

@@ -60,12 +60,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name", "version", name="uq_policy_version_name"),
     )
-    op.create_index(
-        op.f("ix_policy_version_name"), "policy_version", ["name"], unique=False
-    )
-    op.create_index(
-        op.f("ix_policy_version_sha256"), "policy_version", ["sha256"], unique=True
-    )
+    op.create_index(op.f("ix_policy_version_name"), "policy_version", ["name"], unique=False)
+    op.create_index(op.f("ix_policy_version_sha256"), "policy_version", ["sha256"], unique=True)
 
     op.create_table(
         "approval",
@@ -81,9 +77,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id"),
     )
-    op.create_index(
-        op.f("ix_approval_policy_sha256"), "approval", ["policy_sha256"], unique=False
-    )
+    op.create_index(op.f("ix_approval_policy_sha256"), "approval", ["policy_sha256"], unique=False)
 
     op.create_table(
         "run",
@@ -110,12 +104,8 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id"),
     )
-    op.create_index(
-        op.f("ix_run_dataset_fingerprint"), "run", ["dataset_fingerprint"], unique=False
-    )
-    op.create_index(
-        op.f("ix_run_policy_sha256"), "run", ["policy_sha256"], unique=False
-    )
+    op.create_index(op.f("ix_run_dataset_fingerprint"), "run", ["dataset_fingerprint"], unique=False)
+    op.create_index(op.f("ix_run_policy_sha256"), "run", ["policy_sha256"], unique=False)
 
     op.create_table(
         "guarantee",
@@ -166,9 +156,7 @@ def upgrade() -> None:
         ["dataset_fingerprint"],
         unique=False,
     )
-    op.create_index(
-        op.f("ix_ledger_entry_run_id"), "ledger_entry", ["run_id"], unique=False
-    )
+    op.create_index(op.f("ix_ledger_entry_run_id"), "ledger_entry", ["run_id"], unique=False)
 
     op.create_table(
         "output",
@@ -212,9 +200,7 @@ def downgrade() -> None:
 
     op.drop_table("output")
     op.drop_index(op.f("ix_ledger_entry_run_id"), table_name="ledger_entry")
-    op.drop_index(
-        op.f("ix_ledger_entry_dataset_fingerprint"), table_name="ledger_entry"
-    )
+    op.drop_index(op.f("ix_ledger_entry_dataset_fingerprint"), table_name="ledger_entry")
 
     op.drop_table("ledger_entry")
     op.drop_index(op.f("ix_guarantee_run_id"), table_name="guarantee")
