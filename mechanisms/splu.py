@@ -261,13 +261,6 @@ def randomize(partition: DecoyPartition) -> np.ndarray:
     return new_codes
 
 
-def _shuffle(n: int) -> np.ndarray:
-    """A uniformly random permutation of ``range(n)``: the order of n CSPRNG 64-bit keys (as
-    :func:`randomness.permutation`, sorted with numpy's faster unstable sort: equal keys have
-    probability below n^2 / 2^65 and would only be ordered deterministically)."""
-    return np.argsort(randomness.random_uint64(n))
-
-
 def _random_subset(n: int, size: int) -> np.ndarray:
     """``size`` distinct indices of ``range(n)``, uniformly (size < gamma: a short loop)."""
     chosen: set[int] = set()
@@ -361,7 +354,7 @@ def splu_gen(
             "max_eligible_gamma": int(n // counts.max()),
         }
 
-    order = _shuffle(n)  # Step 4: shuffled output
+    order = randomness.permutation(n)  # Step 4: shuffled output
     rows = pa.array(keep[order])
     columns = []
     for field in table.schema:

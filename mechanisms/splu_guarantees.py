@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
-from scipy.stats import binom
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.binomial import lower_tail
 
 
 def _check_gamma(gamma: int) -> int:
@@ -93,7 +93,7 @@ def privacy_probability(gamma: int, eps: float, f: np.ndarray | int) -> np.ndarr
     counts = counts.astype(np.int64)
     lower, upper = summation_limits(eps, counts)
     n = gamma * counts
-    inside = binom.cdf(upper, n, 1.0 / gamma) - binom.cdf(lower - 1, n, 1.0 / gamma)
+    inside = lower_tail(upper, n, 1.0 / gamma) - lower_tail(lower - 1, n, 1.0 / gamma)
     return np.clip(1.0 - inside, 0.0, 1.0)
 
 
