@@ -252,9 +252,11 @@ def randomize(partition: DecoyPartition) -> np.ndarray:
     (p = q = 1/gamma) with the OS CSPRNG. The member in slot ``u`` of the group of place ``j``
     (block-relative) sits at place ``j mod m + u m`` of the block."""
     n = partition.order.size
+    index = np.int32 if n < 2**31 else np.int64
     first_place, groups, _ = partition._places()
-    offset = np.arange(n, dtype=np.int64) - first_place
-    slot = randomness.uniform_below(n, partition.gamma)
+    first_place, groups = first_place.astype(index), groups.astype(index)
+    offset = np.arange(n, dtype=index) - first_place
+    slot = randomness.uniform_below(n, partition.gamma).astype(index)
     dealt = partition.codes[partition.order]
     new_codes = np.empty(n, dtype=partition.codes.dtype)
     new_codes[partition.order] = dealt[first_place + offset % groups + slot * groups]
@@ -360,9 +362,11 @@ def splu_gen(
     for field in table.schema:
         if field.name in published:
             new_codes, dictionary = published[field.name]
-            column = dictionary.take(pa.array(new_codes[order]))
-            if pa.types.is_dictionary(field.type):
-                column = pc.dictionary_encode(column)
+            indices = pa.array(new_codes[order])
+            if pa.types.is_dictionary(field.type):  # keep it categorical: no re-encoding
+                column = pa.DictionaryArray.from_arrays(indices, dictionary)
+            else:
+                column = dictionary.take(indices)
             columns.append(column if column.type == field.type else column.cast(field.type))
         else:
             columns.append(table.column(field.name).take(rows))
