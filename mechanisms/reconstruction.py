@@ -23,6 +23,9 @@ Jiang, "Small sum privacy and large sum utility in data publishing", 2014, Secti
   Stopping rule (Section 5.1): every state's relative change ``|x^{t+1} - x^t| / x^t <= 0.01``;
   a state whose absolute change is below ``absolute_tolerance`` (a state on its way to 0, where
   the relative change never shrinks) also counts as settled; at most ``max_iterations``.
+  From ``x^0 = y`` that rule stops far too early (see :func:`reconstruct`), so the iteration
+  starts at the closed-form interior fixed point (:func:`fixed_point`) and runs in SQUAREM
+  cycles; ``start="observed", accelerate=False`` is the procedure as printed.
 
 :class:`PublishedTable` encodes a published table once (dictionary codes per column) and answers
 many queries in one batch: the counts of all conjunctions a batch needs are read from shared
@@ -381,13 +384,14 @@ class PublishedTable:
     _cards: dict[str, int] = field(init=False, repr=False)
     _lookup: dict[str, dict[str, int]] = field(init=False, repr=False)
     _keys: dict[tuple[int, ...], _KeySpace] = field(init=False, repr=False)
+    _conditions: dict[tuple[str, str], tuple[int, int]] = field(init=False, repr=False)
+    _index: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.gamma = _check_gamma(self.gamma)
         if self.table.num_rows == 0:
             raise UserError("the published table has no rows")
-        self._codes, self._cards, self._lookup, self._keys = {}, {}, {}, {}
-        self._conditions: dict[tuple[str, str], tuple[int, int]] = {}
+        self._codes, self._cards, self._lookup, self._keys, self._conditions = {}, {}, {}, {}, {}
         for name in self.table.column_names:
             column = self.table.column(name)
             if pa.types.is_dictionary(column.type):  # categorical already: reuse its codes
@@ -419,7 +423,10 @@ class PublishedTable:
         if path.suffix.lower() in {".parquet", ".pq"}:
             import pyarrow.parquet as pq
 
-            return cls(pq.read_table(path), gamma)
+            try:
+                return cls(pq.read_table(path), gamma)
+            except pa.ArrowInvalid as error:
+                raise UserError(f"cannot read published table {path}: {error}") from error
         import pyarrow.csv as pacsv
 
         with path.open(newline="", encoding="utf-8") as handle:

@@ -10,8 +10,8 @@ independently, Section 5.2):
    of gamma by dropping ``N mod gamma`` (< gamma) rows chosen uniformly at random. Every row gets
    a tuple id: fresh CSPRNG keys per attribute.
 2. Partition the rows into N / gamma *decoy groups* of gamma rows with gamma distinct values of S
-   (:func:`decoy_partition`), as a function of the tuple ids and S only: never of the
-   non-sensitive values or of the input order.
+   (:func:`decoy_partition`), from the tuple ids, S and (by default) CSPRNG value orders only:
+   never from the non-sensitive values or the input order.
 3. Replace each row's value of S by a uniformly chosen member of its decoy group's values
    (p = q = 1/gamma: the true value is kept with probability 1/gamma, each decoy chosen with
    probability 1/gamma).
