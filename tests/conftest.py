@@ -27,3 +27,12 @@ def adult_uci_dir() -> Path:
     if not (path / "adult.data").is_file():
         pytest.skip(f"UCI Adult data not found at {path} (../shared is absent in this checkout)")
     return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start a throwaway PostgreSQL server on 127.0.0.1 for the session when the binaries exist
+    and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
+    are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``."""
+    import postgres_server
+
+    postgres_server.configure(config)
