@@ -20,7 +20,9 @@ looked up, so it works from an installed package): :func:`migrate` is ``alembic 
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,9 +55,25 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _enable_wal(cursor)
     cursor.execute("PRAGMA synchronous=FULL")  # a committed charge survives a power cut
     cursor.close()
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL (persistent, so usually already on). The switch needs the file to
+    itself, and SQLite can answer BUSY at once instead of waiting when another process is inside
+    a transaction, so it is retried until the busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _sqlite_begin(connection: sa.Connection) -> None:
