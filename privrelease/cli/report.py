@@ -3,9 +3,12 @@
 ``report list`` shows the runs with a stored report; ``report show RUN_ID`` prints the path of
 the run's report file, writing it out from the audit database's copy (under the work dir) when
 the file is missing or no longer matches the recorded sha256; ``report open RUN_ID`` opens it
-in the default browser. Run ids may be abbreviated to a unique prefix.
+in the default browser. Run ids may be abbreviated to a unique prefix. ``report index`` writes
+a static HTML index of every run, with each run's report beside it, for compliance review
+(:mod:`privrelease.reports.index`).
 
-These commands read the audit database only: they never import Prefect or the renderer.
+These commands read the audit database only: they never import Prefect or the renderer (the
+index uses Jinja2, but not the report's calculus or charts).
 """
 
 from __future__ import annotations
@@ -220,3 +223,24 @@ def report_open(run: RunArg, json_output: JsonFlag = False) -> None:
             markup=False,
             soft_wrap=True,
         )
+
+
+@report_app.command("index")
+def report_index(
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Folder to write index.html and the reports into (default: <work_dir>/reports)."),
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Write a static HTML index of all runs (with their reports beside it) and print its path."""
+    from privrelease.reports.index import write_index
+    from privrelease.settings import get_settings
+
+    result = write_index(out if out is not None else get_settings().work_dir / RESTORED_DIR)
+    if json_output:
+        print_json(result.as_dict())
+        return
+    for problem in result.problems:
+        error_console.print(f"warning: {problem}", highlight=False, markup=False, soft_wrap=True)
+    print(result.path)
