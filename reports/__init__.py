@@ -39,6 +39,22 @@ _LAZY = {
 }
 
 
+def jinja_environment(**filters: Any) -> Any:
+    """A Jinja2 environment over the package's templates: autoescape on, undefined names are
+    errors, with ``filters`` added (Jinja2 loads on first use)."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("privrelease.reports", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(filters)
+    return env
+
+
 def report_sha256(html: str) -> str:
     """sha256 of a report's UTF-8 bytes (what the audit database records)."""
     return hashlib.sha256(html.encode("utf-8")).hexdigest()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from privrelease.reports import write_html
+from privrelease.reports import jinja_environment, write_html
 
 __all__ = [
     "INDEX_FILE",
@@ -422,17 +422,7 @@ def place_reports(session: Any, data: IndexData, folder: Path) -> list[str]:
 
 
 def _environment() -> Any:
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("privrelease.reports", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(utc=_utc, iso=_iso)
-    return env
+    return jinja_environment(utc=_utc, iso=_iso)
 
 
 def render_index(data: IndexData) -> str:

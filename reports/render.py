@@ -35,7 +35,7 @@ from privrelease.mechanisms.events import (
     SPLUGen,
     leaves,
 )
-from privrelease.reports import report_sha256, write_html
+from privrelease.reports import jinja_environment, report_sha256, write_html
 from privrelease.reports.charts import all_charts, fmt
 from privrelease.reports.context import ReportContext
 
@@ -128,16 +128,8 @@ def _seconds(value: float | None) -> str:
 
 @cache
 def environment() -> jinja2.Environment:
-    """The Jinja2 environment: package templates, autoescape on, undefined names are errors."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("privrelease.reports", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(num=fmt, value=_value, when=_when, size=_size, seconds=_seconds)
-    return env
+    """The report's Jinja2 environment (see :func:`privrelease.reports.jinja_environment`)."""
+    return jinja_environment(num=fmt, value=_value, when=_when, size=_size, seconds=_seconds)
 
 
 # --- the view of a context --------------------------------------------------------------
