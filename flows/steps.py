@@ -54,7 +54,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -226,7 +226,6 @@ class DatasetFacts:
     size_bytes: int
     rows: int
     mtime_ns: int
-    registered: bool = False
 
 
 @dataclass(frozen=True)
@@ -678,8 +677,7 @@ def _header(path: Path, dataset: Any) -> list[str] | None:
 
 def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     """sha256, size and row count of the dataset file (no contents), checked against the
-    policy's declared row count and columns and, for a rerun, the repeated run's fingerprint.
-    The dataset is registered with its lifetime budget when one is known."""
+    policy's declared row count and columns and, for a rerun, the repeated run's fingerprint."""
     loaded = run.loaded()
     dataset = loaded.policy.dataset
     path = Path(run.data_path)
@@ -716,40 +714,7 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
             f"dataset.rows: {dataset.rows} (a public fact of the release): use the declared "
             "file or correct the policy"
         )
-    facts = DatasetFacts(str(path), sha256, size, rows, stat.st_mtime_ns)
-    registered = _register_dataset(run, facts)
-    return DatasetFacts(**{**asdict(facts), "registered": registered})
-
-
-def _register_dataset(run: RunContext, facts: DatasetFacts) -> bool:
-    """Register the dataset (first time: with its lifetime budget) and attach it to the run.
-    False when no lifetime budget is known and the dataset is not registered yet (a release
-    with nothing to charge, e.g. SPLU-Gen only)."""
-    from privrelease.audit import ledger, records
-    from privrelease.audit.models import Dataset
-
-    loaded = run.loaded()
-    targets = loaded.policy.targets
-    with _session() as s:
-        if s.get(Dataset, facts.sha256) is None:
-            try:
-                budget = ledger.resolve_lifetime_budget(targets.lifetime_budget)
-            except UserError:
-                if plan_summary(run.policy).charged_event_json is not None:
-                    raise
-                return False
-            records.register_dataset(
-                s,
-                facts.sha256,
-                size_bytes=facts.size_bytes,
-                row_count=facts.rows,
-                lifetime_epsilon=budget.epsilon,
-                lifetime_delta=budget.delta,
-                notion=targets.accounting,
-                label=Path(facts.path).name,
-            )
-        records.attach_dataset(s, run.run_id, facts.sha256)
-    return True
+    return DatasetFacts(str(path), sha256, size, rows, stat.st_mtime_ns)
 
 
 # --------------------------------------------------------------------------- 4. plan
@@ -790,14 +755,35 @@ def plan_release(run: RunContext) -> PlanSummary:
 
 
 def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) -> ReservationFacts | None:
-    """Reserve the DP part of the release's event tree against the dataset's lifetime budget
-    (one transaction, committed before the data is read). None when nothing is charged."""
-    from privrelease.audit import ledger
+    """In one transaction, committed before the data is read: register the dataset (first
+    time: with the policy's lifetime budget, else the ``default_lifetime_budget`` setting; a
+    different budget than registered is refused), attach it to the run, and reserve the DP part
+    of the release's event tree against its budget. None when nothing is charged (then the
+    dataset is registered only when a lifetime budget is known)."""
+    from privrelease.audit import ledger, records
 
-    if plan.charged_event_json is None:
-        return None
-    assert dataset.registered, "a charged release needs a registered dataset"
+    targets = run.loaded().policy.targets
     with _session() as s:
+        try:
+            budget = ledger.resolve_lifetime_budget(targets.lifetime_budget)
+        except UserError:
+            if plan.charged_event_json is not None:
+                raise
+            budget = None
+        if budget is not None:
+            records.register_dataset(
+                s,
+                dataset.sha256,
+                size_bytes=dataset.size_bytes,
+                row_count=dataset.rows,
+                lifetime_epsilon=budget.epsilon,
+                lifetime_delta=budget.delta,
+                notion=targets.accounting,
+                label=Path(dataset.path).name,
+            )
+            records.attach_dataset(s, run.run_id, dataset.sha256)
+        if plan.charged_event_json is None:
+            return None
         reservation = ledger.reserve(s, dataset.sha256, run.run_id, plan.charged_event_json, plan.notion)
     return ReservationFacts(
         entry_id=reservation.entry_id,

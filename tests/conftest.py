@@ -36,3 +36,23 @@ def pytest_configure(config: pytest.Config) -> None:
     import postgres_server
 
     postgres_server.configure(config)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """Prefect's test harness (a temporary API server and database), started at most once per
+    test session (20-40 s here, so only the few flow tests use it; the rest call the plain
+    steps). Yields the API URL, for commands run in-process that must not start a server."""
+    import os
+
+    for key, value in {
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
+    }.items():
+        os.environ.setdefault(key, value)
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()

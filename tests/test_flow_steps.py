@@ -303,6 +303,15 @@ def test_budget_exhausted(demo_dir, work):
     verify_intact()
 
 
+def test_lifetime_budget_cannot_be_changed(demo_dir, work):
+    release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))  # registers epsilon 20
+    larger = variant(demo_dir, "larger", ("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 40"))
+    with pytest.raises(UserError, match="lifetime budget cannot be changed"):
+        release_plain(policy_path=str(larger))
+    assert [e.state for e in ledger_entries()] == ["committed"]
+    assert runs()[-1].status == "failed"
+
+
 # --------------------------------------------------------------------------- output faults
 
 

@@ -258,7 +258,8 @@ def _quiet_expected_errors() -> None:
             if id(handler) in seen or type(handler).__name__ != "PrefectConsoleHandler":
                 continue
             seen.add(id(handler))
-            handler.addFilter(_Filter())
+            if not any(type(f).__name__ == "_Filter" for f in handler.filters):
+                handler.addFilter(_Filter())
 
 
 class RichProgress:
