@@ -388,6 +388,26 @@ def test_failed_commit_removes_the_published_folder(demo_dir, work, monkeypatch)
     verify_intact()
 
 
+def test_reservation_expired_before_commit_publishes_nothing(demo_dir, work, monkeypatch):
+    from privrelease.audit.ledger import LedgerStateError
+
+    monkeypatch.setenv("PRIVRELEASE_RESERVATION_TTL_SECONDS", "1")
+    original = steps._execute
+
+    def slow(loaded, spec, table):
+        time.sleep(0.6)
+        return original(loaded, spec, table)
+
+    monkeypatch.setattr(steps, "_execute", slow)
+    with pytest.raises(LedgerStateError, match="expired"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    assert_nothing_published(work / "releases")
+    (run,) = runs()
+    assert run.status == "failed" and "expired" in run.error
+    assert [e.state for e in ledger_entries()] == ["released"]
+    verify_intact()
+
+
 KILLED_RUN = """
 import sys, time
 from pathlib import Path

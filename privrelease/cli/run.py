@@ -307,8 +307,10 @@ def _warm_up() -> None:
 def run_flow(
     *, server: TemporaryServer | None, progress: RichProgress | None, **parameters: Any
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Run the release flow in this process; returns its summary and timings of the start
-    (``prefect_start``: waiting for the server after the warm-up; ``flow``: the flow call)."""
+    """Run the release flow in this process; returns its summary and timings in seconds:
+    ``warm_up`` (imports, database migration), ``prefect_start`` (the server's start to its
+    first healthy answer), ``prefect_wait`` (of that, the time spent waiting after the warm-up)
+    and ``flow`` (the flow call, server up)."""
     timings: dict[str, float] = {}
     status = error_console.status("importing Prefect and the mechanisms…")
     status.start()
@@ -318,7 +320,9 @@ def run_flow(
         timings["warm_up"] = time.perf_counter() - start
         if server is not None:
             status.update("waiting for Prefect's temporary server (20-30 s on a fresh machine)…")
+            waited = time.perf_counter()
             server.wait(_startup_timeout())
+            timings["prefect_wait"] = time.perf_counter() - waited
             timings["prefect_start"] = server.ready_after or 0.0
     finally:
         status.stop()
@@ -356,6 +360,14 @@ def _fail_release(error: BaseException) -> None:
         fail(str(error), error.exit_code)
     if isinstance(error, LedgerStateError):
         fail(f"the release was not published: {error}", TargetNotMet.exit_code)
+    if type(error).__module__.startswith("httpx") and "prefect" in sys.modules:
+        from prefect.settings import PREFECT_API_URL
+
+        fail(
+            f"cannot reach Prefect's API at {PREFECT_API_URL.value()}: {error}; start that "
+            "server or unset PREFECT_API_URL (a temporary server is then started)",
+            UserError.exit_code,
+        )
     raise error
 
 
@@ -407,8 +419,12 @@ def run_command(
     ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Release what POLICY says: check, reserve budget, read, run the mechanisms, publish the
-    outputs and the disclosure report (a Prefect flow run)."""
+    """Release what a policy says, as a Prefect flow run.
+
+    Checks the policy (approval in production mode), fingerprints the data, plans and checks the
+    guarantees, reserves the budget, reads the data, runs the mechanisms, publishes the outputs
+    and the disclosure report atomically and commits the audit records. Exit 0: released;
+    1: a target is not met or the budget is exhausted; 2: invalid input."""
     server = start_temporary_server()
     try:
         from privrelease.policies import load_policy
@@ -437,8 +453,10 @@ def rerun_command(
     output_format: FormatOption = "parquet",
     json_output: JsonFlag = False,
 ) -> None:
-    """Repeat a run's approved policy version on the same data: fresh randomness, a new
-    budget charge, new outputs and report."""
+    """Repeat a run: same approved policy version and data, fresh randomness, new charge.
+
+    The stored canonical policy is used (its hierarchy files are found through the run's
+    manifest and checked against the recorded hash); the data must have the same sha256."""
     server = start_temporary_server()
     try:
         _check_format(output_format)
@@ -469,8 +487,10 @@ def reissue_command(
     ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Hand back the stored outputs of an earlier run without recomputing (no new budget
-    charge): every file is checked against its recorded sha256 first."""
+    """Hand back the outputs of an earlier run without recomputing (no new charge).
+
+    Every output and the report are checked against their recorded sha256 first; with --out
+    they are copied to a new folder. The reissue is recorded as a run of its own."""
     result = reissue(run_id, out)
     if json_output:
         print_json(result)
@@ -585,8 +605,11 @@ def demo_command(
     ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """One command, end to end: generate a SYNTHETIC census-like dataset, approve the demo
-    policy, run the release flow, print where the outputs and the report are."""
+    """Try it end to end on SYNTHETIC census-like data: generate, approve, release.
+
+    Writes 50,000 synthetic rows and the demo policy (policies/examples/demo.yaml) to --dir,
+    approves the policy as "privrelease demo", runs the release flow in production mode and
+    prints where the outputs and the report are."""
     started = time.perf_counter()
     server = start_temporary_server()
     try:
