@@ -225,13 +225,14 @@ def block_partition(
     if blocks is None:
         blocks = max(1, min(128, groups, 4_000_000 // values))
     layout = _layout(codes, ranks, ids)
-    # block of each layout position, and a CSPRNG order of the values for each block
-    block = (np.arange(n, dtype=np.int64) % groups) % blocks
+    # block of each layout position (period r), and a CSPRNG order of the values for each block
+    block_type, rank_type = _small_dtype(blocks), _small_dtype(values)
+    block = np.tile((np.arange(groups) % blocks).astype(block_type), gamma)
     keys = randomness.random_uint64(blocks * values).reshape(blocks, values)
-    block_rank = np.argsort(np.argsort(keys, axis=1), axis=1)
-    rank_key = block_rank.reshape(-1)[block * values + codes[layout]]
-    first = np.argsort(rank_key.astype(_small_dtype(values)), kind="stable")
-    by_block = first[np.argsort(block[first].astype(_small_dtype(blocks)), kind="stable")]
+    block_rank = np.argsort(np.argsort(keys, axis=1), axis=1).astype(rank_type)
+    rank_key = block_rank.reshape(-1)[block.astype(np.int32) * np.int32(values) + codes[layout].astype(np.int32)]
+    first = np.argsort(rank_key, kind="stable")
+    by_block = first[np.argsort(block[first], kind="stable")]
     # layout positions sorted by (block, the block's value order, layout position): block k
     # takes the next gamma * m_k places and deals them round-robin into its m_k groups
     per_block = np.bincount(np.arange(groups) % blocks, minlength=blocks)
@@ -253,8 +254,9 @@ def randomize(partition: DecoyPartition) -> np.ndarray:
     (block-relative) sits at place ``j mod m + u m`` of the block."""
     n = partition.order.size
     index = np.int32 if n < 2**31 else np.int64
-    first_place, groups, _ = partition._places()
-    first_place, groups = first_place.astype(index), groups.astype(index)
+    sizes = partition.gamma * partition.blocks
+    first_place = np.repeat((np.cumsum(sizes) - sizes).astype(index), sizes)
+    groups = np.repeat(partition.blocks.astype(index), sizes)
     offset = np.arange(n, dtype=index) - first_place
     slot = randomness.uniform_below(n, partition.gamma).astype(index)
     dealt = partition.codes[partition.order]
