@@ -134,3 +134,12 @@ def test_calibrate_document() -> None:
 def test_bad_parameters_name_the_field(call, field: str) -> None:
     with pytest.raises(UserError, match=field):
         call()
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from privrelease.mechanisms import splu_guarantees
+
+    result = doctest.testmod(splu_guarantees)
+    assert result.attempted >= 2 and result.failed == 0
