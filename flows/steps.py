@@ -1085,27 +1085,12 @@ def report_context(
     )
 
 
-def render_report(
-    run: RunContext,
-    *,
-    dataset: DatasetFacts,
-    reservation: ReservationFacts | None,
-    read: ReadFacts,
-    outputs: list[OutputFacts],
-    timings: dict[str, float],
-) -> ReportFacts:
+def render_report(run: RunContext, **facts: Any) -> ReportFacts:
     """Render the disclosure report (full, internal) and the public disclosure statement into
-    the staging folder."""
+    the staging folder; ``facts``: the keyword arguments of :func:`report_context`."""
     from privrelease.reports.render import render_report as render
 
-    context = report_context(
-        run,
-        dataset=dataset,
-        reservation=reservation,
-        read=read,
-        outputs=outputs,
-        timings=timings,
-    )
+    context = report_context(run, **facts)
     files = {}
     for name, public_only in ((REPORT_FILE, False), (STATEMENT_FILE, True)):
         html = render(context, public_only=public_only)

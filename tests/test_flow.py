@@ -15,58 +15,27 @@ for _key, _value in {
 
 import json  # noqa: E402
 import re  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
-from sqlmodel import col, select  # noqa: E402
+import test_flow_steps as shared  # noqa: E402
+from sqlmodel import select  # noqa: E402
 
 from privrelease import demo  # noqa: E402
-from privrelease.audit import chain  # noqa: E402
 from privrelease.audit.database import open_database, session  # noqa: E402
-from privrelease.audit.models import LedgerEntry, Run  # noqa: E402
+from privrelease.audit.models import LedgerEntry  # noqa: E402
 from privrelease.errors import TargetNotMet  # noqa: E402
 from privrelease.flows import steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "policies" / "examples"
 
-
-@pytest.fixture(scope="module")
-def demo_source(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("demo-source")
-    demo.write_demo(folder, seed=8)
-    return folder
-
-
-@pytest.fixture
-def work(tmp_path, monkeypatch):
-    folder = tmp_path / "work"
-    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(folder))
-    for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET"):
-        monkeypatch.delenv(name, raising=False)
-    return folder
-
-
-@pytest.fixture
-def demo_dir(demo_source, tmp_path, work):
-    folder = tmp_path / "demo"
-    shutil.copytree(demo_source, folder)
-    return folder
-
-
-def runs() -> list[Run]:
-    with session(open_database(), readonly=True) as s:
-        return list(s.exec(select(Run).order_by(col(Run.started_at))))
-
-
-def verify_intact(head_file: Path | None = None) -> None:
-    with session(open_database(), readonly=True) as s:
-        result = chain.verify(s, head=chain.read_head(head_file) if head_file else None)
-    assert result.ok, result.problems
+# the fixtures and helpers of the plain-step tests
+work, demo_source, demo_dir = shared.work, shared.demo_source, shared.demo_dir
+runs, verify_intact = shared.runs, shared.verify_intact
 
 
 def stored_results() -> set[Path]:

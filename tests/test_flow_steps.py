@@ -48,7 +48,12 @@ def work(tmp_path, monkeypatch):
     """A fresh work dir (audit database, manifests, releases) for each test."""
     folder = tmp_path / "work"
     monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(folder))
-    for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_RESERVATION_TTL_SECONDS"):
+    for name in (
+        "PRIVRELEASE_DB_URL",
+        "PRIVRELEASE_PRODUCTION",
+        "PRIVRELEASE_RESERVATION_TTL_SECONDS",
+        "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET",
+    ):
         monkeypatch.delenv(name, raising=False)
     return folder
 

@@ -29,6 +29,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -425,16 +426,10 @@ def run_command(
     guarantees, reserves the budget, reads the data, runs the mechanisms, publishes the outputs
     and the disclosure report atomically and commits the audit records. Exit 0: released;
     1: a target is not met or the budget is exhausted; 2: invalid input."""
-    server = start_temporary_server()
-    try:
-        from privrelease.policies import load_policy
+    from privrelease.policies import load_policy
 
-        load_policy(policy)  # a broken policy fails now, not after Prefect's start
-        _check_format(output_format)
-    except BaseException:
-        if server is not None:
-            server.stop()
-        raise
+    # a broken policy fails now, not after Prefect's start
+    server = _start_checked(lambda: (load_policy(policy), _check_format(output_format)))
     _release(
         json_output,
         server,
@@ -457,13 +452,7 @@ def rerun_command(
 
     The stored canonical policy is used (its hierarchy files are found through the run's
     manifest and checked against the recorded hash); the data must have the same sha256."""
-    server = start_temporary_server()
-    try:
-        _check_format(output_format)
-    except BaseException:
-        if server is not None:
-            server.stop()
-        raise
+    server = _start_checked(lambda: _check_format(output_format))
     _release(
         json_output,
         server,
@@ -472,6 +461,19 @@ def rerun_command(
         out_dir=None if out is None else str(out),
         output_format=output_format,
     )
+
+
+def _start_checked(check: Callable[[], object]) -> TemporaryServer | None:
+    """Start the temporary server, then run the quick ``check`` of the user's input while it
+    starts; a failed check stops the server again."""
+    server = start_temporary_server()
+    try:
+        check()
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    return server
 
 
 def _check_format(output_format: str) -> None:
