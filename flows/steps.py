@@ -377,8 +377,8 @@ def _write_manifest(run: RunContext) -> None:
 
 def rerun_source(run_id: str) -> tuple[PolicySource, str | None, str, str | None]:
     """The stored policy version of run ``run_id`` as a :class:`PolicySource` (its canonical
-    JSON, with hierarchy references replaced by the files the manifest names, each checked
-    against its recorded sha256), the data path the run read (from its manifest, or None),
+    JSON, with hierarchy references replaced by the files the run's manifest names; the
+    result must hash to the recorded sha256, so changed files are refused), the data path the run read (from its manifest, or None),
     the run's full id and its dataset fingerprint."""
     from sqlmodel import select
 
