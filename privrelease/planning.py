@@ -232,25 +232,23 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
     guarantee = composed[targets.accounting]
     checks = [Check(f"{name}: rho feasible", "rho > 1/m", "infeasible", False) for name in infeasible]
     dp_kinds = {"sdgs", "histogram", "identifiable_statistic"}
-    if targets.max_epsilon is not None:
-        checks.append(
-            Check(
-                f"max_epsilon ({targets.accounting})",
-                f"<= {targets.max_epsilon:g}",
-                _fmt(guarantee.epsilon) if guarantee.supported else f"none: {guarantee.detail}",
-                guarantee.supported and guarantee.epsilon <= targets.max_epsilon,
+    for target, limit, value in (
+        ("max_epsilon", targets.max_epsilon, guarantee.epsilon),
+        ("delta", targets.delta, guarantee.delta),
+    ):
+        if limit is not None:
+            achieved = _fmt(value) if guarantee.supported else f"none: {guarantee.detail}"
+            checks.append(
+                Check(
+                    f"{target} ({targets.accounting})",
+                    f"<= {limit:g}",
+                    achieved,
+                    guarantee.supported and value <= limit,
+                )
             )
-        )
-    if targets.delta is not None:
-        checks.append(
-            Check(
-                f"delta ({targets.accounting})",
-                f"<= {targets.delta:g}",
-                _fmt(guarantee.delta) if guarantee.supported else f"none: {guarantee.detail}",
-                guarantee.supported and guarantee.delta <= targets.delta,
-            )
-        )
-    elif any(m.type in dp_kinds and m.guarantees[targets.accounting].delta > 0 for m in mechanisms):
+    if targets.delta is None and any(
+        m.type in dp_kinds and m.guarantees[targets.accounting].delta > 0 for m in mechanisms
+    ):
         checks.append(Check("delta", "declared", "no delta target, but a mechanism has delta > 0", False))
     if targets.rho is not None:
         for m in mechanisms:
