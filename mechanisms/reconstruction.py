@@ -40,7 +40,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -532,7 +532,7 @@ class PublishedTable:
 
     # -- estimation -----------------------------------------------------------------------------
 
-    def estimate(self, query: CountQuery, **options: object) -> CountEstimate:
+    def estimate(self, query: CountQuery, **options: Any) -> CountEstimate:
         """Estimate the true count of one query (see :meth:`estimate_many`)."""
         return self.estimate_many([query], **options)[0]
 
@@ -563,12 +563,12 @@ class PublishedTable:
         iterations = np.zeros(len(queries), dtype=np.int64)
         converged = np.ones(len(queries), dtype=bool)
         for width, parts in width_groups.items():
-            positions = np.concatenate([part[0] for part in parts])
+            rows_of = np.concatenate([part[0] for part in parts])
             states = np.concatenate([part[1] for part in parts])
-            observed[positions] = states[:, -1]
+            observed[rows_of] = states[:, -1]
             # one sensitive value and no where: the published count is the MLE (Theorem 2)
-            direct = np.array([width == 1 and not queries[p].where for p in positions])
-            estimate[positions[direct]] = states[direct, -1]
+            direct = np.array([width == 1 and not queries[p].where for p in rows_of])
+            estimate[rows_of[direct]] = states[direct, -1]
             if not direct.all():
                 found = reconstruct(
                     states[~direct],
@@ -579,9 +579,9 @@ class PublishedTable:
                     max_iterations=max_iterations,
                     transition=transition,
                 )
-                estimate[positions[~direct]] = found.x[:, -1]
-                iterations[positions[~direct]] = found.iterations
-                converged[positions[~direct]] = found.converged
+                estimate[rows_of[~direct]] = found.x[:, -1]
+                iterations[rows_of[~direct]] = found.iterations
+                converged[rows_of[~direct]] = found.converged
         return [
             CountEstimate(query, float(e), int(o), int(i), bool(c))
             for query, e, o, i, c in zip(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -117,11 +117,11 @@ def _count(codes: list[np.ndarray], radices: list[int]) -> tuple[list[np.ndarray
         return [np.zeros(0, np.int32) for _ in codes], np.zeros(0, np.int64)
     space = math.prod(radices)
     if space <= _BINCOUNT_MAX:
-        key = np.zeros(size, np.int32)  # space <= 2^24: no overflow
+        small_key = np.zeros(size, np.int32)  # space <= 2^24: no overflow
         for column, radix in zip(codes, radices):
-            key *= np.int32(radix)
-            key += column
-        counts = np.bincount(key, minlength=space)
+            small_key *= np.int32(radix)
+            small_key += column
+        counts = np.bincount(small_key, minlength=space)
         present = np.flatnonzero(counts)
         cell_codes = []
         remainder = present
@@ -129,7 +129,7 @@ def _count(codes: list[np.ndarray], radices: list[int]) -> tuple[list[np.ndarray
             cell_codes.append((remainder % radix).astype(np.int32))
             remainder = remainder // radix
         return cell_codes[::-1], counts[present]
-    key = codes[0].astype(np.int64)
+    key: np.ndarray[Any, Any] = codes[0].astype(np.int64)
     span = radices[0]
     for column, radix in zip(codes[1:], radices[1:]):
         if span * radix >= _INT64_SAFE:  # re-number the distinct prefixes densely

@@ -245,7 +245,7 @@ def theorem1_grid(k, beta, epsilon) -> list[SdgsDelta]:
             _n_m(kk, gg),
             lambda c, n0: -n0 * kl[c],
         )
-        for pos, c in enumerate(idx):
+        for pos, c in enumerate(idx.tolist()):
             if best[pos] >= _TINY:
                 results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])
             else:
@@ -322,7 +322,7 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
         _check(int(k[c]), float(beta[c]), float(epsilon[c]))
     results: list[SdgsDelta | None] = [None] * len(k)
     sampled = beta < 1
-    for c in np.flatnonzero(~sampled):
+    for c in np.flatnonzero(~sampled).tolist():
         results[c] = SdgsDelta(
             1.0,
             0.0,
@@ -353,7 +353,7 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
         )
         wins = r_best > best[remove]
         best[remove[wins]], argmax[remove[wins]] = r_best[wins], r_arg[wins]
-    for pos, c in enumerate(idx):
+    for pos, c in enumerate(idx.tolist()):
         if best[pos] >= _TINY:
             results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])
         else:

@@ -123,7 +123,7 @@ def _check(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool 
     kinds: tuple[type, ...] = (int,) if integer else (int, float)
 
     def check(value: Any) -> Any:
-        numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+        numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(float(value))  # type: ignore[arg-type]
         if not (numeric and ok(value)):
             raise ValueError(f"{name} must be {allowed}; got {show(value)}")
         return value
@@ -789,7 +789,7 @@ def _check_schemes(policy: Policy) -> Iterator[Issue]:
         if scheme.numeric and not spec.numeric:
             yield Issue(
                 loc,
-                f"a {scheme.type} scheme needs an integer or float column; "
+                f"a {getattr(scheme, 'type', 'numeric')} scheme needs an integer or float column; "
                 f"dataset.columns.{column} has type {spec.type}",
             )
         elif spec.values is not None:
