@@ -13,6 +13,7 @@ import typer
 
 from privrelease.cli import audit as audit_commands
 from privrelease.cli import calculus
+from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
 from privrelease.cli import splu as splu_commands
@@ -31,6 +32,7 @@ audit_commands.register(app)
 report_commands.register(app)
 splu_commands.register(app)
 run_commands.register(app)
+deploy_commands.register(app)
 
 
 def main() -> None:

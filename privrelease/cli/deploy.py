@@ -1,0 +1,195 @@
+"""``privrelease deploy``: scheduled releases on a Prefect server, by the scripts in ``deploy/``
+(``server.sh``, ``work-pool.sh``, ``deploy.sh``, ``worker.sh``; see ``deploy/README.md``), and the
+check that Prefect's API answers before a release starts.
+
+The commands run the scripts of the source checkout (they are not part of an installed wheel);
+each script is idempotent and prints one clear line per step on stderr. Prefect is never imported
+here at module level: ``privrelease --help`` stays fast.
+
+:func:`check_prefect_api` and :func:`unreachable_api_error` are for ``privrelease run``: an
+unreachable ``PREFECT_API_URL`` must give one line naming the URL (exit 2), before any step runs,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from privrelease.errors import UserError
+
+SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "deploy"
+"""``deploy/`` of the checkout this package is imported from."""
+UNREACHABLE_PREFIX = "Failed to reach API at"
+"""How Prefect's client words a failed version check (a ``RuntimeError`` from an ``httpx`` error)."""
+
+deploy_app = typer.Typer(
+    help="Scheduled releases on a Prefect server: local server, work pool, deployments, worker.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``deploy`` command group to ``app``."""
+    app.add_typer(deploy_app, name="deploy")
+
+
+# --------------------------------------------------------------------------- API reachability
+
+
+def configured_api_url() -> str | None:
+    """Prefect's API URL as Prefect resolves it (environment, profile, ``prefect.toml``); None when
+    none is configured (Prefect then uses a temporary server). Imports Prefect's settings."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def check_prefect_api(url: str | None = None, *, timeout: float = 5.0) -> None:
+    """Raise :class:`UserError` naming ``url`` (default :func:`configured_api_url`) when nothing
+    answers HTTP at ``<url>/health`` within ``timeout`` seconds. Any HTTP answer, even an error
+    status (an API that wants a key), counts as reachable; no URL configured: nothing to check."""
+    url = configured_api_url() if url is None else url
+    if not url:
+        return
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        raise UserError(_unreachable_message(url, str(reason), "nothing was released or charged")) from None
+
+
+def _unreachable_message(url: str, reason: str, outcome: str) -> str:
+    return (
+        f"cannot reach Prefect's API at {url} ({reason}); {outcome}. Start that server "
+        "(deploy/server.sh start), or unset PREFECT_API_URL to let privrelease start a temporary one"
+    )
+
+
+def unreachable_api_error(error: BaseException) -> UserError | None:
+    """A :class:`UserError` naming the API URL when ``error`` (or an exception it was raised from)
+    is a failure to reach Prefect's API: an ``httpx`` transport error, or Prefect's
+    ``RuntimeError("Failed to reach API at ...")``. None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    reason = None
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__
+        if module.startswith(("httpx", "httpcore")) and _is_transport_error(current):
+            reason = reason or f"{type(current).__name__}: {current}"
+        elif isinstance(current, RuntimeError) and str(current).startswith(UNREACHABLE_PREFIX):
+            reason = reason or str(current)
+        current = current.__cause__ or current.__context__
+    if reason is None:
+        return None
+    url = None
+    if "prefect" in sys.modules:
+        url = configured_api_url()
+    url = url or os.environ.get("PREFECT_API_URL") or "the configured PREFECT_API_URL"
+    return UserError(_unreachable_message(url, reason, "nothing was released"))
+
+
+def _is_transport_error(error: BaseException) -> bool:
+    import httpx
+
+    return isinstance(error, httpx.TransportError | httpx.TimeoutException)
+
+
+# --------------------------------------------------------------------------- the scripts
+
+
+def _script(name: str, *args: str) -> None:
+    """Run ``deploy/<name>`` with this process's environment; exit with its code on failure."""
+    path = SCRIPTS_DIR / name
+    if not path.is_file():
+        raise UserError(
+            f"the deploy scripts are not in this installation ({path} is missing): they come with "
+            "the source checkout of privrelease (deploy/); run this command from an editable install"
+        )
+    try:
+        done = subprocess.run(["bash", str(path), *args], check=False)
+    except FileNotFoundError:
+        raise UserError("bash is needed to run the deploy scripts and was not found on PATH") from None
+    if done.returncode != 0:
+        raise typer.Exit(done.returncode)
+
+
+Action = Annotated[str, typer.Argument(help="start | stop | status | foreground")]
+
+
+@deploy_app.command("server")
+def server_command(action: Action = "start") -> None:
+    """A local Prefect server on 127.0.0.1 (deploy/server.sh).
+
+    start: in the background, waiting until it answers (idempotent); stop; status; foreground.
+    Port PRIVRELEASE_PREFECT_PORT (default 4200); files under PREFECT_HOME (default
+    privrelease-work/prefect)."""
+    _script("server.sh", action)
+
+
+@deploy_app.command("pool")
+def pool_command() -> None:
+    """Create the process work pool privrelease-process (deploy/work-pool.sh; idempotent)."""
+    _script("work-pool.sh")
+
+
+@deploy_app.command("apply")
+def apply_command(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Deployment names (default: all in deploy/prefect.yaml).")
+    ] = None,
+) -> None:
+    """Create or update the deployments and their cron schedules (deploy/deploy.sh)."""
+    _script("deploy.sh", *(names or []))
+
+
+@deploy_app.command("worker")
+def worker_command(
+    action: Annotated[str, typer.Argument(help="start | stop | status | foreground | run-once")] = "start",
+) -> None:
+    """A process worker on the work pool (deploy/worker.sh).
+
+    It runs the scheduled and triggered flow runs with this environment (PRIVRELEASE_DB_URL,
+    PRIVRELEASE_PRODUCTION, ...). start: in the background (idempotent); stop; status;
+    foreground; run-once: the runs due now, then exit."""
+    _script("worker.sh", action)
+
+
+@deploy_app.command("up")
+def up_command() -> None:
+    """Server, work pool, deployments and a background worker, each idempotent.
+
+    The local server is started only when PREFECT_API_URL is not set (else that server is used)."""
+    if not os.environ.get("PREFECT_API_URL"):
+        _script("server.sh", "start")
+    _script("work-pool.sh")
+    _script("deploy.sh")
+    _script("worker.sh", "start")
+
+
+@deploy_app.command("down")
+def down_command() -> None:
+    """Stop the background worker and the local server these commands started."""
+    _script("worker.sh", "stop")
+    _script("server.sh", "stop")
+
+
+@deploy_app.command("check")
+def check_command() -> None:
+    """Check that Prefect's API (PREFECT_API_URL, or the Prefect profile's) answers."""
+    url = configured_api_url()
+    if not url:
+        raise UserError("no PREFECT_API_URL is configured: `privrelease run` would start a temporary server")
+    check_prefect_api(url)
+    typer.echo(f"Prefect's API answers at {url}")
