@@ -43,4 +43,24 @@ def main() -> None:
         fail(str(error), error.exit_code)
     except FileNotFoundError as error:
         fail(f"file not found: {error.filename}", UserError.exit_code)
+    except Exception as error:
+        if not _database_unreachable(error):
+            raise
+        fail(f"cannot reach the audit database at {_database_url()}: {str(error).splitlines()[0]}", UserError.exit_code)
     sys.exit(0)
+
+
+def _database_unreachable(error: BaseException) -> bool:
+    """SQLAlchemy's connection failures (server down, bad host or credentials)."""
+    return type(error).__module__.startswith("sqlalchemy") and type(error).__name__ in (
+        "OperationalError",
+        "InterfaceError",
+    )
+
+
+def _database_url() -> str:
+    from sqlalchemy.engine import make_url
+
+    from privrelease.settings import get_settings
+
+    return make_url(get_settings().db_url).render_as_string(hide_password=True)

@@ -319,7 +319,11 @@ def run_flow(
         start = time.perf_counter()
         _warm_up()
         timings["warm_up"] = time.perf_counter() - start
-        if server is not None:
+        if server is None:
+            from privrelease.cli.deploy import check_prefect_api
+
+            check_prefect_api()  # an unreachable PREFECT_API_URL: one line naming it, before any step
+        else:
             status.update("waiting for Prefect's temporary server (20-30 s on a fresh machine)…")
             waited = time.perf_counter()
             server.wait(_startup_timeout())
@@ -361,14 +365,11 @@ def _fail_release(error: BaseException) -> None:
         fail(str(error), error.exit_code)
     if isinstance(error, LedgerStateError):
         fail(f"the release was not published: {error}", TargetNotMet.exit_code)
-    if type(error).__module__.startswith("httpx") and "prefect" in sys.modules:
-        from prefect.settings import PREFECT_API_URL
+    from privrelease.cli.deploy import unreachable_api_error
 
-        fail(
-            f"cannot reach Prefect's API at {PREFECT_API_URL.value()}: {error}; start that "
-            "server or unset PREFECT_API_URL (a temporary server is then started)",
-            UserError.exit_code,
-        )
+    unreachable = unreachable_api_error(error)
+    if unreachable is not None:
+        fail(str(unreachable), unreachable.exit_code)
     raise error
 
 
