@@ -1088,6 +1088,7 @@ def report_context(
 def render_report(run: RunContext, **facts: Any) -> ReportFacts:
     """Render the disclosure report (full, internal) and the public disclosure statement into
     the staging folder; ``facts``: the keyword arguments of :func:`report_context`."""
+    from privrelease.reports import write_html
     from privrelease.reports.render import render_report as render
 
     context = report_context(run, **facts)
@@ -1095,9 +1096,11 @@ def render_report(run: RunContext, **facts: Any) -> ReportFacts:
     for name, public_only in ((REPORT_FILE, False), (STATEMENT_FILE, True)):
         html = render(context, public_only=public_only)
         path = run.staging_dir / name
-        data = html.encode("utf-8")
-        _write_bytes(path, data)
-        files[name] = (hashlib.sha256(data).hexdigest(), len(data))
+        try:
+            sha256 = write_html(html, path)
+        except OSError as error:
+            raise _write_error(path, error) from None
+        files[name] = (sha256, len(html.encode("utf-8")))
     return ReportFacts(
         file=REPORT_FILE,
         sha256=files[REPORT_FILE][0],
@@ -1105,17 +1108,6 @@ def render_report(run: RunContext, **facts: Any) -> ReportFacts:
         statement_sha256=files[STATEMENT_FILE][0],
         statement_bytes=files[STATEMENT_FILE][1],
     )
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(temp, "wb") as handle:
-            handle.write(data)
-        os.replace(temp, path)
-    except OSError as error:
-        temp.unlink(missing_ok=True)
-        raise _write_error(path, error) from None
 
 
 # --------------------------------------------------------------------------- 9. publish
