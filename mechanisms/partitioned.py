@@ -1,0 +1,269 @@
+"""(k, beta)-SDGS microdata computed over partitions of the input (row groups, files) that are
+never held together: the same mechanism as :func:`.sdgs.sdgs`, with the same output
+distribution (Li, Qardaji, Su, "Provably Private Data Anonymization", Algorithm 4).
+
+SDGS keeps each row independently with probability beta, generalizes it, counts the sampled
+rows per cell (label combination) over the WHOLE sample and publishes every sampled row whose
+cell has at least k of them. Split over partitions P_1..P_m of the rows:
+
+1. per partition (:func:`.sdgs.count_cells`): an independent Bernoulli(beta) mask from the OS
+   CSPRNG for its rows (the masks of all partitions together are i.i.d. Bernoulli(beta) over
+   all rows, as in-process), the sampled rows generalized and counted per cell;
+2. one global reduction (:func:`merge_counts`): the partial counts added up per cell, cells
+   matched by their *labels* (each partition numbers its own labels; a label-based key makes
+   them agree), so ``n_c = sum_p n_{p,c}`` is the count of cell c in the whole sample;
+3. suppression with the global counts (:func:`published_cells`): cell c is published iff
+   ``n_c >= k``, and then with all its ``n_c`` rows;
+4. the published rows split over output files (:func:`assign_files`: each row in a uniformly
+   random file), each file in uniformly random order (:func:`file_table`).
+
+Why step 4 does not write one file per input partition (the rows of P_p that survived): the
+file a row lands in would tell which input partition it came from, i.e. publish the finer cell
+(cell, partition) while suppressing only on the cell. If a person's row is the only one of its
+cell in its partition (row groups follow the input order: dates, regions, ids), the file of
+that partition contains the cell iff the person was sampled, with probability
+``beta * P[n_c >= k]`` against 0 without them: no (epsilon, delta) guarantee with small delta,
+and not the in-process output distribution. Instead every published row independently picks a
+uniformly random file (``randomness.uniform_below``): given the published multiset the files
+are a random split of it, a post-processing of SDGS's output, so Theorem 1's guarantee
+(epsilon >= -ln(1 - beta), delta = d(k, beta, epsilon)) holds unchanged, and the files read
+one after the other are a uniformly random order of the multiset, as in-process. The number of
+files depends only on the number of published rows.
+
+The merged label dictionary of a column is the partitions' common one when they agree (always
+for value maps, bins and suppression, whose labels the scheme fixes); otherwise (``Keep``,
+top/bottom coding, where each partition sees different values) the union in value order
+(numbers numerically, as in-process; other text in text order): a function of the label set,
+never of the input order. A partition's scratch file (:func:`cells_to_arrow`) keeps its labels
+only when it has cells; partitions without cells do not take part in the label merge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from privrelease.mechanisms import randomness
+from privrelease.mechanisms.results import MechanismResult
+from privrelease.mechanisms.schemes import ColumnScheme
+from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release, shuffled_repeat
+
+COUNT_COLUMN = "__privrelease_count__"
+"""The column holding the cell counts in :func:`cells_to_arrow`'s table."""
+_INT64_SAFE = 1 << 62
+_ASSIGN_BATCH = 1 << 22
+"""Published rows given a file per batch in :func:`assign_files` (bounds its memory)."""
+_DENSE_KEYS = 1 << 24
+"""Largest (file, cell) key space counted with ``np.bincount`` in :func:`assign_files`."""
+
+
+def cells_to_arrow(cells: CellCounts) -> pa.Table:
+    """``cells`` as an Arrow table (for a scratch file between the steps): one dictionary column
+    per generalized column (codes as indices into the full label array), the counts in
+    :data:`COUNT_COLUMN`, ``rows_in`` / ``rows_sampled`` in the schema metadata."""
+    assert COUNT_COLUMN not in cells.labels, f"a column may not be named {COUNT_COLUMN!r}"
+    columns = {
+        name: pa.DictionaryArray.from_arrays(pa.array(cells.codes[name], pa.int32()), labels)
+        for name, labels in cells.labels.items()
+    }
+    columns[COUNT_COLUMN] = pa.array(cells.counts, pa.int64())
+    metadata = {"rows_in": str(cells.rows_in), "rows_sampled": str(cells.rows_sampled)}
+    return pa.table(columns).replace_schema_metadata(metadata)
+
+
+def cells_from_arrow(table: pa.Table) -> CellCounts:
+    """The :class:`CellCounts` that :func:`cells_to_arrow` wrote."""
+    table = table.combine_chunks()
+    labels, codes = {}, {}
+    for name in table.column_names:
+        if name == COUNT_COLUMN:
+            continue
+        column = table.column(name)
+        array = column.chunk(0) if column.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
+        labels[name] = array.dictionary
+        codes[name] = array.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    metadata = table.schema.metadata or {}
+    return CellCounts(
+        labels=labels,
+        codes=codes,
+        counts=table.column(COUNT_COLUMN).to_numpy().astype(np.int64, copy=False),
+        rows_in=int(metadata[b"rows_in"]),
+        rows_sampled=int(metadata[b"rows_sampled"]),
+    )
+
+
+def merge_counts(parts: Sequence[CellCounts]) -> CellCounts:
+    """The cell counts of the union of the partitions' samples: ``counts[c] = sum_p n_{p,c}``
+    over cells matched by their labels, cells in key order (mixed-radix key of the merged
+    label codes, a function of the labels), ``rows_in`` / ``rows_sampled`` summed."""
+    assert parts, "at least one partition"
+    names = list(parts[0].labels)
+    assert all(list(part.labels) == names for part in parts), "partitions generalize the same columns"
+    labels: dict[str, pa.Array] = {}
+    codes: list[np.ndarray] = []
+    counted = [part for part in parts if len(part.counts)] or list(parts[:1])
+    for name in names:
+        arrays = [part.labels[name] for part in counted]
+        if all(array.equals(arrays[0]) for array in arrays[1:]):
+            labels[name] = arrays[0]
+            codes.append(np.concatenate([part.codes[name] for part in counted]))
+            continue
+        merged = _label_order(pc.unique(pa.chunked_array(arrays, pa.string())))
+        labels[name] = merged
+        remaps = [
+            pc.index_in(array, value_set=merged).to_numpy(zero_copy_only=False).astype(np.int32) for array in arrays
+        ]
+        codes.append(np.concatenate([remap[part.codes[name]] for remap, part in zip(remaps, counted)]))
+    counts = np.concatenate([part.counts for part in counted]).astype(np.int64, copy=False)
+    cell_codes, sums = _sum_by_cell(codes, [len(labels[name]) for name in names], counts)
+    return CellCounts(
+        labels=labels,
+        codes=dict(zip(names, cell_codes)),
+        counts=sums,
+        rows_in=sum(part.rows_in for part in parts),
+        rows_sampled=sum(part.rows_sampled for part in parts),
+    )
+
+
+def _label_order(labels: pa.Array) -> pa.Array:
+    """Distinct ``labels`` in value order: numerically when every label is a number, possibly
+    with a ``<=`` / ``>=`` prefix (``Keep`` of a numeric column, top/bottom coding: the
+    in-process order), else in text order. A function of the label set alone."""
+    text = labels.to_pylist()  # distinct labels: a short list
+    try:
+        values = [float(label.removeprefix("<=").removeprefix(">=")) for label in text]
+    except ValueError:
+        return labels.take(pc.sort_indices(labels))
+    order = sorted(range(len(text)), key=lambda i: (values[i], text[i]))
+    return labels.take(pa.array(order, pa.int64()))
+
+
+def _sum_by_cell(
+    codes: list[np.ndarray], radices: list[int], weights: np.ndarray
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Distinct rows of the code matrix (columns ``codes``) in key order, and per distinct row
+    the sum of ``weights`` over its occurrences."""
+    if len(weights) == 0:
+        return [np.zeros(0, np.int32) for _ in codes], np.zeros(0, np.int64)
+    if math.prod(radices) < _INT64_SAFE:
+        key = np.ravel_multi_index(codes, radices)
+    else:  # a huge label space: number the distinct code rows instead
+        _, key = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
+        key = key.reshape(-1)
+    _, sums, first = _sum_by_key(key, weights)
+    return [column[first].astype(np.int32, copy=False) for column in codes], sums
+
+
+def _sum_by_key(key: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values of ``key`` (ascending), the sum of ``weights`` per value, and the
+    position of one occurrence of each."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    return sorted_key[starts], np.add.reduceat(weights[order], starts), order[starts]
+
+
+def published_cells(cells: CellCounts, k: int) -> CellCounts:
+    """The cells of the whole sample with at least k rows (labels unchanged)."""
+    keep = np.flatnonzero(cells.counts >= k)
+    return CellCounts(
+        labels=cells.labels,
+        codes={name: codes[keep] for name, codes in cells.codes.items()},
+        counts=cells.counts[keep],
+        rows_in=cells.rows_in,
+        rows_sampled=cells.rows_sampled,
+    )
+
+
+def file_count(rows_published: int, rows_per_file: int) -> int:
+    """How many output files: the smallest power of two ``J`` with ``rows_published / J <=
+    rows_per_file`` (a function of the published row count only; a power of two lets
+    :func:`assign_files` draw each file from ``log2 J`` uniform bits, exactly)."""
+    if rows_per_file < 1:
+        raise ValueError(f"rows_per_file must be >= 1; got {rows_per_file}")
+    files = 1
+    while files * rows_per_file < rows_published:
+        files *= 2
+    return files
+
+
+def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Put each of the ``counts[c]`` rows of every cell c into one of ``files`` files (a power
+    of two), each row independently and exactly uniformly at random (the low ``log2 files``
+    bits of CSPRNG bytes). Per file: (cells with at least one row in it, ascending; their row
+    counts there). Memory is bounded by batches of published rows."""
+    assert files >= 1 and files & (files - 1) == 0, f"files must be a power of two; got {files}"
+    width = next(dtype for dtype in (np.uint8, np.uint16, np.uint32, np.uint64) if files - 1 <= np.iinfo(dtype).max)
+    mask = width(files - 1)
+    cells = len(counts)
+    cumulative = np.cumsum(counts, dtype=np.int64)
+    total = int(cumulative[-1]) if cells else 0
+    dense = np.zeros(files * cells, np.int64) if files * cells <= _DENSE_KEYS else None
+    pieces: list[tuple[np.ndarray, np.ndarray]] = []
+    for start in range(0, total, _ASSIGN_BATCH):
+        stop = min(total, start + _ASSIGN_BATCH)
+        cell = np.searchsorted(cumulative, np.arange(start, stop, dtype=np.int64), side="right")
+        size = stop - start
+        draws = randomness.random_uint64(-(-size * np.dtype(width).itemsize // 8)).view(width)[:size]
+        key = (draws & mask).astype(np.int64) * cells + cell
+        if dense is not None:
+            dense += np.bincount(key, minlength=len(dense))
+        else:
+            pieces.append(np.unique(key, return_counts=True))
+    if dense is not None:
+        keys = np.flatnonzero(dense)
+        sums = dense[keys]
+    elif pieces:
+        keys, sums, _ = _sum_by_key(np.concatenate([key for key, _ in pieces]), np.concatenate([n for _, n in pieces]))
+    else:
+        keys = sums = np.zeros(0, np.int64)
+    file_of, cell_of = np.divmod(keys, max(cells, 1))
+    bounds = np.searchsorted(file_of, np.arange(files + 1))
+    return [(cell_of[lo:hi], sums[lo:hi].astype(np.int64)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def file_table(cells: CellCounts, which: np.ndarray, counts: np.ndarray) -> pa.Table:
+    """One output file: ``counts[i]`` copies of cell ``which[i]`` of ``cells`` (``which``
+    distinct), in uniformly random order (:func:`.sdgs.shuffled_repeat`), as dictionary-encoded
+    label columns whose dictionaries hold only the labels in this file."""
+    present = counts > 0
+    which, counts = which[present], counts[present]
+    rows = shuffled_repeat(np.arange(len(which)), counts)
+    return pa.table(cells.label_columns(which, rows))
+
+
+def empty_output(cells: CellCounts) -> pa.Table:
+    """A table with no rows and the output's columns."""
+    return file_table(cells, np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def result(cells: CellCounts, *, k: int, beta: float, epsilon: float) -> MechanismResult:
+    """The facts and the SDGS event of a release whose merged counts are ``cells`` (the table
+    is an empty one with the output's columns: the rows are in the files)."""
+    return release(cells, empty_output(cells), k=k, beta=beta, epsilon=epsilon, output="microdata")
+
+
+def partitioned_sdgs(
+    partitions: Iterable[pa.Table],
+    schemes: Mapping[str, ColumnScheme],
+    *,
+    k: int,
+    beta: float,
+    epsilon: float,
+    rows_per_file: int = 1_000_000,
+) -> tuple[list[pa.Table], MechanismResult]:
+    """(k, beta)-SDGS microdata of the rows of all ``partitions`` together, one partition in
+    memory at a time (plus the counts): the output files and the release's facts and event
+    (as :func:`.sdgs.sdgs`). The steps the Dask flow (:mod:`privrelease.flows.scale`) runs on
+    workers, in one process."""
+    check_parameters(k, beta, epsilon)
+    parts = [count_cells(table, schemes, beta=beta) for table in partitions]
+    merged = merge_counts(parts)
+    published = published_cells(merged, k)
+    files = file_count(int(published.counts.sum()), rows_per_file)
+    tables = [file_table(published, which, counts) for which, counts in assign_files(published.counts, files)]
+    return tables, result(merged, k=k, beta=beta, epsilon=epsilon)

@@ -1,0 +1,201 @@
+"""Partitioned (k, beta)-SDGS (mechanisms/partitioned.py) against the in-process mechanism:
+the same published multiset when both see the same sample (beta = 1: the sample is every row),
+suppression by the global count, output files that follow neither the input order nor the
+input partitions, and the distribution of a fixed cell's published count against the exact
+one (chi-square).
+
+Statistical tests state their failure probability; none assumes a seed."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+from scipy.stats import binom, chisquare
+
+from privrelease.errors import UserError
+from privrelease.mechanisms import partitioned
+from privrelease.mechanisms.schemes import Bins, Keep, ValueMap
+from privrelease.mechanisms.sdgs import count_cells, sdgs
+
+ALPHA = 1e-6
+"""Failure probability of each statistical assertion below (when the code is correct)."""
+
+SCHEMES = {
+    "job": ValueMap(mapping=(("a", "A"), ("b", "A"), ("c", "C"), ("d", "D")), default="other"),
+    "age": Bins(edges=(0, 10, 20, 40)),
+    "zone": Keep(),
+}
+
+
+def rows(tables: list[pa.Table]) -> Counter:
+    """The multiset of rows (as label tuples) of all ``tables``."""
+    found: Counter = Counter()
+    for table in tables:
+        columns = [table.column(name).cast(pa.string()).to_pylist() for name in table.column_names]
+        found.update(zip(*columns))
+    return found
+
+
+def population(size: int) -> pa.Table:
+    """``size`` rows; zones 0..11, so partitions of the zone-sorted table see different zones
+    (Keep labels differ between partitions)."""
+    rng = np.random.default_rng()
+    table = pa.table(
+        {
+            "job": pa.array(rng.choice(list("abcdez"), size)).dictionary_encode(),
+            "age": rng.integers(0, 41, size),
+            "zone": rng.integers(0, 12, size),
+        }
+    )
+    return table.sort_by("zone")  # input order visible: sorted by a published column
+
+
+def slices(table: pa.Table, parts: int) -> list[pa.Table]:
+    bounds = np.linspace(0, table.num_rows, parts + 1).astype(int)
+    return [table.slice(lo, hi - lo) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+@pytest.mark.parametrize("parts", [1, 3, 7])
+def test_same_release_as_in_process_on_the_same_sample(parts: int) -> None:
+    """beta = 1 (k-DGS): both see the whole table as their sample, so the published multisets,
+    the facts and the event must be identical; an empty partition changes nothing."""
+    table = population(3000)
+    pieces = [*slices(table, parts), table.slice(0, 0)]
+    files, result = partitioned.partitioned_sdgs(pieces, SCHEMES, k=15, beta=1.0, epsilon=0.0, rows_per_file=700)
+    reference = sdgs(table, SCHEMES, k=15, beta=1.0, epsilon=0.0)
+    assert rows(files) == rows([reference.table])
+    assert result.public_facts == reference.public_facts
+    assert result.internal_facts == reference.internal_facts
+    assert result.event == reference.event
+    assert len(files) == partitioned.file_count(reference.table.num_rows, 700)
+    assert sum(f.num_rows for f in files) == reference.table.num_rows
+    for file in files:
+        assert file.column_names == list(SCHEMES)
+        for name in file.column_names:  # each file's dictionaries hold only its own labels
+            column = file.column(name).combine_chunks()
+            assert set(column.dictionary.to_pylist()) == set(column.cast(pa.string()).to_pylist())
+
+
+def test_merged_counts_equal_whole_sample_counts() -> None:
+    """The reduction of the partial counts equals count_cells on the concatenated table, cell by
+    cell (label tuples), with Keep labels merged in value order (zone 9 before zone 10)."""
+    table = population(5000)
+    merged = partitioned.merge_counts([count_cells(part, SCHEMES, beta=1.0) for part in slices(table, 5)])
+    whole = count_cells(table, SCHEMES, beta=1.0)
+
+    def by_labels(cells) -> dict:
+        names = list(cells.labels)
+        labels = [cells.labels[name].to_pylist() for name in names]
+        keys = zip(*[[labels[i][code] for code in cells.codes[name]] for i, name in enumerate(names)])
+        return dict(zip(keys, cells.counts.tolist()))
+
+    assert by_labels(merged) == by_labels(whole)
+    assert merged.labels["zone"].to_pylist() == [str(zone) for zone in range(12)]
+    assert (merged.rows_in, merged.rows_sampled) == (5000, 5000)
+
+
+def test_suppression_uses_the_global_count() -> None:
+    """Cell A has 3 rows in each of 10 partitions (fewer than k = 20 in each, 30 in all):
+    published with all 30 rows. Cell B has 19 rows in all: suppressed everywhere."""
+    schemes = {"x": Keep()}
+    parts = [pa.table({"x": ["A"] * 3 + (["B"] * 2 if i < 9 else ["B"])}) for i in range(10)]
+    files, result = partitioned.partitioned_sdgs(parts, schemes, k=20, beta=1.0, epsilon=0.0)
+    assert rows(files) == Counter({("A",): 30})
+    assert result.internal_facts["rows_suppressed"] == 19
+    assert result.internal_facts["cells_suppressed"] == 1
+
+
+def test_files_follow_neither_partitions_nor_input_order() -> None:
+    """Partition 0 holds only cell A, partition 1 only cell B (200 rows each), in input order.
+    Two output files: each must hold both cells (a file missing one: probability 2 * 2^-200 per
+    cell), and the rows of a file are not in input order (runs of equal rows: a sorted file
+    has 2 at most; a uniformly random order of ~200 A and ~200 B has about 200, and fewer
+    than 40 with probability far below ALPHA)."""
+    schemes = {"x": Keep()}
+    parts = [pa.table({"x": ["A"] * 200}), pa.table({"x": ["B"] * 200})]
+    files, _ = partitioned.partitioned_sdgs(parts, schemes, k=1, beta=1.0, epsilon=0.0, rows_per_file=200)
+    assert len(files) == 2
+    for file in files:
+        values = file.column("x").cast(pa.string()).to_pylist()
+        assert set(values) == {"A", "B"}
+        runs = 1 + sum(a != b for a, b in zip(values, values[1:]))
+        assert runs > 40
+
+
+def test_fixed_cell_count_has_the_in_process_distribution() -> None:
+    """Cell A has n = 60 rows spread over 4 partitions; beta = 0.5, k = 25. In-process SDGS
+    publishes X rows of A when X >= k and none otherwise, X ~ Binomial(60, 0.5). Over 1500
+    partitioned runs the published count matches that exact law (chi-square over the
+    outcomes "suppressed", 25..35, ">= 36"; failure probability ALPHA), and the sample size
+    of all rows matches Binomial(N, 0.5) (z-test on the mean, |z| < 5.3: probability < ALPHA)."""
+    n, k, beta, runs = 60, 25, 0.5, 1500
+    schemes = {"x": Keep()}
+    values = np.array(["A"] * n + ["B"] * 140)
+    parts = [pa.table({"x": values[i::4]}) for i in range(4)]
+    published, sampled = [], []
+    for _ in range(runs):
+        files, result = partitioned.partitioned_sdgs(parts, schemes, k=k, beta=beta, epsilon=0.0)
+        published.append(rows(files)[("A",)])
+        sampled.append(result.internal_facts["rows_sampled"])
+    outcomes = [0, *range(k, 36)]
+    observed = [sum(1 for p in published if p == 0)] + [sum(1 for p in published if p == v) for v in range(k, 36)]
+    observed.append(sum(1 for p in published if p >= 36))
+    expected = [binom.cdf(k - 1, n, beta)] + [binom.pmf(v, n, beta) for v in outcomes[1:]] + [binom.sf(35, n, beta)]
+    expected = np.array(expected) * runs
+    assert sum(observed) == runs and abs(expected.sum() - runs) < 1e-6
+    assert chisquare(observed, expected).pvalue > ALPHA
+    total = len(values)
+    z = (np.mean(sampled) - total * beta) / np.sqrt(total * beta * (1 - beta) / runs)
+    assert abs(z) < 5.3
+
+
+def test_rows_pick_files_uniformly() -> None:
+    """Each published row lands in each of 8 files with probability 1/8: 4000 rows of one cell
+    and 1 row of another, drawn 400 times (chi-square, failure probability ALPHA each)."""
+    counts = np.array([4000, 1])
+    big = np.zeros(8)
+    single = np.zeros(8)
+    for _ in range(400):
+        split = partitioned.assign_files(counts, 8)
+        for file, (cells, rows_in_file) in enumerate(split):
+            assert np.all(np.diff(cells) > 0) and np.all(rows_in_file > 0)
+            big[file] += rows_in_file[cells == 0].sum()
+            single[file] += rows_in_file[cells == 1].sum()
+    assert big.sum() == 400 * 4000 and single.sum() == 400
+    assert chisquare(big).pvalue > ALPHA
+    assert chisquare(single).pvalue > ALPHA
+
+
+def test_file_count_and_empty_release() -> None:
+    assert [partitioned.file_count(m, 10) for m in (0, 1, 10, 11, 21, 1000)] == [1, 1, 1, 2, 4, 128]
+    with pytest.raises(ValueError):
+        partitioned.file_count(5, 0)
+    files, result = partitioned.partitioned_sdgs(
+        [pa.table({"x": ["A", "B"]}), pa.table({"x": ["C"]})], {"x": Keep()}, k=5, beta=1.0, epsilon=0.0
+    )
+    assert len(files) == 1 and files[0].num_rows == 0 and files[0].column_names == ["x"]
+    assert "explanation" in result.public_facts
+    with pytest.raises(UserError, match="k must be"):
+        partitioned.partitioned_sdgs([pa.table({"x": ["A"]})], {"x": Keep()}, k=0, beta=1.0, epsilon=0.0)
+
+
+def test_counts_survive_the_scratch_file(tmp_path) -> None:
+    """cells_to_arrow -> Arrow IPC file -> cells_from_arrow keeps labels, codes, counts and the
+    row counts (also for a sample with no rows)."""
+    table = population(2000)
+    for cells in (count_cells(table, SCHEMES, beta=0.3), count_cells(table.slice(0, 0), SCHEMES, beta=0.3)):
+        path = tmp_path / "counts.arrow"
+        frame = partitioned.cells_to_arrow(cells)
+        with ipc.new_file(str(path), frame.schema) as writer:
+            writer.write_table(frame)
+        back = partitioned.cells_from_arrow(ipc.open_file(str(path)).read_all())
+        assert (back.rows_in, back.rows_sampled) == (cells.rows_in, cells.rows_sampled)
+        assert np.array_equal(back.counts, cells.counts)
+        for name in SCHEMES:
+            assert np.array_equal(back.codes[name], cells.codes[name])
+            if len(cells.counts):
+                assert back.labels[name].equals(cells.labels[name])
