@@ -55,6 +55,26 @@ def auto_beta(epsilon: float) -> float:
     return beta
 
 
+def _calibrated(k: int, beta: float, epsilon: float, notion: Notion) -> Calibrated:
+    return Calibrated(k, beta, epsilon, sdgs_delta(k, beta, epsilon, notion), notion)  # type: ignore[arg-type]
+
+
+def _narrow(meets, failing, passing, midpoint, close):
+    """Bisect between a value that misses the target (``meets`` False) and one that meets it
+    until ``close(failing, passing)``; returns the value that meets it."""
+    while not close(failing, passing):
+        middle = midpoint(failing, passing)
+        if meets(middle):
+            passing = middle
+        else:
+            failing = middle
+    return passing
+
+
+def _relative(failing: float, passing: float) -> bool:
+    return abs(passing - failing) <= 1e-10 * max(abs(passing), abs(failing))
+
+
 def smallest_k(beta: float, epsilon: float, delta: float, notion: Notion) -> Calibrated:
     """The smallest k with delta(k, beta, eps) <= target (exact, not off by one)."""
     if notion == "probabilistic" and epsilon < min_theorem1_epsilon(beta):
@@ -69,14 +89,14 @@ def smallest_k(beta: float, epsilon: float, delta: float, notion: Notion) -> Cal
         if high >= _MAX_K:
             raise CalibrationError(f"no k up to {_MAX_K} reaches delta {delta:g}")
         high *= 2
-    low = high // 2  # fails (or is 0)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if _meets(middle, beta, epsilon, delta, notion):
-            high = middle
-        else:
-            low = middle
-    return Calibrated(high, beta, epsilon, sdgs_delta(high, beta, epsilon, notion), notion)  # type: ignore[arg-type]
+    k = _narrow(
+        lambda k: _meets(k, beta, epsilon, delta, notion),
+        high // 2,  # fails (or is 0)
+        high,
+        lambda a, b: (a + b) // 2,
+        lambda a, b: b - a <= 1,
+    )
+    return _calibrated(k, beta, epsilon, notion)
 
 
 def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion) -> Calibrated:
@@ -85,7 +105,7 @@ def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion) -> Calib
         raise CalibrationError("beta = 1 (no sampling) gives no (eps, delta)-DP for any epsilon (Proposition 4)")
     low = min_theorem1_epsilon(beta) if notion == "probabilistic" else 0.0
     if _meets(k, beta, low, delta, notion):
-        return Calibrated(k, beta, low, sdgs_delta(k, beta, low, notion), notion)  # type: ignore[arg-type]
+        return _calibrated(k, beta, low, notion)
     high = max(2 * low, 0.5)
     while not _meets(k, beta, high, delta, notion):
         if high > _MAX_EPSILON:
@@ -93,13 +113,8 @@ def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion) -> Calib
                 f"no epsilon up to {_MAX_EPSILON:g} reaches delta {delta:g} with k = {k}, beta = {beta:g}"
             )
         low, high = high, 2 * high
-    while high - low > 1e-10 * high:
-        middle = (low + high) / 2
-        if _meets(k, beta, middle, delta, notion):
-            high = middle
-        else:
-            low = middle
-    return Calibrated(k, beta, high, sdgs_delta(k, beta, high, notion), notion)  # type: ignore[arg-type]
+    epsilon = _narrow(lambda e: _meets(k, beta, e, delta, notion), low, high, lambda a, b: (a + b) / 2, _relative)
+    return _calibrated(k, beta, epsilon, notion)
 
 
 def largest_beta(k: int, epsilon: float, delta: float, notion: Notion) -> Calibrated:
@@ -107,14 +122,8 @@ def largest_beta(k: int, epsilon: float, delta: float, notion: Notion) -> Calibr
     Under Theorem 1 beta is at most 1 - e^-eps (``auto_beta``)."""
     ceiling = auto_beta(epsilon) if notion == "probabilistic" else math.nextafter(1.0, 0.0)
     if _meets(k, ceiling, epsilon, delta, notion):
-        return Calibrated(k, ceiling, epsilon, sdgs_delta(k, ceiling, epsilon, notion), notion)  # type: ignore[arg-type]
-    low, high = 0.0, ceiling
-    while high - low > 1e-10 * high:
-        middle = (low + high) / 2
-        if _meets(k, middle, epsilon, delta, notion):
-            low = middle
-        else:
-            high = middle
-    if low == 0.0:
+        return _calibrated(k, ceiling, epsilon, notion)
+    beta = _narrow(lambda b: _meets(k, b, epsilon, delta, notion), ceiling, 0.0, lambda a, b: (a + b) / 2, _relative)
+    if beta == 0.0:
         raise CalibrationError(f"no beta > 0 reaches delta {delta:g} with k = {k}, epsilon = {epsilon:g}")
-    return Calibrated(k, low, epsilon, sdgs_delta(k, low, epsilon, notion), notion)  # type: ignore[arg-type]
+    return _calibrated(k, beta, epsilon, notion)
