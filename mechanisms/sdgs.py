@@ -30,12 +30,12 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.events import SDGS
 from privrelease.mechanisms.generalization import dictionary_column, encode
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
+from privrelease.mechanisms.sdgs_math import check_parameters
 
 _BINCOUNT_MAX = 1 << 24
 """Largest key space counted with ``np.bincount`` (128 MiB of counts); beyond, ``np.unique``."""
@@ -58,16 +58,6 @@ class CellCounts:
         """The labels of the cells ``cells`` (distinct cell indices), one row per cell, or one
         row per entry of ``rows`` (indices into ``cells``, each used at least once)."""
         return {name: dictionary_column(self.codes[name][cells], self.labels[name], rows) for name in self.labels}
-
-
-def check_parameters(k: int, beta: float, epsilon: float) -> None:
-    """UserError unless k is an integer >= 1, 0 < beta <= 1 and epsilon >= 0 (finite)."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise UserError(f"k must be an integer >= 1; got {k!r}")
-    if not isinstance(beta, (int, float)) or not 0 < beta <= 1:
-        raise UserError(f"beta must be in (0, 1]; got {beta!r}")
-    if not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
-        raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
 
 
 def count_cells(table: pa.Table, schemes: Mapping[str, ColumnScheme], *, beta: float) -> CellCounts:

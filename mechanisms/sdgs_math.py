@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from privrelease.errors import UserError
 from privrelease.mechanisms.binomial import log_pmf as _log_pmf
 from privrelease.mechanisms.binomial import lower_tail as _lower_tail
 from privrelease.mechanisms.binomial import pmf as _pmf
@@ -74,13 +75,14 @@ def min_theorem1_epsilon(beta: float) -> float:
     return -math.log1p(-beta) if beta < 1 else math.inf
 
 
-def _check(k, beta, epsilon) -> None:
-    if not (isinstance(k, (int, np.integer)) and k >= 1):
-        raise ValueError(f"k must be an integer >= 1; got {k!r}")
-    if not 0 < beta <= 1:
-        raise ValueError(f"beta must be in (0, 1]; got {beta!r}")
-    if not 0 <= epsilon < math.inf:
-        raise ValueError(f"epsilon must be finite and >= 0; got {epsilon!r}")
+def check_parameters(k: int, beta: float, epsilon: float) -> None:
+    """UserError unless k is an integer >= 1, 0 < beta <= 1 and epsilon >= 0 (finite)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise UserError(f"k must be an integer >= 1; got {k!r}")
+    if not isinstance(beta, (int, float)) or not 0 < beta <= 1:
+        raise UserError(f"beta must be in (0, 1]; got {beta!r}")
+    if not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
+        raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
 
 
 # --- binomial pieces (broadcasting over cells x n) ------------------------------------------
@@ -214,7 +216,7 @@ def theorem1_grid(k, beta, epsilon) -> list[SdgsDelta]:
     results: list[SdgsDelta | None] = [None] * len(k)
     valid = np.zeros(len(k), dtype=bool)
     for c in range(len(k)):
-        _check(int(k[c]), float(beta[c]), float(epsilon[c]))
+        check_parameters(int(k[c]), float(beta[c]), float(epsilon[c]))
         if beta[c] >= 1:
             results[c] = SdgsDelta(
                 None,
@@ -319,7 +321,7 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
     """The exact hockey-stick delta of (k, beta)-SDGS for every cell (see :func:`delta_exact`)."""
     k, beta, epsilon = _as_cells(k, beta, epsilon)
     for c in range(len(k)):
-        _check(int(k[c]), float(beta[c]), float(epsilon[c]))
+        check_parameters(int(k[c]), float(beta[c]), float(epsilon[c]))
     results: list[SdgsDelta | None] = [None] * len(k)
     sampled = beta < 1
     for c in np.flatnonzero(~sampled).tolist():
@@ -408,7 +410,7 @@ def fsmooth_delta(k: int, beta: float, epsilon: float) -> float:
     """Theorem 6's bound delta(eps) = exp(-k (ln(gamma/beta) - (gamma - beta)/gamma)),
     gamma = gamma(eps); the paper states it for eps >= eps0 >= -ln(1 - beta) (its proof
     approximates the max over n >= ceil(k/gamma - 1) by n >= k/gamma)."""
-    _check(k, beta, epsilon)
+    check_parameters(k, beta, epsilon)
     gamma = gamma_of(beta, epsilon)
     return math.exp(-k * (math.log(gamma / beta) - (gamma - beta) / gamma))
 

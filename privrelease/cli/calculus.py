@@ -39,12 +39,10 @@ def _numbers(text: str, name: str, kind: type) -> list:
 
 
 def _check_sdgs(k: int | None, beta: float | None, epsilon: float | None, delta: float | None = None) -> None:
-    if k is not None and k < 1:
-        raise UserError(f"k must be an integer >= 1; got {k}")
-    if beta is not None and not 0 < beta <= 1:
-        raise UserError(f"beta must be in (0, 1]; got {beta:g}")
-    if epsilon is not None and not 0 <= epsilon < math.inf:
-        raise UserError(f"epsilon must be a finite number >= 0; got {epsilon:g}")
+    """The given ones of (k, beta, epsilon, delta) are valid (a missing one is being solved for)."""
+    from privrelease.mechanisms.sdgs_math import check_parameters
+
+    check_parameters(1 if k is None else k, 0.5 if beta is None else beta, 0.0 if epsilon is None else epsilon)
     if delta is not None and not 0 < delta < 1:
         raise UserError(f"delta must be in (0, 1); got {delta:g}")
 
