@@ -117,6 +117,18 @@ def _n_m(k, gamma):
     return np.maximum(1, np.ceil(k / gamma - 1 - 1e-9))
 
 
+def _log_mean_excess(n, a, beta):
+    """log of a bound on E[(X/n - a)_+] for a > beta, or on E[(a - X/n)_+] for a < beta,
+    X ~ Bin(n, beta): integrating Chernoff-Hoeffding P[X/n >= a + t] <= exp(-n KL(a + t || beta))
+    over t, with KL(a + t) >= KL(a) + KL'(a) t (convexity), gives
+    exp(-n KL(a || beta)) / (n |KL'(a)|), KL'(a) = ln(a (1 - beta) / (beta (1 - a))); the
+    bound decreases in n, and as a moves away from beta. +inf where a == beta."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.abs(np.log(a * (1 - beta) / (beta * (1 - a)))) * (1 - 1e-9)
+        value = -n * _kl(a, beta) - np.log(n * slope)
+    return np.where((slope > 0) & (a > 0) & (a < 1), value, np.inf)
+
+
 def _log_tv_bound(beta, n):
     """log of a bound on both hockey-stick divergences at every n' >= n (any eps >= 0):
     Bin(n', beta) = (1 - beta) Bin(n'-1) + beta (Bin(n'-1) + 1), so the total variation distance
@@ -130,13 +142,15 @@ def _log_tv_bound(beta, n):
 # --- block scans, vectorized over cells -------------------------------------------------------
 
 
-def _scan_up(values, start, log_bound):
+def _scan_up(values, start, log_bound, best=None, argmax=None):
     """Per cell, the max of values(cells, n) over n >= start[cell], scanning blocks of n until
     log_bound(cells, n0) (log of a bound on every term at n >= n0, nonincreasing in n0) is
     below the log of the best term (or below log 1e-280 while nothing representable was found).
-    Returns (best, argmax)."""
+    Given (best, argmax) from another part of the same maximum, folds into them (and stops
+    as soon as no later term can beat them). Returns (best, argmax)."""
     cells = len(start)
-    best, argmax = np.zeros(cells), start.astype(float).copy()
+    if best is None:
+        best, argmax = np.zeros(cells), start.astype(float).copy()
     n0 = start.astype(float).copy()
     active, block = np.arange(cells), _BLOCK
     while active.size:
@@ -305,15 +319,21 @@ def _exact_remove(k, beta, epsilon, n):
 
 
 def _log_remove_bound(k, beta, epsilon, n):
-    """log of a bound on H(P_{n'-1} || P_{n'}) for all n' >= n: it is at most
-    F(k-1; n'-1) + F(c n'; n'-1), two Chernoff lower tails, each nonincreasing in n' once its
-    threshold fraction is below beta; and at most the total-variation bound."""
+    """log of a bound on H(P_{n'-1} || P_{n'}) for all n' >= n. With f(j; n) = f(j; n-1)
+    (1 - beta) n / (n - j), the suppressed outcome gives at most F(k-1; n-1) - F(k-1; n) =
+    beta f(k-1; n-1) <= beta F(k-1; n-1), and each count j < c n gives
+    f(j; n-1) (c - j/n) / (1 - j/n) <= f(j; n-1) (c - j/n) / (1 - c), in all at most
+    E[(c' - Y)_+] / (1 - c), Y = Bin(n-1, beta) / (n-1), c' = c n / (n-1) (see
+    :func:`_log_mean_excess`). Both pieces decrease in n once (k-1)/(n-1) < beta and c' < beta;
+    otherwise the total-variation bound alone."""
     c = np.maximum(1.0 - np.exp(epsilon) * (1.0 - beta), 0.0)
     trials = np.maximum(n - 1, 1)
     f1, f2 = (k - 1) / trials, c * n / trials
-    with np.errstate(divide="ignore"):
-        chernoff = np.log(np.exp(-trials * _kl(f1, beta)) + np.exp(-trials * _kl(f2, beta)))
-    chernoff = np.where((f1 < beta) & (f2 < beta) & (n > 1), chernoff, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        suppressed = np.log(beta) - trials * _kl(f1, beta)
+        counts = _log_mean_excess(trials, f2, beta) - np.log1p(-c)
+        chernoff = np.logaddexp(suppressed, counts)
+    chernoff = np.where((f1 < beta) & (f2 < beta) & (f2 > 0) & (n > 1), chernoff, 0.0)
     return np.minimum(chernoff, _log_tv_bound(beta, n))
 
 
@@ -342,19 +362,26 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
     def add(c, n):
         return _exact_add(kk[c, None], bb[c, None], ee[c, None], n)
 
-    # add direction, n >= n_m: Chernoff or total variation; n < n_m: P[Bin(n) >= k], increasing
-    best, argmax = _scan_up(add, n_m, lambda c, n0: np.minimum(-n0 * kl[c], _log_tv_bound(bb[c], n0)))
+    # add direction, n >= n_m: with f(j; n) - e^eps f(j; n-1) = f(j; n) (j/n - gamma) / (1 - gamma),
+    # at most E[(Bin(n)/n - gamma)_+] / (1 - gamma) (:func:`_log_mean_excess`), or total variation;
+    # n < n_m: P[Bin(n) >= k], increasing
+    def add_bound(c, n0):
+        excess = _log_mean_excess(n0, gg[c], bb[c]) - np.log1p(-gg[c])
+        return np.minimum(np.minimum(-n0 * kl[c], excess), _log_tv_bound(bb[c], n0))
+
+    best, argmax = _scan_up(add, n_m, add_bound)
     best, argmax = _scan_down(add, n_m - 1, kk, lambda c, hi: _upper_tail(kk[c], hi, bb[c]), best, argmax)
     remove = np.flatnonzero(ee < -np.log1p(-bb))
     if remove.size:
         rk, rb, re = kk[remove], bb[remove], ee[remove]
-        r_best, r_arg = _scan_up(
+        # seeded with the add direction's maximum: the scan stops once no n can beat it
+        best[remove], argmax[remove] = _scan_up(
             lambda c, n: _exact_remove(rk[c, None], rb[c, None], re[c, None], n),
             np.ones(remove.size),
             lambda c, n0: _log_remove_bound(rk[c], rb[c], re[c], n0),
+            best[remove],
+            argmax[remove],
         )
-        wins = r_best > best[remove]
-        best[remove[wins]], argmax[remove[wins]] = r_best[wins], r_arg[wins]
     for pos, c in enumerate(idx.tolist()):
         if best[pos] >= _TINY:
             results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])

@@ -264,3 +264,13 @@ def test_calibration_errors() -> None:
         smallest_k(1.0, 1.0, 1e-9, "approximate")
     with pytest.raises(CalibrationError, match="ln"):
         smallest_k(0.5, 0.1, 1e-9, "probabilistic")
+
+
+@pytest.mark.parametrize("k, beta, eps", [(50, 0.05, 0.002), (50, 0.05, 0.005), (20, 0.1, 0.01), (100, 0.02, 0.02)])
+def test_exact_stopping_rule_against_a_long_scan(k: int, beta: float, eps: float) -> None:
+    """Small epsilon puts the worst cell size n in the thousands and flattens the stopping
+    bounds: the maximum equals a plain scan of every n up to 200,000 (no stopping rule)."""
+    n = np.arange(1.0, 200_001.0)
+    add = sdgs_math._exact_add(k, beta, eps, n[n >= k])
+    remove = sdgs_math._exact_remove(k, beta, eps, n)
+    assert delta_exact(k, beta, eps).delta == pytest.approx(max(add.max(), remove.max()), rel=1e-8)
