@@ -1,9 +1,12 @@
 """The privacy ledger: every dataset fingerprint has a lifetime budget, and every release from it
 charges its privacy-event tree.
 
-What has been spent is the **composition of the stored trees** under the dataset's accountant
-(``privrelease.mechanisms.accountants.account(Composed(events=(...)), notion)``), never a
-running sum of numbers: an auditor replays exactly the trees stored here. Trees of committed
+What has been spent is the **composition of the stored trees** under the dataset's accountant,
+never a running sum of numbers: an auditor replays exactly the trees stored here. Under
+approximate DP the trees compose through privacy loss distributions (the tightest sound method,
+:mod:`privrelease.mechanisms.composition`) and the budget holds while the composed delta at the
+lifetime epsilon is at most the lifetime delta; under the papers' probabilistic notion epsilons
+and deltas add (Theorem 2). Trees of committed
 releases and of live reservations count; a reservation not committed within its time to live
 (a crashed run) expires and stops counting.
 
@@ -43,9 +46,12 @@ __all__ = [
     "release",
     "reserve",
     "resolve_lifetime_budget",
+    "runway",
 ]
 
 RELATIVE_SLACK = 1e-9
+MAX_RUNWAY = 100_000
+"""Runways are counted up to this many runs."""
 EXPIRED_REASON = "expired: not committed within the reservation time to live (crashed run?)"
 
 
@@ -97,7 +103,8 @@ class Reservation:
 @dataclass(frozen=True)
 class LedgerStatus:
     """A dataset's ledger now: its entries (oldest first), what the counting ones compose to,
-    and the componentwise remainder ``budget - spent`` (a display figure; the check composes)."""
+    and the remainder (a display figure; the check composes): under approximate DP the
+    epsilon left at the lifetime delta, otherwise ``budget - spent`` componentwise."""
 
     dataset: Dataset
     budget: Budget
@@ -137,21 +144,40 @@ def resolve_lifetime_budget(stated: Any | None = None) -> Budget:
     return Budget(*default)
 
 
-def _account(events: list[Any], notion: str) -> Budget:
-    """Compose ``events`` under ``notion``; refuses (fail closed) what the accountant cannot do."""
+def _at_lifetime_delta(notion: str, limit: Budget) -> bool:
+    """Whether what is spent is measured as an epsilon at the lifetime delta (approximate DP)."""
+    return notion == "approximate" and 0 < limit.delta < 1
+
+
+def _account(events: list[Any], notion: str, limit: Budget) -> Budget:
+    """What ``events`` compose to under ``notion``, measured against the lifetime ``limit``.
+
+    ``approximate`` (with 0 < lifetime delta < 1): the smallest epsilon at which the releases
+    compose to (epsilon, lifetime delta)-DP, by the tightest sound method
+    (:mod:`privrelease.mechanisms.composition`: privacy loss distributions for several
+    releases), paired with the lifetime delta; so ``fits`` is "the composed delta at the
+    lifetime epsilon is at most the lifetime delta". ``probabilistic`` (the papers' notion):
+    epsilons and deltas add (Theorem 2). Refuses (fail closed) what cannot be accounted for."""
     if not events:
         return ZERO
-    from privrelease.mechanisms.accountants import account
     from privrelease.mechanisms.events import Composed
 
-    event = events[0] if len(events) == 1 else Composed(events=tuple(events))
-    guarantee = account(event, notion)
-    if not guarantee.supported:
+    if _at_lifetime_delta(notion, limit):
+        from privrelease.mechanisms.composition import epsilon_at
+
+        composed = epsilon_at(events, limit.delta)
+        supported, epsilon, delta, detail = composed.supported, composed.epsilon, limit.delta, composed.detail
+    else:
+        from privrelease.mechanisms.accountants import account
+
+        guarantee = account(events[0] if len(events) == 1 else Composed(events=tuple(events)), notion)
+        supported, epsilon, delta, detail = guarantee.supported, guarantee.epsilon, guarantee.delta, guarantee.detail
+    if not supported:
         raise TargetNotMet(
             f"the {notion} accountant cannot account for this release, so the dataset's "
-            f"lifetime budget cannot be checked: {guarantee.detail}"
+            f"lifetime budget cannot be checked: {detail}"
         )
-    return Budget(float(guarantee.epsilon), float(guarantee.delta))
+    return Budget(float(epsilon), float(delta))
 
 
 def _trees(entries: list[LedgerEntry]) -> list[Any]:
@@ -242,9 +268,9 @@ def reserve(
     if any(entry.run_id == run_id for entry in counting):
         raise LedgerStateError(f"run {run_id} already holds budget of dataset {_name(ds)}")
     trees = _trees(counting)
-    spent_before = _account(trees, notion)
-    this_release = _account([event], notion)
-    total_after = _account([*trees, event], notion)
+    spent_before = _account(trees, notion, limit)
+    this_release = _account([event], notion, limit)
+    total_after = _account([*trees, event], notion, limit)
     if not total_after.fits(limit):
         committed = sum(entry.state == "committed" for entry in counting)
         raise TargetNotMet(
@@ -362,11 +388,11 @@ def ledger_status(session: Session, dataset: Dataset | str, *, now: datetime | N
     ds = _dataset(session, dataset)
     entries = _entries(session, ds.fingerprint)
     counting = [entry for entry in entries if _counts(entry, now)]
-    spent = _account(_trees(counting), ds.notion)
     limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
+    spent = _account(_trees(counting), ds.notion, limit)
     remaining = Budget(
         max(0.0, limit.epsilon - spent.epsilon) if math.isfinite(spent.epsilon) else 0.0,
-        max(0.0, limit.delta - spent.delta) if math.isfinite(spent.delta) else 0.0,
+        limit.delta if _at_lifetime_delta(ds.notion, limit) else max(0.0, limit.delta - spent.delta),
     )
     return LedgerStatus(
         dataset=ds,
@@ -376,4 +402,56 @@ def ledger_status(session: Session, dataset: Dataset | str, *, now: datetime | N
         spent=spent,
         remaining=remaining,
         now=now,
+    )
+
+
+@dataclass(frozen=True)
+class Runway:
+    """How many more runs of a release fit a dataset's lifetime budget (``runs``, at most
+    :data:`MAX_RUNWAY`; ``capped`` when the search stopped there), what is spent now and what
+    would be spent after one more run (each as :func:`_account` measures it)."""
+
+    runs: int
+    capped: bool
+    budget: Budget
+    spent: Budget
+    after_next_run: Budget
+    this_run: Budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def runway(status: LedgerStatus, event_tree: Any) -> Runway:
+    """The runway of ``event_tree`` (one run's releases) on the ledger ``status``: the largest
+    r <= MAX_RUNWAY such that the counting trees plus r copies fit the lifetime budget. The
+    composed loss only grows with r, so an exponential then binary search finds it exactly."""
+    from privrelease.mechanisms.events import event_from_json
+
+    event = event_from_json(event_tree) if isinstance(event_tree, str) else event_tree
+    trees, notion, limit = _trees(status.counting), status.dataset.notion, status.budget
+
+    def total(runs: int) -> Budget:
+        return _account([*trees, *([event] * runs)], notion, limit)
+
+    def fits(runs: int) -> bool:
+        return total(runs).fits(limit)
+
+    after_next = total(1)
+    low, high = 0, 1
+    if after_next.fits(limit):
+        low, high = 1, 2
+        while high <= MAX_RUNWAY and fits(high):
+            low, high = high, 2 * high
+        high = min(high, MAX_RUNWAY + 1)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+    return Runway(
+        runs=low,
+        capped=low == MAX_RUNWAY,
+        budget=limit,
+        spent=status.spent,
+        after_next_run=after_next,
+        this_run=_account([event], notion, limit),
     )

@@ -1,0 +1,165 @@
+"""Composing releases under approximate (eps, delta)-DP by the tightest sound method.
+
+Every method below is an upper bound on the composed hockey-stick divergence of the releases
+(add/remove-one-row neighbours, adaptive composition), so the smallest answer is sound too:
+
+* ``exact`` (one SDGS release): the exact profile :func:`~.sdgs_math.delta_exact`, inverted by
+  bisection for an epsilon.
+* ``privacy loss distribution`` (two or more releases): :mod:`.pld`, the composition of
+  dominating pairs (Zhu, Dong, Wang 2022, Theorem 10).
+* ``optimal composition`` (at most ``MAX_OPTIMAL_LEAVES`` releases): the exact composition of
+  the releases' stated (eps_i, delta_i) points (Kairouz-Oh-Viswanath; Murtagh-Vadhan, heterogeneous).
+* ``basic composition``: the stated points add up, ``(sum eps_i, sum delta_i)``.
+
+The stated point of a release is :func:`~.accountants.account` under ``approximate`` (for SDGS,
+the policy's epsilon and the exact delta there). The ``probabilistic`` notion of the papers
+composes by its own rule (Theorem 2: epsilons and deltas add) and is not handled here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from privrelease.mechanisms import pld
+from privrelease.mechanisms.accountants import MAX_OPTIMAL_LEAVES, account, optimal_composition_delta
+from privrelease.mechanisms.events import SDGS, Event, leaves
+from privrelease.mechanisms.sdgs_math import delta_exact
+
+EXACT = "exact"
+PLD = "privacy loss distribution"
+OPTIMAL = "optimal composition"
+BASIC = "basic composition"
+
+_EPSILON_TOLERANCE = 1e-9
+_MAX_EPSILON = 64.0
+
+
+@dataclass(frozen=True)
+class Composition:
+    """``releases`` releases composed are (epsilon, delta)-DP; ``method`` gave the tightest
+    answer; ``candidates`` holds every method's (epsilon, delta) for the same question."""
+
+    epsilon: float
+    delta: float
+    releases: int
+    method: str
+    candidates: dict[str, tuple[float, float]] = field(default_factory=dict)
+    supported: bool = True
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "epsilon": self.epsilon if math.isfinite(self.epsilon) else None,
+            "delta": self.delta,
+            "releases": self.releases,
+            "method": self.method,
+            "candidates": {
+                name: {"epsilon": e if math.isfinite(e) else None, "delta": d}
+                for name, (e, d) in self.candidates.items()
+            },
+            "supported": self.supported,
+            "detail": self.detail,
+        }
+
+
+def releases_of(events: Sequence[Event], times: int = 1) -> list[Event]:
+    """The non-composed releases of ``events``, each repeated ``times`` times."""
+    if times < 1:
+        raise ValueError(f"times must be >= 1; got {times}")
+    return [leaf for event in events for leaf in leaves(event)] * times
+
+
+def _unsupported(releases: list[Event]) -> Composition | None:
+    reasons = []
+    for leaf in dict.fromkeys(releases):
+        guarantee = account(leaf, "approximate")
+        if not guarantee.supported:
+            reasons.append(guarantee.detail)
+    if not reasons and releases:
+        return None
+    why = "; ".join(reasons) or "nothing to compose: no releases"
+    return Composition(math.inf, 1.0, len(releases), "none", supported=False, detail=why)
+
+
+def _points(releases: list[Event]) -> list[tuple[float, float]]:
+    stated = {leaf: account(leaf, "approximate") for leaf in dict.fromkeys(releases)}
+    return [(stated[leaf].epsilon, stated[leaf].delta) for leaf in releases]
+
+
+def _bisect_epsilon(delta_of, delta: float, high: float) -> float:
+    """The smallest epsilon in [0, high] with delta_of(epsilon) <= delta (nonincreasing), to a
+    relative 1e-9 and rounded up; inf when even ``high`` does not reach it."""
+    if delta_of(high) > delta:
+        return math.inf
+    low = 0.0
+    if delta_of(low) <= delta:
+        return 0.0
+    while high - low > _EPSILON_TOLERANCE * max(high, 1e-12):
+        middle = (low + high) / 2
+        if delta_of(middle) <= delta:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _candidates_epsilon(releases: list[Event], delta: float) -> dict[str, tuple[float, float]]:
+    """Every applicable method's epsilon at ``delta``, the preferred method first (ties)."""
+    points = _points(releases)
+    found: dict[str, tuple[float, float]] = {}
+    basic_eps, basic_delta = math.fsum(e for e, _ in points), math.fsum(d for _, d in points)
+    if len(releases) == 1 and isinstance(releases[0], SDGS):
+        k, beta = releases[0].k, releases[0].beta
+        found[EXACT] = (_bisect_epsilon(lambda e: delta_exact(k, beta, e).delta, delta, _MAX_EPSILON), delta)
+    if len(releases) > 1:
+        found[PLD] = (pld.epsilon_for_delta(pld.composed_pld(releases), delta), delta)
+    if 1 < len(releases) <= MAX_OPTIMAL_LEAVES:
+        found[OPTIMAL] = (_bisect_epsilon(lambda e: optimal_composition_delta(points, e), delta, basic_eps), delta)
+    found[BASIC] = (basic_eps if basic_delta <= delta else math.inf, delta)
+    return found
+
+
+def _candidates_delta(releases: list[Event], epsilon: float) -> dict[str, tuple[float, float]]:
+    """Every applicable method's delta at ``epsilon``, the preferred method first (ties)."""
+    points = _points(releases)
+    found: dict[str, tuple[float, float]] = {}
+    if len(releases) == 1 and isinstance(releases[0], SDGS):
+        found[EXACT] = (epsilon, float(delta_exact(releases[0].k, releases[0].beta, epsilon).delta))
+    if len(releases) > 1:
+        found[PLD] = (epsilon, pld.delta_for_epsilon(pld.composed_pld(releases), epsilon))
+    if 1 < len(releases) <= MAX_OPTIMAL_LEAVES:
+        found[OPTIMAL] = (epsilon, optimal_composition_delta(points, epsilon))
+    basic_eps = math.fsum(e for e, _ in points)
+    found[BASIC] = (epsilon, min(1.0, math.fsum(d for _, d in points)) if epsilon >= basic_eps else 1.0)
+    return found
+
+
+def epsilon_at(events: Sequence[Event], delta: float, times: int = 1) -> Composition:
+    """The smallest epsilon at which ``events`` released ``times`` times are (epsilon, delta)-DP
+    (inf when no epsilon reaches ``delta``), by the tightest method."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1); got {delta!r}")
+    releases = releases_of(events, times)
+    refused = _unsupported(releases)
+    if refused is not None:
+        return refused
+    candidates = _candidates_epsilon(releases, delta)
+    method = min(candidates, key=lambda name: candidates[name][0])
+    return Composition(candidates[method][0], delta, len(releases), method, candidates)
+
+
+def delta_at(events: Sequence[Event], epsilon: float, times: int = 1) -> Composition:
+    """The smallest delta for which ``events`` released ``times`` times are (epsilon, delta)-DP,
+    by the tightest method."""
+    if not 0 <= epsilon < math.inf:
+        raise ValueError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
+    releases = releases_of(events, times)
+    refused = _unsupported(releases)
+    if refused is not None:
+        return refused
+    candidates = _candidates_delta(releases, epsilon)
+    method = min(candidates, key=lambda name: candidates[name][1])
+    return Composition(epsilon, candidates[method][1], len(releases), method, candidates)

@@ -1,0 +1,67 @@
+"""Composition by the tightest sound method: exact for one SDGS release, privacy loss
+distributions, optimal and basic composition of the stated points."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from privrelease.mechanisms import composition, pld
+from privrelease.mechanisms.events import SDGS, Composed, Laplace, SPLUGen
+from privrelease.mechanisms.sdgs_math import delta_exact
+
+ADULT = SDGS(k=20, beta=0.1, epsilon=1.0)
+
+
+def test_twelve_monthly_runs_by_pld_and_every_candidate_reported():
+    result = composition.epsilon_at([ADULT], 1e-6, times=12)
+    assert result.method == composition.PLD and result.releases == 12
+    assert result.epsilon < 0.5
+    assert result.candidates[composition.BASIC][0] == pytest.approx(12.0)
+    assert result.epsilon == min(e for e, _ in result.candidates.values())
+    assert result.epsilon < result.candidates[composition.OPTIMAL][0]
+
+
+def test_one_sdgs_release_is_the_exact_profile_inverted():
+    result = composition.epsilon_at([ADULT], 1e-9)
+    assert result.method == composition.EXACT
+    assert delta_exact(20, 0.1, result.epsilon).delta <= 1e-9
+    assert delta_exact(20, 0.1, result.epsilon * (1 - 1e-6)).delta > 1e-9
+    at = composition.delta_at([ADULT], 1.0)
+    assert at.method == composition.EXACT and at.delta == delta_exact(20, 0.1, 1.0).delta
+
+
+@pytest.mark.parametrize("epsilons", [(1.0, 1.0), (0.5, 1.0, 2.0), (1.0, 0.7, 0.7, 1.5)])
+def test_pld_is_never_looser_than_optimal_composition_beyond_the_discretization(epsilons):
+    releases = [SDGS(k=10, beta=0.2, epsilon=e) for e in epsilons]
+    result = composition.epsilon_at(releases, 1e-5)
+    pld_eps = result.candidates[composition.PLD][0]
+    optimal_eps = result.candidates[composition.OPTIMAL][0]
+    assert pld_eps <= optimal_eps + len(releases) * pld.DISCRETIZATION
+
+
+def test_delta_and_epsilon_queries_agree():
+    events = [ADULT, Laplace(scale=4.0, sensitivity=1.0)]
+    at = composition.epsilon_at(events, 1e-6, times=6)
+    back = composition.delta_at(events, at.epsilon, times=6)
+    assert back.delta <= 1e-6 * (1 + 1e-9)
+    assert composition.delta_at(events, at.epsilon * 0.98, times=6).delta > 1e-6
+
+
+def test_trees_are_flattened_and_counted():
+    tree = Composed(events=(ADULT, Laplace(scale=2.0, sensitivity=1.0)))
+    assert composition.epsilon_at([tree], 1e-6, times=3).releases == 6
+
+
+def test_what_is_not_dp_fails_closed():
+    result = composition.epsilon_at([ADULT, SPLUGen(gamma=5)], 1e-6)
+    assert not result.supported and math.isinf(result.epsilon) and result.delta == 1.0
+    assert "not differential privacy" in result.detail
+    assert not composition.delta_at([SDGS(k=5, beta=1.0, epsilon=1.0)], 1.0).supported
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -1e-9, math.nan])
+def test_delta_outside_the_unit_interval_is_refused(bad):
+    with pytest.raises(ValueError, match="delta must be in"):
+        composition.epsilon_at([ADULT], bad)

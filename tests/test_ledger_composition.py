@@ -1,0 +1,135 @@
+"""The ledger under approximate DP: histories compose through privacy loss distributions, a
+release is admitted exactly while the composed delta at the lifetime epsilon stays within the
+lifetime delta, the runway counts the runs left, and racing processes never overspend."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_audit_chain import BACKENDS, FINGERPRINT, POLICY, POLICY_SHA, audit_database, check
+
+from privrelease.audit import approvals, database, ledger, records
+from privrelease.errors import TargetNotMet
+from privrelease.mechanisms import composition
+from privrelease.mechanisms.events import SDGS, event_to_json
+
+ADULT = SDGS(k=20, beta=0.1, epsilon=1.0)
+LIFETIME = ledger.Budget(1.25, 1e-6)
+
+
+@pytest.fixture(params=BACKENDS)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    with audit_database(request.param, tmp_path) as engine:
+        yield engine
+
+
+def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
+    with database.session(engine) as s:
+        approvals.register_policy(s, POLICY)
+        records.register_dataset(
+            s,
+            FINGERPRINT,
+            size_bytes=100,
+            row_count=10,
+            lifetime_epsilon=budget.epsilon,
+            lifetime_delta=budget.delta,
+            notion="approximate",
+            label="census.csv",
+        )
+        return [records.start_run(s, policy_sha256=POLICY_SHA, code_version="test").id for _ in range(runs)]
+
+
+def crossing(event: Any, budget: ledger.Budget, upto: int) -> int:
+    """The number of runs that fit, by a plain scan of the composed curve (no search)."""
+    for runs in range(1, upto + 1):
+        if composition.delta_at([event], budget.epsilon, times=runs).delta > budget.delta * (1 + ledger.RELATIVE_SLACK):
+            return runs - 1
+    return upto
+
+
+def test_monthly_adult_releases_are_admitted_exactly_until_the_curve_crosses_the_budget(engine: Any) -> None:
+    expected = crossing(ADULT, LIFETIME, 120)
+    assert 60 < expected < 120  # the budget binds inside ten years of monthly runs
+    runs = setup_dataset(engine, LIFETIME, runs=120)
+    with database.session(engine, readonly=True) as s:
+        assert ledger.runway(ledger.ledger_status(s, FINGERPRINT), ADULT).runs == expected
+    admitted = 0
+    for run in runs:
+        try:
+            with database.session(engine) as s:
+                reservation = ledger.reserve(s, FINGERPRINT, run, ADULT, "approximate")
+                ledger.commit(s, reservation)
+            admitted += 1
+        except TargetNotMet as refusal:
+            assert "would be exceeded" in str(refusal)
+            break
+    assert admitted == expected
+    with database.session(engine, readonly=True) as s:
+        status = ledger.ledger_status(s, FINGERPRINT)
+        assert status.spent.fits(status.budget) and status.spent.delta == LIFETIME.delta
+        assert status.spent.epsilon == pytest.approx(
+            composition.epsilon_at([ADULT], LIFETIME.delta, times=expected).epsilon
+        )
+        assert ledger.runway(status, ADULT).runs == 0
+    assert check(engine).ok
+
+
+def test_runway_counts_down_and_reports_the_next_run(engine: Any) -> None:
+    runs = setup_dataset(engine, LIFETIME, runs=3)
+    with database.session(engine, readonly=True) as s:
+        before = ledger.runway(ledger.ledger_status(s, FINGERPRINT), ADULT)
+    for run in runs[:2]:
+        with database.session(engine) as s:
+            ledger.commit(s, ledger.reserve(s, FINGERPRINT, run, ADULT, "approximate"))
+    with database.session(engine, readonly=True) as s:
+        after = ledger.runway(ledger.ledger_status(s, FINGERPRINT), ADULT)
+    assert after.runs == before.runs - 2
+    assert after.spent.epsilon == pytest.approx(composition.epsilon_at([ADULT], 1e-6, times=2).epsilon)
+    assert after.after_next_run.epsilon == pytest.approx(composition.epsilon_at([ADULT], 1e-6, times=3).epsilon)
+    assert after.this_run.epsilon == pytest.approx(composition.epsilon_at([ADULT], 1e-6).epsilon)
+    assert not after.capped
+
+
+def _race(url: str, run_id: str, event_json: str, barrier: Any, results: Any) -> None:
+    try:
+        engine = database.open_database(url)
+        barrier.wait(30)
+        with database.session(engine) as s:
+            reservation = ledger.reserve(s, FINGERPRINT, run_id, event_json, "approximate")
+        with database.session(engine) as s:
+            ledger.commit(s, reservation)
+        results.put((run_id, "committed"))
+    except TargetNotMet:
+        results.put((run_id, "refused"))
+    except BaseException as error:  # noqa: BLE001  (reported to the parent: the test fails)
+        results.put((run_id, f"error: {error!r}"))
+
+
+def test_processes_racing_for_the_last_composed_slot_never_overspend(engine: Any) -> None:
+    budget = ledger.Budget(composition.epsilon_at([ADULT], 1e-6, times=2).epsilon, 1e-6)
+    runs = setup_dataset(engine, budget, runs=4)
+    url = engine.url.render_as_string(hide_password=False)
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(len(runs)), context.Queue()
+    workers = [context.Process(target=_race, args=(url, run, event_to_json(ADULT), barrier, results)) for run in runs]
+    for worker in workers:
+        worker.start()
+    outcomes = {}
+    for _ in workers:
+        try:
+            run_id, outcome = results.get(timeout=120)
+        except queue.Empty:
+            pytest.fail("a racing process did not report")
+        outcomes[run_id] = outcome
+    for worker in workers:
+        worker.join(30)
+    assert sorted(outcomes.values()) == ["committed"] * 2 + ["refused"] * 2, outcomes
+    with database.session(engine, readonly=True) as s:
+        status = ledger.ledger_status(s, FINGERPRINT)
+        assert len(status.counting) == 2 and status.spent.fits(status.budget)
+    assert check(engine).ok
