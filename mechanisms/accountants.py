@@ -137,7 +137,8 @@ def _composed(event: Composed, notion: Notion) -> Guarantee:
         return unsupported(notion, "; ".join(bad))
     epsilon = math.fsum(part.epsilon for part in parts)
     delta = min(1.0, math.fsum(part.delta for part in parts))
-    detail = f"sequential composition of {len(parts)} releases"
+    count = len(leaves(event))
+    detail = f"sequential composition of {count} release{'s' if count != 1 else ''}"
     if notion == "approximate" and 1 < len(leaves(event)) <= MAX_OPTIMAL_LEAVES and delta > 0:
         optimal = optimal_delta_for_epsilon(event, epsilon)
         if optimal < delta:

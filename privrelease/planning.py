@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from privrelease.mechanisms import accountants, identifiability, splu_guarantees
+from privrelease.mechanisms import accountants, composition, identifiability, splu_guarantees
 from privrelease.mechanisms.events import (
     SDGS,
     Composed,
@@ -194,20 +194,38 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
         if rho is not None:
             facts["rho_achieved"] = rho
         mechanisms.append(MechanismPlan(mechanism.name, mechanism.type, event, guarantees, facts))
-    tree = Composed(events=tuple(m.event for m in mechanisms))
+    tree = mechanisms_tree(mechanisms)
     composed = {notion: accountants.account(tree, notion) for notion in accountants.NOTIONS}
-    facts = _composed_facts(loaded, tree, composed)
+    composed["approximate"], facts = _approximate(loaded, tree, composed["approximate"])
+    facts.update(_composed_facts(loaded, tree))
     checks = _checks(loaded, mechanisms, composed, facts, infeasible)
     return Plan(loaded, mechanisms, tree, composed, facts, checks)
 
 
-def _composed_facts(loaded: LoadedPolicy, tree: Composed, composed) -> dict[str, Any]:
-    facts: dict[str, Any] = {}
+def _approximate(
+    loaded: LoadedPolicy, tree: Composed, stated: accountants.Guarantee
+) -> tuple[accountants.Guarantee, dict[str, Any]]:
+    """The release's approximate-DP guarantee by the tightest composition
+    (:mod:`~privrelease.mechanisms.composition`): the smallest epsilon at the target delta, or
+    without a delta target the delta at the stated epsilons' sum; and the composition's facts
+    (method, every method's answer, the delta at ``max_epsilon``)."""
     targets = loaded.policy.targets
-    approximate = composed["approximate"]
-    dp_leaves = [leaf for leaf in leaves(tree) if not isinstance(leaf, SPLUGen)]
-    if approximate.supported and targets.delta and len(dp_leaves) > 1:
-        facts["approximate_epsilon_at_target_delta"] = accountants.optimal_epsilon_for_delta(tree, targets.delta)
+    releases = leaves(tree)
+    if not stated.supported or not releases or (len(releases) > 1 and targets.accounting != "approximate"):
+        return stated, {}  # composing several releases costs a PLD: only where the policy accounts so
+    if targets.delta is not None:
+        result = composition.epsilon_at([tree], targets.delta)
+    else:
+        result = composition.delta_at([tree], stated.epsilon)
+    facts: dict[str, Any] = {"composition": result.as_dict()}
+    if targets.max_epsilon is not None:
+        facts["approximate_delta_at_max_epsilon"] = composition.delta_at([tree], targets.max_epsilon).delta
+    detail = f"{result.method} of {result.releases} release{'s' if result.releases != 1 else ''}"
+    return accountants.Guarantee("approximate", result.epsilon, result.delta, True, detail), facts
+
+
+def _composed_facts(loaded: LoadedPolicy, tree: Composed) -> dict[str, Any]:
+    facts: dict[str, Any] = {}
     laplace = Composed(events=tuple(leaf for leaf in leaves(tree) if isinstance(leaf, Laplace)))
     if laplace.events:
         facts["rho_composed_statistics"] = accountants.identifiability(laplace)
@@ -227,14 +245,22 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+def mechanisms_tree(mechanisms: list[MechanismPlan]) -> Composed:
+    """The event tree of a release: its mechanisms' events, composed."""
+    return Composed(events=tuple(m.event for m in mechanisms))
+
+
 def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
     targets = loaded.policy.targets
     guarantee = composed[targets.accounting]
     checks = [Check(f"{name}: rho feasible", "rho > 1/m", "infeasible", False) for name in infeasible]
     dp_kinds = {"sdgs", "histogram", "identifiable_statistic"}
+    delta = guarantee.delta
+    if targets.accounting == "approximate":  # the delta at max_epsilon: the same curve, read the other way
+        delta = facts.get("approximate_delta_at_max_epsilon", delta if math.isfinite(guarantee.epsilon) else 1.0)
     for target, limit, value in (
         ("max_epsilon", targets.max_epsilon, guarantee.epsilon),
-        ("delta", targets.delta, guarantee.delta),
+        ("delta", targets.delta, delta),
     ):
         if limit is not None:
             achieved = _fmt(value) if guarantee.supported else f"none: {guarantee.detail}"
@@ -289,6 +315,11 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
             )
     budget = targets.lifetime_budget
     if budget is not None and any(m.type in dp_kinds for m in mechanisms):
+        if guarantee.supported and targets.accounting == "approximate" and 0 < budget.delta < 1:
+            # as the ledger measures it: the epsilon at the lifetime delta
+            guarantee = accountants.Guarantee(
+                "approximate", composition.epsilon_at([mechanisms_tree(mechanisms)], budget.delta).epsilon, budget.delta
+            )
         fits = guarantee.supported and guarantee.epsilon <= budget.epsilon and guarantee.delta <= budget.delta
         checks.append(
             Check(

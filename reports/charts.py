@@ -9,6 +9,9 @@ Every number plotted comes from :mod:`privrelease.mechanisms` (never typed in):
   with each release's epsilon marked.
 * :func:`fsmooth_chart` — the f-smooth curve delta0 f(x) at epsilon = x eps0 (Theorem 6) of the
   release's SDGS releases composed by Theorem 5 (:func:`~privrelease.mechanisms.accountants.fsmooth`).
+* :func:`ledger_chart` — the dataset's lifetime privacy curve: delta against epsilon of every
+  counting release composed before and after this one
+  (:func:`~privrelease.audit.ledger.history_curve`), with the lifetime budget marked.
 * :func:`splu_charts` — SPLU-Gen's probability that a true count f = 1..30 is estimated with a
   relative error above eps (Fu et al., Lemma 2, Fig. 5;
   :func:`~privrelease.mechanisms.splu_guarantees.privacy_curve`).
@@ -651,3 +654,66 @@ def all_charts(plan: Plan) -> list[Chart]:
     if smooth is not None:
         charts.append(smooth)
     return charts + splu_charts(plan)
+
+
+def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:
+    """The composed privacy curve of the dataset's history (``curve`` as
+    :func:`privrelease.audit.ledger.history_curve` makes it): delta against epsilon before and
+    after this release, log scale, with the lifetime budget (epsilon, delta) marked."""
+    epsilons, budget = curve["epsilons"], curve["budget"]
+
+    def log10(value: float | None) -> float | None:
+        return None if value is None else max(math.log10(value), LOG10_FLOOR) if value > 0 else LOG10_FLOOR
+
+    series = [
+        Series(
+            f"before this release ({curve['releases_before']} releases)",
+            [(e, log10(d)) for e, d in zip(epsilons, curve["before"], strict=True)],
+            PALETTE[0],
+            "7 3",
+        ),
+        Series(
+            f"after this release ({curve['releases_after']} releases)",
+            [(e, log10(d)) for e, d in zip(epsilons, curve["after"], strict=True)],
+            PALETTE[1],
+        ),
+    ]
+    point = Point(
+        budget["epsilon"],
+        log10(budget["delta"]) or LOG10_FLOOR,
+        PALETTE[2],
+        f"lifetime budget: ε = {fmt(budget['epsilon'])}, δ = {fmt(budget['delta'])}",
+        {"epsilon": float(budget["epsilon"]), "delta": float(budget["delta"])},
+        "the lifetime budget (ε, δ)",
+    )
+    values = [y for s in series for _, y in s.points if y is not None] + [point.y]
+    title = "Lifetime privacy curve of the dataset"
+    runway = curve["runway"]
+    svg = plot(
+        chart_id=chart_id,
+        title=title,
+        description=(
+            f"Composed delta against epsilon of every counting release of the dataset, before and after "
+            f"this release (log scale); the lifetime budget is epsilon {fmt(budget['epsilon'])}, delta "
+            f"{fmt(budget['delta'])}."
+        ),
+        x_label="ε",
+        y_label="δ (log scale)",
+        x_range=(0.0, max(epsilons)),
+        y_range=_decade_range(values),
+        log_y=True,
+        series=series,
+        points=[point],
+        rules=[Rule("x", budget["epsilon"], "lifetime ε")],
+    )
+    rows = tuple(
+        (fmt(e), fmt(before), fmt(after))
+        for e, before, after in zip(epsilons, curve["before"], curve["after"], strict=True)
+    )[:: max(1, len(epsilons) // 12)]
+    more = "+" if runway["capped"] else ""
+    caption = (
+        f"The releases compose to a curve that stays below the budget point while the release fits "
+        f"(composed by {curve['method']}). After this release, {runway['runs']}{more} more run"
+        f"{'s' if runway['runs'] != 1 else ''} of this policy fit the lifetime budget."
+    )
+    return Chart(chart_id, title, caption, svg, ("ε", "δ before", "δ after"), rows)

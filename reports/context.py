@@ -36,6 +36,8 @@ class ReportContext:
     - ``budget``: the dataset's lifetime budget ``{epsilon, delta}`` or None.
     - ``ledger_before`` / ``ledger_after``: ``{epsilon, delta}`` spent (stored trees composed)
       before and after this release.
+    - ``ledger_curve``: the dataset's composed privacy curve before and after this release and
+      the runway (:func:`privrelease.audit.ledger.history_curve`), or None.
     - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
     - ``timings``: step -> seconds.
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
@@ -54,6 +56,7 @@ class ReportContext:
     budget: dict[str, float] | None = None
     ledger_before: dict[str, float] | None = None
     ledger_after: dict[str, float] | None = None
+    ledger_curve: dict[str, Any] | None = None
     outputs: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)

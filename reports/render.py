@@ -36,7 +36,7 @@ from privrelease.mechanisms.events import (
     leaves,
 )
 from privrelease.reports import jinja_environment, report_sha256, write_html
-from privrelease.reports.charts import all_charts, fmt
+from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
 
 __all__ = [
@@ -319,6 +319,7 @@ def view(context: ReportContext) -> dict[str, Any]:
             "code_version": context.code_version,
             "dataset": context.dataset,
             "ledger": ledger_rows,
+            "ledger_chart": None if context.ledger_curve is None else ledger_chart(context.ledger_curve),
             "timings": list(context.timings.items()),
             "total_seconds": sum(context.timings.values()) if context.timings else None,
             "facts": internal_facts,

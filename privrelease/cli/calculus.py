@@ -96,6 +96,14 @@ def _print_plan(result) -> None:
         composed.add_row(notion, _fmt(g.epsilon), _fmt(g.delta, 3) if g.supported else "none", g.detail)
     console.print(composed)
     for key, value in result.facts.items():
+        if key == "composition":
+            console.print(
+                f"  approximate composition of {value['releases']} release(s): epsilon {_fmt(value['epsilon'])} "
+                f"at delta {_fmt(value['delta'], 3)} by {value['method']}; "
+                + ", ".join(f"{name} {_fmt(c['epsilon'])}" for name, c in value["candidates"].items()),
+                highlight=False,
+            )
+            continue
         console.print(
             f"  {key}: {value if isinstance(value, str) else _fmt(value) if not isinstance(value, dict) else value}",
             highlight=False,
