@@ -54,6 +54,7 @@ __all__ = [
     "VerifyResult",
     "append",
     "canonical_json",
+    "columns_sha256",
     "file_sha256",
     "head",
     "lock",
@@ -103,10 +104,15 @@ def sha256_text(text: str) -> str:
 
 
 def row_sha256(row: SQLModel) -> str:
-    """Content hash of a table row: sha256 of the canonical JSON of ``{"table", "columns"}``."""
+    """Content hash of a table row: :func:`columns_sha256` of all its columns."""
     table = row.__table__  # type: ignore[attr-defined]
-    columns = {column.name: getattr(row, column.key) for column in table.columns}
-    return sha256_text(canonical_json({"table": table.name, "columns": columns}))
+    return columns_sha256(table.name, {column.name: getattr(row, column.key) for column in table.columns})
+
+
+def columns_sha256(table: str, columns: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of ``{"table": table, "columns": columns}`` (column name ->
+    value): a row's content hash."""
+    return sha256_text(canonical_json({"table": table, "columns": columns}))
 
 
 def record_hash(prev_hash: str, seq: int, time: datetime, kind: str, payload: Any) -> str:
