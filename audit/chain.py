@@ -14,6 +14,10 @@ Appending is serialized: the appender locks the chain-head row (``SELECT ... FOR
 PostgreSQL; on SQLite the writing session already holds the write lock, ``BEGIN IMMEDIATE``),
 and ``seq`` is the primary key, so two processes can never fork the chain.
 
+A schema migration that changes audited rows leaves every existing record as it is and appends
+a record for each row it creates or changes (``<table>_migrated``), so the history before it
+still verifies and each row's newest record describes it as it now is.
+
 Cutting off the newest records (and the rows they describe) leaves a shorter chain that is
 consistent in itself; an externally kept head (:func:`write_head`, a small JSON file
 ``{"seq", "hash"}`` written beside the outputs and printed in the report) detects it:
