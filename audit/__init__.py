@@ -5,6 +5,7 @@ which guarantees, and the privacy budget each dataset has left.
 - :mod:`~privrelease.audit.database`: engine and sessions from the settings, Alembic migrations.
 - :mod:`~privrelease.audit.chain`: the hash-chained audit log, external chain heads, ``verify``.
 - :mod:`~privrelease.audit.approvals`: policy versions and approvals.
+- :mod:`~privrelease.audit.identities`: dataset identities (``dataset.id``) and their vintages (files).
 - :mod:`~privrelease.audit.records`: datasets, runs, outputs, guarantees, reports.
 - :mod:`~privrelease.audit.ledger`: lifetime budgets; reserve / commit / release.
 

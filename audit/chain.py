@@ -14,6 +14,10 @@ Appending is serialized: the appender locks the chain-head row (``SELECT ... FOR
 PostgreSQL; on SQLite the writing session already holds the write lock, ``BEGIN IMMEDIATE``),
 and ``seq`` is the primary key, so two processes can never fork the chain.
 
+A schema migration that changes audited rows leaves every existing record as it is and appends
+a record for each row it creates or changes (``<table>_migrated``), so the history before it
+still verifies and each row's newest record describes it as it now is.
+
 Cutting off the newest records (and the rows they describe) leaves a shorter chain that is
 consistent in itself; an externally kept head (:func:`write_head`, a small JSON file
 ``{"seq", "hash"}`` written beside the outputs and printed in the report) detects it:
@@ -54,6 +58,7 @@ __all__ = [
     "VerifyResult",
     "append",
     "canonical_json",
+    "columns_sha256",
     "file_sha256",
     "head",
     "lock",
@@ -103,10 +108,15 @@ def sha256_text(text: str) -> str:
 
 
 def row_sha256(row: SQLModel) -> str:
-    """Content hash of a table row: sha256 of the canonical JSON of ``{"table", "columns"}``."""
+    """Content hash of a table row: :func:`columns_sha256` of all its columns."""
     table = row.__table__  # type: ignore[attr-defined]
-    columns = {column.name: getattr(row, column.key) for column in table.columns}
-    return sha256_text(canonical_json({"table": table.name, "columns": columns}))
+    return columns_sha256(table.name, {column.name: getattr(row, column.key) for column in table.columns})
+
+
+def columns_sha256(table: str, columns: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of ``{"table": table, "columns": columns}`` (column name ->
+    value): a row's content hash."""
+    return sha256_text(canonical_json({"table": table, "columns": columns}))
 
 
 def record_hash(prev_hash: str, seq: int, time: datetime, kind: str, payload: Any) -> str:

@@ -193,14 +193,35 @@ def current_revision(engine: sa.Engine) -> str | None:
 def migrate(engine: sa.Engine | None = None, revision: str = "head") -> None:
     """``alembic upgrade <revision>`` on ``engine`` (default: the settings' database), in one
     transaction that concurrent migrators wait for (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL:
-    an advisory lock), so two processes starting on a fresh database do not collide."""
+    an advisory lock), so two processes starting on a fresh database do not collide.
+
+    SQLite: foreign keys are off while the tables are rebuilt (a rebuilt parent table is
+    dropped and renamed back), and ``PRAGMA foreign_key_check`` must find nothing before the
+    transaction commits."""
     from alembic import command
 
     engine = engine or get_engine()
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
-        command.upgrade(alembic_config(connection), revision)
+    with engine.connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            _sqlite_foreign_keys(connection, False)  # only takes effect outside a transaction
+        try:
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+                command.upgrade(alembic_config(connection), revision)
+                if sqlite:
+                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    assert not broken, f"migration left rows with dangling foreign keys: {broken[:5]}"
+        finally:
+            if sqlite:
+                _sqlite_foreign_keys(connection, True)
+
+
+def _sqlite_foreign_keys(connection: sa.Connection, on: bool) -> None:
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    driver.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
 
 
 def open_database(url: str | None = None) -> sa.Engine:

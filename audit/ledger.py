@@ -1,5 +1,6 @@
-"""The privacy ledger: every dataset fingerprint has a lifetime budget, and every release from it
-charges its privacy-event tree.
+"""The privacy ledger: every dataset identity (the population the data is about, a policy's
+``dataset.id``) has a lifetime budget, and every release from any of its files (vintages, by
+fingerprint) charges its privacy-event tree.
 
 What has been spent is the **composition of the stored trees** under the dataset's accountant,
 never a running sum of numbers: an auditor replays exactly the trees stored here. Under
@@ -30,7 +31,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from privrelease.audit import chain
-from privrelease.audit.models import Dataset, LedgerEntry, Run, utcnow
+from privrelease.audit.models import Dataset, DatasetIdentity, LedgerEntry, Run, utcnow
 from privrelease.audit.records import attach_dataset, finish_run
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.settings import get_settings
@@ -47,6 +48,7 @@ __all__ = [
     "reserve",
     "resolve_lifetime_budget",
     "runway",
+    "status_for",
 ]
 
 RELATIVE_SLACK = 1e-9
@@ -102,11 +104,11 @@ class Reservation:
 
 @dataclass(frozen=True)
 class LedgerStatus:
-    """A dataset's ledger now: its entries (oldest first), what the counting ones compose to,
-    and the remainder (a display figure; the check composes): under approximate DP the
-    epsilon left at the lifetime delta, otherwise ``budget - spent`` componentwise."""
+    """A dataset identity's ledger now: its entries (oldest first), what the counting ones
+    compose to, and the remainder (a display figure; the check composes): under approximate DP
+    the epsilon left at the lifetime delta, otherwise ``budget - spent`` componentwise."""
 
-    dataset: Dataset
+    dataset: DatasetIdentity
     budget: Budget
     entries: list[LedgerEntry]
     counting: list[LedgerEntry]
@@ -186,34 +188,50 @@ def _trees(entries: list[LedgerEntry]) -> list[Any]:
     return [event_from_json(entry.event_json) for entry in entries]
 
 
-def _dataset(session: Session, dataset: Dataset | str) -> Dataset:
-    fingerprint = dataset.fingerprint if isinstance(dataset, Dataset) else dataset
-    found = session.get(Dataset, fingerprint)
-    if found is None:
+def _dataset(session: Session, dataset: DatasetIdentity | Dataset | str) -> tuple[DatasetIdentity, Dataset | None]:
+    """The identity named by ``dataset`` (an identity or its id, or a vintage or its full
+    fingerprint), and the vintage when one was named."""
+    ref = dataset.id if isinstance(dataset, DatasetIdentity) else dataset
+    vintage = dataset if isinstance(dataset, Dataset) else None
+    if isinstance(ref, str):
+        found = session.get(DatasetIdentity, ref)
+        if found is not None:
+            return found, None
+        vintage = session.get(Dataset, ref.lower())
+    if vintage is None:
         raise UserError(
-            f"dataset {fingerprint[:12]} is not registered in the audit database "
+            f"dataset {str(ref)[:64]!r} is not registered in the audit database "
             "(privrelease.audit.records.register_dataset)"
         )
-    return found
+    found = session.get(DatasetIdentity, vintage.identity_id)
+    assert found is not None, f"vintage {vintage.fingerprint} of unknown identity {vintage.identity_id}"
+    return found, vintage
 
 
-def _entries(session: Session, fingerprint: str) -> list[LedgerEntry]:
+def _entries(session: Session, identity_id: str) -> list[LedgerEntry]:
     statement = (
         select(LedgerEntry)
-        .where(LedgerEntry.dataset_fingerprint == fingerprint)
+        .where(LedgerEntry.dataset_id == identity_id)
         .order_by(col(LedgerEntry.id))
         .execution_options(populate_existing=True)
     )
     return list(session.exec(statement).all())
 
 
-def _name(dataset: Dataset) -> str:
-    return dataset.fingerprint[:12] + (f" ({dataset.label})" if dataset.label else "")
+def _name(dataset: DatasetIdentity) -> str:
+    return dataset.id + (" (migrated from a fingerprint-keyed ledger)" if dataset.migrated else "")
+
+
+def _file(vintage: Dataset | None) -> str:
+    if vintage is None:
+        return ""
+    label = f"{vintage.label}, " if vintage.label else ""
+    return f"; this run reads file {label}sha256 {vintage.fingerprint[:12]}"
 
 
 def reserve(
     session: Session,
-    dataset: Dataset | str,
+    dataset: DatasetIdentity | Dataset | str,
     run_id: str,
     event_tree: Any,
     notion: str,
@@ -223,7 +241,8 @@ def reserve(
     now: datetime | None = None,
 ) -> Reservation:
     """Reserve ``event_tree`` (an event, or its ``event_to_json`` text) of run ``run_id`` against
-    the lifetime budget of ``dataset`` (a registered fingerprint), under ``notion``.
+    the lifetime budget of ``dataset`` (a registered identity or its id; or a vintage or its
+    fingerprint, which names its identity and is attached to the run), under ``notion``.
 
     In one transaction, under the audit write lock: expired reservations are released, the
     stored trees that count plus the new one are composed, and if they fit the budget the
@@ -243,7 +262,7 @@ def reserve(
     event_json = event_to_json(event)
     chain.lock(session)
     reap_expired(session, now=now)
-    ds = _dataset(session, dataset)
+    ds, vintage = _dataset(session, dataset)
     limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
     if notion != ds.notion:
         raise UserError(
@@ -260,10 +279,17 @@ def reserve(
     run = session.get(Run, run_id)
     if run is None:
         raise UserError(f"no run with id {run_id!r}: start_run before reserving budget")
-    if run.dataset_fingerprint != ds.fingerprint:
-        attach_dataset(session, run, ds.fingerprint)
+    if vintage is not None and run.dataset_fingerprint != vintage.fingerprint:
+        attach_dataset(session, run, vintage.fingerprint)
+    elif vintage is None and run.dataset_fingerprint is not None:
+        vintage = session.get(Dataset, run.dataset_fingerprint)
+        if vintage is not None and vintage.identity_id != ds.id:
+            raise UserError(
+                f"run {run_id} reads file sha256 {vintage.fingerprint[:12]}, a vintage of dataset "
+                f"{vintage.identity_id}, not of {ds.id}: it cannot charge {ds.id}'s budget"
+            )
 
-    entries = _entries(session, ds.fingerprint)
+    entries = _entries(session, ds.id)
     counting = [entry for entry in entries if _counts(entry, now)]
     if any(entry.run_id == run_id for entry in counting):
         raise LedgerStateError(f"run {run_id} already holds budget of dataset {_name(ds)}")
@@ -278,11 +304,12 @@ def reserve(
             f"accountant: lifetime budget {limit}; already spent {spent_before} by "
             f"{len(counting)} release(s) ({committed} committed, {len(counting) - committed} "
             f"reserved); this release needs {this_release}; together {total_after}"
+            f"{_file(vintage)}"
         )
     ttl = get_settings().reservation_ttl_seconds if ttl_seconds is None else ttl_seconds
     assert ttl > 0, f"ttl_seconds must be > 0; got {ttl}"
     entry = LedgerEntry(
-        dataset_fingerprint=ds.fingerprint,
+        dataset_id=ds.id,
         run_id=run_id,
         notion=notion,
         event_json=event_json,
@@ -293,11 +320,11 @@ def reserve(
         updated_at=now,
         expires_at=now + timedelta(seconds=ttl),
     )
-    chain.append(session, "ledger_reserved", entry, run=run_id, dataset=ds.fingerprint)
+    chain.append(session, "ledger_reserved", entry, run=run_id, dataset=ds.id)
     assert entry.id is not None and entry.expires_at is not None
     return Reservation(
         entry_id=entry.id,
-        dataset=ds.fingerprint,
+        dataset=ds.id,
         run_id=run_id,
         notion=notion,
         expires_at=entry.expires_at,
@@ -382,11 +409,14 @@ def reap_expired(session: Session, *, now: datetime | None = None) -> list[Ledge
     return reaped
 
 
-def ledger_status(session: Session, dataset: Dataset | str, *, now: datetime | None = None) -> LedgerStatus:
-    """A dataset's ledger: entries, the composition of the counting trees, what remains."""
+def ledger_status(
+    session: Session, dataset: DatasetIdentity | Dataset | str, *, now: datetime | None = None
+) -> LedgerStatus:
+    """A dataset identity's ledger (named as in :func:`reserve`): entries, the composition of
+    the counting trees, what remains."""
     now = now or utcnow()
-    ds = _dataset(session, dataset)
-    entries = _entries(session, ds.fingerprint)
+    ds, _vintage = _dataset(session, dataset)
+    entries = _entries(session, ds.id)
     counting = [entry for entry in entries if _counts(entry, now)]
     limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
     spent = _account(_trees(counting), ds.notion, limit)
@@ -402,6 +432,17 @@ def ledger_status(session: Session, dataset: Dataset | str, *, now: datetime | N
         spent=spent,
         remaining=remaining,
         now=now,
+    )
+
+
+def status_for(session: Session, identity_id: str, budget: Budget, notion: str) -> LedgerStatus:
+    """The ledger of dataset identity ``identity_id``; for one not registered yet, the empty
+    ledger it would start with (``budget`` under ``notion``, nothing spent)."""
+    if session.get(DatasetIdentity, identity_id) is not None:
+        return ledger_status(session, identity_id)
+    fresh = DatasetIdentity(id=identity_id, lifetime_epsilon=budget.epsilon, lifetime_delta=budget.delta, notion=notion)
+    return LedgerStatus(
+        dataset=fresh, budget=budget, entries=[], counting=[], spent=ZERO, remaining=budget, now=utcnow()
     )
 
 

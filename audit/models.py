@@ -7,8 +7,9 @@ content hash, so editing the row itself is detected as well as editing the log.
 
 Conventions: timestamps are UTC (stored naive-UTC, returned timezone-aware); JSON is stored as
 canonical text (sorted keys, no whitespace), never as a database JSON type, so that it hashes
-to the same bytes on SQLite and PostgreSQL. No raw data is ever stored: datasets are known by
-fingerprint, sizes and counts only.
+to the same bytes on SQLite and PostgreSQL. No raw data is ever stored: a dataset is an identity
+(the population it is about, which holds the budget) with vintages (files) known by fingerprint,
+size and row count only.
 """
 
 from __future__ import annotations
@@ -98,19 +99,36 @@ class Approval(ApprovalBase, table=True):
 # --- datasets, runs and what they produced -----------------------------------------------------
 
 
-class DatasetBase(SQLModel):
-    fingerprint: str = Field(primary_key=True, max_length=64)
-    size_bytes: int
-    row_count: int
+class DatasetIdentityBase(SQLModel):
+    id: str = Field(primary_key=True, max_length=100)
     lifetime_epsilon: float
     lifetime_delta: float
     notion: str = Field(max_length=40)
+    migrated: bool = False
+    note: str | None = _text(default=None)
+
+
+class DatasetIdentity(DatasetIdentityBase, table=True):
+    """The population a dataset is about (the policy's ``dataset.id``), holding the lifetime
+    privacy budget, under ``notion``, that every release from any of its files is charged
+    against. ``migrated``: created from a fingerprint-keyed ledger (revision 0002)."""
+
+    __tablename__ = "dataset_identity"
+
+    registered_at: datetime = _when(default_factory=utcnow)
+
+
+class DatasetBase(SQLModel):
+    fingerprint: str = Field(primary_key=True, max_length=64)
+    identity_id: str = Field(foreign_key="dataset_identity.id", index=True, max_length=100)
+    size_bytes: int
+    row_count: int
     label: str | None = Field(default=None, max_length=300)
 
 
 class Dataset(DatasetBase, table=True):
-    """A dataset known only by its fingerprint (sha256 of its bytes), size and row count, with
-    the lifetime privacy budget every release from it is charged against, under ``notion``."""
+    """A vintage of a dataset identity: one file known only by its fingerprint (sha256 of its
+    bytes), size and row count. ``registered_at``: when a run first fingerprinted it."""
 
     __tablename__ = "dataset"
 
@@ -180,7 +198,7 @@ class Guarantee(GuaranteeBase, table=True):
 
 
 class LedgerEntryBase(SQLModel):
-    dataset_fingerprint: str = Field(foreign_key="dataset.fingerprint", index=True, max_length=64)
+    dataset_id: str = Field(foreign_key="dataset_identity.id", index=True, max_length=100)
     run_id: str = Field(foreign_key="run.id", index=True, max_length=32)
     notion: str = Field(max_length=40)
     event_json: str = _text()
@@ -189,7 +207,7 @@ class LedgerEntryBase(SQLModel):
 
 
 class LedgerEntry(LedgerEntryBase, table=True):
-    """One release's charge against a dataset's lifetime budget. ``epsilon``/``delta`` are this
+    """One release's charge against a dataset identity's lifetime budget. ``epsilon``/``delta`` are this
     tree alone (for display); the budget check always composes the stored trees."""
 
     __tablename__ = "ledger_entry"
@@ -252,6 +270,7 @@ AUDITED_TABLES: dict[str, type[SQLModel]] = {
     for cls in (
         PolicyVersion,
         Approval,
+        DatasetIdentity,
         Dataset,
         Run,
         Output,

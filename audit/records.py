@@ -2,7 +2,7 @@
 
 Each function writes its row and appends the hash-chain record describing it
 (:func:`privrelease.audit.chain.append`) in the caller's session; leaving the
-``with session():`` block commits both. Nothing here stores data: datasets are known by
+``with session():`` block commits both. Nothing here stores data: dataset files are known by
 fingerprint, outputs by path and sha256, errors by message.
 
 Run lifecycle: :func:`start_run` (``pending``) -> :func:`attach_dataset` (fingerprint known) ->
@@ -15,7 +15,6 @@ audit order shows the approval and the reservation precede the first read of the
 from __future__ import annotations
 
 import hashlib
-import math
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from privrelease.audit import chain
+from privrelease.audit import chain, identities
 from privrelease.audit.models import (
     Dataset,
     Guarantee,
@@ -54,25 +53,17 @@ __all__ = [
     "store_report",
 ]
 
-HEX = set("0123456789abcdef")
-
 
 def fingerprint_file(path: Path | str) -> str:
-    """sha256 of a dataset file's bytes (the dataset's identity in the ledger)."""
+    """sha256 of a dataset file's bytes (the key of its vintage in the ledger)."""
     return chain.file_sha256(Path(path))
-
-
-def _check_budget(epsilon: float, delta: float) -> None:
-    if not (math.isfinite(epsilon) and epsilon >= 0):
-        raise UserError(f"lifetime budget epsilon must be finite and >= 0; got {epsilon}")
-    if not 0 <= delta < 1:
-        raise UserError(f"lifetime budget delta must be in [0, 1); got {delta}")
 
 
 def register_dataset(
     session: Session,
     fingerprint: str,
     *,
+    identity: str,
     size_bytes: int,
     row_count: int,
     lifetime_epsilon: float,
@@ -80,52 +71,30 @@ def register_dataset(
     notion: str,
     label: str | None = None,
 ) -> Dataset:
-    """Register a dataset by fingerprint with its lifetime budget, or return the registered one.
-
-    The budget and notion are fixed at first registration: a later registration stating another
-    budget or notion raises :class:`UserError` (a budget that could be raised is no budget).
-    """
-    fingerprint = fingerprint.lower()
-    if len(fingerprint) != 64 or not set(fingerprint) <= HEX:
-        raise UserError(f"dataset fingerprint must be 64 hex digits (sha256); got {fingerprint!r}")
-    _check_budget(lifetime_epsilon, lifetime_delta)
-    chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
-    existing = session.get(Dataset, fingerprint)
-    if existing is not None:
-        stated = (lifetime_epsilon, lifetime_delta, notion)
-        stored = (existing.lifetime_epsilon, existing.lifetime_delta, existing.notion)
-        if stated != stored:
-            raise UserError(
-                f"dataset {fingerprint[:12]} already has lifetime budget epsilon="
-                f"{stored[0]:g}, delta={stored[1]:g} under the {stored[2]} accountant; "
-                f"got epsilon={stated[0]:g}, delta={stated[1]:g} ({stated[2]}): a dataset's "
-                "lifetime budget cannot be changed"
-            )
-        assert (existing.size_bytes, existing.row_count) == (size_bytes, row_count), (
-            f"dataset {fingerprint}: same sha256, different size or row count"
-        )
-        return existing
-    dataset = Dataset(
-        fingerprint=fingerprint,
-        size_bytes=size_bytes,
-        row_count=row_count,
+    """Register the dataset identity ``identity`` with its lifetime budget (fixed at first
+    registration: another budget or notion raises :class:`UserError`) and the file
+    ``fingerprint`` as a vintage of it; returns the vintage
+    (:mod:`privrelease.audit.identities`)."""
+    identities.register_identity(
+        session,
+        identity,
         lifetime_epsilon=lifetime_epsilon,
         lifetime_delta=lifetime_delta,
         notion=notion,
-        label=label,
     )
-    chain.append(session, "dataset_registered", dataset)
-    return dataset
+    return identities.register_vintage(
+        session, identity, fingerprint, size_bytes=size_bytes, row_count=row_count, label=label
+    )
 
 
 def list_datasets(session: Session) -> list[Dataset]:
-    """Every registered dataset, oldest first."""
+    """Every registered vintage (file), oldest first."""
     statement = select(Dataset).order_by(col(Dataset.registered_at))
     return list(session.exec(statement).all())
 
 
 def find_dataset(session: Session, ref: str) -> Dataset:
-    """A dataset by full fingerprint, unique fingerprint prefix, or label."""
+    """A vintage (file) by full fingerprint, unique fingerprint prefix, or label."""
     ref = ref.strip()
     exact = session.get(Dataset, ref.lower())
     if exact is not None:

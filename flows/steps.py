@@ -14,8 +14,9 @@ A release, in order (each step's result is a small, picklable summary; no step r
    for a rerun against the repeated run's fingerprint.
 4. :func:`plan_release` - every guarantee from the policy alone; refuses (TargetNotMet) when a
    target is missed.
-5. :func:`reserve_budget` - register the dataset with its lifetime budget and reserve the
-   release's event tree in one transaction (TargetNotMet when the budget would be exceeded).
+5. :func:`reserve_budget` - register the dataset identity (``dataset.id``, required when the
+   release charges a budget) with its lifetime budget and the file as its vintage, and reserve
+   the release's event tree in one transaction (TargetNotMet when the budget would be exceeded).
 6. :func:`read_data` - record the data-read time (after the approval and the reservation),
    then read and check the declared columns.
 7. :func:`run_mechanism` - one policy mechanism on the data, its output written to the staging
@@ -488,6 +489,7 @@ def verify_policy(
     if output_format not in OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
     loaded = policy.load()
+    loaded.require_dataset_id()  # refused before anything is recorded or read
     facts = approvals.policy_facts(loaded)
     settings = get_settings()
     production = settings.production if production is None else production
@@ -755,14 +757,16 @@ def plan_release(run: RunContext) -> PlanSummary:
 
 
 def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) -> ReservationFacts | None:
-    """In one transaction, committed before the data is read: register the dataset (first
-    time: with the policy's lifetime budget, else the ``default_lifetime_budget`` setting; a
-    different budget than registered is refused), attach it to the run, and reserve the DP part
-    of the release's event tree against its budget. None when nothing is charged (then the
-    dataset is registered only when a lifetime budget is known)."""
+    """In one transaction, committed before the data is read: register the dataset identity
+    ``dataset.id`` (first time: with the policy's lifetime budget, else the
+    ``default_lifetime_budget`` setting; a different budget than registered is refused) and the
+    file as its vintage, attach the file to the run, and reserve the DP part of the release's
+    event tree against the identity's budget. None when nothing is charged (then the dataset is
+    registered only when its id and a lifetime budget are known)."""
     from privrelease.audit import ledger, records
 
-    targets = run.loaded().policy.targets
+    policy = run.loaded().policy
+    targets, dataset_id = policy.targets, policy.dataset.id
     with _session() as s:
         try:
             budget = ledger.resolve_lifetime_budget(targets.lifetime_budget)
@@ -770,10 +774,11 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
             if plan.charged_event_json is not None:
                 raise
             budget = None
-        if budget is not None:
+        if budget is not None and dataset_id is not None:
             records.register_dataset(
                 s,
                 dataset.sha256,
+                identity=dataset_id,
                 size_bytes=dataset.size_bytes,
                 row_count=dataset.rows,
                 lifetime_epsilon=budget.epsilon,
@@ -784,7 +789,8 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
             records.attach_dataset(s, run.run_id, dataset.sha256)
         if plan.charged_event_json is None:
             return None
-        reservation = ledger.reserve(s, dataset.sha256, run.run_id, plan.charged_event_json, plan.notion)
+        assert dataset_id is not None, "verify_policy refuses a charged release without dataset.id"
+        reservation = ledger.reserve(s, dataset_id, run.run_id, plan.charged_event_json, plan.notion)
     return ReservationFacts(
         entry_id=reservation.entry_id,
         dataset=reservation.dataset,

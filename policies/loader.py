@@ -26,6 +26,7 @@ import yaml
 from pydantic import ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from privrelease import identity
 from privrelease.errors import UserError
 from privrelease.mechanisms.schemes import ColumnScheme
 
@@ -67,6 +68,19 @@ class LoadedPolicy:
     def dataset_path(self) -> Path:
         """Where the dataset is."""
         return self.resolve(self.policy.dataset.path)
+
+    def require_dataset_id(self) -> str | None:
+        """``dataset.id``; :class:`UserError` when it is missing and a release charges the
+        lifetime budget (which belongs to the people, so a run must say who they are)."""
+        dataset_id = self.policy.dataset.id
+        if dataset_id is None and self.policy.charges_budget:
+            where = f"policy {self.path}" if self.path else f"policy {self.policy.name}@{self.policy.version}"
+            raise UserError(
+                f"{where}: dataset.id is required for a release that charges the lifetime privacy "
+                "budget; it names the population the data is about, and every file about the same "
+                f"people shares its budget. Add it under dataset:, e.g. `id: {identity.EXAMPLE}`"
+            )
+        return dataset_id
 
     def scheme(self, column: str, candidate: str | None = None) -> ColumnScheme:
         """The compiled scheme of ``column`` (from ``candidate`` when it defines the column)."""

@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from privrelease import identity
 from privrelease.mechanisms.schemes import (
     Bins,
     ColumnScheme,
@@ -284,9 +285,21 @@ def _as_column_value(kind: str, index: int, value: Any) -> Any:
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 
 
-class Dataset(_Model):
-    """The input: where it is, how to read it, and the columns the policy uses."""
+def _dataset_id(value: str) -> str:
+    message = identity.problem(value)
+    if message:
+        raise ValueError(message)
+    return value
 
+
+DatasetId = Annotated[StrictStr, AfterValidator(_dataset_id)]
+
+
+class Dataset(_Model):
+    """The input: who it is about (``id``: the population, which holds the lifetime budget),
+    where it is, how to read it, and the columns the policy uses."""
+
+    id: DatasetId | None = None
     path: Name
     format: Literal["csv", "parquet"] = "csv"
     csv: CsvOptions | None = None
@@ -744,6 +757,12 @@ class Policy(_Model):
         if candidate is not None and column in self.candidate_schemes.get(candidate, {}):
             return self.candidate_schemes[candidate][column]
         return self.generalization.get(column)
+
+    @property
+    def charges_budget(self) -> bool:
+        """True when a release charges the lifetime budget: it has a mechanism that is not
+        SPLU-Gen (SPLU-Gen is not DP, so no DP ledger can account it)."""
+        return any(mechanism.type != "splu_gen" for mechanism in self.mechanisms)
 
     def mechanism(self, name: str) -> Mechanism:
         """The mechanism called ``name``."""

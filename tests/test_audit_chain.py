@@ -134,6 +134,7 @@ def populate(engine: Any, out: Path, *, fail: bool = False) -> dict[str, Any]:
         records.register_dataset(
             s,
             FINGERPRINT,
+            identity="census",
             size_bytes=1234,
             row_count=50,
             lifetime_epsilon=2.0,
@@ -202,14 +203,15 @@ def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
     result = check(engine)
     assert result.ok, result.problems
     assert result.first is None
-    assert result.records == 10
+    assert result.records == 11
     assert result.files_checked == 3  # two outputs and the report
     with database.session(engine, readonly=True) as s:
         assert chain.head(s) == result.head
         kinds = [r.kind for r in s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()]
-    assert kinds[:4] == [
+    assert kinds[:5] == [
         "policy_registered",
         "policy_approved",
+        "dataset_identity_registered",
         "dataset_registered",
         "run_started",
     ]
@@ -258,13 +260,13 @@ def test_canonical_json_is_stable() -> None:
         chain.canonical_json({"x": object()})
 
 
-# populate() writes records 1 policy_registered, 2 policy_approved, 3 dataset_registered,
-# 4 run_started, 5 data_read, 6-7 output_recorded, 8 guarantee_recorded, 9 report_stored,
-# 10 run_finished.
+# populate() writes records 1 policy_registered, 2 policy_approved, 3 dataset_identity_registered,
+# 4 dataset_registered, 5 run_started, 6 data_read, 7-8 output_recorded, 9 guarantee_recorded,
+# 10 report_stored, 11 run_finished.
 SWAP = "UPDATE {table} SET {key} = {b} WHERE {key} = {a}"
 EDIT_PAYLOAD = "UPDATE audit_event SET payload_json = replace(payload_json, 'census', 'x')"
 TAMPERINGS = {
-    "edited run row": (["UPDATE run SET code_version = 'evil'"], "row_edited", 10),
+    "edited run row": (["UPDATE run SET code_version = 'evil'"], "row_edited", 11),
     "edited approval row": (
         ["UPDATE approval SET approved_by = 'Mallory'"],
         "row_edited",
@@ -279,17 +281,17 @@ TAMPERINGS = {
     "deleted row": (
         ["DELETE FROM output WHERE path LIKE '%rows.csv'"],
         "row_deleted",
-        7,
+        8,
     ),
-    "deleted record": (["DELETE FROM audit_event WHERE seq = 5"], "records_missing", 5),
+    "deleted record": (["DELETE FROM audit_event WHERE seq = 6"], "records_missing", 6),
     "reordered records": (
         [
-            SWAP.format(table="audit_event", key="seq", a=6, b=-1),
-            SWAP.format(table="audit_event", key="seq", a=7, b=6),
-            SWAP.format(table="audit_event", key="seq", a=-1, b=7),
+            SWAP.format(table="audit_event", key="seq", a=7, b=-1),
+            SWAP.format(table="audit_event", key="seq", a=8, b=7),
+            SWAP.format(table="audit_event", key="seq", a=-1, b=8),
         ],
         "chain_broken",
-        6,
+        7,
     ),
     "reordered rows": (
         [
@@ -298,7 +300,7 @@ TAMPERINGS = {
             SWAP.format(table="output", key="id", a=-1, b=2),
         ],
         "row_edited",
-        6,
+        7,
     ),
 }
 
@@ -320,7 +322,7 @@ def test_a_row_edit_is_named_with_its_table_and_key(engine: Any, tmp_path: Path)
     execute(engine, "UPDATE run SET code_version = 'evil'")
     first = check(engine).first
     assert first is not None
-    assert f"run row '{ids['run']}' was edited after record 10 (run_finished)" in first.message
+    assert f"run row '{ids['run']}' was edited after record 11 (run_finished)" in first.message
 
 
 def test_edited_output_file_is_named(engine: Any, tmp_path: Path) -> None:
@@ -422,26 +424,26 @@ def test_truncation_is_seen_only_against_an_external_head(engine: Any, tmp_path:
         records.store_report(s, ids["run"], "<html>second</html>")
         head_file = chain.write_head(tmp_path / "out" / "audit-head.json", chain.head(s))
     written = chain.read_head(head_file)
-    assert written.seq == 12
+    assert written.seq == 13
     assert check(engine, head=written).ok
 
-    truncate(engine, keep=10)
+    truncate(engine, keep=11)
     assert check(engine).ok  # invisible from inside the database
     result = check(engine, head=written)
     assert result.first is not None
-    assert (result.first.kind, result.first.seq) == ("truncated", 11)
-    assert "records 11..12 were removed" in result.first.message
+    assert (result.first.kind, result.first.seq) == ("truncated", 12)
+    assert "records 12..13 were removed" in result.first.message
 
 
 def test_careless_truncation_is_seen_without_a_head(engine: Any, tmp_path: Path) -> None:
     populate(engine, tmp_path / "out")
-    execute(engine, "DELETE FROM audit_event WHERE seq = 10")
+    execute(engine, "DELETE FROM audit_event WHERE seq = 11")
     result = check(engine)
     kinds = {(p.kind, p.seq) for p in result.problems}
-    assert ("truncated", 10) in kinds  # the chain-head row still says record 10
-    # the run row no longer matches its newest remaining record (data_read, seq 5)
+    assert ("truncated", 11) in kinds  # the chain-head row still says record 11
+    # the run row no longer matches its newest remaining record (data_read, seq 6)
     assert result.first is not None
-    assert (result.first.kind, result.first.seq) == ("row_edited", 5)
+    assert (result.first.kind, result.first.seq) == ("row_edited", 6)
 
 
 def test_external_head_with_another_hash_is_named(engine: Any, tmp_path: Path) -> None:

@@ -154,6 +154,7 @@ def test_ledger_show(db: Any) -> None:
         records.register_dataset(
             s,
             FINGERPRINT,
+            identity="census",
             size_bytes=10,
             row_count=2,
             lifetime_epsilon=10 * one.epsilon,
@@ -165,16 +166,22 @@ def test_ledger_show(db: Any) -> None:
     with database.session(db) as s:
         ledger.commit(s, ledger.reserve(s, FINGERPRINT, run_id, release, "probabilistic"))
     shown = run_json("ledger", "show", FINGERPRINT[:8])
-    assert shown["dataset"] == FINGERPRINT
+    assert shown == run_json("ledger", "show", "census")
+    assert shown["dataset"] == "census" and shown["migrated"] is False
+    (vintage,) = shown["vintages"]
+    assert (vintage["fingerprint"], vintage["label"], vintage["row_count"]) == (FINGERPRINT, "census.csv", 2)
+    assert vintage["runs"] == [] and vintage["first_read"] is None  # reserved, data not read
     assert shown["spent"]["epsilon"] == pytest.approx(one.epsilon)
     assert shown["remaining"]["epsilon"] == pytest.approx(9 * one.epsilon)
     assert [e["state"] for e in shown["entries"]] == ["committed"]
     assert shown["entries"][0]["event"]["event"]["kind"] == "laplace"
-    assert run_json("ledger", "show", "census.csv")["dataset"] == FINGERPRINT
+    assert run_json("ledger", "show", "census.csv")["dataset"] == "census"
     human = run("ledger", "show", "census.csv")
     assert "remaining" in human and "committed" in human
+    assert "'census.csv' is a file of dataset census" in human and FINGERPRINT[:12] in human
     (listed,) = run_json("ledger", "list")["datasets"]
-    assert listed["dataset"] == FINGERPRINT and listed["counting_entries"] == 1
+    assert listed["dataset"] == "census" and listed["counting_entries"] == 1
+    assert listed["files"] == ["census.csv"]
     assert "census.csv" in run("ledger", "list")
     with pytest.raises(UserError, match="no dataset"):
         run("ledger", "show", "ffff")

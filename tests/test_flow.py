@@ -193,10 +193,10 @@ def test_cli_exit_codes(cli, demo_dir, work, monkeypatch):
     assert code == 1 and "does not meet its targets" in err
 
     small = demo_dir / "small.yaml"
-    small.write_text(
-        text.replace("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 5").replace(
-            'version: "1"', 'version: "3"'
-        )
+    small.write_text(  # its own population: the budget of demo-census stays 20
+        text.replace("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 5")
+        .replace('version: "1"', 'version: "3"')
+        .replace("id: demo-census", "id: demo-census-small")
     )
     assert cli("run", str(small))[0] == 0
     code, _, err = cli("run", str(small))
@@ -214,6 +214,13 @@ def test_cli_exit_codes(cli, demo_dir, work, monkeypatch):
     code, _, err = cli("run", str(policy), "--data", str(bad))
     assert code == 2 and "'forty'" in err  # the operator sees the value; the audit does not
     assert "forty" not in runs()[-1].error
+
+    anonymous = demo_dir / "anonymous.yaml"
+    anonymous.write_text(re.sub(r"  id: demo-census.*\n", "", text).replace('version: "1"', 'version: "4"'))
+    before = len(runs())
+    code, _, err = cli("run", str(anonymous))
+    assert code == 2 and "dataset.id is required" in err and "id: adult-census" in err
+    assert len(runs()) == before  # refused before any run, read or record
 
     code, _, err = cli("run", str(policy), "--production")
     assert code == 2 and "is not approved" in err

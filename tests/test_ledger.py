@@ -81,6 +81,7 @@ def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
         records.register_dataset(
             s,
             FINGERPRINT,
+            identity="census",
             size_bytes=100,
             row_count=10,
             lifetime_epsilon=budget.epsilon,
@@ -226,6 +227,7 @@ def test_mismatched_budget_notion_dataset_or_run_are_user_errors(engine: Any) ->
         records.register_dataset(
             s,
             FINGERPRINT,
+            identity="census",
             size_bytes=100,
             row_count=10,
             lifetime_epsilon=99.0,

@@ -34,6 +34,7 @@ def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
         records.register_dataset(
             s,
             FINGERPRINT,
+            identity="census",
             size_bytes=100,
             row_count=10,
             lifetime_epsilon=budget.epsilon,

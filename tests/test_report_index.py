@@ -127,6 +127,7 @@ def add_run(
         records.register_dataset(
             s,
             fingerprint,
+            identity=f"dataset-of-{fingerprint[:12]}",
             size_bytes=1000,
             row_count=100,
             lifetime_epsilon=50,

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from privrelease.cli import audit as audit_commands
-from privrelease.cli import calculus
+from privrelease.cli import calculus, lifetime
 from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
@@ -33,6 +33,7 @@ report_commands.register(app)
 splu_commands.register(app)
 run_commands.register(app)
 deploy_commands.register(app)
+lifetime.register(app)
 
 
 def main() -> None:

@@ -18,7 +18,9 @@ from privrelease.cli.output import console, print_json
 
 policy_app = typer.Typer(help="Approve, list and show policy versions.", no_args_is_help=True)
 audit_app = typer.Typer(help="Check the hash-chained audit log.", no_args_is_help=True)
-ledger_app = typer.Typer(help="The privacy budget of each dataset.", no_args_is_help=True)
+ledger_app = typer.Typer(
+    help="The lifetime privacy budget of each dataset (dataset.id) and its files.", no_args_is_help=True
+)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
@@ -287,23 +289,39 @@ def _entry_dict(status: Any, entry: Any) -> dict[str, Any]:
     }
 
 
+def _vintage_dict(vintage: Any) -> dict[str, Any]:
+    file = vintage.dataset
+    return {
+        "fingerprint": file.fingerprint,
+        "label": file.label,
+        "size_bytes": file.size_bytes,
+        "row_count": file.row_count,
+        "registered_at": _when(file.registered_at),
+        "first_read": _when(vintage.first_read),
+        "runs": vintage.runs,
+    }
+
+
 @ledger_app.command("show")
 def ledger_show(
-    dataset: Annotated[str, typer.Argument(help="Fingerprint, fingerprint prefix or label.")],
+    dataset: Annotated[
+        str, typer.Argument(help="Dataset id (dataset.id), or a file's fingerprint, fingerprint prefix or label.")
+    ],
     json_output: JsonFlag = False,
 ) -> None:
-    """A dataset's charges and its remaining lifetime budget (the stored trees composed)."""
-    from privrelease.audit import ledger, records
+    """A dataset's budget, its files (vintages) and its charges (the stored trees composed)."""
+    from privrelease.audit import identities, ledger
     from privrelease.audit.database import session
 
     with session(_engine(), readonly=True) as s:
-        status = ledger.ledger_status(s, records.find_dataset(s, dataset))
+        found = identities.find_identity(s, dataset)
+        status = ledger.ledger_status(s, found)
+        vintages = [_vintage_dict(v) for v in identities.vintages_of(s, found.id)]
     ds = status.dataset
     document = {
-        "dataset": ds.fingerprint,
-        "label": ds.label,
-        "size_bytes": ds.size_bytes,
-        "row_count": ds.row_count,
+        "dataset": ds.id,
+        "migrated": ds.migrated,
+        "note": ds.note,
         "notion": ds.notion,
         "budget": {"epsilon": status.budget.epsilon, "delta": status.budget.delta},
         "spent": {"epsilon": status.spent.epsilon, "delta": status.spent.delta},
@@ -312,18 +330,17 @@ def ledger_show(
             "delta": status.remaining.delta,
         },
         "counting_entries": len(status.counting),
+        "vintages": vintages,
         "entries": [_entry_dict(status, entry) for entry in status.entries],
     }
     if json_output:
         print_json(document)
         return
-    label = f" ({ds.label})" if ds.label else ""
-    console.print(f"dataset [bold]{ds.fingerprint}[/]{label}", highlight=False, soft_wrap=True)
-    console.print(
-        f"{ds.row_count} rows, {ds.size_bytes} bytes; accountant: {ds.notion}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    if ds.id != dataset.strip():
+        console.print(f"{dataset!r} is a file of dataset {ds.id}", highlight=False, soft_wrap=True)
+    console.print(f"dataset [bold]{ds.id}[/]; accountant: {ds.notion}", highlight=False, soft_wrap=True)
+    if ds.note:
+        console.print(f"[yellow]note:[/] {ds.note}", highlight=False, soft_wrap=True)
     console.print(f"lifetime budget  {status.budget}", highlight=False, soft_wrap=True)
     console.print(
         f"spent            {status.spent}  (composition of {len(status.counting)} stored trees)",
@@ -331,6 +348,16 @@ def ledger_show(
         soft_wrap=True,
     )
     console.print(f"remaining        {status.remaining}", highlight=False, soft_wrap=True)
+    files = Table("file (sha256)", "label", "rows", "first read (UTC)", "runs")
+    for v in vintages:
+        files.add_row(
+            v["fingerprint"][:12],
+            v["label"] or "",
+            str(v["row_count"]),
+            _minute(v["first_read"]) if v["first_read"] else "never",
+            str(len(v["runs"])),
+        )
+    console.print(files)
     if not status.entries:
         console.print("no releases charged yet")
         return
@@ -351,19 +378,19 @@ def ledger_show(
 
 @ledger_app.command("list")
 def ledger_list(json_output: JsonFlag = False) -> None:
-    """Every registered dataset: its lifetime budget and what its stored trees compose to."""
-    from privrelease.audit import ledger, records
+    """Every registered dataset: its lifetime budget, its files and what its trees compose to."""
+    from privrelease.audit import identities, ledger
     from privrelease.audit.database import session
 
     rows = []
     with session(_engine(), readonly=True) as s:
-        for ds in records.list_datasets(s):
+        for ds in identities.list_identities(s):
             status = ledger.ledger_status(s, ds)
             rows.append(
                 {
-                    "dataset": ds.fingerprint,
-                    "label": ds.label,
-                    "row_count": ds.row_count,
+                    "dataset": ds.id,
+                    "migrated": ds.migrated,
+                    "files": [v.dataset.label or v.dataset.fingerprint[:12] for v in identities.vintages_of(s, ds.id)],
                     "notion": ds.notion,
                     "budget": {
                         "epsilon": ds.lifetime_epsilon,
@@ -382,14 +409,14 @@ def ledger_list(json_output: JsonFlag = False) -> None:
     if not rows:
         console.print("no datasets registered yet")
         return
-    table = Table("dataset", "label", "accountant", "epsilon spent / budget")
+    table = Table("dataset", "files", "accountant", "epsilon spent / budget")
     table.add_column("delta spent / budget")
     table.add_column("releases")
     for row in rows:
         budget, spent = row["budget"], row["spent"]
         table.add_row(
-            _short(row["dataset"]),
-            row["label"] or "",
+            row["dataset"],
+            ", ".join(row["files"]),
             row["notion"],
             f"{spent['epsilon']:.4g} / {budget['epsilon']:.4g}",
             f"{spent['delta']:.3g} / {budget['delta']:.3g}",

@@ -429,8 +429,8 @@ def run_command(
     1: a target is not met or the budget is exhausted; 2: invalid input."""
     from privrelease.policies import load_policy
 
-    # a broken policy fails now, not after Prefect's start
-    server = _start_checked(lambda: (load_policy(policy), _check_format(output_format)))
+    # a broken policy (or one charging a budget without dataset.id) fails now, not after Prefect's start
+    server = _start_checked(lambda: (load_policy(policy).require_dataset_id(), _check_format(output_format)))
     _release(
         json_output,
         server,

@@ -1,0 +1,131 @@
+"""``guarantee compose`` and ``ledger runway``: how long a schedule of releases can go on.
+
+Both compose under approximate (eps, delta)-DP by the tightest sound method
+(:mod:`privrelease.mechanisms.composition`); they read no data.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+
+from privrelease.cli.output import console, print_json
+from privrelease.errors import TargetNotMet, UserError
+
+JSON = typer.Option(False, "--json", help="Print one JSON document instead of text.")
+
+
+def register(app: typer.Typer) -> None:
+    from privrelease.cli.audit import ledger_app
+    from privrelease.cli.calculus import guarantee_app
+
+    guarantee_app.command("compose")(guarantee_compose)
+    ledger_app.command("runway")(ledger_runway)
+
+
+def _release_tree(path: Path):
+    """The event tree of one run of the policy at ``path``; UserError for what is not DP."""
+    from privrelease.mechanisms import accountants
+    from privrelease.planning import plan_policy
+    from privrelease.policies import load_policy
+
+    plan = plan_policy(load_policy(path))
+    guarantee = accountants.account(plan.event, "approximate")
+    if not plan.mechanisms or not guarantee.supported:
+        raise UserError(
+            f"{path}: the release has no (epsilon, delta)-DP guarantee to compose: "
+            f"{guarantee.detail or 'no differentially private mechanism'}"
+        )
+    return plan
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}" if math.isfinite(value) else "none"
+
+
+def guarantee_compose(
+    policy: Path = typer.Argument(..., help="The release policy (YAML)."),
+    times: int = typer.Option(..., "--times", help="How many runs of the policy's release to compose (>= 1)."),
+    delta: float | None = typer.Option(None, "--delta", help="Find the smallest epsilon at this delta, in (0, 1)."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Find the delta at this epsilon (>= 0)."),
+    json_out: bool = JSON,
+) -> None:
+    """The (epsilon, delta)-DP of TIMES runs of a policy's release, composed by the tightest
+    sound method (privacy loss distributions, optimal or basic composition). Reads no data."""
+    from privrelease.mechanisms import composition
+
+    if times < 1:
+        raise UserError(f"--times must be an integer >= 1; got {times}")
+    if (delta is None) == (epsilon is None):
+        raise UserError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
+    if delta is not None and not 0 < delta < 1:
+        raise UserError(f"--delta must be in (0, 1); got {delta:g}")
+    if epsilon is not None and not 0 <= epsilon < math.inf:
+        raise UserError(f"--epsilon must be a finite number >= 0; got {epsilon:g}")
+    plan = _release_tree(policy)
+    if delta is not None:
+        result = composition.epsilon_at([plan.event], delta, times=times)
+    else:
+        result = composition.delta_at([plan.event], epsilon, times=times)  # type: ignore[arg-type]
+    document = {
+        "policy": plan.loaded.policy.name,
+        "notion": "approximate",
+        "times": times,
+        **result.as_dict(),
+    }
+    if json_out:
+        print_json(document)
+    else:
+        runs = f"{times} run{'s' if times != 1 else ''}"
+        console.print(
+            f"{runs} of {plan.loaded.policy.name} ({result.releases} releases): "
+            f"({_number(result.epsilon)}, {result.delta:.6g})-DP by {result.method}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        for method, (eps, dlt) in result.candidates.items():
+            console.print(f"  {method}: epsilon {_number(eps)}, delta {dlt:.6g}", highlight=False, soft_wrap=True)
+    if not math.isfinite(result.epsilon):
+        raise TargetNotMet(f"no epsilon reaches delta = {delta:g} for {times} runs of {plan.loaded.policy.name}")
+
+
+def ledger_runway(
+    policy: Path = typer.Argument(..., help="The release policy (YAML) whose next runs are counted."),
+    json_out: bool = JSON,
+) -> None:
+    """How many more runs of a policy fit its dataset's lifetime budget, given what the
+    ledger already holds for the dataset. Reads no data."""
+    from privrelease.audit import ledger
+    from privrelease.audit.database import session
+    from privrelease.cli.audit import _engine
+
+    plan = _release_tree(policy)
+    dataset = plan.loaded.require_dataset_id()
+    stated = plan.loaded.policy.targets.lifetime_budget
+    with session(_engine(), readonly=True) as s:
+        status = ledger.status_for(s, dataset, ledger.resolve_lifetime_budget(stated), plan.notion)
+    result = ledger.runway(status, plan.event)
+    document = {
+        "policy": plan.loaded.policy.name,
+        "dataset": dataset,
+        "notion": status.dataset.notion,
+        "runs": result.runs,
+        "capped": result.capped,
+        "budget": {"epsilon": result.budget.epsilon, "delta": result.budget.delta},
+        "spent": {"epsilon": result.spent.epsilon, "delta": result.spent.delta},
+        "after_next_run": {"epsilon": result.after_next_run.epsilon, "delta": result.after_next_run.delta},
+        "this_run": {"epsilon": result.this_run.epsilon, "delta": result.this_run.delta},
+    }
+    if json_out:
+        print_json(document)
+        return
+    more = f"{result.runs}{'+' if result.capped else ''} more run{'s' if result.runs != 1 else ''}"
+    console.print(
+        f"{more} of {plan.loaded.policy.name} fit the lifetime budget of {dataset} ({result.budget})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"spent now        {result.spent}", highlight=False, soft_wrap=True)
+    console.print(f"after next run   {result.after_next_run}", highlight=False, soft_wrap=True)
