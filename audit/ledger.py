@@ -47,6 +47,7 @@ __all__ = [
     "release",
     "reserve",
     "resolve_lifetime_budget",
+    "history_curve",
     "runway",
     "status_for",
 ]
@@ -496,3 +497,35 @@ def runway(status: LedgerStatus, event_tree: Any) -> Runway:
         after_next_run=after_next,
         this_run=_account([event], notion, limit),
     )
+
+
+def history_curve(session: Session, dataset: str, run_id: str, points: int = 41) -> dict[str, Any] | None:
+    """For the report of run ``run_id``: the composed privacy curve (delta at each epsilon of a
+    grid from 0 past the lifetime epsilon) of the dataset's counting releases before and after
+    this run's, the lifetime budget, and the runway of another run like this one. Only under
+    approximate DP (the papers' probabilistic notion adds stated points: no curve); None when
+    the run holds no counting charge."""
+    import numpy as np
+
+    from privrelease.mechanisms.composition import PLD, delta_curve
+
+    status = ledger_status(session, dataset)
+    mine = [entry for entry in status.counting if entry.run_id == run_id]
+    if not mine or not _at_lifetime_delta(status.dataset.notion, status.budget):
+        return None
+    others = [entry for entry in status.counting if entry.run_id != run_id]
+    before, after = _trees(others), _trees(others + mine)
+    top = 1.25 * max(status.budget.epsilon, min(status.spent.epsilon, 4 * status.budget.epsilon))
+    epsilons = np.linspace(0.0, top, points).tolist()
+    ahead = runway(status, _trees(mine)[0])
+    return {
+        "epsilons": epsilons,
+        "before": delta_curve(before, epsilons) if before else None,
+        "after": delta_curve(after, epsilons),
+        "releases_before": len(before),
+        "releases_after": len(after),
+        "budget": {"epsilon": status.budget.epsilon, "delta": status.budget.delta},
+        "spent": {"epsilon": status.spent.epsilon, "delta": status.spent.delta},
+        "runway": {"runs": ahead.runs, "capped": ahead.capped},
+        "method": PLD if len(after) > 1 else "the exact profile of one release",
+    }

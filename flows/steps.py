@@ -1050,12 +1050,13 @@ def report_context(
     status: str = "succeeded",
 ) -> Any:
     """The :class:`privrelease.reports.context.ReportContext` of a run."""
-    from privrelease.audit import chain
+    from privrelease.audit import chain, ledger
     from privrelease.audit.database import session
     from privrelease.reports.context import ReportContext
 
     with session(_engine(), readonly=True) as s:
         head = chain.head(s)
+        curve = None if reservation is None else ledger.history_curve(s, reservation.dataset, run.run_id)
     internal: dict[str, dict[str, Any]] = {o.mechanism: dict(o.internal_facts) for o in outputs}
     internal["dataset"] = {"rows_read": read.rows_read, "rows_dropped": read.rows_dropped}
     return ReportContext(
@@ -1075,6 +1076,7 @@ def report_context(
         budget=None if reservation is None else reservation.budget,
         ledger_before=None if reservation is None else reservation.before,
         ledger_after=None if reservation is None else reservation.after,
+        ledger_curve=curve,
         outputs=[
             {
                 "mechanism": o.mechanism,

@@ -122,14 +122,16 @@ def _candidates_epsilon(releases: list[Event], delta: float) -> dict[str, tuple[
     return found
 
 
-def _candidates_delta(releases: list[Event], epsilon: float) -> dict[str, tuple[float, float]]:
-    """Every applicable method's delta at ``epsilon``, the preferred method first (ties)."""
+def _candidates_delta(releases: list[Event], epsilon: float, composed: Any = None) -> dict[str, tuple[float, float]]:
+    """Every applicable method's delta at ``epsilon``, the preferred method first (ties);
+    ``composed``: the releases' PLD when already built."""
     points = _points(releases)
     found: dict[str, tuple[float, float]] = {}
     if len(releases) == 1 and isinstance(releases[0], SDGS):
         found[EXACT] = (epsilon, float(delta_exact(releases[0].k, releases[0].beta, epsilon).delta))
     if len(releases) > 1:
-        found[PLD] = (epsilon, pld.delta_for_epsilon(pld.composed_pld(releases), epsilon))
+        composed = composed if composed is not None else pld.composed_pld(releases)
+        found[PLD] = (epsilon, pld.delta_for_epsilon(composed, epsilon))
     if 1 < len(releases) <= MAX_OPTIMAL_LEAVES:
         found[OPTIMAL] = (epsilon, optimal_composition_delta(points, epsilon))
     basic_eps = math.fsum(e for e, _ in points)
@@ -163,3 +165,13 @@ def delta_at(events: Sequence[Event], epsilon: float, times: int = 1) -> Composi
     candidates = _candidates_delta(releases, epsilon)
     method = min(candidates, key=lambda name: candidates[name][1])
     return Composition(epsilon, candidates[method][1], len(releases), method, candidates)
+
+
+def delta_curve(events: Sequence[Event], epsilons: Sequence[float]) -> list[float]:
+    """The composed delta of ``events`` at each of ``epsilons`` (tightest method per point; the
+    privacy loss distribution is built once)."""
+    releases = releases_of(events)
+    if _unsupported(releases) is not None:
+        return [1.0] * len(epsilons)
+    composed = pld.composed_pld(releases) if len(releases) > 1 else None
+    return [min(d for _, d in _candidates_delta(releases, e, composed).values()) for e in epsilons]

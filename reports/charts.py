@@ -661,26 +661,32 @@ def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:
     :func:`privrelease.audit.ledger.history_curve` makes it): delta against epsilon before and
     after this release, log scale, with the lifetime budget (epsilon, delta) marked."""
     epsilons, budget = curve["epsilons"], curve["budget"]
+    floor = math.log10(budget["delta"]) - 8  # eight decades below the budget: enough to read the curves
 
-    def log10(value: float | None) -> float | None:
-        return None if value is None else max(math.log10(value), LOG10_FLOOR) if value > 0 else LOG10_FLOOR
+    def log10(value: float) -> float:
+        return max(math.log10(value), floor) if value > 0 else floor
 
+    before = curve["before"] or [None] * len(epsilons)
     series = [
-        Series(
-            f"before this release ({curve['releases_before']} releases)",
-            [(e, log10(d)) for e, d in zip(epsilons, curve["before"], strict=True)],
-            PALETTE[0],
-            "7 3",
-        ),
         Series(
             f"after this release ({curve['releases_after']} releases)",
             [(e, log10(d)) for e, d in zip(epsilons, curve["after"], strict=True)],
             PALETTE[1],
-        ),
+        )
     ]
+    if curve["before"]:
+        series.insert(
+            0,
+            Series(
+                f"before this release ({curve['releases_before']} releases)",
+                [(e, log10(d)) for e, d in zip(epsilons, before, strict=True)],
+                PALETTE[0],
+                "7 3",
+            ),
+        )
     point = Point(
         budget["epsilon"],
-        log10(budget["delta"]) or LOG10_FLOOR,
+        log10(budget["delta"]),
         PALETTE[2],
         f"lifetime budget: ε = {fmt(budget['epsilon'])}, δ = {fmt(budget['delta'])}",
         {"epsilon": float(budget["epsilon"]), "delta": float(budget["delta"])},
@@ -688,7 +694,6 @@ def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:
     )
     values = [y for s in series for _, y in s.points if y is not None] + [point.y]
     title = "Lifetime privacy curve of the dataset"
-    runway = curve["runway"]
     svg = plot(
         chart_id=chart_id,
         title=title,
@@ -706,14 +711,13 @@ def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:
         points=[point],
         rules=[Rule("x", budget["epsilon"], "lifetime ε")],
     )
-    rows = tuple(
-        (fmt(e), fmt(before), fmt(after))
-        for e, before, after in zip(epsilons, curve["before"], curve["after"], strict=True)
-    )[:: max(1, len(epsilons) // 12)]
+    rows = tuple((fmt(e), fmt(b), fmt(a)) for e, b, a in zip(epsilons, before, curve["after"], strict=True))
+    runway = curve["runway"]
     more = "+" if runway["capped"] else ""
     caption = (
-        f"The releases compose to a curve that stays below the budget point while the release fits "
-        f"(composed by {curve['method']}). After this release, {runway['runs']}{more} more run"
-        f"{'s' if runway['runs'] != 1 else ''} of this policy fit the lifetime budget."
+        f"The release fits while the curve after it passes below the budget point (composed by "
+        f"{curve['method']}; spent: ε = {fmt(curve['spent']['epsilon'])} at the lifetime δ). "
+        f"After this release, {runway['runs']}{more} more run{'s' if runway['runs'] != 1 else ''} "
+        "of this policy fit the lifetime budget."
     )
-    return Chart(chart_id, title, caption, svg, ("ε", "δ before", "δ after"), rows)
+    return Chart(chart_id, title, caption, svg, ("ε", "δ before", "δ after"), rows[:: max(1, len(rows) // 12)])

@@ -27,6 +27,8 @@ from privrelease.audit.models import LedgerEntry, Output, Report, Run
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.flows import steps
 from privrelease.flows.steps import DataStepError, release_plain
+from privrelease.mechanisms import composition
+from privrelease.mechanisms.events import event_from_json
 from privrelease.policies import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,18 +172,26 @@ def test_release_as_csv(demo_dir, work):
     assert min(histogram.column("count").to_pylist()) >= 20
 
 
-def test_release_on_adult_with_scheme_selection(adult_dir, work, monkeypatch):
+def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):
+    text = (EXAMPLES / "adult-select.yaml").read_text()
+    unbudgeted = tmp_path / "adult-select.yaml"
+    unbudgeted.write_text(
+        "".join(line for line in text.splitlines(keepends=True) if "lifetime_budget" not in line)
+        .replace("../../../shared", str(adult_dir.parent.parent))
+        .replace('version: "2"', 'version: "2-unbudgeted"')
+    )
     with pytest.raises(UserError, match="no lifetime budget for the dataset"):
-        release_plain(policy_path=str(EXAMPLES / "adult-select.yaml"))  # the policy names none
-    monkeypatch.setenv("PRIVRELEASE_DEFAULT_LIFETIME_BUDGET", "[10, 1e-6]")
+        release_plain(policy_path=str(unbudgeted))
     published = release_plain(policy_path=str(EXAMPLES / "adult-select.yaml"))
     (output,) = published.outputs
     table = pq.read_table(output["path"])
     assert table.column_names == ["age", "sex", "education", "occupation", "salary-class"]
     assert table.num_rows > 1000
     (entry,) = ledger_entries()
-    assert entry.state == "committed"  # selection (0.1) + SDGS (1.0), composed
-    assert entry.epsilon == pytest.approx(1.1)
+    assert entry.state == "committed"  # selection (0.1) + SDGS (1.0), composed at the lifetime delta
+    tree = event_from_json(entry.event_json)
+    assert entry.epsilon == pytest.approx(composition.epsilon_at([tree], 1e-6).epsilon)
+    assert entry.epsilon < 1.1 and entry.delta == 1e-6
     verify_intact()
 
 
