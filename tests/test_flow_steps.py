@@ -192,6 +192,8 @@ def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):
     tree = event_from_json(entry.event_json)
     assert entry.epsilon == pytest.approx(composition.epsilon_at([tree], 1e-6).epsilon)
     assert entry.epsilon < 1.1 and entry.delta == 1e-6
+    report = Path(published.report).read_text()  # the internal report shows the lifetime curve and runway
+    assert 'id="chart-ledger"' in report and "more runs of this policy fit the lifetime budget" in report
     verify_intact()
 
 

@@ -317,6 +317,8 @@ def ledger_show(
         found = identities.find_identity(s, dataset)
         status = ledger.ledger_status(s, found)
         vintages = [_vintage_dict(v) for v in identities.vintages_of(s, found.id)]
+    latest = status.counting[-1] if status.counting else None
+    ahead = None if latest is None else ledger.runway(status, latest.event_json)
     ds = status.dataset
     document = {
         "dataset": ds.id,
@@ -330,6 +332,7 @@ def ledger_show(
             "delta": status.remaining.delta,
         },
         "counting_entries": len(status.counting),
+        "runway": None if ahead is None else {"runs": ahead.runs, "capped": ahead.capped, "like_run": latest.run_id},  # type: ignore[union-attr]
         "vintages": vintages,
         "entries": [_entry_dict(status, entry) for entry in status.entries],
     }
@@ -342,12 +345,18 @@ def ledger_show(
     if ds.note:
         console.print(f"[yellow]note:[/] {ds.note}", highlight=False, soft_wrap=True)
     console.print(f"lifetime budget  {status.budget}", highlight=False, soft_wrap=True)
-    console.print(
-        f"spent            {status.spent}  (composition of {len(status.counting)} stored trees)",
-        highlight=False,
-        soft_wrap=True,
-    )
+    how = f"composition of {len(status.counting)} stored trees"
+    if ds.notion == "approximate" and 0 < status.budget.delta < 1:
+        how = f"the smallest epsilon at the lifetime delta; {how}"
+    console.print(f"spent            {status.spent}  ({how})", highlight=False, soft_wrap=True)
     console.print(f"remaining        {status.remaining}", highlight=False, soft_wrap=True)
+    if ahead is not None:
+        more = f"{ahead.runs}{'+' if ahead.capped else ''} more run{'s' if ahead.runs != 1 else ''}"
+        console.print(
+            f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget",  # type: ignore[union-attr]
+            highlight=False,
+            soft_wrap=True,
+        )
     files = Table("file (sha256)", "label", "rows", "first read (UTC)", "runs")
     for v in vintages:
         files.add_row(
