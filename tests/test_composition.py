@@ -65,3 +65,17 @@ def test_what_is_not_dp_fails_closed():
 def test_delta_outside_the_unit_interval_is_refused(bad):
     with pytest.raises(ValueError, match="delta must be in"):
         composition.epsilon_at([ADULT], bad)
+
+
+def test_the_readme_figure_comes_from_the_code():
+    """The README's twelve-month figure is what the composition computes (to its two digits)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(
+        r"twelve monthly runs of `adult-sdgs` compose to epsilon\s+([0-9.]+) at delta ([0-9e.-]+)", readme
+    )
+    assert match, "the README no longer states the twelve-month figure"
+    stated, delta = float(match.group(1)), float(match.group(2))
+    assert round(composition.epsilon_at([ADULT], delta, times=12).epsilon, 2) == stated
