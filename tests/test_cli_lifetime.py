@@ -88,9 +88,12 @@ def test_compose_when_no_epsilon_reaches_delta(tmp_path: Path) -> None:
     assert result.returncode == 1 and "no epsilon reaches delta" in result.stderr
 
 
-def test_compose_refuses_what_is_not_dp(adult_dir) -> None:
+def test_compose_refuses_what_is_not_dp(adult_dir, tmp_path: Path) -> None:
     result = cli("guarantee", "compose", str(EXAMPLES / "adult-splu.yaml"), "--times", "2", "--delta", "1e-6")
     assert result.returncode == 2 and "not differential privacy" in result.stderr
+    (tmp_path / "unsampled.yaml").write_text(WEAK.replace("beta: 0.5", "beta: 1.0"))
+    result = cli("guarantee", "compose", str(tmp_path / "unsampled.yaml"), "--times", "2", "--delta", "1e-6")
+    assert result.returncode == 2 and "Proposition 4" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_runway_fresh_and_after_charges(adult_dir, tmp_path: Path) -> None:
