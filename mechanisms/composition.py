@@ -139,18 +139,24 @@ def _candidates_delta(releases: list[Event], epsilon: float, composed: Any = Non
     return found
 
 
+def _tightest(events: Sequence[Event], times: int, candidates_of, solved: int) -> Composition:
+    """The candidate with the smallest value in position ``solved`` (0: epsilon, 1: delta)."""
+    releases = releases_of(events, times)
+    refused = _unsupported(releases)
+    if refused is not None:
+        return refused
+    candidates = candidates_of(releases)
+    method = min(candidates, key=lambda name: candidates[name][solved])
+    epsilon, delta = candidates[method]
+    return Composition(epsilon, delta, len(releases), method, candidates)
+
+
 def epsilon_at(events: Sequence[Event], delta: float, times: int = 1) -> Composition:
     """The smallest epsilon at which ``events`` released ``times`` times are (epsilon, delta)-DP
     (inf when no epsilon reaches ``delta``), by the tightest method."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1); got {delta!r}")
-    releases = releases_of(events, times)
-    refused = _unsupported(releases)
-    if refused is not None:
-        return refused
-    candidates = _candidates_epsilon(releases, delta)
-    method = min(candidates, key=lambda name: candidates[name][0])
-    return Composition(candidates[method][0], delta, len(releases), method, candidates)
+    return _tightest(events, times, lambda releases: _candidates_epsilon(releases, delta), 0)
 
 
 def delta_at(events: Sequence[Event], epsilon: float, times: int = 1) -> Composition:
@@ -158,13 +164,7 @@ def delta_at(events: Sequence[Event], epsilon: float, times: int = 1) -> Composi
     by the tightest method."""
     if not 0 <= epsilon < math.inf:
         raise ValueError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
-    releases = releases_of(events, times)
-    refused = _unsupported(releases)
-    if refused is not None:
-        return refused
-    candidates = _candidates_delta(releases, epsilon)
-    method = min(candidates, key=lambda name: candidates[name][1])
-    return Composition(epsilon, candidates[method][1], len(releases), method, candidates)
+    return _tightest(events, times, lambda releases: _candidates_delta(releases, epsilon), 1)
 
 
 def delta_curve(events: Sequence[Event], epsilons: Sequence[float]) -> list[float]:

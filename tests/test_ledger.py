@@ -74,8 +74,8 @@ def composed(*events: Any) -> ledger.Budget:
     return ledger.Budget(float(guarantee.epsilon), float(guarantee.delta))
 
 
-def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
-    """Approve a policy, register the dataset with ``budget``, start ``runs`` runs."""
+def setup_dataset(engine: Any, budget: ledger.Budget, runs: int, notion: str = NOTION) -> list[str]:
+    """Approve a policy, register the dataset with ``budget`` under ``notion``, start ``runs`` runs."""
     with database.session(engine) as s:
         approvals.register_policy(s, POLICY)
         records.register_dataset(
@@ -86,7 +86,7 @@ def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
             row_count=10,
             lifetime_epsilon=budget.epsilon,
             lifetime_delta=budget.delta,
-            notion=NOTION,
+            notion=notion,
             label="census.csv",
         )
         return [records.start_run(s, policy_sha256=POLICY_SHA, code_version="test").id for _ in range(runs)]
@@ -252,12 +252,12 @@ def test_an_event_the_accountant_cannot_account_for_is_refused(engine: Any) -> N
 # --- two OS processes racing for the last budget -------------------------------------------------
 
 
-def _race(url: str, run_id: str, event_json: str, barrier: Any, results: Any) -> None:
+def _race(url: str, run_id: str, event_json: str, notion: str, barrier: Any, results: Any) -> None:
     try:
         engine = database.open_database(url)
         barrier.wait(30)
         with database.session(engine) as s:
-            reservation = ledger.reserve(s, FINGERPRINT, run_id, event_json, NOTION)
+            reservation = ledger.reserve(s, FINGERPRINT, run_id, event_json, notion)
         with database.session(engine) as s:
             ledger.commit(s, reservation)
         results.put((run_id, "committed"))
@@ -267,14 +267,14 @@ def _race(url: str, run_id: str, event_json: str, barrier: Any, results: Any) ->
         results.put((run_id, f"error: {error!r}"))
 
 
-@pytest.mark.parametrize("fits", [1, 2])
-def test_processes_racing_for_the_last_budget_never_overspend(engine: Any, fits: int) -> None:
+def race(engine: Any, runs: list[str], event: Any, notion: str = NOTION) -> list[str]:
+    """Each run reserves and commits ``event`` in its own OS process, all released at once by a
+    barrier; the sorted outcomes (``committed`` / ``refused``)."""
     url = engine.url.render_as_string(hide_password=False)
-    runs = setup_dataset(engine, composed(*[RELEASE] * fits), runs=4)
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(len(runs)), context.Queue()
-    tree = event_to_json(RELEASE)
-    workers = [context.Process(target=_race, args=(url, run, tree, barrier, results)) for run in runs]
+    tree = event_to_json(event)
+    workers = [context.Process(target=_race, args=(url, run, tree, notion, barrier, results)) for run in runs]
     for worker in workers:
         worker.start()
     outcomes = {}
@@ -286,8 +286,13 @@ def test_processes_racing_for_the_last_budget_never_overspend(engine: Any, fits:
         outcomes[run_id] = outcome
     for worker in workers:
         worker.join(30)
-    expected = ["committed"] * fits + ["refused"] * (len(runs) - fits)
-    assert sorted(outcomes.values()) == expected, outcomes
+    return sorted(outcomes.values())
+
+
+@pytest.mark.parametrize("fits", [1, 2])
+def test_processes_racing_for_the_last_budget_never_overspend(engine: Any, fits: int) -> None:
+    runs = setup_dataset(engine, composed(*[RELEASE] * fits), runs=4)
+    assert race(engine, runs, RELEASE) == ["committed"] * fits + ["refused"] * (len(runs) - fits)
     with database.session(engine, readonly=True) as s:
         status = ledger.ledger_status(s, FINGERPRINT)
         assert len(status.counting) == fits

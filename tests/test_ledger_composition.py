@@ -4,19 +4,18 @@ lifetime delta, the runway counts the runs left, and racing processes never over
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_audit_chain import BACKENDS, FINGERPRINT, POLICY, POLICY_SHA, audit_database, check
+import test_ledger as ledger_tests
+from test_audit_chain import BACKENDS, FINGERPRINT, audit_database, check
 
-from privrelease.audit import approvals, database, ledger, records
+from privrelease.audit import database, ledger
 from privrelease.errors import TargetNotMet
 from privrelease.mechanisms import composition
-from privrelease.mechanisms.events import SDGS, event_to_json
+from privrelease.mechanisms.events import SDGS
 
 ADULT = SDGS(k=20, beta=0.1, epsilon=1.0)
 LIFETIME = ledger.Budget(1.25, 1e-6)
@@ -29,20 +28,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 
 def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
-    with database.session(engine) as s:
-        approvals.register_policy(s, POLICY)
-        records.register_dataset(
-            s,
-            FINGERPRINT,
-            identity="census",
-            size_bytes=100,
-            row_count=10,
-            lifetime_epsilon=budget.epsilon,
-            lifetime_delta=budget.delta,
-            notion="approximate",
-            label="census.csv",
-        )
-        return [records.start_run(s, policy_sha256=POLICY_SHA, code_version="test").id for _ in range(runs)]
+    return ledger_tests.setup_dataset(engine, budget, runs, notion="approximate")
 
 
 def crossing(event: Any, budget: ledger.Budget, upto: int) -> int:
@@ -96,40 +82,10 @@ def test_runway_counts_down_and_reports_the_next_run(engine: Any) -> None:
     assert not after.capped
 
 
-def _race(url: str, run_id: str, event_json: str, barrier: Any, results: Any) -> None:
-    try:
-        engine = database.open_database(url)
-        barrier.wait(30)
-        with database.session(engine) as s:
-            reservation = ledger.reserve(s, FINGERPRINT, run_id, event_json, "approximate")
-        with database.session(engine) as s:
-            ledger.commit(s, reservation)
-        results.put((run_id, "committed"))
-    except TargetNotMet:
-        results.put((run_id, "refused"))
-    except BaseException as error:  # noqa: BLE001  (reported to the parent: the test fails)
-        results.put((run_id, f"error: {error!r}"))
-
-
 def test_processes_racing_for_the_last_composed_slot_never_overspend(engine: Any) -> None:
     budget = ledger.Budget(composition.epsilon_at([ADULT], 1e-6, times=2).epsilon, 1e-6)
     runs = setup_dataset(engine, budget, runs=4)
-    url = engine.url.render_as_string(hide_password=False)
-    context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(len(runs)), context.Queue()
-    workers = [context.Process(target=_race, args=(url, run, event_to_json(ADULT), barrier, results)) for run in runs]
-    for worker in workers:
-        worker.start()
-    outcomes = {}
-    for _ in workers:
-        try:
-            run_id, outcome = results.get(timeout=120)
-        except queue.Empty:
-            pytest.fail("a racing process did not report")
-        outcomes[run_id] = outcome
-    for worker in workers:
-        worker.join(30)
-    assert sorted(outcomes.values()) == ["committed"] * 2 + ["refused"] * 2, outcomes
+    assert ledger_tests.race(engine, runs, ADULT, "approximate") == ["committed"] * 2 + ["refused"] * 2
     with database.session(engine, readonly=True) as s:
         status = ledger.ledger_status(s, FINGERPRINT)
         assert len(status.counting) == 2 and status.spent.fits(status.budget)
