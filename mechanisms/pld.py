@@ -205,11 +205,11 @@ def composed_pld(events: Sequence[Event], times: int = 1, discretization: float 
     times each; identical releases are composed by self-composition."""
     if times < 1:
         raise ValueError(f"times must be >= 1; got {times}")
-    counts = Counter(event_to_json(leaf) for event in events for leaf in leaves(event))
+    counts = Counter(leaf for event in events for leaf in leaves(event))
     if not counts:
         raise ValueError("nothing to compose: no releases")
     result = None
-    for text, count in sorted(counts.items()):
+    for text, count in sorted((event_to_json(leaf), count) for leaf, count in counts.items()):
         part = _cached_pld(text, discretization)
         if count * times > 1:
             part = part.self_compose(count * times)

@@ -2,7 +2,25 @@
 
 The import namespace is ``privrelease``; its parts live in top-level folders
 (``policies/`` is ``privrelease.policies``, ``mechanisms/`` is ``privrelease.mechanisms``, ...),
-mapped in ``pyproject.toml``.
+mapped in ``pyproject.toml``. The Python API (:mod:`privrelease.api`): ``load``, ``plan``,
+``compose``, ``runway``, ``verify`` and ``run``, imported on first use so that ``import
+privrelease`` stays light.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+API = ("load", "plan", "compose", "runway", "verify", "run")
+
+
+def __getattr__(name: str) -> Any:
+    if name in API:
+        from privrelease import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'privrelease' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])

@@ -242,3 +242,20 @@ def test_cli_demo(cli, tmp_path):
     (run,) = runs()
     assert run.status == "succeeded"
     assert "approved demo-census@1" in err and "SYNTHETIC" in err
+
+
+def test_python_api_runs_the_audited_flow(prefect_harness, demo_dir, work, monkeypatch, capsys):
+    """``privrelease.run`` is the same audited flow as ``privrelease run``: the release is
+    charged, recorded and verifiable, and Prefect prints nothing to stdout."""
+    import privrelease
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_harness)
+    summary = privrelease.run(demo_dir / demo.POLICY_FILE)
+    assert Path(summary["report"]).is_file() and summary["outputs"]
+    assert capsys.readouterr().out == ""
+    assert privrelease.verify().ok
+    (run,) = runs()
+    assert run.status == "succeeded" and run.id == summary["run_id"]
+    with session(open_database(), readonly=True) as s:
+        (entry,) = s.exec(select(LedgerEntry)).all()
+    assert entry.state == "committed"

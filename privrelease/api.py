@@ -1,0 +1,115 @@
+"""The Python API, for notebooks and scripts: the same functions the command line calls,
+returning typed results instead of printing. Importing :mod:`privrelease` stays light; each
+function imports what it needs.
+
+>>> import privrelease
+>>> plan = privrelease.plan("policies/examples/demo.yaml")
+>>> plan.passed, plan.notion
+(True, 'probabilistic')
+>>> twelve = privrelease.compose("policies/examples/demo.yaml", times=12, delta=1e-6)
+>>> twelve.method, twelve.epsilon < 12 * plan.guarantee.epsilon
+('privacy loss distribution', True)
+
+User mistakes raise :class:`privrelease.errors.UserError` (a bad policy, file or setting) or
+:class:`privrelease.errors.TargetNotMet` (a target or the budget would be exceeded), with the
+same messages the command line prints.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+PathLike = str | Path
+
+
+def load(policy: PathLike) -> Any:
+    """The validated policy (:class:`privrelease.policies.LoadedPolicy`); every problem of the
+    file is reported at once in the :class:`~privrelease.errors.UserError`."""
+    from privrelease.policies import load_policy
+
+    return load_policy(policy)
+
+
+def plan(policy: PathLike) -> Any:
+    """Every guarantee of the policy's release and a check per target
+    (:class:`privrelease.planning.Plan`: ``.passed``, ``.guarantee``, ``.checks``). Reads no data."""
+    from privrelease.planning import plan_policy
+
+    return plan_policy(load(policy))
+
+
+def compose(policy: PathLike, *, times: int = 1, delta: float | None = None, epsilon: float | None = None) -> Any:
+    """The (epsilon, delta)-DP of ``times`` runs of the policy's release under approximate DP,
+    by the tightest sound method (:class:`privrelease.mechanisms.composition.Composition`):
+    give ``delta`` for the smallest epsilon, or ``epsilon`` for the delta."""
+    from privrelease.errors import UserError
+    from privrelease.mechanisms import accountants, composition
+
+    if (delta is None) == (epsilon is None):
+        raise UserError("give exactly one of delta (to get epsilon) or epsilon (to get delta)")
+    if times < 1:
+        raise UserError(f"times must be an integer >= 1; got {times}")
+    if delta is not None and not 0 < delta < 1:
+        raise UserError(f"delta must be in (0, 1); got {delta!r}")
+    if epsilon is not None and not 0 <= epsilon < math.inf:
+        raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
+    tree = plan(policy).event
+    stated = accountants.account(tree, "approximate")
+    if not stated.supported:
+        raise UserError(f"{policy}: the release has no (epsilon, delta)-DP guarantee to compose: {stated.detail}")
+    if delta is not None:
+        return composition.epsilon_at([tree], delta, times=times)
+    return composition.delta_at([tree], epsilon, times=times)  # type: ignore[arg-type]
+
+
+def runway(policy: PathLike) -> Any:
+    """How many more runs of the policy fit its dataset's lifetime budget, given the audit
+    database's ledger (:class:`privrelease.audit.ledger.Runway`: ``.runs``, ``.spent``,
+    ``.after_next_run``)."""
+    from privrelease.audit import ledger
+    from privrelease.audit.database import open_database, session
+
+    planned = plan(policy)
+    stated = planned.loaded.policy.targets.lifetime_budget
+    with session(open_database(), readonly=True) as s:
+        status = ledger.status_for(
+            s, planned.loaded.require_dataset_id(), ledger.resolve_lifetime_budget(stated), planned.notion
+        )
+    return ledger.runway(status, planned.event)
+
+
+def verify(head: PathLike | None = None) -> Any:
+    """Recompute the audit hash chain and every stored checksum
+    (:class:`privrelease.audit.chain.VerifyResult`: ``.ok``, ``.problems``); with ``head``, also
+    check the chain against a head file written beside a release."""
+    from privrelease.audit import chain
+    from privrelease.audit.database import open_database, session
+
+    with session(open_database(), readonly=True) as s:
+        return chain.verify(s, head=None if head is None else chain.read_head(head))
+
+
+def run(policy: PathLike, *, data: PathLike | None = None, out: PathLike | None = None, **options: Any) -> Any:
+    """Run the audited release flow (Prefect) for the policy, quietly; returns the flow's
+    summary (``release_dir``, ``outputs``, ``report``, ``chain_head``, ``run_id``). Starts a
+    temporary Prefect server when none is configured. ``options``: ``output_format``,
+    ``production`` as for ``privrelease run``."""
+    from privrelease.cli.run import run_flow, start_temporary_server
+
+    load(policy).require_dataset_id()
+    server = start_temporary_server()
+    try:
+        summary, _timings = run_flow(
+            server=server,
+            progress=None,
+            policy_path=str(policy),
+            data_path=None if data is None else str(data),
+            out_dir=None if out is None else str(out),
+            **options,
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    return summary
