@@ -173,3 +173,23 @@ def test_twelve_monthly_adult_releases_are_tight():
     assert 0.3 < epsilon < 0.5
     single = pld.epsilon_for_delta(pld.composed_pld([event]), 1e-6)
     assert single < epsilon < 12 * single
+
+
+@pytest.mark.parametrize("times", [12, 60])
+def test_fft_round_off_is_within_the_margin(times):
+    """dp_accounting composes by FFT: its deltas stay within the margin of a direct convolution
+    (non-negative sums, far less round-off) of the same PMF."""
+    single = pld.sdgs_pld(20, 0.1)
+    pmf = single._pmf_remove.to_dense_pmf()
+    probs, low, step, infinity = pmf._probs, pmf._lower_loss, pmf._discretization, pmf._infinity_mass
+    composed = single.self_compose(times, tail_mass_truncation=0)
+    direct = np.array([1.0])
+    for _ in range(times):
+        direct = np.convolve(direct, probs)
+    loss = (np.arange(direct.size) + low * times) * step
+    margin = pld.fft_margin(composed)
+    for epsilon in np.linspace(0.0, 4.0, 41):
+        above = loss > epsilon
+        truth = 1 - (1 - infinity) ** times + float(np.dot(-np.expm1(epsilon - loss[above]), direct[above]))
+        fft = float(composed.get_delta_for_epsilon(epsilon))
+        assert abs(fft - truth) <= margin, (epsilon, fft, truth, margin)
