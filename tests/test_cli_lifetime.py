@@ -101,7 +101,8 @@ def test_runway_fresh_and_after_charges(adult_dir, tmp_path: Path) -> None:
     env = {"PRIVRELEASE_DB_URL": url, "PRIVRELEASE_WORK_DIR": str(tmp_path)}
     policy = EXAMPLES / "adult-sdgs.yaml"
     tree = plan_policy(load_policy(policy)).event
-    budget = ledger.Budget(3.0, 1e-6)
+    stated = load_policy(policy).policy.targets.lifetime_budget
+    budget = ledger.Budget(stated.epsilon, stated.delta)
     expected = next(
         runs - 1
         for runs in range(1, 100_000)

@@ -1,0 +1,99 @@
+"""Every example policy releases as written, and every command of the README's command-line
+tour runs as written (placeholders filled with the examples' own names and runs) with exit 0.
+
+The Prefect commands (`run`, `rerun`, `reissue`) are run through the same release steps without
+Prefect here (their Prefect path is tested in test_flow.py), and `report open` would start a
+browser: those lines are skipped and named."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import test_flow_steps as shared
+
+from privrelease.flows.steps import release_plain
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "policies" / "examples"
+ADULT_POLICIES = sorted(p.name for p in EXAMPLES.glob("adult-*.yaml"))
+SKIPPED = ("privrelease run ", "privrelease rerun ", "privrelease reissue ", "privrelease report open ")
+
+work = shared.work
+
+
+def readme_commands() -> list[str]:
+    """The README's `privrelease` lines: comments and [optional] parts removed, `a | b`
+    alternatives split into commands of their own."""
+    text = (REPO / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if not line.startswith("privrelease "):
+                continue
+            line = re.sub(r"\s*\[[^\]]*\]", "", line)
+            first, *others = (part.strip() for part in line.split(" | "))
+            commands += [first, *(f"privrelease {other}" for other in others)]
+    return commands
+
+
+@pytest.fixture(scope="module")
+def released(adult_dir, tmp_path_factory):
+    """Every Adult example released once, in one audit database (they share adult-census)."""
+    folder = tmp_path_factory.mktemp("documented")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PRIVRELEASE_WORK_DIR", str(folder / "work"))
+        for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET"):
+            patch.delenv(name, raising=False)
+        published = {
+            name: release_plain(
+                policy_path=str(EXAMPLES / name), output_format="csv" if name == "adult-splu.yaml" else "parquet"
+            )
+            for name in ADULT_POLICIES
+        }
+    return folder / "work", published
+
+
+def test_every_adult_example_releases_as_written(released) -> None:
+    _, published = released
+    assert sorted(published) == ADULT_POLICIES
+    for summary in published.values():
+        assert Path(summary.report).is_file() and summary.outputs
+
+
+def test_every_readme_command_runs_as_written(released) -> None:
+    work_dir, published = released
+    run_id = published["adult-sdgs.yaml"].run_id
+    (splu_output,) = published["adult-splu.yaml"].outputs
+    fill = {
+        "POLICY.yaml": str(EXAMPLES / "adult-sdgs.yaml"),
+        "policy show NAME": "policy show adult-sdgs@2",
+        "NAME": "'Disclosure Review Board'",
+        "RUN_ID": run_id,
+        "DATASET_ID": "adult-census",
+        "PUBLISHED.csv": splu_output["path"],
+    }
+    ran = []
+    for command in readme_commands():
+        if command.startswith(SKIPPED):
+            continue
+        for placeholder, value in fill.items():
+            command = command.replace(placeholder, value)
+        args = shlex.split(command)[1:]
+        result = subprocess.run(
+            [sys.executable, "-m", "privrelease", *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+            env={**__import__("os").environ, "PRIVRELEASE_WORK_DIR": str(work_dir)},
+        )
+        assert result.returncode == 0, (command, result.stdout[-500:], result.stderr[-500:])
+        assert "Traceback" not in result.stderr
+        ran.append(args[0])
+    assert {"plan", "guarantee", "calibrate", "policy", "ledger", "audit", "report", "estimate"} <= set(ran)
