@@ -825,6 +825,7 @@ def _read(run: RunContext) -> Any:
         encoding=options.encoding if options else "utf-8",
         missing=dataset.missing,
         missing_values=tuple(dataset.missing_values),
+        domains={name: spec.values for name, spec in dataset.columns.items() if spec.values},
     )
 
 

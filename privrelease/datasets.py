@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -90,9 +91,11 @@ def read_dataset(
     encoding: str = "utf-8",
     missing: Literal["reject", "drop"] = "reject",
     missing_values: tuple[str, ...] = ("", "?"),
+    domains: dict[str, Sequence[Any]] | None = None,
 ) -> DatasetRead:
     """Read ``path`` into a :class:`DatasetRead` of exactly ``columns`` (name -> ``integer`` |
-    ``float`` | ``string``), checked as described in the module docstring.
+    ``float`` | ``string``), checked as described in the module docstring; a column named in
+    ``domains`` (its declared ``values``) may hold those values only.
 
     CSV: ``delimiter`` None sniffs one of ``, ; TAB |`` from the first 64 KiB; ``quote`` None
     disables quoting; CRLF or LF line ends; ``header=False`` means the file has exactly the
@@ -110,7 +113,24 @@ def read_dataset(
         raw = _read_parquet(path, columns)
     if raw.num_rows == 0:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
-    return _check_columns(raw, columns, missing, missing_values, path)
+    read = _check_columns(raw, columns, missing, missing_values, path)
+    for name, values in (domains or {}).items():
+        _check_domain(read.table.column(name), name, values)
+    return read
+
+
+def _check_domain(column: pa.ChunkedArray, name: str, values: Sequence[Any]) -> None:
+    """UserError naming the first data row whose value is not declared (exact match: a value
+    with a stray space is a different value)."""
+    plain = column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
+    allowed = pc.is_in(plain, value_set=pa.array(list(values), type=plain.type))
+    if pc.all(allowed).as_py():
+        return
+    row = int(np.argmin(allowed.to_numpy(zero_copy_only=False)))
+    raise UserError(
+        f"column {name!r}, data row {row + 1}: {plain[row].as_py()!r} is not one of the {len(values)} values "
+        f"declared in dataset.columns.{name}.values; declare it there or correct the data"
+    )
 
 
 def _check_arguments(format: str, columns: dict[str, str], missing: str) -> None:
@@ -132,6 +152,17 @@ def _require_present(path: Path, declared: dict[str, str], found: list[str]) -> 
             f"dataset file {str(path)!r} has no column {absent[0]!r}"
             f" (declared); its columns are: {', '.join(map(repr, found))}"
         )
+
+
+def _require_unique(path: Path, declared: dict[str, str], found: list[str]) -> None:
+    """UserError when a declared column's name heads more than one field."""
+    for name in declared:
+        positions = [i + 1 for i, field in enumerate(found) if field == name]
+        if len(positions) > 1:
+            raise UserError(
+                f"dataset file {str(path)!r} has {len(positions)} columns named {name!r} (fields "
+                f"{', '.join(map(str, positions))}); a declared column must be unique in the header"
+            )
 
 
 def _sniff_delimiter(path: Path, encoding: str) -> str:
@@ -165,8 +196,12 @@ def _read_csv(
     try:
         with pcsv.open_csv(path, read_options=read, parse_options=parse) as reader:
             found = reader.schema.names
+        if header and found and found[0].startswith("\ufeff"):  # a byte-order mark before the header
+            found = [found[0].removeprefix("\ufeff"), *found[1:]]
+            read = pcsv.ReadOptions(encoding=encoding, column_names=found, skip_rows=1)
         if header:
             _require_present(path, columns, found)
+            _require_unique(path, columns, found)
         elif len(found) != len(columns):
             raise UserError(
                 f"dataset file {str(path)!r} has {len(found)} fields per row and no header;"

@@ -286,3 +286,29 @@ def test_write_parquet_round_trip(tmp_path: Path) -> None:
     assert pq.read_table(tmp_path / "out.parquet").equals(table)
     with pytest.raises(UserError, match="cannot write"):
         write_parquet(table, tmp_path / "no-such-dir" / "out.parquet")
+
+
+def test_declared_values_are_enforced(tmp_path: Path) -> None:
+    """A value outside a column's declared values (even one with a stray space) is refused,
+    naming the column, the data row and the rule."""
+    path = tmp_path / "people.csv"
+    path.write_text("sex,age\nMale,30\nFemale,41\n Male,52\n")
+    columns = {"sex": "string", "age": "integer"}
+    with pytest.raises(UserError, match=r"column 'sex', data row 3: ' Male' is not one of the 2 values declared"):
+        read_dataset(path, format="csv", columns=columns, domains={"sex": ["Male", "Female"]})
+    path.write_text("sex,age\nMale,30\nUndeclared-Sex,41\n")
+    with pytest.raises(UserError, match=r"data row 2: 'Undeclared-Sex'"):
+        read_dataset(path, format="csv", columns=columns, domains={"sex": ["Male", "Female"]})
+    with pytest.raises(UserError, match=r"column 'age', data row 2: 41 is not one of the 1 values"):
+        read_dataset(path, format="csv", columns=columns, domains={"age": [30]})
+    path.write_text("sex,age\nMale,30\nFemale,41\n")
+    assert read_dataset(path, format="csv", columns=columns, domains={"sex": ["Male", "Female"]}).table.num_rows == 2
+
+
+def test_byte_order_mark_and_duplicate_header(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufeffsex,age\nMale,30\n".encode())
+    assert read_dataset(path, format="csv", columns={"sex": "string", "age": "integer"}).table.num_rows == 1
+    path.write_text("age,sex,age\n30,Male,31\n")
+    with pytest.raises(UserError, match=r"2 columns named 'age' \(fields 1, 3\)"):
+        read_dataset(path, format="csv", columns={"sex": "string", "age": "integer"})

@@ -287,6 +287,30 @@ def test_bad_value_fails_after_reservation_without_leaking_it(demo_dir, work):
     verify_intact()
 
 
+def test_undeclared_value_is_refused_without_leaking_it(demo_dir, work):
+    """A keep column (sex, declared Male/Female) holding another value: the release is refused
+    naming the column and the row, nothing is published and the planted value is persisted
+    nowhere."""
+    bad = demo_dir / "undeclared.csv"
+    lines = (demo_dir / demo.DATA_FILE).read_text().splitlines(keepends=True)
+    header = lines[0].rstrip("\n").split(",")
+    position = next(i for i, name in enumerate(header) if name.strip('"') == "sex")
+    for row in (3, 4):
+        fields = lines[row].rstrip("\n").split(",")
+        fields[position] = "UNDECLARED-SEX"
+        lines[row] = ",".join(fields) + "\n"
+    bad.write_text("".join(lines))
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), data_path=str(bad))
+    assert "column 'sex', data row 3" in caught.value.detail and "UNDECLARED-SEX" not in str(caught.value)
+    assert_nothing_published(work / "releases")
+    (run,) = runs()
+    assert run.status == "failed" and "UNDECLARED-SEX" not in run.error
+    (entry,) = ledger_entries()
+    assert entry.state == "released"
+    verify_intact()
+
+
 def test_rerun_on_other_data_is_refused(demo_dir, work, tmp_path):
     first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
     other = tmp_path / "other"
