@@ -47,6 +47,7 @@ __all__ = [
     "release",
     "reserve",
     "resolve_lifetime_budget",
+    "check_fits",
     "history_curve",
     "runway",
     "status_for",
@@ -445,6 +446,24 @@ def status_for(session: Session, identity_id: str, budget: Budget, notion: str) 
     return LedgerStatus(
         dataset=fresh, budget=budget, entries=[], counting=[], spent=ZERO, remaining=budget, now=utcnow()
     )
+
+
+def check_fits(status: LedgerStatus, event_tree: Any) -> Budget:
+    """What the ledger ``status`` would hold with ``event_tree`` (one run's releases) added;
+    :class:`TargetNotMet` naming the dataset, budget and amounts when it would not fit (a
+    read-only preview of :func:`reserve`'s check)."""
+    from privrelease.mechanisms.events import event_from_json
+
+    event = event_from_json(event_tree) if isinstance(event_tree, str) else event_tree
+    notion, limit = status.dataset.notion, status.budget
+    total = _account([*_trees(status.counting), event], notion, limit)
+    if not total.fits(limit):
+        raise TargetNotMet(
+            f"privacy budget of dataset {_name(status.dataset)} would be exceeded under the {notion} "
+            f"accountant: lifetime budget {limit}; already spent {status.spent} by {len(status.counting)} "
+            f"release(s); this release needs {_account([event], notion, limit)}; together {total}"
+        )
+    return total
 
 
 @dataclass(frozen=True)

@@ -651,7 +651,7 @@ def _count_and_hash(path: Path) -> tuple[str, int, int]:
     return digest.hexdigest(), size, lines
 
 
-def _header(path: Path, dataset: Any) -> list[str] | None:
+def header_names(path: Path, dataset: Any) -> list[str] | None:
     """The column names of a CSV header or a Parquet schema (None: a CSV without a header)."""
     if dataset.format == "parquet":
         import pyarrow.parquet as pq
@@ -690,7 +690,7 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
         sha256, size, lines = _count_and_hash(path)
     except OSError as error:
         raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
-    header = _header(path, dataset)
+    header = header_names(path, dataset)
     if dataset.format == "parquet":
         import pyarrow.parquet as pq
 

@@ -97,8 +97,9 @@ def run(policy: PathLike, *, data: PathLike | None = None, out: PathLike | None 
     temporary Prefect server when none is configured. ``options``: ``output_format``,
     ``production`` as for ``privrelease run``."""
     from privrelease.cli.run import run_flow, start_temporary_server
+    from privrelease.flows.preflight import preflight
 
-    load(policy).require_dataset_id()
+    preflight(policy, data_path=data, **options)
     server = start_temporary_server()
     try:
         summary, _timings = run_flow(

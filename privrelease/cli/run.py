@@ -427,10 +427,15 @@ def run_command(
     guarantees, reserves the budget, reads the data, runs the mechanisms, publishes the outputs
     and the disclosure report atomically and commits the audit records. Exit 0: released;
     1: a target is not met or the budget is exhausted; 2: invalid input."""
-    from privrelease.policies import load_policy
+    from privrelease.flows.preflight import preflight
 
-    # a broken policy (or one charging a budget without dataset.id) fails now, not after Prefect's start
-    server = _start_checked(lambda: (load_policy(policy).require_dataset_id(), _check_format(output_format)))
+    # what the run would refuse (policy, targets, data file, approval, budget) fails now, not after Prefect's start
+    server = _start_checked(
+        lambda: (
+            _check_format(output_format),
+            preflight(policy, data_path=data, output_format=output_format, production=production),
+        )
+    )
     _release(
         json_output,
         server,
@@ -465,16 +470,10 @@ def rerun_command(
 
 
 def _start_checked(check: Callable[[], object]) -> TemporaryServer | None:
-    """Start the temporary server, then run the quick ``check`` of the user's input while it
-    starts; a failed check stops the server again."""
-    server = start_temporary_server()
-    try:
-        check()
-    except BaseException:
-        if server is not None:
-            server.stop()
-        raise
-    return server
+    """Run the quick ``check`` of the user's input (about a second), then start the temporary
+    server: a refused release never waits for, or competes with, Prefect's start."""
+    check()
+    return start_temporary_server()
 
 
 def _check_format(output_format: str) -> None:

@@ -1,0 +1,60 @@
+"""The checks a release would fail, made in about a second before Prefect starts.
+
+``privrelease run`` and the Python API call :func:`preflight` while the temporary server
+starts, so that a broken policy, a missed target, a missing approval, a missing or mismatched
+data file, an unreachable audit database or an exhausted budget answers at once instead of
+after the server's 20-30 s start. It reads the data file's header only, writes nothing, and
+raises the same :class:`UserError` / :class:`TargetNotMet` the run would. The run itself checks
+everything again (under the audit write lock for the budget): preflight is a fast answer, not
+the guarantee.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from privrelease.errors import TargetNotMet, UserError
+from privrelease.flows import steps
+from privrelease.settings import get_settings
+
+
+def preflight(
+    policy_path: str | Path,
+    *,
+    data_path: str | Path | None = None,
+    output_format: str = "parquet",
+    production: bool | None = None,
+) -> None:
+    """Check, in order: the policy (and ``dataset.id`` for a charged release), the output
+    format, the data file and its header, the plan's targets, the audit database, the approval
+    (production mode) and that the release fits its dataset's lifetime budget (cheapest first)."""
+    source = steps.PolicySource.from_file(policy_path)
+    loaded = source.load()
+    loaded.require_dataset_id()
+    if output_format not in steps.OUTPUT_FORMATS:
+        raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
+    data = Path(data_path).expanduser() if data_path else loaded.dataset_path
+    if not data.is_file():
+        raise UserError(f"dataset file {str(data)!r} does not exist or is not a file")
+    header = steps.header_names(data, loaded.policy.dataset)
+    if header is not None:
+        absent = [name for name in loaded.policy.dataset.columns if name not in header]
+        if absent:
+            raise UserError(f"dataset file {str(data)!r} has no column {absent[0]!r} (declared in dataset.columns)")
+    plan = steps.plan_summary(source)
+    if not plan.passed:
+        missed = "; ".join(
+            f"{c['target']}: required {c['required']}, achieved {c['achieved']}" for c in plan.checks if not c["passed"]
+        )
+        raise TargetNotMet(f"policy {loaded.policy.name}@{loaded.policy.version} does not meet its targets: {missed}")
+    from privrelease.audit import approvals, ledger
+    from privrelease.audit.database import open_database, session
+
+    production = get_settings().production if production is None else production
+    with session(open_database(), readonly=True) as s:
+        if production:
+            approvals.require_approved(s, approvals.policy_facts(loaded))
+        if plan.charged_event_json is not None:
+            budget = ledger.resolve_lifetime_budget(loaded.policy.targets.lifetime_budget)
+            status = ledger.status_for(s, loaded.require_dataset_id(), budget, plan.notion)
+            ledger.check_fits(status, plan.charged_event_json)

@@ -1,0 +1,107 @@
+"""`privrelease run` answers a release it would refuse in about a second, before Prefect starts:
+missing data, a missing column, a missed target, no approval in production mode, an exhausted
+budget. No server is started (no server log is written) and nothing is recorded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from privrelease import demo
+from privrelease.audit import approvals, database, ledger
+from privrelease.audit.records import register_dataset, start_run
+from privrelease.planning import plan_policy
+from privrelease.policies import load_policy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def demo_policy(tmp_path: Path) -> Path:
+    demo.write_demo(tmp_path / "demo", seed=3)
+    return tmp_path / "demo" / demo.POLICY_FILE
+
+
+def run(policy: Path, work: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "privrelease", "run", str(policy), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "PRIVRELEASE_WORK_DIR": str(work), "PREFECT_API_URL": "", **env},
+    )
+    return result, time.perf_counter() - start
+
+
+def no_server_and_no_run(work: Path) -> None:
+    assert not list(work.rglob("prefect-server*.log")), "Prefect was started"
+    if (work / "audit.db").exists():
+        engine = database.open_database(f"sqlite:///{work / 'audit.db'}")
+        with database.session(engine, readonly=True) as s:
+            from sqlmodel import select
+
+            from privrelease.audit.models import Run
+
+            assert s.exec(select(Run)).all() == []
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("missing file", "does not exist or is not a file"),
+        ("missing column", "has no column 'education'"),
+        ("missed target", "does not meet its targets"),
+    ],
+)
+def test_refused_before_prefect_starts(demo_policy: Path, tmp_path: Path, how: str, message: str) -> None:
+    args: list[str] = []
+    policy = demo_policy
+    if how == "missing file":
+        args = ["--data", str(tmp_path / "nope.csv")]
+    elif how == "missing column":
+        data = demo_policy.parent / demo.DATA_FILE
+        renamed = tmp_path / "renamed.csv"
+        renamed.write_text(
+            data.read_text().replace('"education"', '"schooling"', 1).replace("education", "schooling", 1)
+        )
+        args = ["--data", str(renamed)]
+    else:
+        policy = demo_policy.with_name("strict.yaml")
+        policy.write_text(demo_policy.read_text().replace("max_epsilon: 4.5", "max_epsilon: 0.5"))
+    result, seconds = run(policy, tmp_path / "work", *args)
+    assert result.returncode in (1, 2) and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and seconds < 10
+    no_server_and_no_run(tmp_path / "work")
+
+
+def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    result, _ = run(demo_policy, work, PRIVRELEASE_PRODUCTION="true")
+    assert result.returncode == 2 and "is not approved" in result.stderr
+    no_server_and_no_run(work)
+
+    loaded = load_policy(demo_policy)
+    plan = plan_policy(loaded)
+    stated = loaded.policy.targets.lifetime_budget
+    engine = database.open_database(f"sqlite:///{work / 'audit.db'}")
+    database.migrate(engine)
+    with database.session(engine) as s:  # spend the budget with earlier runs of the same policy
+        approvals.register_policy(s, approvals.policy_facts(loaded))
+        register_dataset(
+            s, "cd" * 32, identity=loaded.policy.dataset.id, size_bytes=1, row_count=1,
+            lifetime_epsilon=stated.epsilon, lifetime_delta=stated.delta, notion=plan.notion,
+        )  # fmt: skip
+        status = ledger.ledger_status(s, loaded.policy.dataset.id)
+        for _ in range(ledger.runway(status, plan.event).runs):
+            run_id = start_run(s, policy_sha256=loaded.sha256, code_version="test").id
+            ledger.commit(s, ledger.reserve(s, loaded.policy.dataset.id, run_id, plan.event, plan.notion))
+    result, seconds = run(demo_policy, work)
+    assert result.returncode == 1 and "would be exceeded" in result.stderr, result.stderr
+    assert seconds < 10 and not list(work.rglob("prefect-server*.log"))
