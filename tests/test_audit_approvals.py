@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from privrelease.audit import approvals, database, ledger
 from test_audit_chain import BACKENDS, audit_database, check
 
+from privrelease.audit import approvals, database, ledger
 from privrelease.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,9 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def facts(version: str = "1", content: str = "a") -> approvals.PolicyFacts:
     text = f'{{"content":"{content}","version":"{version}"}}'
-    return approvals.PolicyFacts(
-        "census", version, hashlib.sha256(text.encode()).hexdigest(), text
-    )
+    return approvals.PolicyFacts("census", version, hashlib.sha256(text.encode()).hexdigest(), text)
 
 
 @pytest.fixture(params=BACKENDS)
