@@ -114,7 +114,9 @@ def main() -> None:
     print(f"{RELEASES} stored Adult SDGS releases, lifetime budget (epsilon {BUDGET[0]}, delta {BUDGET[1]:g}):")
     print(f"  PLD ledger: spent epsilon {spent:.4f} at delta {BUDGET[1]:g}, fits: {fits}")
     print(f"  basic composition (baseline): spent epsilon {basic_spent:.4f}, fits: {basic_fits}")
-    print(f"  check: cold {cold:.3f} s (imports, PLD built), warm {warm:.3f} s (target < 1 s); basic {basic_warm:.3f} s")
+    print(
+        f"  check: cold {cold:.3f} s (imports, PLD built), warm {warm:.3f} s (target < 1 s); basic {basic_warm:.3f} s"
+    )
     print(f"  runway: {runway.runs} more runs, found in {runway_seconds:.3f} s")  # type: ignore[attr-defined]
     print(f"guarantee compose --times 1000: {compose:.2f} s per process (target < 3 s); python -c pass {startup:.2f} s")
     print(json.dumps(figures))
