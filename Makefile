@@ -23,5 +23,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
+LINTED := privrelease policies mechanisms flows reports audit bench tests
+
 lint: $(STAMP)
-	$(BIN)/ruff check privrelease policies mechanisms flows reports audit bench tests
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
