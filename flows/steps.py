@@ -65,6 +65,7 @@ import pyarrow.csv as pcsv
 
 import privrelease
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.flows import release_facts
 from privrelease.settings import get_settings
 
 OUTPUT_FORMATS = ("parquet", "csv")
@@ -280,6 +281,8 @@ class ReportFacts:
     statement_file: str
     statement_sha256: str
     statement_bytes: int
+    release_file: str = ""
+    release_sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ class Published:
     chain_head: dict[str, Any]
     outputs: list[dict[str, Any]]
     ledger_after: dict[str, float] | None
+    warnings: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -1078,6 +1082,7 @@ def report_context(
         ledger_before=None if reservation is None else reservation.before,
         ledger_after=None if reservation is None else reservation.after,
         ledger_curve=curve,
+        warnings=release_facts.warnings(outputs),
         outputs=[
             {
                 "mechanism": o.mechanism,
@@ -1101,21 +1106,24 @@ def render_report(run: RunContext, **facts: Any) -> ReportFacts:
     from privrelease.reports.render import render_report as render
 
     context = report_context(run, **facts)
+    described = json.dumps(release_facts.describe(context.plan, facts["outputs"]), indent=2, sort_keys=True) + "\n"
     files = {}
-    for name, public_only in ((REPORT_FILE, False), (STATEMENT_FILE, True)):
-        html = render(context, public_only=public_only)
+    for name, public_only in ((REPORT_FILE, False), (STATEMENT_FILE, True), (release_facts.RELEASE_FILE, None)):
+        text = described if public_only is None else render(context, public_only=public_only)
         path = run.staging_dir / name
         try:
-            sha256 = write_html(html, path)
+            sha256 = write_html(text, path)  # the atomic text writer (fsync, rename)
         except OSError as error:
             raise _write_error(path, error) from None
-        files[name] = (sha256, len(html.encode("utf-8")))
+        files[name] = (sha256, len(text.encode("utf-8")))
     return ReportFacts(
         file=REPORT_FILE,
         sha256=files[REPORT_FILE][0],
         statement_file=STATEMENT_FILE,
         statement_sha256=files[STATEMENT_FILE][0],
         statement_bytes=files[STATEMENT_FILE][1],
+        release_file=release_facts.RELEASE_FILE,
+        release_sha256=files[release_facts.RELEASE_FILE][0],
     )
 
 
@@ -1161,6 +1169,8 @@ def publish(
                     }
                 )
             records.record_output(s, run.run_id, final / report.statement_file, sha256=report.statement_sha256)
+            if report.release_file:
+                records.record_output(s, run.run_id, final / report.release_file, sha256=report.release_sha256)
             _record_guarantees(s, run, plan)
             html = (final / report.file).read_text(encoding="utf-8")
             records.store_report(s, run.run_id, html, path=final / report.file)
@@ -1180,6 +1190,7 @@ def publish(
         chain_head={"seq": head.seq, "hash": head.hash},
         outputs=recorded,
         ledger_after=None if reservation is None else reservation.after,
+        warnings=release_facts.warnings(outputs),
     )
 
 

@@ -468,8 +468,10 @@ class FSmooth:
         return sum(fsmooth_delta(k, beta, x * eps0) for k, beta, eps0 in self.parts)
 
     def f(self, x: float) -> float:
-        """The smoothing function, f(1) = 1, decreasing."""
-        return self.delta_at(x) / self.delta0
+        """The smoothing function, f(1) = 1, decreasing (0 where delta0 underflows a double:
+        every delta_at(x) <= delta0 does too)."""
+        delta0 = self.delta0
+        return self.delta_at(x) / delta0 if delta0 > 0 else 0.0
 
     def curve(self, xs) -> list[tuple[float, float]]:
         """(epsilon, delta) points for the multipliers xs."""

@@ -364,7 +364,7 @@ def _decade_range(values: Sequence[float | None]) -> tuple[float, float]:
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
         return -1.0, 0.0
-    high = min(math.ceil(max(finite)), 0)
+    high = max(min(math.ceil(max(finite)), 0), LOG10_FLOOR + 1)  # values all at the floor: one decade above it
     low = max(min(math.floor(min(finite)), high - 1), LOG10_FLOOR)
     return float(low), float(high)
 

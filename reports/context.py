@@ -38,6 +38,7 @@ class ReportContext:
       before and after this release.
     - ``ledger_curve``: the dataset's composed privacy curve before and after this release and
       the runway (:func:`privrelease.audit.ledger.history_curve`), or None.
+    - ``warnings``: for the operator (internal): outputs with no or few rows.
     - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
     - ``timings``: step -> seconds.
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
@@ -57,6 +58,7 @@ class ReportContext:
     ledger_before: dict[str, float] | None = None
     ledger_after: dict[str, float] | None = None
     ledger_curve: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)

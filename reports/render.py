@@ -147,7 +147,8 @@ def _guarantee(guarantee: Any) -> dict[str, Any]:
     }
 
 
-def _scheme(scheme: Any) -> str:
+def scheme_text(scheme: Any) -> str:
+    """A generalization scheme in words."""
     kind = scheme.type
     if kind == "keep":
         return "kept as is"
@@ -236,9 +237,9 @@ def view(context: ReportContext) -> dict[str, Any]:
                 or any(isinstance(leaf, SDGS) and leaf.beta >= 1 for leaf in leaves(mechanism.event)),
             }
         )
-    generalization = [(column, "", _scheme(scheme)) for column, scheme in policy.generalization.items()]
+    generalization = [(column, "", scheme_text(scheme)) for column, scheme in policy.generalization.items()]
     for candidate, schemes in (policy.candidate_schemes or {}).items():
-        generalization += [(column, candidate, _scheme(scheme)) for column, scheme in schemes.items()]
+        generalization += [(column, candidate, scheme_text(scheme)) for column, scheme in schemes.items()]
     approval = context.approval or {}
     outputs = [
         {
@@ -320,6 +321,7 @@ def view(context: ReportContext) -> dict[str, Any]:
             "dataset": context.dataset,
             "ledger": ledger_rows,
             "ledger_chart": None if context.ledger_curve is None else ledger_chart(context.ledger_curve),
+            "warnings": list(context.warnings),
             "timings": list(context.timings.items()),
             "total_seconds": sum(context.timings.values()) if context.timings else None,
             "facts": internal_facts,

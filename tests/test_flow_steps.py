@@ -128,6 +128,7 @@ def test_release_on_demo_data(demo_dir, work):
             steps.REPORT_FILE,
             steps.STATEMENT_FILE,
             steps.CHAIN_HEAD_FILE,
+            "release.json",
         ]
     )
     microdata = pq.read_table(folder / "microdata.parquet")
@@ -551,3 +552,24 @@ def test_open_run_needs_exactly_one_source(work):
         release_plain(rerun_of="feedfacecafe")
     with pytest.raises(UserError, match="policy file not found"):
         release_plain(policy_path=str(work / "nope.yaml"))
+
+
+def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work):
+    """release.json beside the outputs holds the public facts a data user needs (parameters,
+    guarantees, generalization, the 1/beta scaling of sampled counts) and is checksummed in the
+    audit database; a k so large that nothing survives is published but flagged to the operator."""
+    published = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    document = json.loads((Path(published.release_dir) / "release.json").read_text())
+    by_file = {entry["file"]: entry for entry in document["outputs"]}
+    assert set(by_file) == {Path(output["path"]).name for output in published.outputs}
+    sampled = next(entry for entry in by_file.values() if entry["type"] == "sdgs")
+    assert sampled["parameters"]["k"] > 0 and "1/beta" in sampled["estimation"]
+    assert sampled["guarantees"]["probabilistic"]["delta"] > 0 and sampled["generalization"]
+    assert published.warnings == []
+    verify_intact()  # release.json is checksummed like the outputs
+
+    strict = variant(demo_dir, "huge-k", ("beta: 0.1", "beta: 0.0005"))
+    flagged = release_plain(policy_path=str(strict))
+    assert any("published no rows" in warning for warning in flagged.warnings)
+    assert "Nearly empty release" in Path(flagged.report).read_text()
+    assert "Nearly empty release" not in Path(flagged.statement).read_text()

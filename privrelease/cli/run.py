@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from privrelease.cli.output import console, error_console, fail, print_json
@@ -392,6 +393,8 @@ def _print_summary(summary: dict[str, Any], timings: dict[str, float], json_outp
         soft_wrap=True,
     )
     console.print(f"run id:      {summary['run_id']}", highlight=False)
+    for warning in summary.get("warnings", []):
+        error_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def _release(json_output: bool, server: TemporaryServer | None, **parameters: Any) -> None:

@@ -1,0 +1,101 @@
+"""What a release says about itself: ``release.json`` beside the published files, and the
+operator's warnings about nearly empty outputs.
+
+``release.json`` holds public facts only, all fixed by the policy or derivable from the
+outputs: per file the mechanism, its parameters, its guarantee under each accountant, the
+generalization of its columns, and what a data user needs to read it (sampled counts estimate
+population counts when multiplied by 1/beta). It is published with the outputs and checksummed
+in the audit database like them.
+
+Warnings: an output with no rows, or a sampled output keeping less than ``LOW_SHARE`` of its
+sample, is reported to the operator (terminal, internal report) with a pointer to
+``privrelease calibrate`` and scheme selection. Such a release is still published: deciding to
+publish from the data beyond what the mechanism itself does would make the decision a new
+release of information about the data, which no guarantee here accounts for.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+LOW_SHARE = 0.1
+"""A sampled output keeping less than this share of its sample is flagged to the operator."""
+
+RELEASE_FILE = "release.json"
+
+
+def _number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
+    """The generalization of ``column`` in words (the chosen candidate's, under scheme selection)."""
+    from privrelease.reports.render import scheme_text
+
+    chosen = (policy.candidate_schemes or {}).get(public.get("chosen_scheme") or "", {})
+    scheme = chosen.get(column) or policy.scheme_for(column)
+    return "kept as is" if scheme is None else scheme_text(scheme)
+
+
+def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
+    """The ``release.json`` document of a release (``plan``: its :class:`~privrelease.planning.Plan`;
+    ``outputs``: its staged :class:`~privrelease.flows.steps.OutputFacts`)."""
+    policy = plan.loaded.policy
+    mechanisms = {m.name: m for m in plan.mechanisms}
+    files = []
+    for output in outputs:
+        spec, planned = policy.mechanism(output.mechanism), mechanisms[output.mechanism]
+        columns = list(getattr(spec, "columns", None) or []) + list(getattr(spec, "sensitive", None) or [])
+        entry: dict[str, Any] = {
+            "file": output.file,
+            "sha256": output.sha256,
+            "rows": output.rows,
+            "mechanism": output.mechanism,
+            "type": output.type,
+            "parameters": {
+                key: value
+                for key, value in spec.model_dump(mode="json", exclude={"name", "type", "columns"}).items()
+                if value is not None
+            },
+            "guarantees": {
+                notion: {"epsilon": _number(g.epsilon), "delta": g.delta, "detail": g.detail} if g.supported else None
+                for notion, g in planned.guarantees.items()
+            },
+            "generalization": {column: _scheme(policy, column, output.public_facts) for column in columns},
+            "facts": output.public_facts,
+        }
+        beta = getattr(spec, "beta", None)
+        if beta is not None and beta < 1:
+            entry["estimation"] = (
+                f"each row of the data was kept with probability beta = {beta:g}: multiply counts by "
+                f"1/beta = {1 / beta:g} to estimate counts in the whole dataset"
+            )
+        files.append(entry)
+    composed = plan.guarantee
+    return {
+        "policy": {"name": policy.name, "version": policy.version, "sha256": plan.loaded.sha256},
+        "dataset": policy.dataset.id,
+        "accounting": plan.notion,
+        "guarantee": {"epsilon": _number(composed.epsilon), "delta": composed.delta, "detail": composed.detail}
+        if composed.supported
+        else None,
+        "outputs": files,
+    }
+
+
+def warnings(outputs: list[Any]) -> list[str]:
+    """Operator warnings: outputs with no rows, or sampled outputs keeping less than
+    :data:`LOW_SHARE` of their sample (internal: the share describes the data)."""
+    found = []
+    advice = "see `privrelease calibrate sdgs` (smaller k or larger beta) or a coarser generalization / select_scheme"
+    for output in outputs:
+        sampled = output.internal_facts.get("rows_sampled")
+        if output.rows == 0:
+            found.append(f"{output.mechanism}: published no rows; {advice}")
+        elif output.type == "sdgs" and sampled and output.rows < LOW_SHARE * sampled:
+            share = output.rows / sampled
+            found.append(
+                f"{output.mechanism}: published {share:.1%} of the sampled rows (below {LOW_SHARE:.0%}); {advice}"
+            )
+    return found
