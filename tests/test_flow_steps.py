@@ -155,7 +155,7 @@ def test_release_on_demo_data(demo_dir, work):
     with session(open_database(), readonly=True) as s:
         outputs = list(s.exec(select(Output).where(Output.run_id == run.id)))
         report = s.exec(select(Report).where(Report.run_id == run.id)).one()
-    assert len(outputs) == 4  # three mechanisms and the public statement
+    assert len(outputs) == 5  # three mechanisms, the public statement and release.json
     assert report.path == str(folder / steps.REPORT_FILE)
     assert run.id in report.html and "demo-census" in report.html
     (entry,) = ledger_entries()
