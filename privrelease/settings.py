@@ -52,6 +52,30 @@ class Settings(BaseSettings):
         return self
 
 
+EXPECTED = {
+    "work_dir": "a folder path",
+    "db_url": "a database URL such as sqlite:///path/audit.db or postgresql+psycopg://user:pw@host/db",
+    "production": "true or false",
+    "default_lifetime_budget": "a JSON pair '[epsilon, delta]', e.g. '[10, 1e-6]', epsilon >= 0, delta in [0, 1)",
+    "reservation_ttl_seconds": "a number of seconds > 0, e.g. 3600",
+}
+
+
 def get_settings() -> Settings:
-    """The settings as the environment says now (cheap; not cached, so tests may change env)."""
-    return Settings()
+    """The settings as the environment says now (cheap; not cached, so tests may change env).
+    A malformed variable is a :class:`~privrelease.errors.UserError` naming every bad one, its
+    value and the expected form."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as error:
+        from privrelease.errors import UserError
+
+        problems = []
+        for item in error.errors():
+            field = str(item["loc"][0]) if item["loc"] else ""
+            problems.append(
+                f"PRIVRELEASE_{field.upper()}={item.get('input')!r} is not valid: expected {EXPECTED.get(field, item['msg'])}"
+            )
+        raise UserError("; ".join(problems)) from None

@@ -39,6 +39,9 @@ lifetime.register(app)
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into exit codes."""
     try:
+        from privrelease.settings import get_settings
+
+        get_settings()  # a malformed PRIVRELEASE_* variable fails every command the same way, first
         app()
     except (UserError, TargetNotMet) as error:
         fail(str(error), error.exit_code)

@@ -8,6 +8,7 @@ import sys
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 error_console = Console(stderr=True)
@@ -29,6 +30,7 @@ def print_json(document: Any) -> None:
 
 
 def fail(message: str, exit_code: int) -> NoReturn:
-    """Print ``error: message`` on stderr and exit with ``exit_code``."""
-    error_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: message`` on stderr, verbatim (never read as Rich markup), and exit with
+    ``exit_code``."""
+    error_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(exit_code)
