@@ -13,9 +13,15 @@ EXIT_INVALID_INPUT = 2
 
 
 class UserError(ValueError):
-    """Invalid input: a bad policy, file, column, value or command-line option (exit 2)."""
+    """Invalid input: a bad policy, file, column, value or command-line option (exit 2).
+    ``field`` and ``allowed``, when given, name the input and what it may be (``--json``
+    errors carry them)."""
 
     exit_code = EXIT_INVALID_INPUT
+
+    def __init__(self, message: str, *, field: str | None = None, allowed: str | None = None) -> None:
+        super().__init__(message)
+        self.field, self.allowed = field, allowed
 
 
 class TargetNotMet(RuntimeError):

@@ -75,7 +75,13 @@ def get_settings() -> Settings:
         problems = []
         for item in error.errors():
             field = str(item["loc"][0]) if item["loc"] else ""
+            expected = EXPECTED.get(field, item["msg"])
             problems.append(
-                f"PRIVRELEASE_{field.upper()}={item.get('input')!r} is not valid: expected {EXPECTED.get(field, item['msg'])}"
+                (f"PRIVRELEASE_{field.upper()}", f"{item.get('input')!r} is not valid: expected {expected}")
             )
-        raise UserError("; ".join(problems)) from None
+        variable, _ = problems[0]
+        raise UserError(
+            "; ".join(f"{name}={text}" for name, text in problems),
+            field=variable,
+            allowed=EXPECTED.get(variable[12:].lower()),
+        ) from None

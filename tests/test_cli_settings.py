@@ -45,3 +45,20 @@ def test_error_text_is_printed_verbatim(tmp_path: Path) -> None:
     missing = tmp_path / "[bold]policy[/bold].yaml"
     result = cli("plan", str(missing))
     assert result.returncode == 2 and "[bold]policy[/bold].yaml" in result.stderr
+
+
+def test_json_errors_are_one_object_on_stdout() -> None:
+    import json
+
+    result = cli("guarantee", "compose", "policies/examples/demo.yaml", "--times", "0", "--delta", "1e-6", "--json")
+    assert result.returncode == 2 and result.stderr == ""
+    assert json.loads(result.stdout) == {
+        "error": "--times must be an integer >= 1; got 0",
+        "field": "--times",
+        "allowed": "an integer >= 1",
+        "exit_code": 2,
+    }
+    result = cli("audit", "verify", "--json", PRIVRELEASE_PRODUCTION="maybe")
+    document = json.loads(result.stdout)
+    assert document["field"] == "PRIVRELEASE_PRODUCTION" and document["allowed"] == "true or false"
+    assert document["exit_code"] == result.returncode == 2

@@ -44,7 +44,7 @@ def main() -> None:
         get_settings()  # a malformed PRIVRELEASE_* variable fails every command the same way, first
         app()
     except (UserError, TargetNotMet) as error:
-        fail(str(error), error.exit_code)
+        fail(str(error), error.exit_code, field=getattr(error, "field", None), allowed=getattr(error, "allowed", None))
     except FileNotFoundError as error:
         fail(f"file not found: {error.filename}", UserError.exit_code)
     except Exception as error:

@@ -57,13 +57,17 @@ def guarantee_compose(
     from privrelease.mechanisms import composition
 
     if times < 1:
-        raise UserError(f"--times must be an integer >= 1; got {times}")
+        raise UserError(f"--times must be an integer >= 1; got {times}", field="--times", allowed="an integer >= 1")
     if (delta is None) == (epsilon is None):
         raise UserError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
     if delta is not None and not 0 < delta < 1:
-        raise UserError(f"--delta must be in (0, 1); got {delta:g}")
+        raise UserError(f"--delta must be in (0, 1); got {delta:g}", field="--delta", allowed="a number in (0, 1)")
     if epsilon is not None and not 0 <= epsilon < math.inf:
-        raise UserError(f"--epsilon must be a finite number >= 0; got {epsilon:g}")
+        raise UserError(
+            f"--epsilon must be a finite number >= 0; got {epsilon:g}",
+            field="--epsilon",
+            allowed="a finite number >= 0",
+        )
     plan = _release_tree(policy)
     if delta is not None:
         result = composition.epsilon_at([plan.event], delta, times=times)

@@ -29,8 +29,12 @@ def print_json(document: Any) -> None:
     sys.stdout.write(json.dumps(_jsonable(document), indent=2, default=str) + "\n")
 
 
-def fail(message: str, exit_code: int) -> NoReturn:
+def fail(message: str, exit_code: int, *, field: str | None = None, allowed: str | None = None) -> NoReturn:
     """Print ``error: message`` on stderr, verbatim (never read as Rich markup), and exit with
-    ``exit_code``."""
-    error_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    ``exit_code``; with ``--json`` on the command line, one JSON object on stdout instead:
+    ``{error, field, allowed, exit_code}``."""
+    if "--json" in sys.argv[1:]:
+        print_json({"error": message, "field": field, "allowed": allowed, "exit_code": exit_code})
+    else:
+        error_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(exit_code)
