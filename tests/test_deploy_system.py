@@ -43,7 +43,13 @@ PREFECT_FILE = DEPLOY / "prefect.yaml"
 EXAMPLES = REPO / "policies" / "examples"
 POOL = "privrelease-process"
 POSTGRES_ENV = postgres_server.URL_ENV
-DEMO_OUTPUTS = {"microdata.parquet", "hours-by-sex.parquet", "mean-hours.parquet", "disclosure-statement.html"}
+DEMO_OUTPUTS = {
+    "microdata.parquet",
+    "hours-by-sex.parquet",
+    "mean-hours.parquet",
+    "disclosure-statement.html",
+    "release.json",
+}
 
 
 # --------------------------------------------------------------------------- the stack
