@@ -377,7 +377,7 @@ def verify(
     check_files: bool = True,
 ) -> VerifyResult:
     """Recompute the chain, every described row's content hash and (``check_files``) the
-    sha256 of every output and report file of runs that did not fail, and compare the chain's
+    sha256 of every output and report file of succeeded runs (the others published nothing), and compare the chain's
     end with the chain-head row and with an external ``head`` (from :func:`read_head`).
 
     Finds edited, deleted or reordered log records; edited or deleted rows; rows no record
@@ -438,7 +438,7 @@ def verify(
                     )
                 )
 
-    # files of runs that did not fail (a failed run publishes nothing)
+    # files of succeeded runs (a failed or unfinished run has nothing visible)
     if check_files:
         runs: dict[Any, SQLModel] = intact["run"]
         for table, cls, what in (
@@ -449,7 +449,7 @@ def verify(
                 assert isinstance(row, cls)
                 run = runs.get(row.run_id)
                 path = getattr(row, "path", None)
-                if path is None or (isinstance(run, Run) and run.status == "failed"):
+                if path is None or (isinstance(run, Run) and run.status != "succeeded"):
                     continue
                 result.files_checked += 1
                 seq = newest[(table, key)][0].seq

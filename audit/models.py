@@ -20,8 +20,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-RunStatus = Literal["pending", "running", "succeeded", "failed"]
-RUN_STATUSES: tuple[str, ...] = ("pending", "running", "succeeded", "failed")
+RunStatus = Literal["pending", "running", "publishing", "succeeded", "failed"]
+RUN_STATUSES: tuple[str, ...] = ("pending", "running", "publishing", "succeeded", "failed")
 LedgerState = Literal["reserved", "committed", "released"]
 LEDGER_STATES: tuple[str, ...] = ("reserved", "committed", "released")
 GENESIS_HASH = "0" * 64
@@ -146,7 +146,7 @@ class RunBase(SQLModel):
 
 class Run(RunBase, table=True):
     """One execution of a policy: ``pending`` (created, data not read) -> ``running`` (data read)
-    -> ``succeeded`` | ``failed``. ``timings_json`` holds seconds per step; ``error`` the failure
+    -> ``publishing`` (charge committed, folder not yet visible) -> ``succeeded`` | ``failed``. ``timings_json`` holds seconds per step; ``error`` the failure
     message (never data)."""
 
     __tablename__ = "run"

@@ -8,7 +8,8 @@ fingerprint, outputs by path and sha256, errors by message.
 Run lifecycle: :func:`start_run` (``pending``) -> :func:`attach_dataset` (fingerprint known) ->
 budget reserved (:mod:`privrelease.audit.ledger`) -> :func:`record_data_read` (``running``: the
 audit order shows the approval and the reservation precede the first read of the data) ->
-:func:`record_output` / :func:`record_guarantee` / :func:`store_report` ->
+:func:`record_output` / :func:`record_guarantee` / :func:`store_report` with the charge and
+:func:`start_publishing` (``publishing``, one transaction, before the folder is visible) ->
 :func:`finish_run` (``succeeded`` or ``failed``).
 """
 
@@ -49,6 +50,7 @@ __all__ = [
     "record_output",
     "register_dataset",
     "reports_of",
+    "start_publishing",
     "start_run",
     "store_report",
 ]
@@ -122,10 +124,13 @@ def start_run(
     kind: str = "release",
     source_run_id: str | None = None,
     run_id: str | None = None,
+    owner: Mapping[str, Any] | None = None,
+    release_dir: str | None = None,
 ) -> Run:
     """Create a run (status ``pending``) of the registered policy version ``policy_sha256``.
     ``kind`` is ``release``, ``rerun`` or ``reissue`` (then ``source_run_id`` names the run
-    repeated or handed back)."""
+    repeated or handed back). ``owner`` (the process running it) and ``release_dir`` (where
+    it will publish) go into the ``run_started`` record, for crash recovery."""
     if session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == policy_sha256)).first() is None:
         raise UserError(f"policy sha256 {policy_sha256[:12]} is not registered: approve or register it first")
     run = Run(
@@ -137,7 +142,8 @@ def start_run(
         kind=kind,
         source_run_id=source_run_id,
     )
-    chain.append(session, "run_started", run, run=run.id, policy_sha256=policy_sha256)
+    located = {"owner": dict(owner), "release_dir": release_dir} if owner is not None else {}
+    chain.append(session, "run_started", run, run=run.id, policy_sha256=policy_sha256, **located)
     return run
 
 
@@ -202,11 +208,21 @@ def finish_run(
     run = _run(session, run)
     if run.status == "failed" and status == "failed":
         return run  # already failed (e.g. its reservation expired): keep the first reason
-    assert run.status in ("pending", "running"), f"run {run.id} is already {run.status}"
+    assert run.status in ("pending", "running", "publishing"), f"run {run.id} is already {run.status}"
     run.status, run.finished_at = status, utcnow()
     run.timings_json = chain.canonical_json(dict(timings or {}))
     run.error = error
     chain.append(session, "run_finished", run, run=run.id, status=status)
+    return run
+
+
+def start_publishing(session: Session, run: Run | str) -> Run:
+    """Mark a running run ``publishing``: its charge is committed and its outputs recorded in
+    this transaction; its folder becomes visible only after it commits."""
+    run = _run(session, run)
+    assert run.status == "running", f"run {run.id} is {run.status}, not running"
+    run.status = "publishing"
+    chain.append(session, "run_publishing", run, run=run.id)
     return run
 
 
@@ -217,10 +233,12 @@ def record_output(
     *,
     sha256: str | None = None,
     rows: int | None = None,
+    size: int | None = None,
 ) -> Output:
-    """Record a published file (already in place: written to a temp file and renamed). The
-    sha256 is computed from the file unless given; ``path`` is stored as given (absolute paths
-    recommended; relative ones are resolved against ``verify(output_root=...)``)."""
+    """Record a published file. The sha256 and size are read from the file unless given (a
+    release records them from its staged copy before the file is renamed to ``path``);
+    ``path`` is stored as given (absolute paths recommended; relative ones are resolved
+    against ``verify(output_root=...)``)."""
     run = _run(session, run)
     file = Path(path)
     digest = sha256 or chain.file_sha256(file)
@@ -229,7 +247,7 @@ def record_output(
         path=str(path),
         sha256=digest,
         rows=rows,
-        bytes=file.stat().st_size,
+        bytes=file.stat().st_size if size is None else size,
     )
     chain.append(session, "output_recorded", output, run=run.id, sha256=digest)
     return output

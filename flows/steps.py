@@ -23,11 +23,11 @@ A release, in order (each step's result is a small, picklable summary; no step r
    folder (Parquet or CSV, rows in random order: every mechanism shuffles).
 8. :func:`render_report` - the disclosure report and the public disclosure statement, into the
    staging folder.
-9. :func:`publish` - rename the staging folder to the release folder, then in one transaction
-   commit the budget and record outputs, guarantees, report and the run's end; the chain head
-   is written beside the outputs before that transaction commits.
+9. :func:`publish` - in one transaction commit the budget and record outputs, guarantees and
+   report (run ``publishing``); then rename the staging folder into view and record the run's
+   end (crash-consistent: see :mod:`.recovery`); the chain head is written beside the outputs.
 
-Any failure: :func:`record_failure` removes the staging and release folders, releases the
+Any failure before publishing: :func:`record_failure` removes the staging folder, releases the
 reservation and records the run as failed with an error text that quotes no data. Errors
 raised while the data is in hand (:func:`read_data`, :func:`run_mechanism`) may quote values
 (a bad cell, a too-frequent value); they are wrapped in :class:`DataStepError`, whose text
@@ -65,17 +65,17 @@ import pyarrow.csv as pcsv
 
 import privrelease
 from privrelease.errors import TargetNotMet, UserError
-from privrelease.flows import release_facts
+from privrelease.flows import recovery, release_facts
 from privrelease.settings import get_settings
 
 OUTPUT_FORMATS = ("parquet", "csv")
 REPORT_FILE = "report.html"
 STATEMENT_FILE = "disclosure-statement.html"
-CHAIN_HEAD_FILE = "chain-head.json"
-STAGING_SUFFIX = ".partial"
-RUN_MARKER = ".privrelease-run"
+CHAIN_HEAD_FILE = recovery.CHAIN_HEAD_FILE
+RUN_MARKER = recovery.RUN_MARKER
 MANIFESTS_DIR = "runs"
 _log = logging.getLogger("privrelease.flows")
+_PUBLISHING: set[str] = set()  # runs of this process whose publishing transaction has begun
 _CHUNK = 1 << 20
 
 
@@ -209,7 +209,7 @@ class RunContext:
 
     @property
     def staging_dir(self) -> Path:
-        return Path(self.out_root) / f".{self.release_name}{STAGING_SUFFIX}"
+        return recovery.staging_dir(self.release_dir)
 
     @property
     def release_dir(self) -> Path:
@@ -227,7 +227,6 @@ class DatasetFacts:
     sha256: str
     size_bytes: int
     rows: int
-    mtime_ns: int
 
 
 @dataclass(frozen=True)
@@ -518,6 +517,7 @@ def verify_policy(
         if refusal is not None and not _registrable(s, facts):
             raise refusal
         approvals.register_policy(s, facts)
+        recovery.ACTIVE.add(run_id)  # before the run exists: no recovery in this process takes it for dead
         records.start_run(
             s,
             policy_sha256=facts.sha256,
@@ -526,10 +526,13 @@ def verify_policy(
             kind=kind,
             source_run_id=source_run_id,
             run_id=run_id,
+            owner=recovery.process_owner(),
+            release_dir=str(out_root.resolve() / release_name),
         )
         if refusal is not None:
             records.finish_run(s, run_id, "failed", error=f"refused: {refusal}")
     if refusal is not None:
+        recovery.ACTIVE.discard(run_id)
         raise refusal
     run = RunContext(
         run_id=run_id,
@@ -580,8 +583,8 @@ def _registrable(session: Any, facts: Any) -> bool:
 
 
 def prepare_outputs(run: RunContext) -> str:
-    """Create the staging folder (with a marker naming the run) and remove staging folders of
-    runs that are no longer live (crashed runs whose reservation expired). Returns its path."""
+    """Settle runs a crash left unfinished (:mod:`.recovery`), create the staging folder (with
+    a marker naming the run) and remove staging folders of runs no longer live. Returns its path."""
     from privrelease.audit import ledger
 
     root = Path(run.out_root)
@@ -599,10 +602,25 @@ def prepare_outputs(run: RunContext) -> str:
         raise UserError(f"staging folder {str(staging)!r} already exists") from None
     except OSError as error:
         raise UserError(f"cannot create the staging folder in {str(root)!r}: {error.strerror or error}") from None
+    settle_crashed_runs()
     with _session() as s:
         ledger.reap_expired(s)
     remove_stale_staging(root, keep=run.run_id)
     return str(staging)
+
+
+def settle_crashed_runs() -> list[recovery.Settled]:
+    """Settle the runs whose process died (:func:`.recovery.recover`); inside a Prefect flow,
+    also mark their flow runs crashed."""
+    settled = recovery.recover(_engine())
+    for done in settled:
+        logger().warning("settled run %s left %s by a crash: %s (%s)", done.run_id, done.was, done.action, done.detail)
+    if settled and "prefect" in sys.modules:
+        try:
+            recovery.crash_flow_runs(settled)
+        except Exception as error:  # the release goes on; `privrelease audit recover` can retry
+            logger().warning("could not mark the crashed runs' flow runs: %s", error)
+    return settled
 
 
 def remove_stale_staging(root: Path, *, keep: str | None = None) -> list[Path]:
@@ -613,7 +631,7 @@ def remove_stale_staging(root: Path, *, keep: str | None = None) -> list[Path]:
 
     removed = []
     candidates = []
-    for folder in root.glob(f".*{STAGING_SUFFIX}"):
+    for folder in root.glob(f".*{recovery.STAGING_SUFFIX}"):
         marker = folder / RUN_MARKER
         try:
             run_id = marker.read_text(encoding="utf-8").strip()
@@ -627,7 +645,7 @@ def remove_stale_staging(root: Path, *, keep: str | None = None) -> list[Path]:
         live = {
             run_id
             for _, run_id in candidates
-            if (found := s.get(Run, run_id)) is not None and found.status in ("pending", "running")
+            if (found := s.get(Run, run_id)) is not None and found.status in recovery.UNSETTLED
         }
     for folder, run_id in candidates:
         if run_id not in live:
@@ -639,24 +657,30 @@ def remove_stale_staging(root: Path, *, keep: str | None = None) -> list[Path]:
 # --------------------------------------------------------------------------- 3. fingerprint
 
 
-def _count_and_hash(path: Path) -> tuple[str, int, int]:
-    """sha256, size and number of lines (a last line without a newline counts) of a file."""
+def _scan(path: Path, *, whole: bool) -> tuple[str, int, int, bytes]:
+    """One pass over a file: its sha256, size, number of lines (a last line without a newline
+    counts) and its first line (``whole``: all its bytes). Every fact of the fingerprint comes
+    from the bytes hashed, so no swap of the file between two reads can split them."""
     digest = hashlib.sha256()
     size = lines = 0
     last = b"\n"
+    kept = bytearray()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
             lines += chunk.count(b"\n")
             last = chunk[-1:]
+            if whole or b"\n" not in kept:
+                kept += chunk
     if last != b"\n":
         lines += 1
-    return digest.hexdigest(), size, lines
+    return digest.hexdigest(), size, lines, bytes(kept) if whole else bytes(kept).split(b"\n", 1)[0]
 
 
 def header_names(path: Path, dataset: Any) -> list[str] | None:
-    """The column names of a CSV header or a Parquet schema (None: a CSV without a header)."""
+    """The column names in a data file's CSV header or Parquet schema, read from the file (for
+    a quick check; None: a CSV without a header)."""
     if dataset.format == "parquet":
         import pyarrow.parquet as pq
 
@@ -664,14 +688,23 @@ def header_names(path: Path, dataset: Any) -> list[str] | None:
             return list(pq.read_schema(path).names)
         except (pa.ArrowInvalid, OSError) as error:
             raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
+    try:
+        with open(path, "rb") as handle:
+            first_line = handle.readline()
+    except OSError as error:
+        raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
+    return csv_header(first_line, path, dataset)
+
+
+def csv_header(first_line: bytes, path: Path, dataset: Any) -> list[str] | None:
+    """The column names of a CSV header line (None: a CSV without a header)."""
     options = dataset.csv
     if options is not None and not options.header:
         return None
     encoding = options.encoding if options is not None else "utf-8"
     try:
-        with open(path, encoding=encoding, newline="") as handle:
-            first = handle.readline()
-    except UnicodeDecodeError:
+        first = first_line.decode(encoding).removeprefix("\ufeff")
+    except (UnicodeDecodeError, LookupError):
         raise UserError(f"dataset file {str(path)!r} is not {encoding} text (its header cannot be decoded)") from None
     delimiter = options.delimiter if options is not None else None
     if delimiter is None:
@@ -679,6 +712,17 @@ def header_names(path: Path, dataset: Any) -> list[str] | None:
         delimiter = max(counts, key=counts.__getitem__) if any(counts.values()) else ","
     quote = options.quote if options is not None else '"'
     return next(csv.reader([first.rstrip("\r\n")], delimiter=delimiter, quotechar=quote))
+
+
+def _parquet_facts(data: bytes, path: Path) -> tuple[list[str], int]:
+    """Column names and row count from a Parquet file's footer."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+    except (pa.ArrowInvalid, OSError) as error:
+        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
+    return list(metadata.schema.to_arrow_schema().names), metadata.num_rows
 
 
 def fingerprint_dataset(run: RunContext) -> DatasetFacts:
@@ -689,17 +733,15 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     path = Path(run.data_path)
     if not path.is_file():
         raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
-    stat = path.stat()
+    parquet = dataset.format == "parquet"
     try:
-        sha256, size, lines = _count_and_hash(path)
+        sha256, size, lines, kept = _scan(path, whole=parquet)
     except OSError as error:
         raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
-    header = header_names(path, dataset)
-    if dataset.format == "parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.read_metadata(path).num_rows
+    if parquet:
+        header, rows = _parquet_facts(kept, path)
     else:
+        header = csv_header(kept, path, dataset)
         rows = lines - (1 if header is not None else 0)
     if run.expected_fingerprint is not None and sha256 != run.expected_fingerprint:
         raise UserError(
@@ -720,7 +762,7 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
             f"dataset.rows: {dataset.rows} (a public fact of the release): use the declared "
             "file or correct the policy"
         )
-    return DatasetFacts(str(path), sha256, size, rows, stat.st_mtime_ns)
+    return DatasetFacts(str(path), sha256, size, rows)
 
 
 # --------------------------------------------------------------------------- 4. plan
@@ -814,7 +856,8 @@ _tables: dict[str, pa.Table] = {}
 never passes through Prefect); a mechanism in another process reads the file again."""
 
 
-def _read(run: RunContext) -> Any:
+def _read(run: RunContext, expected_sha256: str) -> Any:
+    """The declared columns of the data, parsed from bytes that hash to ``expected_sha256``."""
     from privrelease.datasets import read_dataset
 
     dataset = run.loaded().policy.dataset
@@ -830,31 +873,35 @@ def _read(run: RunContext) -> Any:
         missing=dataset.missing,
         missing_values=tuple(dataset.missing_values),
         domains={name: spec.values for name, spec in dataset.columns.items() if spec.values},
+        expected_sha256=expected_sha256,
     )
 
 
 def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
     """Record the data-read time (status ``running``; after the approval and the reservation
-    are committed), then read and check the declared columns. The file must still be the one
-    fingerprinted (same size and modification time)."""
+    are committed), then read and check the declared columns. What is read must be the file
+    fingerprinted: its bytes are read once and must hash to the fingerprint."""
     from privrelease.audit import records
 
     with _session() as s:
         record = records.record_data_read(s, run.run_id)
         read_at = record.data_read_at
     with _withholding("reading the data"):
-        result = _read(run)
-        stat = Path(run.data_path).stat()
-        if (stat.st_size, stat.st_mtime_ns) != (dataset.size_bytes, dataset.mtime_ns):
-            raise UserError(f"dataset file {run.data_path!r} changed while the release ran; run again")
+        result = _read(run, dataset.sha256)
     _tables[run.run_id] = result.table
     return ReadFacts(result.rows_read, result.rows_dropped, read_at)
 
 
 def _table(run: RunContext) -> pa.Table:
+    """The run's table: read by :func:`read_data` in this process, or read again here (a task
+    in another process), from bytes that hash to the run's recorded fingerprint."""
     table = _tables.get(run.run_id)
     if table is None:
-        table = _read(run).table
+        from privrelease.audit.models import Run
+
+        with _session() as s:
+            fingerprint = s.get(Run, run.run_id).dataset_fingerprint
+        table = _read(run, fingerprint).table
         _tables[run.run_id] = table
     return table
 
@@ -1130,6 +1177,17 @@ def render_report(run: RunContext, **facts: Any) -> ReportFacts:
 # --------------------------------------------------------------------------- 9. publish
 
 
+def _fsync_files(folder: Path) -> None:
+    """Flush every file of ``folder`` to disk (they are renamed into view after the commit)."""
+    for path in folder.iterdir():
+        if path.is_file():
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+
+
 def publish(
     run: RunContext,
     *,
@@ -1139,49 +1197,59 @@ def publish(
     report: ReportFacts,
     timings: dict[str, float],
 ) -> Published:
-    """Publish atomically: rename the staging folder to the release folder, then, in one
-    transaction, commit the budget, record the outputs (checksums as staged), the guarantees
-    with the event tree, the report and the run's end, and write the chain head beside the
-    outputs. If the transaction fails the release folder is removed again."""
+    """Publish crash-consistently (:mod:`.recovery`): fsync the staged files; in one
+    transaction commit the charge and record the outputs (checksums as staged), the guarantees
+    with the event tree, the report and the run as ``publishing``; only then rename the staging
+    folder into view; then record the run's end and write the chain head beside the outputs.
+    A crash anywhere leaves: nothing visible and no charge, or a committed charge that the
+    next start rolls forward."""
     from privrelease.audit import chain, ledger, records
 
     staging, final = run.staging_dir, run.release_dir
-    (staging / RUN_MARKER).unlink(missing_ok=True)
     try:
-        os.rename(staging, final)
+        _fsync_files(staging)
+    except OSError as error:
+        raise _write_error(staging, error) from None
+    recorded = [
+        {
+            "mechanism": output.mechanism,
+            "path": str(final / output.file),
+            "sha256": output.sha256,
+            "rows": output.rows,
+            "bytes": output.bytes,
+        }
+        for output in outputs
+    ]
+    _PUBLISHING.add(run.run_id)  # from here a failure keeps the staged files (recovery may need them)
+    with _session() as s:
+        if reservation is not None:
+            ledger.commit(s, reservation.entry_id)
+        for output in outputs:
+            records.record_output(
+                s, run.run_id, final / output.file, sha256=output.sha256, rows=output.rows, size=output.bytes
+            )
+        for name, digest in (
+            (report.statement_file, report.statement_sha256),
+            (report.release_file, report.release_sha256),
+        ):
+            if name:
+                size = (staging / name).stat().st_size
+                records.record_output(s, run.run_id, final / name, sha256=digest, size=size)
+        _record_guarantees(s, run, plan)
+        html = (staging / report.file).read_text(encoding="utf-8")
+        records.store_report(s, run.run_id, html, path=final / report.file)
+        records.start_publishing(s, run.run_id)
+    try:
+        recovery.make_visible(staging, final)
     except OSError as error:
         raise UserError(f"cannot publish {str(final)!r}: {error.strerror or error}") from None
-    try:
-        with _session() as s:
-            if reservation is not None:
-                ledger.commit(s, reservation.entry_id)
-            recorded = []
-            for output in outputs:
-                path = final / output.file
-                records.record_output(s, run.run_id, path, sha256=output.sha256, rows=output.rows)
-                recorded.append(
-                    {
-                        "mechanism": output.mechanism,
-                        "path": str(path),
-                        "sha256": output.sha256,
-                        "rows": output.rows,
-                        "bytes": output.bytes,
-                    }
-                )
-            records.record_output(s, run.run_id, final / report.statement_file, sha256=report.statement_sha256)
-            if report.release_file:
-                records.record_output(s, run.run_id, final / report.release_file, sha256=report.release_sha256)
-            _record_guarantees(s, run, plan)
-            html = (final / report.file).read_text(encoding="utf-8")
-            records.store_report(s, run.run_id, html, path=final / report.file)
-            records.finish_run(s, run.run_id, "succeeded", timings=timings)
-            head = chain.head(s)
-            chain.write_head(final / CHAIN_HEAD_FILE, head)
-    except BaseException:
-        shutil.rmtree(final, ignore_errors=True)
-        raise
-    finally:
-        forget_data(run.run_id)
+    forget_data(run.run_id)
+    with _session() as s:
+        records.finish_run(s, run.run_id, "succeeded", timings=timings)
+        head = chain.head(s)
+        chain.write_head(final / CHAIN_HEAD_FILE, head)  # before the commit: see .recovery
+    _PUBLISHING.discard(run.run_id)
+    recovery.ACTIVE.discard(run.run_id)
     return Published(
         run_id=run.run_id,
         release_dir=str(final),
@@ -1227,21 +1295,41 @@ def record_failure(
     reservation: ReservationFacts | None = None,
     timings: dict[str, float] | None = None,
 ) -> str:
-    """After a failure: remove the staging and release folders (nothing is published), release
-    the reservation and record the run as failed. Returns the error text recorded (for a
-    :class:`DataStepError`, its safe text). Never raises for cleanup problems."""
+    """After a failure: a run already ``publishing`` (its charge committed) is settled by
+    :func:`.recovery.settle` (rolled forward when its staged files are whole). Any other run:
+    remove the staging folder (nothing is visible), release the reservation and record the run
+    as failed. Returns the error text recorded (for a :class:`DataStepError`, its safe text).
+    Never raises for cleanup problems."""
     text = f"{type(error).__name__}: {error}" if not isinstance(error, DataStepError) else str(error)
     if run is None:
         return text
     forget_data(run.run_id)
-    shutil.rmtree(run.staging_dir, ignore_errors=True)
+    if run.run_id not in _PUBLISHING:  # nothing committed: nothing of it may ever become visible
+        shutil.rmtree(run.staging_dir, ignore_errors=True)
+    try:
+        _settle_failed(run, text, reservation, timings)
+    finally:  # an unrecorded failure is settled by the next release in this process (or after it)
+        _PUBLISHING.discard(run.run_id)
+        recovery.ACTIVE.discard(run.run_id)
+    return text
+
+
+def _settle_failed(
+    run: RunContext, text: str, reservation: ReservationFacts | None, timings: dict[str, float] | None
+) -> None:
+    """Record the failure: a ``publishing`` run is settled by recovery; any other unfinished
+    run has its staging folder removed, its reservation released and is recorded failed."""
     from privrelease.audit import ledger, records
     from privrelease.audit.models import Run
 
     with _session() as s:
         found = s.get(Run, run.run_id)
         if found is not None and found.status == "succeeded":
-            return text  # the failure came after the commit: the release stands
+            return  # the failure came after the run's end: the release stands
+        if found is not None and found.status == "publishing":
+            recovery.settle(s, run.run_id)
+            return
+        shutil.rmtree(run.staging_dir, ignore_errors=True)
         if reservation is not None:
             try:
                 ledger.release(s, reservation.entry_id, reason=f"run failed: {text[:500]}")
@@ -1249,9 +1337,6 @@ def record_failure(
                 pass  # already released or expired
         if found is not None and found.status in ("pending", "running", "failed"):
             records.finish_run(s, run.run_id, "failed", timings=timings, error=text)
-    if run.release_dir.exists():
-        shutil.rmtree(run.release_dir, ignore_errors=True)
-    return text
 
 
 def seconds_since(start: float) -> float:

@@ -92,10 +92,16 @@ def read_dataset(
     missing: Literal["reject", "drop"] = "reject",
     missing_values: tuple[str, ...] = ("", "?"),
     domains: dict[str, Sequence[Any]] | None = None,
+    expected_sha256: str | None = None,
 ) -> DatasetRead:
     """Read ``path`` into a :class:`DatasetRead` of exactly ``columns`` (name -> ``integer`` |
     ``float`` | ``string``), checked as described in the module docstring; a column named in
     ``domains`` (its declared ``values``) may hold those values only.
+
+    The file is read once into memory and parsed from there; with ``expected_sha256`` those
+    bytes must hash to it (the fingerprint taken before the budget was reserved), so what is
+    parsed is exactly what was fingerprinted, whatever happens to the path in between
+    (overwritten, renamed over, relinked).
 
     CSV: ``delimiter`` None sniffs one of ``, ; TAB |`` from the first 64 KiB; ``quote`` None
     disables quoting; CRLF or LF line ends; ``header=False`` means the file has exactly the
@@ -103,20 +109,35 @@ def read_dataset(
     """
     path = Path(path)
     _check_arguments(format, columns, missing)
-    if not path.is_file():
-        raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
-    if path.stat().st_size == 0:
-        raise UserError(f"dataset file {str(path)!r} is empty")
+    data = _read_bytes(path, expected_sha256)
     if format == "csv":
-        raw = _read_csv(path, columns, delimiter, quote, header, encoding)
+        raw = _read_csv(data, path, columns, delimiter, quote, header, encoding)
     else:
-        raw = _read_parquet(path, columns)
+        raw = _read_parquet(data, path, columns)
     if raw.num_rows == 0:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
     read = _check_columns(raw, columns, missing, missing_values, path)
     for name, values in (domains or {}).items():
         _check_domain(read.table.column(name), name, values)
     return read
+
+
+def _read_bytes(path: Path, expected_sha256: str | None) -> pa.Buffer:
+    """The file's bytes, once; checked against ``expected_sha256`` when given."""
+    if not path.is_file():
+        raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read dataset file {str(path)!r}: {exc.strerror or exc}") from None
+    if not data:
+        raise UserError(f"dataset file {str(path)!r} is empty")
+    if expected_sha256 is not None and (found := hashlib.sha256(data).hexdigest()) != expected_sha256:
+        raise UserError(
+            f"dataset file {str(path)!r} changed after it was fingerprinted (sha256 "
+            f"{expected_sha256[:12]} then, {found[:12]} now): nothing was read from it; run again"
+        )
+    return pa.py_buffer(data)
 
 
 def _check_domain(column: pa.ChunkedArray, name: str, values: Sequence[Any]) -> None:
@@ -165,9 +186,8 @@ def _require_unique(path: Path, declared: dict[str, str], found: list[str]) -> N
             )
 
 
-def _sniff_delimiter(path: Path, encoding: str) -> str:
-    with open(path, "rb") as handle:
-        sample = handle.read(64 * 1024).decode(encoding, errors="replace")
+def _sniff_delimiter(data: pa.Buffer, path: Path, encoding: str) -> str:
+    sample = data[: 64 * 1024].to_pybytes().decode(encoding, errors="replace")
     try:
         return csv.Sniffer().sniff(sample, delimiters=SNIFFED_DELIMITERS).delimiter
     except csv.Error as exc:
@@ -180,6 +200,7 @@ def _sniff_delimiter(path: Path, encoding: str) -> str:
 
 
 def _read_csv(
+    data: pa.Buffer,
     path: Path,
     columns: dict[str, str],
     delimiter: str | None,
@@ -188,13 +209,13 @@ def _read_csv(
     encoding: str,
 ) -> pa.Table:
     if delimiter is None:
-        delimiter = _sniff_delimiter(path, encoding)
+        delimiter = _sniff_delimiter(data, path, encoding)
     if len(delimiter) != 1:
         raise UserError(f"delimiter must be one character; got {delimiter!r}")
     parse = pcsv.ParseOptions(delimiter=delimiter, quote_char=quote or False)
     read = pcsv.ReadOptions(encoding=encoding, autogenerate_column_names=not header)
     try:
-        with pcsv.open_csv(path, read_options=read, parse_options=parse) as reader:
+        with pcsv.open_csv(pa.BufferReader(data), read_options=read, parse_options=parse) as reader:
             found = reader.schema.names
         if header and found and found[0].startswith("\ufeff"):  # a byte-order mark before the header
             found = [found[0].removeprefix("\ufeff"), *found[1:]]
@@ -216,16 +237,16 @@ def _read_csv(
             strings_can_be_null=False,
             quoted_strings_can_be_null=False,
         )
-        return pcsv.read_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+        return pcsv.read_csv(pa.BufferReader(data), read_options=read, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, UnicodeDecodeError, LookupError) as exc:
         if "Empty CSV file" in str(exc):
             raise UserError(f"dataset file {str(path)!r} has no header and no rows") from exc
         raise UserError(f"dataset file {str(path)!r} is not valid CSV: {exc}") from exc
 
 
-def _read_parquet(path: Path, columns: dict[str, str]) -> pa.Table:
+def _read_parquet(data: pa.Buffer, path: Path, columns: dict[str, str]) -> pa.Table:
     try:
-        schema = pq.read_schema(path)
+        schema = pq.read_schema(pa.BufferReader(data))
         _require_present(path, columns, schema.names)
         as_dictionary = [
             name
@@ -233,7 +254,7 @@ def _read_parquet(path: Path, columns: dict[str, str]) -> pa.Table:
             if columns[name] == "string"
             and (pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type))
         ]
-        return pq.read_table(path, columns=list(columns), read_dictionary=as_dictionary)
+        return pq.read_table(pa.BufferReader(data), columns=list(columns), read_dictionary=as_dictionary)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
 

@@ -358,6 +358,7 @@ def test_relative_output_paths_resolve_against_output_root(
         approvals.register_policy(s, POLICY)
         run = records.start_run(s, policy_sha256=POLICY_SHA, code_version="t")
         output = records.record_output(s, run, "cells.csv", rows=1)
+        records.finish_run(s, run, "succeeded")
     assert output.path == "cells.csv"
     monkeypatch.chdir(tmp_path)
     assert check(engine, output_root=out).ok

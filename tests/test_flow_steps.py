@@ -414,6 +414,69 @@ def test_disk_full_publishes_nothing_and_loses_nothing(demo_dir, work, monkeypat
     assert [e.state for e in ledger_entries()] == ["committed", "released", "committed"]
 
 
+def _same_size_edit(path: Path) -> None:
+    """Change one digit of the first data row, keeping size and modification time."""
+    stat = path.stat()
+    text = path.read_text()
+    cut = text.index("\n") + 1
+    digit = next(i for i in range(cut, len(text)) if text[i].isdigit())
+    path.write_text(text[:digit] + str((int(text[digit]) + 1) % 10) + text[digit + 1 :])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+
+
+def _renamed_over(path: Path) -> None:
+    other = path.with_name("other.csv")
+    shutil.copy2(path, other)
+    _same_size_edit(other)
+    os.replace(other, path)
+
+
+def _relinked(path: Path) -> None:
+    other = path.with_name("other.csv")
+    shutil.copy2(path, other)
+    _same_size_edit(other)
+    path.unlink()
+    path.symlink_to(other)
+
+
+@pytest.mark.parametrize("swap", [_same_size_edit, _renamed_over, _relinked])
+@pytest.mark.parametrize("when", ["before the read", "before a second process reads"])
+def test_data_swapped_after_the_fingerprint_is_never_released(demo_dir, work, monkeypatch, swap, when):
+    """The file is changed between its fingerprint (which the reservation and the audit record
+    name) and its read: edited in place with its size and mtime kept, another file renamed over
+    it, or the path relinked. The read hashes the very bytes it parses, so the run fails
+    before any mechanism sees the other data, and nothing is published or charged."""
+    data = demo_dir / demo.DATA_FILE
+    if when == "before the read":
+        original = steps.reserve_budget
+
+        def then_swap(*args, **kwargs):
+            result = original(*args, **kwargs)
+            swap(data)
+            return result
+
+        monkeypatch.setattr(steps, "reserve_budget", then_swap)
+    else:  # a task in another process reads again (its table is not in this process)
+        original = steps.read_data
+
+        def then_swap(run, dataset):
+            result = original(run, dataset)
+            steps.forget_data(run.run_id)
+            swap(data)
+            return result
+
+        monkeypatch.setattr(steps, "read_data", then_swap)
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    assert "changed after it was fingerprinted" in caught.value.detail
+    assert_nothing_published(work / "releases")
+    (run,) = runs()
+    assert run.status == "failed"
+    assert [e.state for e in ledger_entries()] == ["released"]
+    verify_intact()
+
+
 def test_failed_commit_removes_the_published_folder(demo_dir, work, monkeypatch):
     from privrelease.audit import records
 
@@ -469,10 +532,10 @@ steps.release_plain(policy_path=sys.argv[1])
 """
 
 
-def test_process_killed_mid_run(demo_dir, work, tmp_path, monkeypatch):
-    """SIGKILL during the mechanisms: the next run finds nothing published by the killed one,
-    its reservation expired and released, its staging folder gone and the chain intact."""
-    monkeypatch.setenv("PRIVRELEASE_RESERVATION_TTL_SECONDS", "2")
+def test_process_killed_mid_run(demo_dir, work, tmp_path):
+    """SIGKILL during the mechanisms: the next run settles the killed one at once (its process
+    is gone; no waiting for the reservation to expire): nothing published, the reservation
+    released, its staging folder gone and the chain intact."""
     policy = str(demo_dir / demo.POLICY_FILE)
     marker = tmp_path / "marker"
     child = subprocess.Popen(
@@ -497,12 +560,11 @@ def test_process_killed_mid_run(demo_dir, work, tmp_path, monkeypatch):
     (entry,) = ledger_entries()
     assert entry.state == "reserved"
 
-    time.sleep(2.1)  # the reservation's time to live
     second = release_plain(policy_path=policy)
     assert published_dirs(root) == [Path(second.release_dir)]
     assert list(root.glob(".*")) == []  # the killed run's staging folder was removed
     killed, ok = runs()
-    assert killed.status == "failed" and "expired" in killed.error
+    assert killed.status == "failed" and "crashed before publishing (recovered)" in killed.error
     assert ok.status == "succeeded"
     assert [(e.run_id, e.state) for e in ledger_entries()] == [(killed.id, "released"), (ok.id, "committed")]
     with session(open_database(), readonly=True) as s:

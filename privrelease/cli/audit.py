@@ -1,7 +1,8 @@
 """``privrelease policy``, ``audit`` and ``ledger``: approvals, chain verification and the privacy
 ledger, read from and written to the audit database (``PRIVRELEASE_DB_URL``).
 
-These commands never import Prefect; the database schema is created or upgraded on first use.
+These commands never import Prefect (``audit recover`` does, only to mark crashed flow runs);
+the database schema is created or upgraded on first use.
 """
 
 from __future__ import annotations
@@ -200,16 +201,31 @@ def audit_verify(
         bool,
         typer.Option("--files/--no-files", help="Re-hash output and report files."),
     ] = True,
+    releases: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--releases",
+            help="A folder to check for release folders and files no recorded release published "
+            "(repeatable; default: every folder releases were published into, and the work directory's releases/).",
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Recompute the hash chain, every row's content hash and the output checksums.
+    """Recompute the hash chain, every row's content hash and the output checksums, and check
+    that everything visible in the release folders was published by a recorded run.
     Exit 0 when intact, 1 naming the first broken record."""
     from privrelease.audit import chain
     from privrelease.audit.database import session
+    from privrelease.flows.recovery import release_folder_problems, release_roots
+    from privrelease.settings import get_settings
 
     external = chain.read_head(head) if head is not None else None
     with session(_engine(), readonly=True) as s:
         result = chain.verify(s, head=external, output_root=output_root, check_files=files)
+        roots = releases or sorted(release_roots(s, output_root=output_root) | {get_settings().work_dir / "releases"})
+        for root in roots:
+            found = release_folder_problems(s, root.expanduser(), output_root=output_root)
+            result.problems += [chain.Problem(None, "unrecorded_release", message) for message in found]
     if json_output:
         print_json(result.to_dict())
     elif result.ok:
@@ -254,6 +270,62 @@ def audit_head(
         print_json({"seq": current.seq, "hash": current.hash})
     else:
         console.print(f"seq {current.seq} hash {current.hash}", highlight=False, soft_wrap=True)
+
+
+@audit_app.command("recover")
+def audit_recover(
+    runs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--run",
+            help="Also settle this run (id or unique prefix) although its process cannot be checked from "
+            "here (it ran on another host). Use only for a run known to be dead.",
+        ),
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Settle the runs a crash left unfinished: roll back the unpublished ones (their
+    reservation is released), roll forward the ones whose charge was committed (their staged
+    outputs are made visible when whole) and mark their Prefect flow runs Crashed."""
+    from privrelease.audit import records
+    from privrelease.audit.database import session
+    from privrelease.errors import UserError
+    from privrelease.flows import recovery
+
+    engine = _engine()
+    forced = []
+    with session(engine, readonly=True) as s:
+        for ref in runs or []:
+            run = records.find_run(s, ref)
+            if run.status not in recovery.UNSETTLED:
+                raise UserError(f"--run {ref}: run {run.id} is {run.status}; only an unfinished run can be settled")
+            owner = recovery.started_facts(s, run.id).get("owner")
+            if recovery.owner_alive(owner):
+                raise UserError(f"--run {ref}: run {run.id} is still running (pid {owner['pid']} on this host)")
+            forced.append(run.id)
+    settled = recovery.recover(engine, force=forced)
+    crashed, warning = [], None
+    if any(done.flow_run_id for done in settled):
+        try:
+            crashed = recovery.crash_flow_runs(settled)
+        except Exception as error:  # the audit side is settled; the Prefect side can be retried
+            warning = f"could not mark the Prefect flow runs Crashed: {error}"
+    if json_output:
+        print_json({"settled": [done.to_dict() for done in settled], "flow_runs_crashed": crashed, "warning": warning})
+        return
+    if not settled:
+        console.print("nothing to recover: no unfinished run of a dead process", highlight=False)
+    for done in settled:
+        console.print(
+            f"run {done.run_id[:12]} (was {done.was}): {done.action}; {done.detail}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    if crashed:
+        console.print(f"{len(crashed)} Prefect flow run(s) marked Crashed", highlight=False)
+    if warning:
+        console.print(warning, highlight=False, markup=False, soft_wrap=True)
 
 
 @audit_app.command("migrate")
