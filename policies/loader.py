@@ -98,6 +98,10 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     """Read, validate and hash the policy file at ``path``."""
     path = Path(path).resolve()
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise UserError(f"policy path is not a regular file (a device, pipe or socket): {path}")
+        if path.is_file() and path.stat().st_size > MAX_POLICY_BYTES:
+            raise UserError(f"policy file {path} is {path.stat().st_size} bytes; at most {MAX_POLICY_BYTES} (1 MiB)")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"policy file not found: {path}") from None
@@ -186,6 +190,8 @@ _PolicyYamlLoader.add_implicit_resolver(
 
 def _parse_yaml(text: str, source: str) -> tuple[MappingNode, Any]:
     """The node tree (for line numbers) and the plain data of a policy document."""
+    if len(text) > MAX_POLICY_BYTES:
+        raise UserError(f"{source}: the policy is {len(text)} characters; at most {MAX_POLICY_BYTES} (1 MiB)")
     loader = _PolicyYamlLoader(text)
     try:
         root = loader.get_single_node()
@@ -196,6 +202,7 @@ def _parse_yaml(text: str, source: str) -> tuple[MappingNode, Any]:
                 f"{source}, line {root.start_mark.line + 1}: the policy must be a YAML mapping "
                 f"(name: ..., dataset: ...); got a {'list' if isinstance(root, SequenceNode) else 'scalar'}"
             )
+        _check_size(root, source)
         _reject_duplicate_keys(root, (), source, set())
         _keep_text_raw(root)
         data = loader.construct_document(root)
@@ -206,9 +213,49 @@ def _parse_yaml(text: str, source: str) -> tuple[MappingNode, Any]:
         raise UserError(f"{where}: invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{source}: invalid YAML: nested deeper than {MAX_DEPTH} levels") from None
     finally:
         loader.dispose()
     return root, data
+
+
+MAX_POLICY_BYTES = 1 << 20
+MAX_DEPTH = 50  # a policy nests about five levels
+MAX_VALUES = 100_000  # YAML values after expanding aliases: bounds the work of every later step
+
+
+def _check_size(root: Node, source: str) -> None:
+    """Refuse a document nested deeper than :data:`MAX_DEPTH`, with a recursive alias, or
+    holding more than :data:`MAX_VALUES` values once its aliases are expanded (an "alias bomb":
+    500 bytes that expand to billions of values). Iterative; each node is counted once."""
+    expanded: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, finished = stack.pop()
+        children = [part for pair in node.value for part in pair] if isinstance(node, MappingNode) else []
+        if isinstance(node, SequenceNode):
+            children = list(node.value)
+        where = f"{source}, line {node.start_mark.line + 1}"
+        if finished:
+            open_nodes.discard(id(node))
+            expanded[id(node)] = 1 + sum(expanded[id(child)] for child in children)
+            if expanded[id(node)] > MAX_VALUES:
+                raise UserError(
+                    f"{where}: the policy expands to more than {MAX_VALUES} values through YAML aliases "
+                    "(anchors repeated inside each other); a policy is a few hundred values"
+                )
+            continue
+        if id(node) in expanded:
+            continue
+        if id(node) in open_nodes:
+            raise UserError(f"{where}: a YAML alias refers to a node that contains it (a recursive structure)")
+        if depth > MAX_DEPTH:
+            raise UserError(f"{where}: invalid YAML: nested deeper than {MAX_DEPTH} levels")
+        open_nodes.add(id(node))
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in children)
 
 
 def _reject_duplicate_keys(node: Node, loc: Loc, source: str, seen: set[int]) -> None:

@@ -31,6 +31,7 @@ from pydantic import (
     StrictBool,
     StrictStr,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -89,20 +90,34 @@ def format_loc(loc: Loc) -> str:
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """A short, readable rendering of a user's value for an error message."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, float):
-        text = _num(value)
-    elif isinstance(value, (list, tuple)):
-        text = "[" + ", ".join(show(v, limit) for v in value) + "]"
-    elif isinstance(value, dict):
-        text = "{" + ", ".join(f"{show(k)}: {show(v, limit)}" for k, v in value.items()) + "}"
-    elif value is None:
-        text = "null"
-    else:
-        text = repr(value)
+    """A short, readable rendering of a user's value for an error message (the work is bounded
+    by ``limit``, whatever the value's size: a YAML alias bomb renders as fast as a number)."""
+    text = _render(value, limit + 1)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _render(value: Any, budget: int) -> str:
+    """``value`` rendered, stopping once more than ``budget`` characters are written."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _num(value)
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple, dict)):
+        items = value.items() if isinstance(value, dict) else value
+        text = "{" if isinstance(value, dict) else "["
+        for item in items:
+            if len(text) > budget:
+                break
+            text += ", " if len(text) > 1 else ""
+            if isinstance(value, dict):
+                text += _render(item[0], budget - len(text)) + ": " + _render(item[1], budget - len(text))
+            else:
+                text += _render(item, budget - len(text))
+        return text + ("}" if isinstance(value, dict) else "]")
+    text = repr(value)
+    return text[: budget + 1]
 
 
 def _num(value: float) -> str:
@@ -157,8 +172,18 @@ def _unique(items: tuple[str, ...]) -> tuple[str, ...]:
 Text = Annotated[StrictStr, BeforeValidator(_number_as_text)]
 Name = Annotated[Text, AfterValidator(_not_blank)]
 Names = Annotated[tuple[Name, ...], AfterValidator(_unique)]
-Number = Annotated[float, Strict()]
-Integer = Annotated[int, Strict()]
+MAX_MAGNITUDE = 1e15  # every integer up to it is exact in a double; differences stay finite
+MAX_K = 100_000  # the SDGS calculus scans cell sizes from k: its work grows with k
+MAX_EPSILON = 100.0  # e^epsilon stays finite; beyond it a guarantee says nothing
+
+
+def _bounded(value: float, info: ValidationInfo) -> float:
+    if abs(value) > MAX_MAGNITUDE:
+        raise ValueError(f"{info.field_name} must be a number within ±1e15; got {show(value)}")
+    return value
+
+
+Number = Annotated[float, Strict(), AfterValidator(_bounded)]
 
 
 def _at_least(count: int, what: str) -> AfterValidator:
@@ -176,14 +201,14 @@ def _at_least(count: int, what: str) -> AfterValidator:
 
 
 Beta = Annotated[float, _check("beta", "in (0, 1]", lambda v: 0 < v <= 1)]
-K = Annotated[int, _check("k", "an integer >= 1", lambda v: v >= 1, integer=True)]
-Gamma = Annotated[int, _check("gamma", "an integer >= 2", lambda v: v >= 2, integer=True)]
-Epsilon = Annotated[float, _check("epsilon", ">= 0", lambda v: v >= 0)]
-PositiveEpsilon = Annotated[float, _check("epsilon", "> 0", lambda v: v > 0)]
+K = Annotated[int, _check("k", f"an integer in [1, {MAX_K}]", lambda v: 1 <= v <= MAX_K, integer=True)]
+Gamma = Annotated[int, _check("gamma", f"an integer in [2, {MAX_K}]", lambda v: 2 <= v <= MAX_K, integer=True)]
+Epsilon = Annotated[float, _check("epsilon", "in [0, 100]", lambda v: 0 <= v <= MAX_EPSILON)]
+PositiveEpsilon = Annotated[float, _check("epsilon", "in (0, 100]", lambda v: 0 < v <= MAX_EPSILON)]
 Rho = Annotated[float, _check("rho", "in (0, 1)", lambda v: 0 < v < 1)]
 Delta = Annotated[float, _check("delta", "in (0, 1)", lambda v: 0 < v < 1)]
-Level = Annotated[int, _check("level", "an integer >= 0", lambda v: v >= 0, integer=True)]
-Rows = Annotated[int, _check("rows", "an integer >= 1", lambda v: v >= 1, integer=True)]
+Level = Annotated[int, _check("level", "an integer in [0, 1000]", lambda v: 0 <= v <= 1000, integer=True)]
+Rows = Annotated[int, _check("rows", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
 
 
 class _Model(BaseModel):
@@ -835,17 +860,26 @@ def _check_domain(loc: Loc, column: str, scheme: _Scheme, values: Sequence[Any])
             )
 
 
+OUTPUT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
 def _check_mechanisms(policy: Policy) -> Iterator[Issue]:
-    names: dict[str, int] = {}
+    names: dict[str, int] = {}  # lower-cased: output files must differ on case-insensitive file systems too
     for i, mechanism in enumerate(policy.mechanisms):
         here: Loc = ("mechanisms", i)
-        if mechanism.name in names:
+        if not OUTPUT_NAME.fullmatch(mechanism.name):
             yield Issue(
                 (*here, "name"),
-                f"mechanism name {mechanism.name!r} is already used by mechanisms[{names[mechanism.name]}]; "
-                "names must be unique",
+                f"mechanism name {mechanism.name!r} names its output file: use letters, digits, '-' and '_' "
+                "(starting with a letter or digit), at most 64 characters",
             )
-        names.setdefault(mechanism.name, i)
+        if mechanism.name.lower() in names:
+            yield Issue(
+                (*here, "name"),
+                f"mechanism name {mechanism.name!r} is already used by mechanisms[{names[mechanism.name.lower()]}] "
+                "(names are compared ignoring case: each names an output file); names must be unique",
+            )
+        names.setdefault(mechanism.name.lower(), i)
         for j, candidate in enumerate(mechanism.candidates):
             if candidate not in policy.candidate_schemes:
                 defined = ", ".join(policy.candidate_schemes) or "none"

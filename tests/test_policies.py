@@ -667,6 +667,31 @@ def test_bad_policy_message(
     assert_mentions(message, "p.yaml", f"line {line}, {path}:", value, allowed)
 
 
+@pytest.mark.parametrize(
+    "first, second, expected",
+    [
+        ("a/b", "a_b", "'a/b' names its output file"),
+        ("../escape", "fine", "'../escape' names its output file"),
+        ("Counts", "counts", "'counts' is already used by mechanisms[0] (names are compared ignoring case"),
+        ("x" * 65, "y", "at most 64 characters"),
+    ],
+)
+def test_mechanism_names_are_safe_unique_file_names(folder: Path, first: str, second: str, expected: str) -> None:
+    """Each mechanism's name is its output's file name: two names must never give one file."""
+    block = "    beta: 0.1\n    k: 20\n    epsilon: 1.0\n"
+    text = edit(
+        BASE,
+        (
+            "  - name: microdata\n    type: sdgs\n    columns: [age, sex]\n" + block,
+            f"  - name: {first!r}\n    type: sdgs\n    columns: [age, sex]\n"
+            + block
+            + f"  - name: {second!r}\n    type: sdgs\n    columns: [age]\n"
+            + block,
+        ),
+    )
+    assert_mentions(error_of(text, folder), "mechanisms[", ".name:", expected)
+
+
 def test_top_not_above_bottom(folder: Path) -> None:
     text = edit(
         BASE,

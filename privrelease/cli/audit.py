@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json
+from privrelease.cli.output import console, print_json, styled
 
 policy_app = typer.Typer(help="Approve, list and show policy versions.", no_args_is_help=True)
 audit_app = typer.Typer(help="Check the hash-chained audit log.", no_args_is_help=True)
@@ -92,8 +92,15 @@ def policy_approve(
         print_json(document)
         return
     console.print(
-        f"approved [bold]{facts.name}@{facts.version}[/] (sha256 {facts.sha256}) by "
-        f"{approval.approved_by} (OS user {approval.os_user}) at {document['approved_at']}",
+        styled(
+            "approved [bold]{}@{}[/] (sha256 {}) by {} (OS user {}) at {}",
+            facts.name,
+            facts.version,
+            facts.sha256,
+            approval.approved_by,
+            approval.os_user,
+            document["approved_at"],
+        ),
         highlight=False,
         soft_wrap=True,
     )
@@ -132,7 +139,7 @@ def policy_list(json_output: JsonFlag = False) -> None:
             row["version"],
             _short(row["sha256"]),
             _minute(row["registered_at"]),
-            f"{last['approved_by']} ({_minute(last['approved_at'])})" if last else "[red]not approved[/]",
+            f"{last['approved_by']} ({_minute(last['approved_at'])})" if last else styled("[red]not approved[/]"),
         )
     console.print(table)
 
@@ -165,11 +172,11 @@ def policy_show(
     if json_output:
         print_json(document)
         return
-    console.print(f"[bold]{version.name}@{version.version}[/]", highlight=False, soft_wrap=True)
+    console.print(styled("[bold]{}@{}[/]", version.name, version.version), highlight=False, soft_wrap=True)
     console.print(f"sha256      {version.sha256}", highlight=False, soft_wrap=True)
     console.print(f"registered  {document['registered_at']} UTC", highlight=False, soft_wrap=True)
     if not approved:
-        console.print("approvals   [red]none[/]")
+        console.print(styled("approvals   [red]none[/]"))
     for approval in approved:
         note = f": {approval.note}" if approval.note else ""
         console.print(
@@ -230,15 +237,21 @@ def audit_verify(
         print_json(result.to_dict())
     elif result.ok:
         console.print(
-            f"[green]intact[/]: {result.records} records, {result.rows_checked} rows, "
-            f"{result.files_checked} files; head seq {result.head.seq} hash {result.head.hash}",
+            styled(
+                "[green]intact[/]: {} records, {} rows, {} files; head seq {} hash {}",
+                result.records,
+                result.rows_checked,
+                result.files_checked,
+                result.head.seq,
+                result.head.hash,
+            ),
             highlight=False,
             soft_wrap=True,
         )
     else:
         first = result.first
         assert first is not None
-        console.print(f"[bold red]BROKEN[/]: {first.message}", highlight=False, soft_wrap=True)
+        console.print(styled("[bold red]BROKEN[/]: {}", first.message), highlight=False, soft_wrap=True)
         for problem in result.problems[1:]:
             console.print(
                 f"  also: {problem.message}",
@@ -413,9 +426,9 @@ def ledger_show(
         return
     if ds.id != dataset.strip():
         console.print(f"{dataset!r} is a file of dataset {ds.id}", highlight=False, soft_wrap=True)
-    console.print(f"dataset [bold]{ds.id}[/]; accountant: {ds.notion}", highlight=False, soft_wrap=True)
+    console.print(styled("dataset [bold]{}[/]; accountant: {}", ds.id, ds.notion), highlight=False, soft_wrap=True)
     if ds.note:
-        console.print(f"[yellow]note:[/] {ds.note}", highlight=False, soft_wrap=True)
+        console.print(styled("[yellow]note:[/] {}", ds.note), highlight=False, soft_wrap=True)
     console.print(f"lifetime budget  {status.budget}", highlight=False, soft_wrap=True)
     how = f"composition of {len(status.counting)} stored trees"
     if ds.notion == "approximate" and 0 < status.budget.delta < 1:

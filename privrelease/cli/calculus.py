@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json
+from privrelease.cli.output import console, print_json, styled
 from privrelease.errors import TargetNotMet, UserError
 
 guarantee_app = typer.Typer(help="Guarantees of a mechanism for given parameters.", no_args_is_help=True)
@@ -75,8 +75,13 @@ def plan(policy: Path = typer.Argument(..., help="The release policy (YAML)."), 
 def _print_plan(result) -> None:
     policy = result.loaded.policy
     console.print(
-        f"[bold]{policy.name}[/] version {policy.version}  sha256 {result.loaded.sha256[:16]}…  "
-        f"accounting: [bold]{result.notion}[/]",
+        styled(
+            "[bold]{}[/] version {}  sha256 {}…  accounting: [bold]{}[/]",
+            policy.name,
+            policy.version,
+            result.loaded.sha256[:16],
+            result.notion,
+        ),
         highlight=False,
     )
     table = Table(title="Mechanisms (no data read)", title_justify="left")
@@ -87,7 +92,7 @@ def _print_plan(result) -> None:
         for notion in ("probabilistic", "approximate"):
             g = m.guarantees[notion]
             cells.append(f"({_fmt(g.epsilon)}, {_fmt(g.delta, 3)})" if g.supported else f"none: {g.detail}")
-        table.add_row(f"{m.name} [dim]{m.type}[/]", _event_text(m.event), *cells, _facts_text(m.facts))
+        table.add_row(styled("{} [dim]{}[/]", m.name, m.type), _event_text(m.event), *cells, _facts_text(m.facts))
     console.print(table)
     composed = Table(title="Composed over the release", title_justify="left")
     for column in ("accounting", "epsilon", "delta", "how"):
@@ -113,11 +118,13 @@ def _print_plan(result) -> None:
         checks.add_column(column, overflow="fold")
     for check in result.checks:
         checks.add_row(
-            check.target, check.required, check.achieved, "[green]pass[/]" if check.passed else "[red]FAIL[/]"
+            check.target, check.required, check.achieved, styled("[green]pass[/]" if check.passed else "[red]FAIL[/]")
         )
     console.print(checks)
     console.print(
-        "[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]"
+        styled(
+            "[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]"
+        )
     )
 
 
@@ -318,7 +325,7 @@ def calibrate_identifiability(
         )
         console.print(table)
         if not result.feasible:
-            console.print(f"[red]infeasible:[/] {result.reason}", highlight=False)
+            console.print(styled("[red]infeasible:[/] {}", result.reason), highlight=False)
     if not result.feasible:
         raise typer.Exit(TargetNotMet.exit_code)
 

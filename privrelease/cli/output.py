@@ -9,9 +9,18 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
-console = Console()
-error_console = Console(stderr=True)
+# Markup off: user text (names, notes, approvers, data labels) always prints as written, in
+# table cells too; our own styling goes through :func:`styled`.
+console = Console(markup=False)
+error_console = Console(stderr=True, markup=False)
+
+
+def styled(template: str, *values: Any) -> Text:
+    """Rich markup of ours with user ``values`` put in as plain text:
+    ``styled("approved [bold]{}[/]", name)``."""
+    return Text.from_markup(template.format(*(escape(str(value)) for value in values)))
 
 
 def _jsonable(value: Any) -> Any:
@@ -36,5 +45,5 @@ def fail(message: str, exit_code: int, *, field: str | None = None, allowed: str
     if "--json" in sys.argv[1:]:
         print_json({"error": message, "field": field, "allowed": allowed, "exit_code": exit_code})
     else:
-        error_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        error_console.print(styled("[bold red]error:[/] {}", message), highlight=False, soft_wrap=True)
     sys.exit(exit_code)

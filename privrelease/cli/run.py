@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from privrelease.cli.output import console, error_console, fail, print_json
+from privrelease.cli.output import console, error_console, fail, print_json, styled
 from privrelease.errors import TargetNotMet, UserError
 
 PREFECT_DEFAULTS = {
@@ -278,7 +277,7 @@ class RichProgress:
     def done(self, step: str, seconds: float, note: str = "") -> None:
         self.close()
         error_console.print(
-            f"  [green]✓[/] {step} [dim]{seconds:.2f} s{' ' + note if note else ''}[/]",
+            styled("  [green]✓[/] {} [dim]{}[/]", step, f"{seconds:.2f} s{' ' + note if note else ''}"),
             highlight=False,
         )
 
@@ -334,7 +333,10 @@ def run_flow(
         status.stop()
     if server is not None:
         error_console.print(
-            f"  [green]✓[/] Prefect server ready [dim]{timings['prefect_start']:.1f} s (log {server.log_path})[/]",
+            styled(
+                "  [green]✓[/] Prefect server ready [dim]{}[/]",
+                f"{timings['prefect_start']:.1f} s (log {server.log_path})",
+            ),
             highlight=False,
         )
     from privrelease.flows import steps
@@ -394,7 +396,7 @@ def _print_summary(summary: dict[str, Any], timings: dict[str, float], json_outp
     )
     console.print(f"run id:      {summary['run_id']}", highlight=False)
     for warning in summary.get("warnings", []):
-        error_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+        error_console.print(styled("[bold yellow]warning:[/] {}", warning), highlight=False, soft_wrap=True)
 
 
 def _release(json_output: bool, server: TemporaryServer | None, **parameters: Any) -> None:
@@ -627,7 +629,7 @@ def demo_command(
         folder = directory or get_settings().work_dir / "demo"
         policy_path, data_path = demo.write_demo(folder, seed=seed)
         error_console.print(
-            f"  [green]✓[/] wrote {demo.ROWS} rows of SYNTHETIC data: {data_path}",
+            styled("  [green]✓[/] wrote {} rows of SYNTHETIC data: {}", demo.ROWS, data_path),
             highlight=False,
             soft_wrap=True,
         )
@@ -635,7 +637,12 @@ def demo_command(
         with session(open_database()) as s:
             approvals.approve_policy(s, facts, "privrelease demo", note="demo policy on synthetic data")
         error_console.print(
-            f"  [green]✓[/] approved {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) as 'privrelease demo'",
+            styled(
+                "  [green]✓[/] approved {}@{} (sha256 {}) as 'privrelease demo'",
+                facts.name,
+                facts.version,
+                facts.sha256[:12],
+            ),
             highlight=False,
         )
         progress = RichProgress()

@@ -1,0 +1,111 @@
+"""Hostile input: policies built to exhaust the parser, the calculus or the terminal, and user
+text built to look like Rich markup. Each is a clear error (exit 2) in about a second, or, for
+text, printed as written; nothing is recorded for a refused policy."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from privrelease import demo
+from privrelease.cli import app
+from privrelease.errors import UserError
+from privrelease.flows.steps import release_plain
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def demo_policy(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_PRODUCTION", raising=False)
+    policy, _ = demo.write_demo(tmp_path / "demo", seed=3)
+    return policy
+
+
+def _alias_bomb(levels: int = 8) -> str:
+    """~300 bytes of YAML that expand to 9**levels strings."""
+    anchors = ['&a0 ["x","x","x","x","x","x","x","x","x"]']
+    anchors += [f"&a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(anchors) + "]"
+
+
+def _variant(policy: Path, pattern: str, replacement: str) -> Path:
+    text, count = re.subn(pattern, replacement, policy.read_text(), count=1, flags=re.M)
+    assert count == 1, pattern
+    path = policy.with_name("hostile.yaml")
+    path.write_text(text)
+    return path
+
+
+def _plan(path: Path | str) -> tuple[int, str, float]:
+    """Exit code and message of `privrelease plan PATH` (as `main` turns a user error into
+    them; tested end to end in test_cli_calculus), and the seconds it took."""
+    start = time.perf_counter()
+    result = runner.invoke(app, ["plan", str(path)])
+    seconds = time.perf_counter() - start
+    if isinstance(result.exception, UserError):
+        return result.exception.exit_code, str(result.exception), seconds
+    return result.exit_code, result.output, seconds
+
+
+@pytest.mark.parametrize(
+    "pattern, replacement, expected",
+    [
+        (r"^version:", f"description: {_alias_bomb()}\nversion:", "expands to more than 100000 values"),
+        (r"^version:", f"nonsense: {_alias_bomb()}\nversion:", "expands to more than 100000 values"),
+        (r"^version:", "description: &r [x, *r]\nversion:", "a node that contains it"),
+        (r"^version:", "description: " + "[" * 3000 + "]" * 3000 + "\nversion:", "nested deeper than 50 levels"),
+        (r"^    k: 20$", "    k: 1000000000000000000000000000000", "mechanisms[0].k: k must be an integer in [1, 100000]"),
+        (r"^    k: 20$", "    k: 10000000", "k must be an integer in [1, 100000]"),
+        (r"^    epsilon: 1.0$", "    epsilon: 1e308", "mechanisms[0].epsilon: epsilon must be in [0, 100]"),
+        (r"^    lower: 1$", "    lower: -1e308", "mechanisms[2].lower: lower must be a number within ±1e15"),
+        (r"^    upper: 99$", "    upper: 1e300", "upper must be a number within ±1e15"),
+        (r"^  lifetime_budget: \{epsilon: 20", "  lifetime_budget: {epsilon: 1e200", "epsilon must be in (0, 100]"),
+    ],
+    ids=["alias bomb", "alias bomb in an unknown field", "recursive alias", "deep nesting", "k 1e30", "k 1e7",
+         "epsilon 1e308", "lower -1e308", "upper 1e300", "lifetime epsilon 1e200"],
+)  # fmt: skip
+def test_hostile_policy_is_refused_at_once(demo_policy, pattern, replacement, expected):
+    code, output, seconds = _plan(_variant(demo_policy, pattern, replacement))
+    assert code == 2, output
+    assert expected in output and "Traceback" not in output
+    assert seconds < 3, f"{seconds:.1f} s"
+
+
+def test_oversized_and_special_policy_files(demo_policy, tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text(demo_policy.read_text() + "#" * (1 << 20) + "\n")
+    code, output, _ = _plan(big)
+    assert code == 2 and "at most 1048576 (1 MiB)" in output
+    code, output, _ = _plan("/dev/zero")
+    assert code == 2 and "not a regular file" in output
+
+
+def test_markup_in_user_text_prints_as_written(demo_policy, monkeypatch):
+    """`[/x]` (a closing tag Rich cannot match) in a policy name, an approver and a note, shown
+    by every command that prints them: as written, exit 0, nothing half-done."""
+    from privrelease.cli.output import console
+
+    monkeypatch.setattr(console, "width", 200)  # table cells unwrapped
+    policy = _variant(demo_policy, r"^name: .*$", 'name: "census[/x][bold]"')
+    result = runner.invoke(app, ["policy", "approve", str(policy), "--by", "[/x] Chief", "--note", "[/red] ok"])
+    assert result.exit_code == 0, result.output
+    assert "census[/x][bold]" in result.output and "[/x] Chief" in result.output
+    listed = runner.invoke(app, ["policy", "list"])
+    assert listed.exit_code == 0 and "census[/x][bold]" in listed.output and "[/x] Chief" in listed.output
+    shown = runner.invoke(app, ["policy", "show", "census[/x][bold]"])
+    assert shown.exit_code == 0 and "[/red] ok" in shown.output, shown.output
+    planned = runner.invoke(app, ["plan", str(policy)])
+    assert planned.exit_code == 0 and "census[/x][bold]" in planned.output
+    release_plain(policy_path=str(policy))
+    reports = runner.invoke(app, ["report", "list"])
+    assert reports.exit_code == 0 and "census[/x][bold]" in reports.output, reports.output
+    approvals = json.loads(runner.invoke(app, ["policy", "list", "--json"]).output)
+    assert len(approvals) == 1
