@@ -6,11 +6,17 @@ operating-system user (``getpass.getuser()``), the time and a note. A name@versi
 one hash: a changed file under the same name and version is refused (bump ``version``). In
 production mode a run calls :func:`require_approved`, which refuses an unapproved or changed
 policy.
+
+Production mode is a property of the audit database (:func:`set_production_mode`, a chain
+record naming who set it), so whoever runs a release cannot switch it off: a run is in
+production mode when the database says so, or ``PRIVRELEASE_PRODUCTION`` or ``--production``
+asks for it; nothing turns it off but a new, recorded mode.
 """
 
 from __future__ import annotations
 
 import getpass
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +34,12 @@ __all__ = [
     "list_policies",
     "policy_facts",
     "register_policy",
+    "production_mode",
     "require_approved",
+    "set_production_mode",
 ]
+
+MODE_RECORD = "mode_set"
 
 
 @dataclass(frozen=True)
@@ -175,3 +185,19 @@ def find_policy(session: Session, ref: str) -> PolicyVersion:
     if found is None:
         raise UserError(f"no registered policy {ref!r} (see `privrelease policy list`)")
     return found
+
+
+def production_mode(session: Session) -> bool:
+    """The database's mode: the newest :func:`set_production_mode` record (False when none)."""
+    from privrelease.audit.models import AuditEvent
+
+    statement = select(AuditEvent).where(AuditEvent.kind == MODE_RECORD).order_by(col(AuditEvent.seq).desc()).limit(1)
+    newest = session.exec(statement).first()
+    return bool(newest is not None and json.loads(newest.payload_json).get("production"))
+
+
+def set_production_mode(session: Session, production: bool, *, by: str, note: str | None = None) -> None:
+    """Record the database's mode (who set it: ``by`` and the operating-system user)."""
+    if not by.strip():
+        raise UserError("--by must name who sets the mode; got an empty name")
+    chain.append(session, MODE_RECORD, production=production, by=by, os_user=getpass.getuser(), note=note)

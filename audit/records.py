@@ -126,11 +126,13 @@ def start_run(
     run_id: str | None = None,
     owner: Mapping[str, Any] | None = None,
     release_dir: str | None = None,
+    production: bool | None = None,
 ) -> Run:
     """Create a run (status ``pending``) of the registered policy version ``policy_sha256``.
     ``kind`` is ``release``, ``rerun`` or ``reissue`` (then ``source_run_id`` names the run
     repeated or handed back). ``owner`` (the process running it) and ``release_dir`` (where
-    it will publish) go into the ``run_started`` record, for crash recovery."""
+    it will publish) go into the ``run_started`` record, for crash recovery, and so does the
+    mode it runs in (``production``)."""
     if session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == policy_sha256)).first() is None:
         raise UserError(f"policy sha256 {policy_sha256[:12]} is not registered: approve or register it first")
     run = Run(
@@ -143,6 +145,8 @@ def start_run(
         source_run_id=source_run_id,
     )
     located = {"owner": dict(owner), "release_dir": release_dir} if owner is not None else {}
+    if production is not None:
+        located["production"] = production
     chain.append(session, "run_started", run, run=run.id, policy_sha256=policy_sha256, **located)
     return run
 

@@ -33,14 +33,17 @@ def preflight(
     loaded.require_dataset_id()
     if output_format not in steps.OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
-    data = Path(data_path).expanduser() if data_path else loaded.dataset_path
+    data = loaded.data_file(data_path)
     if not data.is_file():
         raise UserError(f"dataset file {str(data)!r} does not exist or is not a file")
     header = steps.header_names(data, loaded.policy.dataset)
     if header is not None:
         absent = [name for name in loaded.policy.dataset.columns if name not in header]
         if absent:
-            raise UserError(f"dataset file {str(data)!r} has no column {absent[0]!r} (declared in dataset.columns)")
+            raise UserError(  # the terminal only: preflight records nothing
+                f"dataset file {str(data)!r} has no column {absent[0]!r} (declared in dataset.columns); "
+                f"its columns are: {', '.join(map(repr, header))}"
+            )
     plan = steps.plan_summary(source)
     if not plan.passed:
         missed = "; ".join(
@@ -50,10 +53,10 @@ def preflight(
     from privrelease.audit import approvals, ledger
     from privrelease.audit.database import open_database, session
 
-    production = get_settings().production if production is None else production
     with session(open_database(), readonly=True) as s:
-        if production:
+        if production or get_settings().production or approvals.production_mode(s):
             approvals.require_approved(s, approvals.policy_facts(loaded))
+            steps.require_approved_data(loaded, str(data))
         if plan.charged_event_json is not None:
             budget = ledger.resolve_lifetime_budget(loaded.policy.targets.lifetime_budget)
             status = ledger.status_for(s, loaded.require_dataset_id(), budget, plan.notion)

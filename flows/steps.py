@@ -109,21 +109,27 @@ def get_progress() -> ProgressSink | None:
 class DataStepError(Exception):
     """A failure while the data is in hand. ``str()`` names the step and the error type only
     (safe for logs and the audit database); ``detail`` is the original message and
-    ``original`` the original exception, for the operator's terminal."""
+    ``original`` the original exception, for the operator's terminal. Pickled (as Prefect does
+    for states and results) it keeps neither."""
 
-    def __init__(self, step: str, original: BaseException) -> None:
+    def __init__(self, step: str, original: BaseException | None, *, kind: str = "", exit_code: int | None = None):
         self.step = step
         self.original = original
-        self.detail = str(original)
+        self.detail = str(original) if original is not None else "(withheld)"
+        self.kind = kind or type(original).__name__
+        self.exit_code: int | None = getattr(original, "exit_code", exit_code)
         super().__init__(
-            f"{step} failed: {type(original).__name__} (details withheld from logs and the "
+            f"{step} failed: {self.kind} (details withheld from logs and the "
             "audit database because they may quote the data; shown on the operator's terminal)"
         )
 
-    @property
-    def exit_code(self) -> int | None:
-        """The CLI exit code of the original error (None for a bug)."""
-        return getattr(self.original, "exit_code", None)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_withheld, (self.step, self.kind, self.exit_code))
+
+
+def _withheld(step: str, kind: str, exit_code: int | None) -> DataStepError:
+    """A :class:`DataStepError` as unpickled: the safe text only."""
+    return DataStepError(step, None, kind=kind, exit_code=exit_code)
 
 
 @contextmanager
@@ -484,8 +490,8 @@ def verify_policy(
 ) -> RunContext:
     """Load and validate the policy, register its version, and start the run.
 
-    In production mode (``production``, default the ``PRIVRELEASE_PRODUCTION`` setting) the
-    policy's exact hash must be approved (:func:`privrelease.audit.approvals.require_approved`);
+    In production mode (the audit database's mode, the ``PRIVRELEASE_PRODUCTION`` setting or
+    ``production=True``; nothing here switches it off) the policy's exact hash must be approved (:func:`privrelease.audit.approvals.require_approved`);
     a refused policy that can be registered gets a failed run recording the refusal."""
     from privrelease.audit import approvals, records
 
@@ -495,9 +501,7 @@ def verify_policy(
     loaded.require_dataset_id()  # refused before anything is recorded or read
     facts = approvals.policy_facts(loaded)
     settings = get_settings()
-    production = settings.production if production is None else production
-    data = str(Path(data_path).expanduser().resolve()) if data_path else None
-    data = data or str(loaded.dataset_path)
+    data = str(loaded.data_file(data_path))
     out_root = Path(out_dir).expanduser() if out_dir else settings.work_dir / "releases"
     run_id = uuid.uuid4().hex
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -506,9 +510,11 @@ def verify_policy(
     refusal: UserError | None = None
     with _session() as s:
         approval = None
+        production = bool(production) or settings.production or approvals.production_mode(s)
         if production:
             try:
                 approval = approvals.require_approved(s, facts)
+                require_approved_data(loaded, data)
             except UserError as error:
                 refusal = error
         else:
@@ -528,6 +534,7 @@ def verify_policy(
             run_id=run_id,
             owner=recovery.process_owner(),
             release_dir=str(out_root.resolve() / release_name),
+            production=production,
         )
         if refusal is not None:
             records.finish_run(s, run_id, "failed", error=f"refused: {refusal}")
@@ -561,6 +568,19 @@ def verify_policy(
     )
     _write_manifest(run)
     return run
+
+
+def require_approved_data(loaded: Any, data: str) -> None:
+    """Production mode: the file read must be one the approval saw. The approved policy names
+    it (``dataset.path``), or pins its content (``dataset.sha256``, checked when it is
+    fingerprinted), which any path may then hold; ``--data`` naming another file is refused."""
+    if loaded.policy.dataset.sha256 is None and Path(data).resolve() != loaded.dataset_path.resolve():
+        raise UserError(
+            f"production mode: --data {data!r} is not the file the approved policy names "
+            f"(dataset.path {str(loaded.dataset_path)!r}); approve a policy naming it, or pinning its "
+            "content (dataset.sha256)",
+            field="--data",
+        )
 
 
 def _registrable(session: Any, facts: Any) -> bool:
@@ -743,6 +763,12 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     else:
         header = csv_header(kept, path, dataset)
         rows = lines - (1 if header is not None else 0)
+    pinned = dataset.sha256
+    if pinned is not None and sha256 != pinned:
+        raise UserError(
+            f"dataset file {str(path)!r} has sha256 {sha256[:12]}, but the policy pins dataset.sha256 "
+            f"{pinned[:12]} (the vintage it was approved for): use that file or a policy for this one"
+        )
     if run.expected_fingerprint is not None and sha256 != run.expected_fingerprint:
         raise UserError(
             f"dataset file {str(path)!r} has sha256 {sha256[:12]}, but run "
@@ -753,8 +779,9 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
         absent = [name for name in dataset.columns if name not in header]
         if absent:
             raise UserError(
-                f"dataset file {str(path)!r} has no column {absent[0]!r} (declared in the "
-                f"policy); its columns are: {', '.join(map(repr, header))}"
+                f"dataset file {str(path)!r} has no column {absent[0]!r} (declared in the policy) "
+                f"among its {len(header)} columns (their names are part of the data: not recorded; "
+                "`privrelease run` lists them on the terminal before it starts)"
             )
     if dataset.rows is not None and rows != dataset.rows:
         raise UserError(

@@ -3,8 +3,8 @@
 canonical JSON = ``{"canonical_version": 1, "policy": <dump>}`` with sorted keys and no whitespace,
 where ``<dump>`` is the validated policy with every default filled in, floats written by their
 shortest round-trip form (``0.1`` and ``1e-1`` are the same float), and each hierarchy file path
-replaced by ``"sha256:<hex>"`` of its parsed rows; ``dataset.id`` is left out when absent (so a policy
-written before the field existed keeps its hash). So comments, key order, quoting and YAML layout
+replaced by ``"sha256:<hex>"`` of its parsed rows; ``dataset.id`` and ``dataset.sha256`` are left out
+when absent (so a policy written before the fields existed keeps its hash). So comments, key order, quoting and YAML layout
 do not change the hash; any value, or the content of a hierarchy file, does.
 """
 
@@ -36,8 +36,9 @@ def policy_hash(loaded: LoadedPolicy) -> str:
 def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) -> str:
     """Canonical JSON of ``policy`` with ``hierarchies`` (column -> parsed rows)."""
     body = policy.model_dump(mode="python")
-    if body["dataset"]["id"] is None:
-        del body["dataset"]["id"]  # absent: policies written before dataset.id keep their hash
+    for optional in ("id", "sha256"):
+        if body["dataset"][optional] is None:
+            del body["dataset"][optional]  # absent: policies written before the field keep their hash
     for scheme, column in _hierarchy_schemes(body):
         scheme["hierarchy"] = "sha256:" + hierarchy_sha256(hierarchies[column])
     document = {"canonical_version": CANONICAL_VERSION, "policy": _normalize(body)}

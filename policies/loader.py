@@ -69,6 +69,12 @@ class LoadedPolicy:
         """Where the dataset is."""
         return self.resolve(self.policy.dataset.path)
 
+    def data_file(self, override: str | Path | None = None) -> Path:
+        """The data file a run reads: ``override`` (``--data``) or the policy's, confined to
+        the policy's folder and the data roots (:func:`confine`)."""
+        path = Path(override).expanduser().resolve() if override else self.dataset_path
+        return confine(path, self.base_dir, what="dataset file")
+
     def require_dataset_id(self) -> str | None:
         """``dataset.id``; :class:`UserError` when it is missing and a release charges the
         lifetime budget (which belongs to the people, so a run must say who they are)."""
@@ -120,6 +126,31 @@ def load_policy_text(text: str, base_dir: str | Path, *, source: str = "<policy>
     ``source`` names the text in error messages.
     """
     return _load(text, Path(base_dir).resolve(), source=source, path=None)
+
+
+PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def confine(path: Path, policy_dir: Path, *, what: str) -> Path:
+    """``path`` itself, once checked: through every symlink it must lead to a regular file
+    inside the policy's folder or a data root (``PRIVRELEASE_DATA_ROOTS``), never into a
+    pseudo file system. The error names the path and the roots, never anything in the file."""
+    from privrelease.settings import get_settings
+
+    real = path.resolve()
+    roots = (policy_dir.resolve(), *get_settings().roots)
+    if any(real.is_relative_to(pseudo) for pseudo in PSEUDO_FILE_SYSTEMS) or not any(
+        real.is_relative_to(root) for root in roots
+    ):
+        shown = ", ".join(str(root) for root in roots)
+        raise UserError(
+            f"{what} {str(path)!r} is outside the folders data may be read from ({shown}); "
+            "add its folder to PRIVRELEASE_DATA_ROOTS"
+        )
+    if real.exists() and not real.is_file():
+        kind = "a folder" if real.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise UserError(f"{what} {str(path)!r} is {kind}")
+    return path
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:
@@ -484,8 +515,8 @@ def _read_hierarchies(policy: Policy, base_dir: Path, root: Node, source: str) -
             )
         if column not in hierarchies:
             try:
-                hierarchies[column] = read_hierarchy(file)
-            except ValueError as exc:
+                hierarchies[column] = read_hierarchy(confine(file, base_dir, what="hierarchy file"))
+            except (ValueError, UserError) as exc:
                 raise _fail(source, root, (*loc, "hierarchy"), str(exc)) from None
             files[column] = (file, loc)
         rows = hierarchies[column]

@@ -320,12 +320,20 @@ def _dataset_id(value: str) -> str:
 DatasetId = Annotated[StrictStr, AfterValidator(_dataset_id)]
 
 
+def _sha256_hex(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError(f"sha256 must be the 64 lower-case hex digits of the file's sha256; got {show(value)}")
+    return value
+
+
 class Dataset(_Model):
     """The input: who it is about (``id``: the population, which holds the lifetime budget),
-    where it is, how to read it, and the columns the policy uses."""
+    where it is, optionally exactly which file (``sha256``: the vintage; a run refuses any
+    other content, and an approval binds it), how to read it, and the columns it uses."""
 
     id: DatasetId | None = None
     path: Name
+    sha256: Annotated[StrictStr, AfterValidator(_sha256_hex)] | None = None
     format: Literal["csv", "parquet"] = "csv"
     csv: CsvOptions | None = None
     rows: Rows | None = None

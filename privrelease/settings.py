@@ -5,6 +5,8 @@
 ``PRIVRELEASE_DB_URL``             audit database URL (default ``sqlite:///<work_dir>/audit.db``;
                                    PostgreSQL: ``postgresql+psycopg://user:pw@host/db``)
 ``PRIVRELEASE_PRODUCTION``         ``true``: a run refuses a policy whose hash is not approved
+``PRIVRELEASE_DATA_ROOTS``         folders (``:``-separated) data and hierarchy files may be read
+                                   from, besides the policy's own folder
 ``PRIVRELEASE_DEFAULT_LIFETIME_BUDGET``  ``[epsilon, delta]`` for datasets whose policy names none
 ``PRIVRELEASE_RESERVATION_TTL_SECONDS``  a budget reservation not committed within this many
                                    seconds (a crashed run) expires and stops counting
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
@@ -32,6 +35,12 @@ class Settings(BaseSettings):
     production: bool = False
     default_lifetime_budget: tuple[float, float] | None = None
     reservation_ttl_seconds: float = Field(default=3600.0, gt=0)
+    data_roots: str = ""
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        """``data_roots`` as resolved folders."""
+        return tuple(Path(part).expanduser().resolve() for part in self.data_roots.split(os.pathsep) if part.strip())
 
     @field_validator("default_lifetime_budget")
     @classmethod
@@ -58,6 +67,7 @@ EXPECTED = {
     "production": "true or false",
     "default_lifetime_budget": "a JSON pair '[epsilon, delta]', e.g. '[10, 1e-6]', epsilon >= 0, delta in [0, 1)",
     "reservation_ttl_seconds": "a number of seconds > 0, e.g. 3600",
+    "data_roots": "folder paths separated by ':'",
 }
 
 

@@ -30,11 +30,16 @@ def adult_uci_dir() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Start a throwaway PostgreSQL server on 127.0.0.1 for the session when the binaries exist
+    """Declare ``../shared/data`` a data root (``PRIVRELEASE_DATA_ROOTS``). Start a throwaway
+    PostgreSQL server on 127.0.0.1 for the session when the binaries exist
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
     are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``."""
+    import os
+
     import postgres_server
 
+    # The Adult example policies (policies/examples) read ../shared/data: a declared data root.
+    os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
     postgres_server.configure(config)
 
 

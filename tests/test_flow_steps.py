@@ -231,6 +231,68 @@ def test_production_refuses_an_unapproved_policy(demo_dir, work, monkeypatch):
     verify_intact()
 
 
+def test_production_mode_of_the_database_cannot_be_switched_off_by_the_runner(demo_dir, work, monkeypatch):
+    """The database is set to production (a recorded decision): a runner with
+    PRIVRELEASE_PRODUCTION=false and production=False is still refused, `run --no-production`
+    does not exist, and each run records the mode it ran in."""
+    from typer.testing import CliRunner
+
+    from privrelease.audit.models import AuditEvent
+    from privrelease.cli import app
+
+    runner = CliRunner()
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "false")
+    policy = demo_dir / demo.POLICY_FILE
+    first = release_plain(policy_path=str(policy))  # development: runs unapproved
+    result = runner.invoke(app, ["audit", "mode", "production", "--by", "Chief Privacy Officer", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"mode": "production", "database": "production", "environment": False}
+    with pytest.raises(UserError, match="is not approved"):
+        release_plain(policy_path=str(policy), production=False)
+    flag = runner.invoke(app, ["run", str(policy), "--no-production"])
+    assert flag.exit_code == 2 and "No such option" in flag.output
+    approve(policy)
+    second = release_plain(policy_path=str(policy), production=False)
+    with session(open_database(), readonly=True) as s:
+        started = {
+            payload["run"]: payload.get("production")
+            for payload in (json.loads(e.payload_json) for e in s.exec(select(AuditEvent)) if e.kind == "run_started")
+        }
+        modes = [json.loads(e.payload_json) for e in s.exec(select(AuditEvent)) if e.kind == "mode_set"]
+    assert started[first.run_id] is False and started[second.run_id] is True
+    assert [(m["production"], m["by"]) for m in modes] == [(True, "Chief Privacy Officer")]
+    bad = runner.invoke(app, ["audit", "mode", "off", "--by", "x"])
+    assert isinstance(bad.exception, UserError) and "mode must be one of production, development" in str(bad.exception)
+    verify_intact()
+
+
+def test_an_approval_binds_the_data(demo_dir, work, monkeypatch):
+    """Production mode: `--data` naming a file the approved policy does not name is refused
+    before anything is read or charged; a policy pinning the vintage (dataset.sha256) runs on
+    that content from any path and refuses any other content."""
+    import hashlib
+
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    policy = demo_dir / demo.POLICY_FILE
+    approve(policy)
+    copy = demo_dir / "copy.csv"
+    shutil.copy(demo_dir / demo.DATA_FILE, copy)
+    with pytest.raises(UserError, match="is not the file the approved policy names"):
+        release_plain(policy_path=str(policy), data_path=str(copy))
+    assert ledger_entries() == [] and runs()[0].error.startswith("refused:")
+
+    digest = hashlib.sha256((demo_dir / demo.DATA_FILE).read_bytes()).hexdigest()
+    pinned = variant(demo_dir, "pinned", ("  path: ", f"  sha256: {digest}\n  path: "))
+    approve(pinned)
+    published = release_plain(policy_path=str(pinned), data_path=str(copy))  # same bytes, other path
+    assert Path(published.release_dir).is_dir()
+    _same_size_edit(copy)
+    with pytest.raises(UserError, match="pins dataset.sha256"):
+        release_plain(policy_path=str(pinned), data_path=str(copy))
+    assert [e.state for e in ledger_entries()] == ["committed"]
+    verify_intact()
+
+
 def test_production_refuses_an_edited_policy(demo_dir, work, monkeypatch):
     monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
     policy = demo_dir / demo.POLICY_FILE
@@ -314,7 +376,7 @@ def test_undeclared_value_is_refused_without_leaking_it(demo_dir, work):
 
 def test_rerun_on_other_data_is_refused(demo_dir, work, tmp_path):
     first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
-    other = tmp_path / "other"
+    other = demo_dir / "other"  # inside the policy folder: a readable place
     _, other_data = demo.write_demo(other, seed=99)
     with pytest.raises(UserError, match="a rerun repeats a release on the same data"):
         release_plain(rerun_of=first.run_id, data_path=str(other_data))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlmodel import select
 from typer.testing import CliRunner
 
 from privrelease import demo
@@ -109,3 +110,62 @@ def test_markup_in_user_text_prints_as_written(demo_policy, monkeypatch):
     assert reports.exit_code == 0 and "census[/x][bold]" in reports.output, reports.output
     approvals = json.loads(runner.invoke(app, ["policy", "list", "--json"]).output)
     assert len(approvals) == 1
+
+
+# --------------------------------------------------------------------------- paths
+
+
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        ("/proc/self/environ", "is outside the folders data may be read from"),
+        ("/etc/passwd", "is outside the folders data may be read from"),
+        ("link-to-passwd", "is outside the folders data may be read from"),
+        ("fifo", "not a regular file"),
+        ("folder", "is a folder"),
+    ],
+)
+def test_data_paths_are_confined(demo_policy, target, expected, monkeypatch):
+    """`--data` naming a file outside the policy's folder and the data roots (directly or
+    through a symlink), a pipe or a folder: refused before anything is recorded or read, and
+    the message quotes nothing from the file."""
+    import os
+
+    from privrelease.audit.database import open_database, session
+    from privrelease.audit.models import Run
+
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", "")
+    folder = demo_policy.parent
+    (folder / "link-to-passwd").symlink_to("/etc/passwd")
+    os.mkfifo(folder / "fifo")
+    (folder / "folder").mkdir()
+    path = target if target.startswith("/") else str(folder / target)
+    with pytest.raises(UserError, match=expected) as caught:
+        release_plain(policy_path=str(demo_policy), data_path=path)
+    assert "root:" not in str(caught.value) and "PATH=" not in str(caught.value)
+    with session(open_database(), readonly=True) as s:
+        assert list(s.exec(select(Run))) == []
+
+
+def test_hierarchy_outside_the_roots_is_refused_without_its_content(demo_policy, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", "")
+    text = demo_policy.read_text()
+    policy = demo_policy.with_name("passwd-hierarchy.yaml")
+    policy.write_text(text.replace("  sex: keep\n", "  sex: {hierarchy: /etc/passwd, level: 1}\n", 1))
+    code, output, _ = _plan(policy)
+    assert code == 2 and "hierarchy file '/etc/passwd' is outside the folders" in output
+    assert "root:" not in output
+
+
+def test_a_declared_data_root_may_be_read(demo_policy, tmp_path, monkeypatch):
+    """Data kept apart from the policy (the usual layout) is read once its folder is declared."""
+    elsewhere = tmp_path / "vault"
+    elsewhere.mkdir()
+    data = elsewhere / "census.csv"
+    data.write_bytes((demo_policy.parent / demo.DATA_FILE).read_bytes())
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", "")
+    with pytest.raises(UserError, match="add its folder to PRIVRELEASE_DATA_ROOTS"):
+        release_plain(policy_path=str(demo_policy), data_path=str(data))
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", f"/nonexistent:{elsewhere}")
+    published = release_plain(policy_path=str(demo_policy), data_path=str(data))
+    assert Path(published.release_dir).is_dir()

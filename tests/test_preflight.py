@@ -64,10 +64,10 @@ def test_refused_before_prefect_starts(demo_policy: Path, tmp_path: Path, how: s
     args: list[str] = []
     policy = demo_policy
     if how == "missing file":
-        args = ["--data", str(tmp_path / "nope.csv")]
+        args = ["--data", str(demo_policy.parent / "nope.csv")]
     elif how == "missing column":
         data = demo_policy.parent / demo.DATA_FILE
-        renamed = tmp_path / "renamed.csv"
+        renamed = demo_policy.parent / "renamed.csv"
         renamed.write_text(
             data.read_text().replace('"education"', '"schooling"', 1).replace("education", "schooling", 1)
         )

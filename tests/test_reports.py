@@ -73,8 +73,9 @@ targets:
 
 EVIL_NAME = "<script>alert(1)</script>"
 EVIL_COLUMN = "<img src=x onerror=alert(2)>"
-EVIL_MECHANISM = "<b onmouseover=alert(5)>micro</b>"
-EVIL_SPLU = "splu</title><script>alert(6)</script>"
+# mechanism names are output file names, so the schema allows letters, digits, - and _ only
+EVIL_MECHANISM = "micro-b_onmouseover-alert5"
+EVIL_SPLU = "splu-title-script-alert6"
 EVIL = f"""
 name: "{EVIL_NAME}"
 version: "1\\"><svg onload=alert(3)>"
@@ -452,12 +453,11 @@ def test_self_contained_no_scripts_no_external_resources(which: str, request: py
 
 def test_policy_mechanism_and_column_names_are_escaped(evil) -> None:
     _, html = evil
-    for raw in (EVIL_NAME, EVIL_COLUMN, EVIL_MECHANISM, EVIL_SPLU, "<iframe", "<svg onload", "<u>A</u>"):
+    for raw in (EVIL_NAME, EVIL_COLUMN, "<iframe", "<svg onload", "<u>A</u>"):
         assert raw not in html, f"{raw!r} reached the HTML unescaped"
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<title>Disclosure report: &lt;script&gt;alert(1)&lt;/script&gt; version 1&#34;&gt;" in html
     assert "&lt;img src=x onerror=alert(2)&gt;" in html
-    assert "&lt;b onmouseover=alert(5)&gt;micro&lt;/b&gt;" in html
     # parsed as HTML, the names are text: no tag but the report's own
     page = Page(html)
     assert not {tag for tag, _ in page.tags} & {"script", "img", "b", "iframe", "u", "s", "i"}

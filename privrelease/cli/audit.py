@@ -78,14 +78,22 @@ def policy_approve(
     from privrelease.audit.database import session
     from privrelease.policies import load_policy
 
-    facts = approvals.policy_facts(load_policy(policy))
+    loaded = load_policy(policy)
+    facts = approvals.policy_facts(loaded)
     with session(_engine()) as s:
         approval = approvals.approve_policy(s, facts, by, note=note)
         head = chain.head(s)
+    dataset = loaded.policy.dataset
+    binds = {
+        "dataset_id": dataset.id,
+        "file": None if dataset.sha256 else str(loaded.dataset_path),
+        "vintage_sha256": dataset.sha256,
+    }
     document = {
         "policy": facts.name,
         "version": facts.version,
         **_approval_dict(approval),
+        "binds": binds,
         "chain_head": {"seq": head.seq, "hash": head.hash},
     }
     if json_output:
@@ -104,6 +112,8 @@ def policy_approve(
         highlight=False,
         soft_wrap=True,
     )
+    data = f"the vintage with sha256 {dataset.sha256}" if dataset.sha256 else f"the file at {binds['file']}"
+    console.print(f"binds: dataset {dataset.id or '(no dataset.id)'}; data: {data}", highlight=False, soft_wrap=True)
 
 
 @policy_app.command("list")
@@ -283,6 +293,49 @@ def audit_head(
         print_json({"seq": current.seq, "hash": current.hash})
     else:
         console.print(f"seq {current.seq} hash {current.hash}", highlight=False, soft_wrap=True)
+
+
+MODES = ("production", "development")
+
+
+@audit_app.command("mode")
+def audit_mode(
+    mode: Annotated[
+        str | None, typer.Argument(help="production or development; omit it to show the current mode.")
+    ] = None,
+    by: Annotated[str | None, typer.Option("--by", help="Who sets the mode (recorded with the OS user).")] = None,
+    note: Annotated[str | None, typer.Option("--note", help="Why (kept with the record).")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Show or set the audit database's mode. In production mode every run refuses a policy
+    whose exact content is not approved, whatever its runner's settings; each change is an
+    audit record naming who made it."""
+    from privrelease.audit import approvals
+    from privrelease.audit.database import session
+    from privrelease.errors import UserError
+    from privrelease.settings import get_settings
+
+    engine = _engine()
+    if mode is not None:
+        if mode not in MODES:
+            raise UserError(
+                f"mode must be one of {', '.join(MODES)}; got {mode!r}", field="mode", allowed=", ".join(MODES)
+            )
+        if by is None:
+            raise UserError("--by is required to set the mode (who decides it is recorded)", field="--by")
+        with session(engine) as s:
+            approvals.set_production_mode(s, mode == "production", by=by, note=note)
+    with session(engine, readonly=True) as s:
+        database = approvals.production_mode(s)
+    environment = get_settings().production
+    effective = "production" if database or environment else "development"
+    if json_output:
+        print_json(
+            {"mode": effective, "database": "production" if database else "development", "environment": environment}
+        )
+        return
+    why = "the audit database" if database else "PRIVRELEASE_PRODUCTION" if environment else "the default"
+    console.print(f"mode: {effective} (set by {why})", highlight=False, soft_wrap=True)
 
 
 @audit_app.command("recover")

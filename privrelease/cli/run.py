@@ -418,12 +418,13 @@ def run_command(
     out: OutOption = None,
     output_format: FormatOption = "parquet",
     production: Annotated[
-        bool | None,
+        bool,
         typer.Option(
-            "--production/--no-production",
-            help="Refuse unapproved policies (default: the PRIVRELEASE_PRODUCTION setting).",
+            "--production",
+            help="Refuse unapproved policies. Production mode is also on when the audit database says so "
+            "(privrelease audit mode) or PRIVRELEASE_PRODUCTION=true; nothing on the command line turns it off.",
         ),
-    ] = None,
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Release what a policy says, as a Prefect flow run.
