@@ -38,6 +38,7 @@ from typing import Any
 
 from sqlmodel import Session, SQLModel, col, select
 
+from privrelease.audit import signing
 from privrelease.audit.models import (
     AUDITED_TABLES,
     GENESIS_HASH,
@@ -144,10 +145,21 @@ def _primary_key(row: SQLModel) -> Any:
 
 @dataclass(frozen=True)
 class Head:
-    """The newest record of a chain: its ``seq`` and ``hash`` (seq 0: the empty chain)."""
+    """The newest record of a chain: its ``seq`` and ``hash`` (seq 0: the empty chain). A head
+    file beside a release also lists its ``files`` (name -> sha256) and, when a signing key is
+    set, carries the key holder's ``signature`` (:mod:`.signing`) and ``public_key``."""
 
     seq: int
     hash: str
+    files: dict[str, str] | None = None
+    signature: str | None = None
+    public_key: str | None = None
+
+    def message(self) -> bytes:
+        """What :attr:`signature` signs."""
+        if self.files is None:
+            return signing.record_message(self.seq, self.hash)
+        return signing.release_message(self.seq, self.hash, self.files)
 
 
 def lock(session: Session) -> ChainHead:
@@ -176,13 +188,16 @@ def append(session: Session, kind: str, row: SQLModel | None = None, **facts: An
         )
     seq = head_row.seq + 1
     time = utcnow()
+    digest = record_hash(head_row.hash, seq, time, kind, payload)
+    key = signing.signing_key()
     record = AuditEvent(
         seq=seq,
         time=time,
         kind=kind,
         payload_json=canonical_json(payload),
         prev_hash=head_row.hash,
-        hash=record_hash(head_row.hash, seq, time, kind, payload),
+        hash=digest,
+        signature=None if key is None else signing.sign(key, signing.record_message(seq, digest)),
     )
     session.add(record)
     head_row.seq, head_row.hash = seq, record.hash
@@ -207,14 +222,23 @@ def head(session: Session) -> Head:
     return Head(seq=row.seq, hash=row.hash)
 
 
-def write_head(path: Path | str, chain_head: Head) -> Path:
-    """Write ``{"seq", "hash"}`` to ``path`` atomically (temp file + rename); returns the path."""
+def write_head(path: Path | str, chain_head: Head, *, files: dict[str, str] | None = None) -> Path:
+    """Write ``{"seq", "hash"}`` to ``path`` atomically (temp file + rename), with ``files``
+    (name -> sha256 of each file of a release) when given, signed when a signing key is set;
+    returns the path."""
     path = Path(path)
+    body: dict[str, Any] = {"seq": chain_head.seq, "hash": chain_head.hash}
+    if files is not None:
+        body["files"] = dict(sorted(files.items()))
+    key = signing.signing_key()
+    if key is not None:
+        unsigned = Head(chain_head.seq, chain_head.hash, body.get("files"))
+        body.update(signature=signing.sign(key, unsigned.message()), public_key=signing.public_text(key))
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(asdict(chain_head), handle, sort_keys=True)
+            json.dump(body, handle, sort_keys=True)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -237,7 +261,12 @@ def read_head(path: Path | str) -> Head:
         raise UserError(f"chain head file {path} must hold JSON {{'seq': int, 'hash': hex}}; {error}") from None
     if not isinstance(seq, int) or seq < 0 or not isinstance(digest, str) or len(digest) != 64:
         raise UserError(f"chain head file {path}: seq must be an int >= 0 and hash 64 hex digits")
-    return Head(seq=seq, hash=digest)
+    files = body.get("files")
+    if files is not None and not (
+        isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+    ):
+        raise UserError(f"chain head file {path}: files must map file names to sha256 hex digests")
+    return Head(seq, digest, files, body.get("signature"), body.get("public_key"))
 
 
 # --- verification -------------------------------------------------------------------------------
@@ -276,7 +305,7 @@ class VerifyResult:
         return {
             "ok": self.ok,
             "records": self.records,
-            "head": asdict(self.head),
+            "head": {"seq": self.head.seq, "hash": self.head.hash},
             "rows_checked": self.rows_checked,
             "files_checked": self.files_checked,
             "first_broken": asdict(first) if first else None,
@@ -375,6 +404,7 @@ def verify(
     head: Head | None = None,
     output_root: Path | str | None = None,
     check_files: bool = True,
+    public_key: Any | None = None,
 ) -> VerifyResult:
     """Recompute the chain, every described row's content hash and (``check_files``) the
     sha256 of every output and report file of succeeded runs (the others published nothing), and compare the chain's
@@ -384,7 +414,10 @@ def verify(
     describes (inserted outside privrelease); a policy or report whose stored content does
     not hash to its recorded sha256; edited or missing files; and, given ``head``,
     records cut off the end. ``result.first`` names the first broken record. Relative file
-    paths are resolved against ``output_root`` (default: the working directory).
+    paths are resolved against ``output_root`` (default: the working directory). Given the
+    signing key's ``public_key`` (:func:`.signing.public_key`), every record and the external
+    head must carry its valid signature: what a database writer without the key added,
+    edited or rechained shows.
     """
     root = Path(output_root) if output_root is not None else None
     records = list(session.exec(select(AuditEvent).order_by(AuditEvent.seq)).all())
@@ -500,6 +533,35 @@ def verify(
                         f"{at.hash[:16]}... in the log, {head.hash[:16]}... in the head file",
                     )
                 )
+    if public_key is not None:
+        problems += _signature_problems(records, head, public_key)
     problems.sort(key=lambda problem: (problem.seq is None, problem.seq or 0))
     result.problems = problems
     return result
+
+
+def _signature_problems(records: list[AuditEvent], head: Head | None, key: Any) -> list[Problem]:
+    """Records (the first 20, then a count) and the external head without a valid signature."""
+    bad = [r for r in records if not signing.valid(key, signing.record_message(r.seq, r.hash), r.signature)]
+    found = [
+        Problem(
+            record.seq,
+            "bad_signature" if record.signature else "unsigned",
+            f"{_describe(record)} carries no valid signature of the signing key: written, edited or "
+            "rechained without it",
+        )
+        for record in bad[:20]
+    ]
+    if len(bad) > 20:
+        found.append(
+            Problem(bad[20].seq, "unsigned", f"... and {len(bad) - 20} more records without a valid signature")
+        )
+    if head is not None and not signing.valid(key, head.message(), head.signature):
+        found.append(
+            Problem(
+                head.seq,
+                "head_unsigned",
+                f"the external head (record {head.seq}) carries no valid signature of the signing key: forged or swapped",
+            )
+        )
+    return found

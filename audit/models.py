@@ -251,6 +251,8 @@ class AuditEvent(SQLModel, table=True):
     payload_json: str = _text()
     prev_hash: str = Field(max_length=64)
     hash: str = Field(max_length=64)
+    signature: str | None = Field(default=None, max_length=128)
+    """Ed25519 signature of ``(seq, hash)`` by the signing key (:mod:`.signing`); not hashed."""
 
 
 class ChainHead(SQLModel, table=True):

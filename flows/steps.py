@@ -1274,7 +1274,11 @@ def publish(
     with _session() as s:
         records.finish_run(s, run.run_id, "succeeded", timings=timings)
         head = chain.head(s)
-        chain.write_head(final / CHAIN_HEAD_FILE, head)  # before the commit: see .recovery
+        files = {output.file: output.sha256 for output in outputs}
+        files |= {report.file: report.sha256, report.statement_file: report.statement_sha256}
+        if report.release_file:
+            files[report.release_file] = report.release_sha256
+        chain.write_head(final / CHAIN_HEAD_FILE, head, files=files)  # before the commit: see .recovery
     _PUBLISHING.discard(run.run_id)
     recovery.ACTIVE.discard(run.run_id)
     return Published(

@@ -30,7 +30,8 @@ def adult_uci_dir() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare ``../shared/data`` a data root (``PRIVRELEASE_DATA_ROOTS``). Start a throwaway
+    """Declare ``../shared/data`` a data root (``PRIVRELEASE_DATA_ROOTS``), set Prefect's quiet
+    test defaults before any module imports it, and start a throwaway
     PostgreSQL server on 127.0.0.1 for the session when the binaries exist
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
     are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``."""
@@ -40,6 +41,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
     # The Adult example policies (policies/examples) read ../shared/data: a declared data root.
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
+    for key, value in {  # before any test module imports Prefect
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
+    }.items():
+        os.environ.setdefault(key, value)
     postgres_server.configure(config)
 
 
@@ -48,14 +55,6 @@ def prefect_harness():
     """Prefect's test harness (a temporary API server and database), started at most once per
     test session (20-40 s here, so only the few flow tests use it; the rest call the plain
     steps). Yields the API URL, for commands run in-process that must not start a server."""
-    import os
-
-    for key, value in {
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
-    }.items():
-        os.environ.setdefault(key, value)
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 

@@ -6,24 +6,15 @@ see it (the DataStepError's ``detail``)."""
 
 from __future__ import annotations
 
-import os
+import secrets
+from pathlib import Path
 
-for _key, _value in {
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
-}.items():  # before Prefect is imported by anything in this module
-    os.environ.setdefault(_key, _value)
+import pytest
+import test_flow_steps as shared
 
-import secrets  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-import test_flow_steps as shared  # noqa: E402
-
-from privrelease import demo  # noqa: E402
-from privrelease.errors import UserError  # noqa: E402
-from privrelease.flows.steps import DataStepError  # noqa: E402
+from privrelease import demo
+from privrelease.errors import UserError
+from privrelease.flows.steps import DataStepError
 
 work, demo_source, demo_dir = shared.work, shared.demo_source, shared.demo_dir
 

@@ -4,31 +4,22 @@ fixture). The faults themselves are tested without Prefect in test_flow_steps.py
 
 from __future__ import annotations
 
-import os
+import json
+import re
+import sys
+import uuid
+from pathlib import Path
 
-for _key, _value in {
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
-}.items():  # before Prefect is imported by anything in this module
-    os.environ.setdefault(_key, _value)
+import pyarrow.parquet as pq
+import pytest
+import test_flow_steps as shared
+from sqlmodel import select
 
-import json  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pyarrow.parquet as pq  # noqa: E402
-import pytest  # noqa: E402
-import test_flow_steps as shared  # noqa: E402
-from sqlmodel import select  # noqa: E402
-
-from privrelease import demo  # noqa: E402
-from privrelease.audit.database import open_database, session  # noqa: E402
-from privrelease.audit.models import LedgerEntry  # noqa: E402
-from privrelease.errors import TargetNotMet  # noqa: E402
-from privrelease.flows import steps  # noqa: E402
+from privrelease import demo
+from privrelease.audit.database import open_database, session
+from privrelease.audit.models import LedgerEntry
+from privrelease.errors import TargetNotMet
+from privrelease.flows import steps
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "policies" / "examples"

@@ -21,6 +21,7 @@ from test_audit_chain import BACKENDS, POLICY, POLICY_JSON, POLICY_SHA, audit_da
 from test_ledger import NOTION, RELEASE, composed
 
 from privrelease.audit import chain, database, identities, ledger, records
+from privrelease.audit.migrations.versions import HEAD_REVISION
 from privrelease.audit.models import AuditEvent, utcnow
 from privrelease.errors import UserError
 from privrelease.mechanisms.events import event_to_json
@@ -132,7 +133,7 @@ def test_a_fingerprint_keyed_ledger_migrates_and_still_verifies(old_engine: Any)
         old_records = connection.execute(sa.text("SELECT seq, hash FROM audit_event ORDER BY seq")).all()
     url = old_engine.url.render_as_string(hide_password=False)
     engine = database.open_database(url)  # the automatic upgrade every command does
-    assert database.current_revision(engine) == "0002_dataset_identity"
+    assert database.current_revision(engine) == HEAD_REVISION
 
     result = check(engine)
     assert result.ok, result.problems

@@ -218,6 +218,14 @@ def audit_verify(
         bool,
         typer.Option("--files/--no-files", help="Re-hash output and report files."),
     ] = True,
+    public_key: Annotated[
+        str | None,
+        typer.Option(
+            "--public-key",
+            help="The signing key's public key (base64, or its .pub file): every record and the --head "
+            "file must carry its valid signature.",
+        ),
+    ] = None,
     releases: Annotated[
         list[Path] | None,
         typer.Option(
@@ -231,14 +239,15 @@ def audit_verify(
     """Recompute the hash chain, every row's content hash and the output checksums, and check
     that everything visible in the release folders was published by a recorded run.
     Exit 0 when intact, 1 naming the first broken record."""
-    from privrelease.audit import chain
+    from privrelease.audit import chain, signing
     from privrelease.audit.database import session
     from privrelease.flows.recovery import release_folder_problems, release_roots
     from privrelease.settings import get_settings
 
     external = chain.read_head(head) if head is not None else None
+    key = signing.public_key(public_key) if public_key is not None else None
     with session(_engine(), readonly=True) as s:
-        result = chain.verify(s, head=external, output_root=output_root, check_files=files)
+        result = chain.verify(s, head=external, output_root=output_root, check_files=files, public_key=key)
         roots = releases or sorted(release_roots(s, output_root=output_root) | {get_settings().work_dir / "releases"})
         for root in roots:
             found = release_folder_problems(s, root.expanduser(), output_root=output_root)
@@ -271,6 +280,54 @@ def audit_verify(
             )
     if not result.ok:
         raise typer.Exit(1)
+
+
+@audit_app.command("verify-release")
+def audit_verify_release(
+    folder: Annotated[Path, typer.Argument(help="A release folder (as published, e.g. copied from a file share).")],
+    public_key: Annotated[
+        str, typer.Option("--public-key", help="The agency's published public key (base64, or its .pub file).")
+    ],
+    json_output: JsonFlag = False,
+) -> None:
+    """Check a release offline, from its folder alone: the head file's signature by the agency's
+    key over the chain head and every file's sha256, and each file's bytes. Exit 0 when intact,
+    1 naming what is not."""
+    from privrelease.audit import signing
+    from privrelease.errors import UserError
+
+    if not folder.is_dir():
+        raise UserError(f"release folder {str(folder)!r} does not exist or is not a folder")
+    problems = signing.verify_release(folder, signing.public_key(public_key))
+    if json_output:
+        print_json({"ok": not problems, "folder": str(folder), "problems": problems})
+    elif problems:
+        console.print(styled("[bold red]BROKEN[/]: {}", problems[0]), highlight=False, soft_wrap=True)
+        for problem in problems[1:]:
+            console.print(f"  also: {problem}", highlight=False, soft_wrap=True)
+    else:
+        console.print(styled("[green]intact[/]: {} signed by this key", folder), highlight=False, soft_wrap=True)
+    if problems:
+        raise typer.Exit(1)
+
+
+@audit_app.command("keygen")
+def audit_keygen(
+    out: Annotated[
+        Path, typer.Option("--out", help="The private key file to create (its public key goes to OUT.pub).")
+    ],
+    json_output: JsonFlag = False,
+) -> None:
+    """Make the Ed25519 signing key. Keep the private file outside the database (its holder can
+    write history) and set PRIVRELEASE_SIGNING_KEY to it on every writer; publish OUT.pub."""
+    from privrelease.audit import signing
+
+    public = signing.generate(out)
+    if json_output:
+        print_json({"private_key_file": str(out), "public_key_file": f"{out}.pub", "public_key": public})
+        return
+    console.print(f"private key: {out} (mode 0600; set PRIVRELEASE_SIGNING_KEY={out})", highlight=False, soft_wrap=True)
+    console.print(f"public key:  {public} (also in {out}.pub)", highlight=False, soft_wrap=True)
 
 
 @audit_app.command("head")

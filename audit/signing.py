@@ -1,0 +1,160 @@
+"""Ed25519 signatures on the audit chain and on every release folder (``cryptography``).
+
+The signing key is a file outside the database (``PRIVRELEASE_SIGNING_KEY``: a PKCS#8 PEM
+file, made by ``privrelease audit keygen``); its public key is published (the ``.pub`` file,
+every release's ``chain-head.json`` and report). When the key is set, every audit record is
+signed as it is appended and every release's head file signs the chain head together with the
+sha256 of each file of the release. Messages carry a domain prefix, so a record signature can
+never pass for a release signature:
+
+* a record:  ``privrelease-record:<seq>:<hash>`` (the record hash covers its content and, by
+  the chain, everything before it);
+* a release: ``privrelease-release:`` + canonical JSON of ``{seq, hash, files}``.
+
+What it proves: a record or release signed with the key was written by a key holder. A writer
+of the database without the key can still edit or delete rows, but every record it changes,
+adds or rechains loses its valid signature (``audit verify --public-key``), and a release's
+head file binds the chain as it was at publication (cut-offs show).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from privrelease.errors import UserError
+
+RECORD_DOMAIN = "privrelease-record"
+RELEASE_DOMAIN = "privrelease-release"
+
+
+def generate(path: Path) -> str:
+    """Write a new private key to ``path`` (mode 0600, never overwritten) and its public key to
+    ``path.pub``; return the public key (base64 of the 32 raw bytes)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise UserError(f"{str(path)!r} already exists: a signing key is never overwritten") from None
+    except OSError as error:
+        raise UserError(f"cannot write the key file {str(path)!r}: {error.strerror or error}") from None
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(pem)
+    public = public_text(key)
+    Path(f"{path}.pub").write_text(public + "\n", encoding="utf-8")
+    return public
+
+
+def public_text(key: Any) -> str:
+    """The public key of a private key, as base64 of its 32 raw bytes."""
+    from cryptography.hazmat.primitives import serialization
+
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode("ascii")
+
+
+@functools.lru_cache(maxsize=4)
+def _load_private(path: str, mtime_ns: int) -> Any:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as error:
+        raise UserError(f"PRIVRELEASE_SIGNING_KEY={path!r} is not a readable unencrypted PEM key: {error}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise UserError(f"PRIVRELEASE_SIGNING_KEY={path!r} is not an Ed25519 key (privrelease audit keygen makes one)")
+    return key
+
+
+def signing_key() -> Any | None:
+    """The configured private key (``PRIVRELEASE_SIGNING_KEY``), or None when none is set."""
+    from privrelease.settings import get_settings
+
+    path = get_settings().signing_key
+    if not path:
+        return None
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError as error:
+        raise UserError(f"PRIVRELEASE_SIGNING_KEY={path!r}: {error.strerror or error}") from None
+    return _load_private(path, mtime)
+
+
+def public_key(text_or_path: str) -> Any:
+    """A public key from its base64 text or a ``.pub`` file holding it; UserError otherwise."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    text = text_or_path.strip()
+    if Path(text).is_file():
+        text = Path(text).read_text(encoding="utf-8").strip()
+    try:
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+    except ValueError:
+        raise UserError(
+            f"--public-key {text_or_path!r} is neither an Ed25519 public key (base64 of 32 bytes) nor a file holding one"
+        ) from None
+
+
+def record_message(seq: int, digest: str) -> bytes:
+    return f"{RECORD_DOMAIN}:{seq}:{digest}".encode("ascii")
+
+
+def release_message(seq: int, digest: str, files: dict[str, str]) -> bytes:
+    body = json.dumps({"seq": seq, "hash": digest, "files": files}, sort_keys=True, separators=(",", ":"))
+    return f"{RELEASE_DOMAIN}:{body}".encode()
+
+
+def sign(key: Any, message: bytes) -> str:
+    return base64.b64encode(key.sign(message)).decode("ascii")
+
+
+def valid(key: Any, message: bytes, signature: str | None) -> bool:
+    """True when ``signature`` (base64) is ``key``'s signature of ``message``."""
+    from cryptography.exceptions import InvalidSignature
+
+    if not signature:
+        return False
+    try:
+        key.verify(base64.b64decode(signature, validate=True), message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def verify_release(folder: Path, key: Any) -> list[str]:
+    """Check a release folder offline, from its files alone: its head file carries a valid
+    signature of ``key`` over the chain head and every file's sha256, each listed file has
+    that sha256, and no file is there that the signature does not list. Returns the problems."""
+    from privrelease.audit.chain import file_sha256, read_head
+
+    head_file = folder / "chain-head.json"
+    try:
+        head = read_head(head_file)
+    except FileNotFoundError:
+        return [f"{str(head_file)!r} is missing: the release cannot be checked"]
+    if head.files is None:
+        return [f"{str(head_file)!r} lists no files: not a release head file"]
+    problems = []
+    if not valid(key, head.message(), head.signature):
+        problems.append(
+            f"{str(head_file)!r} carries no valid signature of this key: forged, altered or signed by another"
+        )
+    for name, digest in head.files.items():
+        path = folder / name
+        if Path(name).name != name or not path.is_file():
+            problems.append(f"{name!r} is listed but missing")
+        elif file_sha256(path) != digest:
+            problems.append(f"{name!r} does not have the signed sha256 {digest[:12]}: it was changed")
+    for path in sorted(folder.iterdir()):
+        if path.name != head_file.name and path.name not in head.files:
+            problems.append(f"{path.name!r} is in the folder but not among the signed files")
+    return problems
