@@ -224,16 +224,36 @@ def _sqlite_foreign_keys(connection: sa.Connection, on: bool) -> None:
     driver.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
 
 
-def open_database(url: str | None = None) -> sa.Engine:
+def open_database(url: str | None = None, *, create: bool = False) -> sa.Engine:
     """The engine for ``url`` with its schema at the newest migration (upgraded if needed,
-    checked once per process)."""
+    checked once per process). A database that does not exist yet (no SQLite file, or no
+    schema) is created only when ``create`` (``privrelease audit init``, ``demo``) or the
+    ``PRIVRELEASE_AUTO_INIT`` setting says so; otherwise a UserError names the URL: a typo in
+    the URL or another working folder must not start a fresh, empty history and ledger."""
     engine = get_engine(url)
     key = engine.url.render_as_string(hide_password=False)
     if key in _migrated:
         return engine
     from privrelease.audit.migrations.versions import HEAD_REVISION
 
+    if not (create or get_settings().auto_init or exists(engine)):
+        shown = engine.url.render_as_string(hide_password=True)
+        raise UserError(
+            f"there is no audit database at {shown}: `privrelease audit init` creates it (`privrelease demo` "
+            "creates one too); if it exists elsewhere, set PRIVRELEASE_WORK_DIR or PRIVRELEASE_DB_URL to it"
+        )
     if current_revision(engine) != HEAD_REVISION:
         migrate(engine)
     _migrated.add(key)
     return engine
+
+
+def exists(engine: sa.Engine) -> bool:
+    """True when the database holds a privrelease schema (SQLite: checked without creating the file)."""
+    if engine.url.get_backend_name() == "sqlite":
+        database = engine.url.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            return True
+        if not Path(database).expanduser().is_file():
+            return False
+    return current_revision(engine) is not None

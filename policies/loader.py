@@ -12,6 +12,7 @@ are resolved against the policy file's folder.
 
 from __future__ import annotations
 
+import copy
 import csv
 import re
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,7 @@ from .canonical import policy_sha256
 from .schema import (
     MECHANISM_TYPES,
     SCHEME_TYPES,
+    UNKNOWN_FIELD,
     FieldError,
     Hierarchy,
     HierarchyScheme,
@@ -167,10 +169,7 @@ def resolve_path(path: str, base_dir: Path) -> Path:
 
 def _load(text: str, base_dir: Path, *, source: str, path: Path | None) -> LoadedPolicy:
     root, data = _parse_yaml(text, source)
-    try:
-        policy = Policy.model_validate(data)
-    except ValidationError as exc:
-        raise _user_error(exc, root, source) from None
+    policy = _validate(data, root, source)
     hierarchies = _read_hierarchies(policy, base_dir, root, source)
     return LoadedPolicy(
         policy=policy,
@@ -403,16 +402,16 @@ _REQUIRED_HINTS = {
     "path": "a file path (relative to the policy's folder) or a file:// URI",
     "columns": "the columns used, each with its type",
     "mechanisms": "a list of mechanisms (sdgs, histogram, identifiable_statistic, splu_gen)",
-    "k": "an integer >= 1",
+    "k": "an integer in [1, 100000]",
     "beta": "a number in (0, 1]",
-    "epsilon": "a number > 0",
-    "gamma": "an integer >= 2",
+    "epsilon": "a number in (0, 100]",
+    "gamma": "an integer in [2, 100000]",
     "rho": "a number in (0, 1)",
     "query": "count, sum or mean",
     "sensitive": "a list of sensitive columns",
     "candidates": "a list of candidate scheme names",
     "hierarchy": "the path of an ARX hierarchy CSV",
-    "level": "an integer >= 0",
+    "level": "an integer in [0, 1000]",
     "bins": "a list of increasing edges",
     "t_p": "a number in (0, 1)",
     "alpha": "an integer >= 1",
@@ -422,16 +421,48 @@ _REQUIRED_HINTS = {
 """What a required field takes, for "``field`` is required: ..." messages."""
 
 
-def _user_error(exc: ValidationError, root: Node, source: str) -> UserError:
-    """One UserError for a pydantic ValidationError: its first problem by line, and a count."""
+def _validate(data: Any, root: Node, source: str) -> Policy:
+    """The validated policy, or one UserError listing every problem. An unknown field stops
+    pydantic inside its mapping, so validation is repeated without the unknown keys (at most
+    once per nesting level) until what remains shows its own problems."""
     problems: list[tuple[Loc, str]] = []
-    for error in exc.errors(include_url=False):
-        problems.extend(_describe(error))
+    for _ in range(MAX_DEPTH):
+        try:
+            policy = Policy.model_validate(data)
+        except ValidationError as exc:
+            found = [problem for error in exc.errors(include_url=False) for problem in _describe(error)]
+            problems += found
+            unknown = [loc for loc, message in found if message.startswith(UNKNOWN_FIELD)]
+            if not unknown:
+                break
+            data = copy.deepcopy(data)
+            for loc in unknown:
+                _delete(data, loc)
+            continue
+        if not problems:
+            return policy
+        break
+    raise _user_error(problems, root, source)
+
+
+def _delete(data: Any, loc: Loc) -> None:
+    """Remove the key at ``loc`` from nested dicts and lists (if it is there)."""
+    for part in loc[:-1]:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(data, dict):
+        data.pop(loc[-1], None)
+
+
+def _user_error(problems: list[tuple[Loc, str]], root: Node, source: str) -> UserError:
+    """One UserError listing every problem, one per line in line order (each with the file,
+    line, YAML path, value and what is allowed)."""
     located = sorted(((_line_of(root, loc), loc, msg) for loc, msg in problems), key=lambda p: p[0])
-    line, loc, message = located[0]
-    more = len(located) - 1
-    suffix = f" (and {more} more problem{'s' if more > 1 else ''} in this policy)" if more else ""
-    return UserError(f"{source}, line {line}, {format_loc(loc)}: {message}{suffix}")
+    lines = list(dict.fromkeys(f"{source}, line {line}, {format_loc(loc)}: {msg}" for line, loc, msg in located))
+    count = f"{len(lines)} problems in this policy:\n" if len(lines) > 1 else ""
+    return UserError(count + "\n".join(lines), field=format_loc(located[0][1]))
 
 
 def _describe(error: Mapping[str, Any]) -> list[tuple[Loc, str]]:

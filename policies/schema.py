@@ -62,6 +62,9 @@ class Issue:
     message: str
 
 
+UNKNOWN_FIELD = "unknown field"
+
+
 class FieldError(ValueError):
     """Validation failure(s) at locations relative to the model that raised it."""
 
@@ -219,13 +222,15 @@ class _Model(BaseModel):
     def _known_fields_only(cls, data: Any) -> Any:
         """Reject unknown keys with the list of allowed ones (clearer than pydantic's message)."""
         if isinstance(data, dict):
+            fields = list(cls.model_fields)
+            issues = []
             for key in data:
                 if key not in cls.model_fields:
-                    fields = list(cls.model_fields)
                     close = difflib.get_close_matches(str(key), fields, n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    message = f"unknown field {key!r}{hint}; allowed: {', '.join(fields)}"
-                    raise FieldError.at((key,), message)
+                    issues.append(Issue((key,), f"{UNKNOWN_FIELD} {key!r}{hint}; allowed: {', '.join(fields)}"))
+            if issues:
+                raise FieldError(*issues)
         return data
 
 

@@ -7,6 +7,8 @@
 ``PRIVRELEASE_PRODUCTION``         ``true``: a run refuses a policy whose hash is not approved
 ``PRIVRELEASE_SIGNING_KEY``        Ed25519 private key file (``privrelease audit keygen``): audit
                                    records and release folders are signed with it
+``PRIVRELEASE_AUTO_INIT``          ``true``: create the audit database on first use (throwaway
+                                   work, tests); otherwise only ``audit init`` and ``demo`` do
 ``PRIVRELEASE_DATA_ROOTS``         folders (``:``-separated) data and hierarchy files may be read
                                    from, besides the policy's own folder
 ``PRIVRELEASE_DEFAULT_LIFETIME_BUDGET``  ``[epsilon, delta]`` for datasets whose policy names none
@@ -39,6 +41,7 @@ class Settings(BaseSettings):
     reservation_ttl_seconds: float = Field(default=3600.0, gt=0)
     data_roots: str = ""
     signing_key: str = ""
+    auto_init: bool = False
 
     @property
     def roots(self) -> tuple[Path, ...]:
@@ -71,6 +74,7 @@ EXPECTED = {
     "default_lifetime_budget": "a JSON pair '[epsilon, delta]', e.g. '[10, 1e-6]', epsilon >= 0, delta in [0, 1)",
     "reservation_ttl_seconds": "a number of seconds > 0, e.g. 3600",
     "data_roots": "folder paths separated by ':'",
+    "auto_init": "true or false",
     "signing_key": "the path of an Ed25519 PEM key file (privrelease audit keygen)",
 }
 

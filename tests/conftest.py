@@ -30,7 +30,8 @@ def adult_uci_dir() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare ``../shared/data`` a data root (``PRIVRELEASE_DATA_ROOTS``), set Prefect's quiet
+    """Declare ``../shared/data`` a data root (``PRIVRELEASE_DATA_ROOTS``), create audit
+    databases on first use (``PRIVRELEASE_AUTO_INIT``), set Prefect's quiet
     test defaults before any module imports it, and start a throwaway
     PostgreSQL server on 127.0.0.1 for the session when the binaries exist
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
@@ -41,6 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     # The Adult example policies (policies/examples) read ../shared/data: a declared data root.
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
+    # Tests start from fresh work folders; the refusal itself is tested with this unset.
+    os.environ["PRIVRELEASE_AUTO_INIT"] = "true"
     for key, value in {  # before any test module imports Prefect
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

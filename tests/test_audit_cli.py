@@ -209,3 +209,29 @@ def test_commands_never_import_prefect_and_are_quick(db: Any) -> None:
     assert done.returncode == 0, done.stderr
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert cpu < 2.0, f"two audit commands took {cpu:.2f} s of CPU"
+
+
+def test_the_audit_database_is_never_created_by_accident(tmp_path, monkeypatch) -> None:
+    """A command pointed at a database that does not exist refuses, naming the URL, and creates
+    nothing; `audit init` creates it (once); then the commands work."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+    from privrelease.errors import UserError
+
+    runner = CliRunner()
+    work = tmp_path / "typo"
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(work))
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_AUTO_INIT", raising=False)
+    for args in (["audit", "verify"], ["ledger", "list"], ["policy", "list"], ["report", "list"]):
+        result = runner.invoke(app, args)
+        assert isinstance(result.exception, UserError), (args, result.output)
+        assert f"there is no audit database at sqlite:///{work / 'audit.db'}" in str(result.exception)
+        assert "privrelease audit init" in str(result.exception)
+    assert not (work / "audit.db").exists()
+    created = runner.invoke(app, ["audit", "init", "--json"])
+    assert created.exit_code == 0 and json.loads(created.output)["created"] is True
+    again = runner.invoke(app, ["audit", "init"])
+    assert again.exit_code == 0 and "already exists" in again.output
+    assert runner.invoke(app, ["audit", "verify"]).exit_code == 0

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import test_flow_steps as shared
 
+from privrelease.audit import signing
 from privrelease.flows.steps import release_plain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,8 +47,10 @@ def readme_commands() -> list[str]:
 def released(adult_dir, tmp_path_factory):
     """Every Adult example released once, in one audit database (they share adult-census)."""
     folder = tmp_path_factory.mktemp("documented")
+    signing.generate(folder / "agency.key")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PRIVRELEASE_WORK_DIR", str(folder / "work"))
+        patch.setenv("PRIVRELEASE_SIGNING_KEY", str(folder / "agency.key"))
         for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET"):
             patch.delenv(name, raising=False)
         published = {
@@ -77,6 +80,8 @@ def test_every_readme_command_runs_as_written(released) -> None:
         "RUN_ID": run_id,
         "DATASET_ID": "adult-census",
         "PUBLISHED.csv": splu_output["path"],
+        "RELEASE_DIR": published["adult-sdgs.yaml"].release_dir,
+        "KEY.pub": str(work_dir.parent / "agency.key.pub"),
     }
     ran = []
     for command in readme_commands():

@@ -411,7 +411,7 @@ BAD = [
         "mechanisms[0].k",
         16,
         "k is required",
-        "integer >= 1",
+        "integer in [1, 100000]",
     ),
     (
         "delta=0",
@@ -690,6 +690,20 @@ def test_mechanism_names_are_safe_unique_file_names(folder: Path, first: str, se
         ),
     )
     assert_mentions(error_of(text, folder), "mechanisms[", ".name:", expected)
+
+
+def test_every_problem_is_listed_at_once(folder: Path) -> None:
+    """Three mistakes: three lines, in line order, each with file, line, path, value and rule."""
+    text = edit(BASE, ('version: "1"', 'version: "1"\nnmae: x'), ("k: 20", "k: 0"), ("beta: 0.1", "beta: 2"))
+    message = error_of(text, folder)
+    first, *lines = message.splitlines()
+    assert first == "3 problems in this policy:"
+    assert [line.split(": ", 1)[0] for line in lines] == [
+        "p.yaml, line 3, nmae",
+        "p.yaml, line 20, mechanisms[0].beta",
+        "p.yaml, line 21, mechanisms[0].k",
+    ]
+    assert "got 2" in lines[1] and "in (0, 1]" in lines[1] and "got 0" in lines[2]
 
 
 def test_top_not_above_bottom(folder: Path) -> None:

@@ -451,6 +451,24 @@ def audit_recover(
         console.print(warning, highlight=False, markup=False, soft_wrap=True)
 
 
+@audit_app.command("init")
+def audit_init(json_output: JsonFlag = False) -> None:
+    """Create the audit database (PRIVRELEASE_DB_URL; default PRIVRELEASE_WORK_DIR/audit.db).
+    Other commands never create one: they refuse a database that does not exist."""
+    from privrelease.audit.database import current_revision, exists, get_engine, open_database
+
+    engine = get_engine()
+    existed = exists(engine)
+    open_database(create=True)
+    shown = engine.url.render_as_string(hide_password=True)
+    revision = current_revision(engine)
+    if json_output:
+        print_json({"db_url": shown, "revision": revision, "created": not existed})
+    else:
+        what = "already exists" if existed else "created"
+        console.print(f"{shown}: {what}, schema at revision {revision}", highlight=False, soft_wrap=True)
+
+
 @audit_app.command("migrate")
 def audit_migrate(json_output: JsonFlag = False) -> None:
     """Create or upgrade the audit database schema (Alembic ``upgrade head``)."""

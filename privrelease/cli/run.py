@@ -635,7 +635,7 @@ def demo_command(
             soft_wrap=True,
         )
         facts = approvals.policy_facts(load_policy(policy_path))
-        with session(open_database()) as s:
+        with session(open_database(create=True)) as s:  # the demo makes its own audit database
             approvals.approve_policy(s, facts, "privrelease demo", note="demo policy on synthetic data")
         error_console.print(
             styled(
