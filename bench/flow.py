@@ -75,6 +75,7 @@ def worker(repeat: int) -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="bench-flow-worker-"))
     os.environ["PRIVRELEASE_WORK_DIR"] = str(folder / "flow-work")
+    os.environ["PRIVRELEASE_AUTO_INIT"] = "true"  # throwaway audit databases
     server = commands.start_temporary_server()
     started = time.perf_counter()
     commands._warm_up()

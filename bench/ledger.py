@@ -53,7 +53,7 @@ def main() -> None:
     event = SDGS(k=20, beta=0.1, epsilon=1.0)
     budget = ledger.Budget(*BUDGET)
     with tempfile.TemporaryDirectory() as folder:
-        engine = database.open_database(f"sqlite:///{folder}/audit.db")
+        engine = database.open_database(f"sqlite:///{folder}/audit.db", create=True)
         database.migrate(engine)
         facts = approvals.policy_facts(load_policy(POLICY))
         with database.session(engine) as s:

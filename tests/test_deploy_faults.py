@@ -135,6 +135,7 @@ def test_run_with_unreachable_prefect_api_charges_nothing(demo_files, audit_env,
             "PREFECT_API_URL": url,
             "PREFECT_HOME": str(tmp_path / "prefect-home"),
             "PRIVRELEASE_WORK_DIR": os.environ["PRIVRELEASE_WORK_DIR"],
+            "PRIVRELEASE_AUTO_INIT": "true",
         }
         began = time.monotonic()
         done = system.privrelease("run", str(policy), "--data", str(data), "--out", str(out), env=env)
