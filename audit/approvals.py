@@ -34,12 +34,15 @@ __all__ = [
     "list_policies",
     "policy_facts",
     "register_policy",
+    "current_approvals",
     "production_mode",
     "require_approved",
+    "revoke",
     "set_production_mode",
 ]
 
 MODE_RECORD = "mode_set"
+REVOKED_RECORD = "approvals_revoked"
 
 
 @dataclass(frozen=True)
@@ -138,12 +141,55 @@ def approvals_of(session: Session, sha256: str) -> list[Approval]:
     return list(session.exec(statement).all())
 
 
-def require_approved(session: Session, facts: PolicyFacts) -> Approval:
-    """The earliest approval of exactly this policy hash, or :class:`UserError` saying whether
-    the policy was changed after an approval of its name@version or never approved."""
-    approvals = approvals_of(session, facts.sha256)
-    if approvals:
+def revoke(session: Session, facts: PolicyFacts, *, by: str, reason: str) -> int:
+    """Revoke every current approval of a policy version (an audit record naming who and why);
+    a production run then needs new approvals. Returns how many were revoked."""
+    if not by.strip() or not reason.strip():
+        raise UserError("--by and --reason are required to revoke (who and why are recorded)")
+    current = current_approvals(session, facts.sha256)
+    if not current:
+        raise UserError(f"policy {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) has no approval to revoke")
+    chain.append(
+        session, REVOKED_RECORD, sha256=facts.sha256, by=by.strip(), reason=reason, os_user=getpass.getuser(),
+        approvals=[approval.id for approval in current],
+    )  # fmt: skip
+    return len(current)
+
+
+def current_approvals(session: Session, sha256: str) -> list[Approval]:
+    """Approvals of a policy hash that no revocation withdrew, oldest first."""
+    from privrelease.audit.models import AuditEvent
+
+    revoked: set[Any] = set()
+    for record in session.exec(select(AuditEvent).where(AuditEvent.kind == REVOKED_RECORD)):
+        payload = json.loads(record.payload_json)
+        if payload.get("sha256") == sha256:
+            revoked.update(payload.get("approvals", []))
+    return [approval for approval in approvals_of(session, sha256) if approval.id not in revoked]
+
+
+def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, runner: str | None = None) -> Approval:
+    """The earliest current approval of exactly this policy hash when the policy's approval
+    ``rule`` holds (``approvers`` distinct people; with ``independent``, none of them the OS user
+    ``runner``), or :class:`UserError` saying what is missing: a changed policy, no approval, a
+    revoked one, too few approvers."""
+    approvals = current_approvals(session, facts.sha256)
+    needed = rule.approvers if rule is not None else 1
+    if rule is not None and rule.independent:
+        runner = runner or getpass.getuser()
+        approvals = [a for a in approvals if a.os_user != runner]
+    people = {a.approved_by.strip().casefold() for a in approvals}
+    if len(people) >= needed:
         return approvals[0]
+    if approvals or approvals_of(session, facts.sha256):
+        independent = (
+            " other than the runner's OS user " + repr(runner) if rule is not None and rule.independent else ""
+        )
+        raise UserError(
+            f"policy {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) has {len(people)} current "
+            f"approver(s){independent}; it needs {needed} distinct (approval.approvers; revoked approvals do "
+            "not count): `privrelease policy approve POLICY.yaml --by NAME`"
+        )
     same_name = session.exec(
         select(PolicyVersion).where(PolicyVersion.name == facts.name, PolicyVersion.version == facts.version)
     ).first()

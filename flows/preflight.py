@@ -55,7 +55,7 @@ def preflight(
 
     with session(open_database(), readonly=True) as s:
         if production or get_settings().production or approvals.production_mode(s):
-            approvals.require_approved(s, approvals.policy_facts(loaded))
+            approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval)
             steps.require_approved_data(loaded, str(data))
         if plan.charged_event_json is not None:
             budget = ledger.resolve_lifetime_budget(loaded.policy.targets.lifetime_budget)

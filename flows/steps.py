@@ -513,12 +513,12 @@ def verify_policy(
         production = bool(production) or settings.production or approvals.production_mode(s)
         if production:
             try:
-                approval = approvals.require_approved(s, facts)
+                approval = approvals.require_approved(s, facts, loaded.policy.approval)
                 require_approved_data(loaded, data)
             except UserError as error:
                 refusal = error
         else:
-            found = approvals.approvals_of(s, facts.sha256)
+            found = approvals.current_approvals(s, facts.sha256)
             approval = found[0] if found else None
         if refusal is not None and not _registrable(s, facts):
             raise refusal

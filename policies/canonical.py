@@ -3,8 +3,8 @@
 canonical JSON = ``{"canonical_version": 1, "policy": <dump>}`` with sorted keys and no whitespace,
 where ``<dump>`` is the validated policy with every default filled in, floats written by their
 shortest round-trip form (``0.1`` and ``1e-1`` are the same float), and each hierarchy file path
-replaced by ``"sha256:<hex>"`` of its parsed rows; ``dataset.id`` and ``dataset.sha256`` are left out
-when absent (so a policy written before the fields existed keeps its hash). So comments, key order, quoting and YAML layout
+replaced by ``"sha256:<hex>"`` of its parsed rows; ``dataset.id``, ``dataset.sha256`` and ``approval``
+are left out when absent (so a policy written before the fields existed keeps its hash). So comments, key order, quoting and YAML layout
 do not change the hash; any value, or the content of a hierarchy file, does.
 """
 
@@ -39,6 +39,8 @@ def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) 
     for optional in ("id", "sha256"):
         if body["dataset"][optional] is None:
             del body["dataset"][optional]  # absent: policies written before the field keep their hash
+    if body["approval"] is None:
+        del body["approval"]
     for scheme, column in _hierarchy_schemes(body):
         scheme["hierarchy"] = "sha256:" + hierarchy_sha256(hierarchies[column])
     document = {"canonical_version": CANONICAL_VERSION, "policy": _normalize(body)}

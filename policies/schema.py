@@ -778,6 +778,14 @@ class Targets(_Model):
 # --------------------------------------------------------------------------- the policy
 
 
+class ApprovalRule(_Model):
+    """Who must approve before a production run: ``approvers`` distinct people (by their
+    ``--by`` name), and with ``independent`` none of them the operating-system user who runs it."""
+
+    approvers: Annotated[int, _check("approvers", "an integer in [1, 10]", lambda v: 1 <= v <= 10, integer=True)] = 1
+    independent: StrictBool = False
+
+
 class Policy(_Model):
     """A release policy: the dataset, the fixed generalization, the mechanisms and the targets."""
 
@@ -789,6 +797,7 @@ class Policy(_Model):
     candidate_schemes: dict[Name, Annotated[dict[Name, Scheme], _at_least(1, "column scheme")]] = {}
     mechanisms: Annotated[tuple[Mechanism, ...], _at_least(1, "mechanism")]
     targets: Targets = Targets()
+    approval: ApprovalRule | None = None
 
     def scheme_for(self, column: str, candidate: str | None = None) -> _Scheme | None:
         """The scheme of ``column``: the candidate's when it defines one, else ``generalization``."""

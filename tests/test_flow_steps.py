@@ -293,6 +293,45 @@ def test_an_approval_binds_the_data(demo_dir, work, monkeypatch):
     verify_intact()
 
 
+def test_approvals_need_distinct_independent_approvers_and_can_be_revoked(demo_dir, work, monkeypatch):
+    """A policy requiring two approvers, neither the OS user who runs it: one approval, or
+    approvals by the runner's own OS user, are refused; two independent ones run; a revocation
+    (an audit record) refuses it again."""
+    import getpass
+
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    policy = variant(demo_dir, "two", ("targets:", "approval: {approvers: 2, independent: true}\ntargets:"))
+    facts = approvals.policy_facts(load_policy(policy))
+
+    def approve_as(name: str, os_user: str) -> None:
+        with session(open_database()) as s:
+            approvals.approve_policy(s, facts, name, os_user=os_user)
+
+    approve_as("Me Myself", getpass.getuser())  # the runner approving their own release
+    with pytest.raises(UserError, match=r"has 0 current approver\(s\) other than the runner's OS user"):
+        release_plain(policy_path=str(policy))
+    approve_as("Alice Auditor", "alice")
+    with pytest.raises(UserError, match="has 1 current approver.*needs 2 distinct"):
+        release_plain(policy_path=str(policy))
+    approve_as("Bob Board", "bob")
+    published = release_plain(policy_path=str(policy))
+    assert Path(published.release_dir).is_dir()
+
+    runner = CliRunner()
+    ref = f"{facts.name}@{facts.version}"
+    result = runner.invoke(app, ["policy", "revoke", ref, "--by", "CPO", "--reason", "scheme leaks", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["revoked"] == 3, result.output
+    with pytest.raises(UserError, match="has 0 current approver"):
+        release_plain(policy_path=str(policy))
+    shown = json.loads(runner.invoke(app, ["policy", "show", ref, "--json"]).output)
+    assert shown["approved"] is False and all(a["revoked"] for a in shown["approvals"])
+    verify_intact()
+
+
 def test_production_refuses_an_edited_policy(demo_dir, work, monkeypatch):
     monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
     policy = demo_dir / demo.POLICY_FILE

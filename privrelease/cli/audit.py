@@ -116,6 +116,32 @@ def policy_approve(
     console.print(f"binds: dataset {dataset.id or '(no dataset.id)'}; data: {data}", highlight=False, soft_wrap=True)
 
 
+@policy_app.command("revoke")
+def policy_revoke(
+    ref: Annotated[str, typer.Argument(help="NAME@VERSION or a sha256 prefix of the approved version.")],
+    by: Annotated[str, typer.Option("--by", help="Who revokes (recorded with the OS user).")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")],
+    json_output: JsonFlag = False,
+) -> None:
+    """Withdraw every current approval of a policy version: production runs refuse it until it
+    is approved again. The revocation is an audit record; the approvals stay on record."""
+    from privrelease.audit import approvals
+    from privrelease.audit.database import session
+
+    with session(_engine()) as s:
+        version = approvals.find_policy(s, ref)
+        facts = approvals.PolicyFacts(version.name, version.version, version.sha256, version.canonical_json)
+        count = approvals.revoke(s, facts, by=by, reason=reason)
+    if json_output:
+        print_json({"policy": facts.name, "version": facts.version, "sha256": facts.sha256, "revoked": count})
+        return
+    console.print(
+        f"revoked {count} approval(s) of {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}): {reason}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @policy_app.command("list")
 def policy_list(json_output: JsonFlag = False) -> None:
     """Every registered policy version and its approvals."""
@@ -125,7 +151,7 @@ def policy_list(json_output: JsonFlag = False) -> None:
     with session(_engine(), readonly=True) as s:
         rows = []
         for version in approvals.list_policies(s):
-            approved = approvals.approvals_of(s, version.sha256)
+            approved = approvals.current_approvals(s, version.sha256)
             rows.append(
                 {
                     "name": version.name,
@@ -166,6 +192,7 @@ def policy_show(
     with session(_engine(), readonly=True) as s:
         version = approvals.find_policy(s, ref)
         approved = approvals.approvals_of(s, version.sha256)
+        current = {a.id for a in approvals.current_approvals(s, version.sha256)}
         others = [
             v.version for v in approvals.list_policies(s) if v.name == version.name and v.sha256 != version.sha256
         ]
@@ -174,8 +201,8 @@ def policy_show(
         "version": version.version,
         "sha256": version.sha256,
         "registered_at": _when(version.registered_at),
-        "approved": bool(approved),
-        "approvals": [_approval_dict(a) for a in approved],
+        "approved": bool(current),
+        "approvals": [{**_approval_dict(a), "revoked": a.id not in current} for a in approved],
         "other_versions": others,
         "policy": json.loads(version.canonical_json),
     }
@@ -185,13 +212,14 @@ def policy_show(
     console.print(styled("[bold]{}@{}[/]", version.name, version.version), highlight=False, soft_wrap=True)
     console.print(f"sha256      {version.sha256}", highlight=False, soft_wrap=True)
     console.print(f"registered  {document['registered_at']} UTC", highlight=False, soft_wrap=True)
-    if not approved:
-        console.print(styled("approvals   [red]none[/]"))
+    if not current:
+        console.print(styled("approvals   [red]none current[/]"))
     for approval in approved:
         note = f": {approval.note}" if approval.note else ""
+        revoked = " (REVOKED)" if approval.id not in current else ""
         console.print(
             f"approved    {_when(approval.approved_at)} UTC by {approval.approved_by} "
-            f"(OS user {approval.os_user}){note}",
+            f"(OS user {approval.os_user}){note}{revoked}",
             highlight=False,
             markup=False,
             soft_wrap=True,
