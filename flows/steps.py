@@ -1169,8 +1169,16 @@ def report_context(
         ],
         timings=dict(timings),
         internal_facts=internal,
-        chain_head={"seq": head.seq, "hash": head.hash},
+        chain_head={"seq": head.seq, "hash": head.hash, "public_key": _signing_public_key()},
     )
+
+
+def _signing_public_key() -> str | None:
+    """The public key of the configured signing key (None: records are not signed)."""
+    from privrelease.audit import signing
+
+    key = signing.signing_key()
+    return None if key is None else signing.public_text(key)
 
 
 def render_report(run: RunContext, **facts: Any) -> ReportFacts:

@@ -42,7 +42,8 @@ class ReportContext:
     - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
     - ``timings``: step -> seconds.
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
-    - ``chain_head``: ``{seq, hash}`` of the audit hash chain after this run's records.
+    - ``chain_head``: ``{seq, hash}`` of the audit hash chain after this run's records, and
+      ``public_key`` when the records are signed.
     """
 
     plan: Plan

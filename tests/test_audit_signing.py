@@ -202,6 +202,7 @@ def test_release_folders_verify_offline(attacked, tmp_path):
     check = lambda folder, key=public: runner.invoke(app, ["audit", "verify-release", str(folder), "--public-key", key])  # noqa: E731
     assert check(first).exit_code == 0 and check(second).exit_code == 0
     assert json.loads((second / "chain-head.json").read_text())["public_key"] == public
+    assert f'<code class="hash">{public}</code>' in (second / "report.html").read_text()  # the report names it
 
     changed = tmp_path / "changed"
     shutil.copytree(second, changed)
