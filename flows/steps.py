@@ -808,7 +808,9 @@ def plan_summary(policy: PolicySource) -> PlanSummary:
         notion=plan.notion,
         event_json=event_to_json(plan.event),
         charged_event_json=event_to_json(Composed(events=tuple(charged))) if charged else None,
-        checks=[dict(check.__dict__) for check in plan.checks],
+        checks=[
+            {key: getattr(check, key) for key in ("target", "required", "achieved", "passed")} for check in plan.checks
+        ],
     )
 
 

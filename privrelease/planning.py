@@ -39,6 +39,21 @@ class Check:
     required: str
     achieved: str
     passed: bool
+    relation: str | None = None
+    """``<=`` or ``>=`` between ``value`` and ``limit`` (None: a yes/no check)."""
+    limit: float | dict[str, float] | None = None
+    value: float | dict[str, float] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """For JSON: numbers as numbers (``required``/``achieved``), the text forms apart."""
+        return {
+            "target": self.target,
+            "relation": self.relation,
+            "required": self.limit,
+            "achieved": self.value,
+            "passed": self.passed,
+            "text": {"required": self.required, "achieved": self.achieved},
+        }
 
 
 @dataclass(frozen=True)
@@ -89,7 +104,7 @@ class Plan:
             ],
             "composed": {notion: g.as_dict() for notion, g in self.composed.items()},
             "facts": self.facts,
-            "checks": [check.__dict__ for check in self.checks],
+            "checks": [check.as_dict() for check in self.checks],
             "passed": self.passed,
             "event_tree": json.loads(event_to_json(self.event)),
         }
@@ -270,6 +285,9 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                     f"<= {limit:g}",
                     achieved,
                     guarantee.supported and value <= limit,
+                    "<=",
+                    limit,
+                    value if guarantee.supported else None,
                 )
             )
     if targets.delta is None and any(
@@ -285,12 +303,23 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                         f"<= {targets.rho:g}",
                         _fmt(m.facts["rho_achieved"]),
                         m.facts["rho_achieved"] <= targets.rho * (1 + 1e-9),
+                        "<=",
+                        targets.rho,
+                        m.facts["rho_achieved"],
                     )
                 )
         if facts.get("rho_composed_statistics") is not None and sum("rho_achieved" in m.facts for m in mechanisms) > 1:
             rho = facts["rho_composed_statistics"]
             checks.append(
-                Check("rho (statistics composed)", f"<= {targets.rho:g}", _fmt(rho), rho <= targets.rho * (1 + 1e-9))
+                Check(
+                    "rho (statistics composed)",
+                    f"<= {targets.rho:g}",
+                    _fmt(rho),
+                    rho <= targets.rho * (1 + 1e-9),
+                    "<=",
+                    targets.rho,
+                    rho,
+                )
             )
     for m in mechanisms:
         if "t_p" in m.facts:
@@ -301,6 +330,9 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                     f">= {want.t_p:g}",
                     _fmt(m.facts["t_p"]),
                     m.facts["t_p"] >= want.t_p,
+                    ">=",
+                    want.t_p,
+                    m.facts["t_p"],
                 )
             )
         if "t_f" in m.facts:
@@ -311,6 +343,9 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                     f"<= {want.t_f:g}",
                     _fmt(m.facts["t_f"]),
                     m.facts["t_f"] <= want.t_f,
+                    "<=",
+                    want.t_f,
+                    m.facts["t_f"],
                 )
             )
     budget = targets.lifetime_budget
@@ -327,6 +362,9 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                 f"eps <= {budget.epsilon:g}, delta <= {budget.delta:g}",
                 f"eps {_fmt(guarantee.epsilon)}, delta {_fmt(guarantee.delta)}",
                 fits,
+                "<=",
+                {"epsilon": budget.epsilon, "delta": budget.delta},
+                {"epsilon": guarantee.epsilon, "delta": guarantee.delta} if guarantee.supported else None,
             )
         )
     return checks

@@ -142,3 +142,25 @@ def test_bad_input_exits_2_without_traceback(args, message) -> None:
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_plan_json_checks_are_numbers() -> None:
+    """`plan --json` states each target as numbers (relation, required, achieved), never as
+    text such as "<= 1e-09"; the text forms are kept apart for display."""
+    done = cli("plan", str(REPO / "policies" / "examples" / "demo.yaml"), "--json")
+    assert done.returncode == 0, done.stderr
+    checks = json.loads(done.stdout)["checks"]
+    assert checks and all(check["relation"] in ("<=", ">=") for check in checks)
+    for check in checks:
+        for side in ("required", "achieved"):
+            value = check[side]
+            numbers = value.values() if isinstance(value, dict) else [value]
+            assert all(isinstance(number, (int, float)) for number in numbers), check
+        relation = check["relation"]
+        if not isinstance(check["required"], dict):
+            holds = (
+                check["achieved"] <= check["required"] if relation == "<=" else check["achieved"] >= check["required"]
+            )
+            assert holds == check["passed"]
+    (budget,) = [check for check in checks if check["target"].startswith("fits the lifetime budget")]
+    assert set(budget["required"]) == {"epsilon", "delta"} and budget["text"]["required"] == "eps <= 20, delta <= 1e-06"
