@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,19 @@ def test_plan_json_checks_are_numbers() -> None:
             assert holds == check["passed"]
     (budget,) = [check for check in checks if check["target"].startswith("fits the lifetime budget")]
     assert set(budget["required"]) == {"epsilon", "delta"} and budget["text"]["required"] == "eps <= 20, delta <= 1e-06"
+
+
+def test_plan_tables_show_no_raw_python() -> None:
+    """The human plan at 80 columns: facts as `name: value` lines, never a Python dict or True."""
+    done = subprocess.run(
+        [sys.executable, "-m", "privrelease", "plan", str(REPO / "policies" / "examples" / "demo.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "{'" not in done.stdout and "True" not in done.stdout and "False" not in done.stdout
+    assert "k anonymity:" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -109,10 +110,7 @@ def _print_plan(result) -> None:
                 highlight=False,
             )
             continue
-        console.print(
-            f"  {key}: {value if isinstance(value, str) else _fmt(value) if not isinstance(value, dict) else value}",
-            highlight=False,
-        )
+        console.print(f"  {key.replace('_', ' ')}: {_value_text(value)}", highlight=False)
     checks = Table(title="Targets", title_justify="left")
     for column in ("target", "required", "achieved", "result"):
         checks.add_column(column, overflow="fold")
@@ -140,13 +138,26 @@ def _event_text(event) -> str:
     )
 
 
+def _value_text(value: Any) -> str:
+    """A fact's value for people: numbers formatted, yes/no, mappings as ``key value`` pairs."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return _fmt(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {_value_text(item)}" for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_value_text(item) for item in value)
+    return str(value)
+
+
 def _facts_text(facts: dict) -> str:
-    shown = []
-    for key, value in facts.items():
-        if key in ("reason",) or value is None:
-            continue
-        shown.append(f"{key}={_fmt(value) if isinstance(value, float) else value}")
-    return "; ".join(shown)
+    """One fact per line (``k anonymity: 20``), never a raw Python dict."""
+    return "\n".join(
+        f"{key.replace('_', ' ')}: {_value_text(value)}"
+        for key, value in facts.items()
+        if key != "reason" and value is not None
+    )
 
 
 # --- guarantee sdgs -----------------------------------------------------------------------------
