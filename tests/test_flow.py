@@ -250,3 +250,33 @@ def test_python_api_runs_the_audited_flow(prefect_harness, demo_dir, work, monke
     with session(open_database(), readonly=True) as s:
         (entry,) = s.exec(select(LedgerEntry)).all()
     assert entry.state == "committed"
+
+
+def test_recovery_marks_the_flow_runs_of_dead_runs_crashed(prefect_harness):
+    """A flow run left RUNNING by a killed process (its audit run is settled by recovery) is
+    marked Crashed; one already final, or unknown to Prefect, is left alone."""
+    import uuid
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running
+
+    from privrelease.flows import recovery
+
+    @flow(name="stand-in")
+    def stand_in() -> None:
+        """Never run: only its flow runs are made."""
+
+    with get_client(sync_client=True) as client:
+        left_running = client.create_flow_run(stand_in, state=Running())
+        finished = client.create_flow_run(stand_in, state=Completed())
+    settled = [
+        recovery.Settled("a" * 32, "running", "rolled back", "", str(left_running.id)),
+        recovery.Settled("b" * 32, "running", "rolled back", "", str(finished.id)),
+        recovery.Settled("c" * 32, "pending", "rolled back", "", str(uuid.uuid4())),
+        recovery.Settled("d" * 32, "pending", "rolled back", "", None),
+    ]
+    assert recovery.crash_flow_runs(settled) == [str(left_running.id)]
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(left_running.id).state.type.value == "CRASHED"
+        assert client.read_flow_run(finished.id).state.type.value == "COMPLETED"
