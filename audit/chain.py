@@ -147,13 +147,13 @@ def _primary_key(row: SQLModel) -> Any:
 class Head:
     """The newest record of a chain: its ``seq`` and ``hash`` (seq 0: the empty chain). A head
     file beside a release also lists its ``files`` (name -> sha256) and, when a signing key is
-    set, carries the key holder's ``signature`` (:mod:`.signing`) and ``public_key``."""
+    set, carries the key holder's ``signature`` (:mod:`.signing`; the file also names the
+    public key, for people)."""
 
     seq: int
     hash: str
     files: dict[str, str] | None = None
     signature: str | None = None
-    public_key: str | None = None
 
     def message(self) -> bytes:
         """What :attr:`signature` signs."""
@@ -266,7 +266,7 @@ def read_head(path: Path | str) -> Head:
         isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
     ):
         raise UserError(f"chain head file {path}: files must map file names to sha256 hex digests")
-    return Head(seq, digest, files, body.get("signature"), body.get("public_key"))
+    return Head(seq, digest, files, body.get("signature"))
 
 
 # --- verification -------------------------------------------------------------------------------

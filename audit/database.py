@@ -83,19 +83,26 @@ def _sqlite_begin(connection: sa.Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _sqlite_file(url: sa.URL) -> Path | None:
+    """The file of a SQLite URL (None: an in-memory database)."""
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:"):
+        return None
+    return Path(database).expanduser()
+
+
 def create_engine(url: str) -> sa.Engine:
     """A new engine for ``url`` (SQLite: WAL, busy timeout, foreign keys, ``BEGIN IMMEDIATE`` for
     writing sessions; the file's folder is created). Prefer :func:`get_engine`, which caches."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        database = parsed.database or ""
-        memory = database in ("", ":memory:") or database.startswith("file::memory:")
+        file = _sqlite_file(parsed)
         kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
-        if memory:
+        if file is None:
             kwargs["connect_args"]["check_same_thread"] = False
             kwargs["poolclass"] = StaticPool
         else:
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            file.parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
@@ -251,9 +258,9 @@ def open_database(url: str | None = None, *, create: bool = False) -> sa.Engine:
 def exists(engine: sa.Engine) -> bool:
     """True when the database holds a privrelease schema (SQLite: checked without creating the file)."""
     if engine.url.get_backend_name() == "sqlite":
-        database = engine.url.database or ""
-        if database in ("", ":memory:") or database.startswith("file::memory:"):
+        file = _sqlite_file(engine.url)
+        if file is None:
             return True
-        if not Path(database).expanduser().is_file():
+        if not file.is_file():
             return False
     return current_revision(engine) is not None

@@ -76,7 +76,7 @@ def process_owner() -> dict[str, Any]:
 
 def owned_here(owner: dict[str, Any] | None) -> bool:
     """True when ``owner`` is this very process."""
-    return bool(owner) and dict(owner or {}) == process_owner()
+    return bool(owner) and owner == process_owner()
 
 
 def owner_alive(owner: dict[str, Any] | None) -> bool | None:
@@ -130,7 +130,8 @@ class Settled:
         }
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """Flush a file, or a folder's entries, to disk."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -143,7 +144,7 @@ def make_visible(staging: Path, release: Path) -> None:
     (the parent is fsynced)."""
     (staging / RUN_MARKER).unlink(missing_ok=True)
     os.rename(staging, release)
-    _fsync_dir(release.parent)
+    fsync(release.parent)
 
 
 def _matches(folder: Path, expected: Iterable[tuple[str, str]]) -> bool:

@@ -1218,11 +1218,7 @@ def _fsync_files(folder: Path) -> None:
     """Flush every file of ``folder`` to disk (they are renamed into view after the commit)."""
     for path in folder.iterdir():
         if path.is_file():
-            descriptor = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+            recovery.fsync(path)
 
 
 def publish(
