@@ -40,7 +40,7 @@ import os
 import shutil
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,13 +121,7 @@ class Settled:
     flow_run_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "was": self.was,
-            "action": self.action,
-            "detail": self.detail,
-            "flow_run_id": self.flow_run_id,
-        }
+        return asdict(self)
 
 
 def fsync(path: Path) -> None:
