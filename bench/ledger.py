@@ -11,6 +11,7 @@ figures.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 POLICY = REPO / "policies" / "examples" / "adult-sdgs.yaml"
 RELEASES = 120
 BUDGET = (3.0, 1e-6)
+# the Adult example reads its hierarchies from ../shared/data: declare it a data root (also for
+# the `privrelease guarantee compose` process below, which inherits the environment)
+os.environ.setdefault("PRIVRELEASE_DATA_ROOTS", str(REPO.parent / "shared" / "data"))
 
 
 def seconds(function, repeats: int = 5) -> tuple[float, object]:
