@@ -120,25 +120,30 @@ def test_exponential_mechanism_frequencies() -> None:
 
 
 def test_select_scheme() -> None:
-    """400 rows: 'fine' has 32 cells of ~12 rows (a half-sample almost never reaches k = 20 in any),
-    'coarse' 4 cells of ~100, 'none' one cell of 400 (both publish ~200 rows)."""
-    rng = np.random.default_rng()
-    table = pa.table({"job": rng.choice(list("abcdefgh"), 400), "age": rng.integers(0, 40, 400)})
+    """640 rows, every (job, age) pair twice, in random order. 'fine' has 32 cells of 20 rows (a
+    half-sample reaches k = 20 in one with probability 2^-20), 'coarse' 4 cells of 80 or 240 rows,
+    'none' one cell of 640 (both publish about half of the rows). Cell sizes are fixed by
+    construction, so the scores are exact numbers, not a draw."""
+    jobs, ages = np.meshgrid(np.array(list("abcdefgh")), np.arange(40), indexing="ij")
+    order = np.random.default_rng().permutation(640)
+    table = pa.table({"job": np.tile(jobs.ravel(), 2)[order], "age": np.tile(ages.ravel(), 2)[order]})
     selection = select_scheme(table, CANDIDATES, k=20, beta=0.5, epsilon=1.0)
     bound = sensitivity(20, 0.5)
     assert selection.event == ExponentialSelection(epsilon=1.0, candidates=3, sensitivity=bound)
     scores = selection.internal_facts["scores"]
     assert list(scores) == ["fine", "coarse", "none"]
-    assert scores["none"] == pytest.approx(200.0)  # one cell of 400 rows: all of the half-sample
-    assert scores["fine"] < 10 and 190 < scores["coarse"] <= scores["none"]
+    assert scores["none"] == pytest.approx(published_rows_by_definition(640, 20, 0.5))  # = 320
+    assert scores["fine"] == pytest.approx(32 * published_rows_by_definition(20, 20, 0.5))
+    coarse = 2 * published_rows_by_definition(80, 20, 0.5) + 2 * published_rows_by_definition(240, 20, 0.5)
+    assert scores["coarse"] == pytest.approx(coarse) and 319 < coarse < 320
     probabilities = selection_probabilities(list(scores.values()), epsilon=1.0, sensitivity=bound)
-    assert probabilities[0] < 1e-25  # 'fine' loses by ~190 rows: exp(-190 / (2 * 1.5))
+    assert probabilities[0] < 1e-40  # 'fine' loses by ~320 rows: exp(-320 / (2 * 1.5))
     assert selection.name in ("coarse", "none") and selection.scheme == CANDIDATES[selection.name]
     weights = {"none": 0.01, "coarse": 1.0, "fine": 1.0}
     weighted = select_scheme(table, CANDIDATES, k=20, beta=0.5, epsilon=1.0, weights=weights)
-    assert weighted.internal_facts["scores"]["none"] == pytest.approx(2.0)
+    assert weighted.internal_facts["scores"]["none"] == pytest.approx(3.2)
     assert weighted.event.sensitivity == bound
-    assert weighted.name == "coarse"  # ahead of the others by > 180 rows: probability > 1 - 1e-25
+    assert weighted.name == "coarse"  # ahead of the others by > 300 rows: probability > 1 - 1e-40
 
 
 @pytest.mark.parametrize(
