@@ -20,7 +20,7 @@ from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
-from privrelease.mechanisms.sdgs import check_parameters, count_cells, release
+from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release
 
 COUNT_COLUMN = "count"
 
@@ -38,11 +38,22 @@ def crowd_blending_histogram(
 
     ``epsilon`` is the epsilon at which the guarantee is stated (None: 0, i.e. not claimed).
     Facts as in :func:`.sdgs.sdgs`."""
+    check_histogram(schemes, k, beta, epsilon)
+    return histogram_of_cells(count_cells(table, schemes, beta=beta), k=k, beta=beta, epsilon=epsilon)
+
+
+def check_histogram(schemes: Mapping[str, ColumnScheme], k: int, beta: float, epsilon: float | None) -> None:
+    """UserError for parameters :func:`crowd_blending_histogram` refuses."""
     if COUNT_COLUMN in schemes:
         raise UserError(f"a histogram cannot generalize a column named {COUNT_COLUMN!r}: the output uses that name")
+    check_parameters(k, beta, 0.0 if epsilon is None else epsilon)
+
+
+def histogram_of_cells(cells: CellCounts, *, k: int, beta: float, epsilon: float | None) -> MechanismResult:
+    """The histogram of a sample's cell counts (all of them: the whole sample's, e.g. merged
+    from partitions by :func:`.partitioned.merge_counts`): the cells with at least k rows, in
+    uniformly random order."""
     epsilon = 0.0 if epsilon is None else epsilon
-    check_parameters(k, beta, epsilon)
-    cells = count_cells(table, schemes, beta=beta)
     published = np.flatnonzero(cells.counts >= k)
     published = published[randomness.permutation(len(published))]
     columns = cells.label_columns(published)

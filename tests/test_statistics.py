@@ -8,6 +8,7 @@ reject at p < 1e-4 (so each fails with probability 1e-4); the tolerance tests us
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import opendp.measurements
@@ -21,9 +22,11 @@ from privrelease.mechanisms.events import Laplace
 from privrelease.mechanisms.identifiability import calibrate
 from privrelease.mechanisms.statistics import (
     _clamped_values,
-    _true_statistics,
+    exact_terms,
     identifiable_statistic,
+    merge_partials,
     noisy_statistic,
+    statistic_partial,
 )
 
 KS_ALPHA = 1e-4
@@ -117,8 +120,7 @@ def test_values_are_clamped_before_aggregation() -> None:
     values, below, above = _clamped_values(table, "x", calibration)
     assert values.tolist() == [0, 5, 10, 7]
     assert (below, above) == (1, 1)
-    codes = np.zeros(4, dtype=np.int64)
-    assert _true_statistics(values, codes, 1, calibration).tolist() == [22.0]
+    assert statistic_partial(table, "x", calibration).terms == ((22.0,),)
 
 
 def test_float_values_clamped_and_summed_exactly() -> None:
@@ -127,8 +129,42 @@ def test_float_values_clamped_and_summed_exactly() -> None:
     values, below, above = _clamped_values(table, "y", calibration)
     assert values.tolist() == [-1.0, 0.1, 0.2, 0.3, 1.0]
     assert (below, above) == (1, 1)
-    sums = _true_statistics(values, np.array([0, 1, 1, 1, 0]), 2, calibration)
-    assert sums.tolist() == [0.0, math.fsum([0.1, 0.2, 0.3])]
+    partial = statistic_partial(table, "y", calibration, {"g": ["a", "b"]})
+    assert [math.fsum(terms) for terms in partial.terms] == [0.0, math.fsum([0.1, 0.2, 0.3])]
+
+
+def exact_sum(values) -> Fraction:
+    return sum((Fraction(float(v)) for v in values), Fraction(0))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_exact_terms_sum_exactly_and_partials_merge_to_the_whole(seed) -> None:
+    """The terms' exact sum (Fractions, an independent computation) is the values' exact sum;
+    partials of a random split merge to the whole table's statistic bit for bit, where
+    adding the partitions' rounded sums (the broken variant) differs."""
+    rng = np.random.default_rng(seed)
+    values = rng.uniform(-1, 1, 3000) * 10.0 ** rng.integers(-8, 8, 3000)
+    terms = exact_terms(values)
+    assert exact_sum(terms) == exact_sum(values)
+    assert math.fsum(terms) == math.fsum(values.tolist())
+    calibration = calibrate("sum", -1e8, 1e8, 0.9, integer=False)
+    table = pa.table({"y": values})
+    cuts = np.sort(rng.choice(np.arange(1, 3000), 7, replace=False))
+    parts = [statistic_partial(table.slice(lo, hi - lo), "y", calibration) for lo, hi in zip([0, *cuts], [*cuts, 3000])]
+    merged = merge_partials(parts)
+    whole = statistic_partial(table, "y", calibration)
+    assert math.fsum(merged.terms[0]) == math.fsum(whole.terms[0]) == float(exact_sum(values))
+    assert merged.rows == 3000
+
+
+def test_adding_rounded_partition_sums_is_not_exact() -> None:
+    """What merge_partials avoids: the partitions' correctly rounded sums, added, lose the
+    exact sum (1 + 2^-53 + 2^-53 = 1 + 2^-52, but each part rounds to 1)."""
+    tiny = 2.0**-53
+    parts = [np.array([1.0, tiny]), np.array([tiny])]
+    rounded = math.fsum(math.fsum(part.tolist()) for part in parts)
+    exact = math.fsum(exact_terms(parts[0]) + exact_terms(parts[1]))
+    assert exact == 1 + 2.0**-52 == math.fsum([1.0, tiny, tiny]) and rounded == 1.0
 
 
 def test_clamping_shows_in_the_release() -> None:
