@@ -1,26 +1,27 @@
-"""Benchmark: (k, beta)-SDGS in-process against the Dask scale-out flow, on a bootstrap of Adult.
+"""Benchmark: the audited release flow in-process against the same flow on the Dask engine, on
+a bootstrap of Adult.
 
-    python bench/scale.py [--rows N] [--beta B] [--workers W] [--rows-per-partition P]
+    python bench/scale.py [--rows N] [--files F] [--beta B] [--workers W]
+                          [--rows-per-partition P] [--memory-limit BYTES] [--no-inprocess]
 
-Bootstraps ``../shared/data/adult/adult.csv`` to an N-row Parquet file (default 50,000,000
-rows, row groups of 1 M rows; as bench/sdgs.py: 8 columns, level-1 ARX hierarchies, k = 20)
-in a temporary folder, then times, each in a fresh process, imports done before the clock:
+Bootstraps ``../shared/data/adult/adult.csv`` to N rows of Parquet (default 20,000,000; row
+groups of 1 M rows; F files in a folder when F > 1, generated chunk by chunk, so no process
+holds the data) with bench/sdgs.py's 8 columns, and writes a policy releasing them with
+(k = 20, beta)-SDGS over level-1 ARX hierarchies. Then times, each in a fresh process with
+imports done before the clock, one whole audited release (verify, fingerprint, plan, reserve,
+read, mechanism, report, publish, audit records, ledger; :func:`privrelease.flows.steps.release_plain`,
+the flow's steps without the constant Prefect task wrapping):
 
-- in-process: ``read_dataset`` (the whole file) -> ``sdgs`` -> one Parquet file
-  (bench/sdgs.py's ``run_ours``);
-- Dask: the ``sdgs-scale-out`` flow (flows/scale.py) on a ``LocalCluster`` of W worker
-  processes, one thread each, started before the clock (production passes ``address=`` of a
-  running cluster); the flow run itself is timed, Prefect's per-task overhead included.
+- in-process: ``--engine local`` (the baseline, same run, same machine);
+- Dask: ``--engine dask`` on a ``LocalCluster`` of W worker processes, one thread each, with
+  the given memory limit, started before the clock as a production cluster would be.
 
-The Dask run needs a Prefect server: the one at ``PREFECT_API_URL`` when set, else one started
-here on 127.0.0.1 with a temporary ``PREFECT_HOME`` (its start-up is reported, not timed).
-Both outputs are checked: every published cell has at least k rows.
-
-Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask flow run),
-``baseline_seconds`` (in-process), ``ratio`` (seconds / baseline_seconds),
-``rows_per_second_inprocess``, ``rows_per_second_dask``, ``peak_rss_mb`` (largest peak RSS of
-a Dask worker process: what one machine of a cluster needs), ``peak_rss_mb_inprocess``, and
-the set-up times.
+Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run),
+``baseline_seconds`` (in-process run, null with --no-inprocess), ``ratio``, ``peak_rss_mb``
+(largest peak RSS of a Dask worker), ``flow_peak_rss_mb`` (the flow process on Dask),
+``inprocess_peak_rss_mb``, ``data_mb`` (the declared columns as uncompressed Arrow data, from
+the Parquet footers), ``memory_limit_mb``, ``fits_one_worker`` (data_mb below one worker's
+limit), ``partitions``, ``rows_published`` for both runs and the set-up times.
 """
 
 from __future__ import annotations
@@ -29,259 +30,214 @@ import argparse
 import importlib
 import json
 import os
-import resource
-import signal
-import socket
-import subprocess
+import re
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import sdgs as bench_sdgs  # noqa: E402  (bench/sdgs.py: bootstrap, hierarchies, in-process run)
+import sdgs as bench_sdgs  # noqa: E402  (bench/sdgs.py: Adult columns, hierarchies, bootstrap source)
 
 K = bench_sdgs.K
-EPSILON = bench_sdgs.EPSILON
 COLUMNS = bench_sdgs.COLUMNS
-QUIET = {
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
-    "DASK_LOGGING__DISTRIBUTED": "error",
-}
+ROW_GROUP = 1_000_000
+QUIET = {"PRIVRELEASE_AUTO_INIT": "true", "DASK_LOGGING__DISTRIBUTED": "error"}
 
 
 def peak_mb() -> float:
-    """This process's peak RSS in MB: VmHWM (getrusage's ru_maxrss survives exec on Linux, so
-    a worker spawned by a larger process would report the parent's size)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS in MB (VmHWM: getrusage's ru_maxrss survives exec on Linux)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 
-def run_inprocess(data: Path, out: Path, beta: float) -> dict:
-    for module in ("privrelease.datasets", "privrelease.mechanisms.sdgs"):
-        importlib.import_module(module)
-    start = time.perf_counter()
-    rows_out = bench_sdgs.run_ours(data, out / "inprocess.parquet", beta)
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_mb(), "rows_out": rows_out}
+def bootstrap(rows: int, folder: Path, files: int) -> Path:
+    """``rows`` rows drawn with replacement from adult.csv (bench data: numpy's generator, not
+    a mechanism) in row groups of ROW_GROUP rows: one file, or ``files`` files in ``folder``."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from privrelease.datasets import read_dataset
+
+    source = read_dataset(bench_sdgs.ADULT / "adult.csv", format="csv", columns=COLUMNS, delimiter=";").table
+    rng = np.random.default_rng()
+    target = folder / ("adult.parquet" if files == 1 else "adult")
+    paths = [target] if files == 1 else [target / f"part-{i:03d}.parquet" for i in range(files)]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if files > 1:
+        target.mkdir()
+    per_file = -(-rows // files)
+    for index, path in enumerate(paths):
+        count = min(per_file, rows - index * per_file)
+        with pq.ParquetWriter(path, source.schema) as writer:
+            for start in range(0, count, ROW_GROUP):
+                writer.write_table(source.take(rng.integers(0, source.num_rows, min(ROW_GROUP, count - start))))
+    return target
 
 
-def run_dask(data: Path, out: Path, beta: float, workers: int, rows_per_partition: int, rows_per_file: int) -> dict:
+def arrow_mb(data: Path) -> float:
+    """The data's uncompressed size from its Parquet footers, in MB."""
+    import pyarrow.parquet as pq
+
+    files = sorted(data.glob("*.parquet")) if data.is_dir() else [data]
+    total = 0
+    for path in files:
+        meta = pq.read_metadata(path)
+        total += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    return total / 2**20
+
+
+def write_policy(folder: Path, data: Path, beta: float, rows_per_partition: int) -> Path:
+    schemes = "\n".join(
+        f"  {column}: {{hierarchy: {bench_sdgs.ADULT / f'adult_hierarchy_{column}.csv'}, level: 1}}"
+        for column in COLUMNS
+    )
+    columns = "\n".join(f"    {column}: {{type: {kind}}}" for column, kind in COLUMNS.items())
+    path = folder / "bench-scale.yaml"
+    path.write_text(
+        f"""name: bench-scale
+version: "1"
+dataset:
+  id: bench-adult-bootstrap
+  path: {data}
+  format: parquet
+  columns:
+{columns}
+generalization:
+{schemes}
+mechanisms:
+  - {{name: microdata, type: sdgs, columns: [{", ".join(COLUMNS)}], beta: {beta}, k: {K}, epsilon: 1.0}}
+targets:
+  accounting: approximate
+  delta: 1.0e-6
+  lifetime_budget: {{epsilon: 100, delta: 1.0e-3}}
+engine: {{rows_per_partition: {rows_per_partition}}}
+"""
+    )
+    return path
+
+
+def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: int) -> dict:
+    """One audited release in this process (``kind``: local or dask)."""
     import logging
 
-    from distributed import Client, LocalCluster
+    os.environ["PRIVRELEASE_WORK_DIR"] = str(work / kind)
+    os.environ["PRIVRELEASE_DATA_ROOTS"] = str(bench_sdgs.ADULT)
+    for module in ("privrelease.flows.steps", "privrelease.flows.scaled", "privrelease.mechanisms.sdgs"):
+        importlib.import_module(module)
+    from privrelease.flows.steps import release_plain
 
-    from privrelease.flows.scale import ScaleSpec, run_scale_release
-    from privrelease.mechanisms.schemes import ValueMap
-
-    logging.getLogger("distributed").setLevel(logging.ERROR)
-    spec = ScaleSpec(
-        columns=COLUMNS,
-        schemes={column: ValueMap(tuple(bench_sdgs.hierarchy(column))) for column in COLUMNS},
-        k=K,
-        beta=beta,
-        epsilon=EPSILON,
-    )
-    start = time.perf_counter()
-    with (
-        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        client.run(lambda: importlib.import_module("privrelease.flows.scale"))
-        cluster_seconds = time.perf_counter() - start
+    facts: dict = {}
+    if kind == "local":
         start = time.perf_counter()
-        result = run_scale_release(
-            data,
-            out,
-            spec,
-            address=cluster.scheduler_address,
-            release_name="dask",
-            rows_per_partition=rows_per_partition,
-            rows_per_file=rows_per_file,
-        )
+        published = release_plain(policy_path=str(policy))
         seconds = time.perf_counter() - start
-        worker_peaks = client.run(peak_mb)
+    else:
+        from distributed import Client, LocalCluster
+
+        logging.getLogger("distributed").setLevel(logging.ERROR)
+        start = time.perf_counter()
+        with (
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=memory_limit,
+                dashboard_address=None,
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            client.run(lambda: importlib.import_module("privrelease.flows.scaled"))
+            facts["cluster_seconds"] = time.perf_counter() - start
+            start = time.perf_counter()
+            published = release_plain(policy_path=str(policy), dask_address=cluster.scheduler_address)
+            seconds = time.perf_counter() - start
+            facts["worker_peak_rss_mb"] = max(client.run(peak_mb).values())
+    found = re.search(r"(\d+) partitions? on \d+ workers?", Path(published.report).read_text(encoding="utf-8"))
+    partitions = int(found.group(1)) if found else None
     return {
         "seconds": seconds,
-        "cluster_seconds": cluster_seconds,
-        "peak_rss_mb": max(worker_peaks.values()),
-        "client_peak_rss_mb": peak_mb(),
-        "rows_out": result["public_facts"]["rows_published"],
-        "files": len(result["files"]),
-        "partitions": result["internal_facts"]["partitions"],
-        "timings": result["timings"],
+        "peak_rss_mb": peak_mb(),
+        "rows_published": sum(output["rows"] for output in published.outputs),
+        "partitions": partitions,
+        **facts,
     }
 
 
-def spawn(kind: str, args: argparse.Namespace, data: Path, out: Path, env: dict[str, str]) -> dict:
-    command = [
-        sys.executable,
-        __file__,
-        "--worker",
-        kind,
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--beta",
-        str(args.beta),
-        "--workers",
-        str(args.workers),
-        "--rows-per-partition",
-        str(args.rows_per_partition),
-        "--rows-per-file",
-        str(args.rows_per_file),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+def spawn(kind: str, args: argparse.Namespace, policy: Path, work: Path) -> dict:
+    import subprocess
+
+    command = [sys.executable, __file__, "--run", kind, "--policy", str(policy), "--work", str(work)]
+    command += ["--workers", str(args.workers), "--memory-limit", str(args.memory_limit)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **QUIET})
     if done.returncode:
         sys.exit(f"{kind} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_prefect_server(home: Path) -> tuple[subprocess.Popen, str, float]:
-    """``prefect server start`` on 127.0.0.1 (its own session, so its process group can be
-    stopped), the API URL once healthy, and the seconds that took."""
-    port = free_port()
-    env = {**os.environ, **QUIET, "PREFECT_HOME": str(home)}
-    env.pop("PREFECT_API_URL", None)
-    start = time.perf_counter()
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "prefect"),
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-ui",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    while time.perf_counter() - start < 180:
-        if server.poll() is not None:
-            sys.exit("the Prefect server exited during start-up")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return server, url, time.perf_counter() - start
-        except OSError:
-            time.sleep(0.5)
-    stop(server)
-    sys.exit("the Prefect server did not become healthy in 180 s")
-
-
-def stop(server: subprocess.Popen) -> None:
-    try:
-        os.killpg(server.pid, signal.SIGTERM)  # the server's own process group (started above)
-        server.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(server.pid, signal.SIGKILL)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=50_000_000)
-    parser.add_argument("--beta", type=float, default=0.5)
+    parser.add_argument("--rows", type=int, default=20_000_000)
+    parser.add_argument("--files", type=int, default=1)
+    parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rows-per-partition", type=int, default=2_000_000)
-    parser.add_argument("--rows-per-file", type=int, default=2_000_000)
-    parser.add_argument("--worker", choices=["inprocess", "dask"], help=argparse.SUPPRESS)
-    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--rows-per-partition", type=int, default=ROW_GROUP)
+    parser.add_argument("--memory-limit", type=int, default=2**30, help="bytes per Dask worker (default 1 GiB)")
+    parser.add_argument("--no-inprocess", action="store_true", help="skip the in-process baseline")
+    parser.add_argument("--run", choices=["local", "dask"], help=argparse.SUPPRESS)
+    parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker == "inprocess":
-        print(json.dumps(run_inprocess(args.data, args.out, args.beta)))
-        return
-    if args.worker == "dask":
-        print(
-            json.dumps(
-                run_dask(args.data, args.out, args.beta, args.workers, args.rows_per_partition, args.rows_per_file)
-            )
-        )
+    if args.run:
+        print(json.dumps(run_once(args.run, args.policy, args.work, args.workers, args.memory_limit)))
         return
     if not (bench_sdgs.ADULT / "adult.csv").is_file():
         sys.exit(f"Adult data not found at {bench_sdgs.ADULT}")
-
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        tmp_path = Path(tmp)
-        data, out = tmp_path / "adult_bootstrap.parquet", tmp_path / "out"
-        out.mkdir()
+        folder = Path(tmp)
         start = time.perf_counter()
-        bench_sdgs.bootstrap(args.rows, data)
+        data = bootstrap(args.rows, folder, args.files)
+        data_mb = arrow_mb(data)
         print(
-            f"bootstrap: {args.rows:,} rows, {data.stat().st_size / 2**20:.1f} MiB Parquet"
-            f" (row groups of {bench_sdgs.BOOTSTRAP_BATCH:,}) in {time.perf_counter() - start:.1f} s;"
-            f" k={K}, beta={args.beta}, {len(COLUMNS)} columns (level-1 ARX hierarchies)",
+            f"bootstrap: {args.rows:,} rows in {args.files} file(s), {data_mb:,.0f} MB as Arrow columns,"
+            f" in {time.perf_counter() - start:.1f} s; k={K}, beta={args.beta}, {len(COLUMNS)} columns",
             flush=True,
         )
-        env = {**os.environ, **QUIET}
-        server = None
-        server_seconds = 0.0
-        if not os.environ.get("PREFECT_API_URL"):
-            server, env["PREFECT_API_URL"], server_seconds = start_prefect_server(tmp_path / "prefect-home")
-            print(f"Prefect server on {env['PREFECT_API_URL']}: healthy after {server_seconds:.1f} s", flush=True)
-        try:
-            inprocess = spawn("inprocess", args, data, out, env)
-            print(f"in-process: {inprocess['seconds']:.2f} s, peak RSS {inprocess['peak_rss_mb']:.0f} MB", flush=True)
-            dask = spawn("dask", args, data, out, env)
-        finally:
-            if server is not None:
-                stop(server)
-        print(
-            f"Dask ({args.workers} workers x 1 thread, cluster up in {dask['cluster_seconds']:.1f} s):"
-            f" {dask['seconds']:.2f} s for {dask['partitions']} partitions and {dask['files']} files,"
-            f" worker peak RSS {dask['peak_rss_mb']:.0f} MB, flow process {dask['client_peak_rss_mb']:.0f} MB;"
-            f" stages (s): {dask['timings']}"
-        )
-        cells = {
-            "inprocess": bench_sdgs.smallest_cell(out / "inprocess.parquet"),
-            "dask": bench_sdgs.smallest_cell(out / "dask" / "part-*.parquet"),
-        }
-
-    assert all(value >= K for value in cells.values()), cells
-    rows_per_s_in = args.rows / inprocess["seconds"]
-    rows_per_s_dask = args.rows / dask["seconds"]
-    print(f"\n{'':12} {'seconds':>8} {'rows/s':>12} {'rows out':>12} {'min cell':>9} {'peak MB':>8}")
-    for name, run, rate in (("in-process", inprocess, rows_per_s_in), ("dask", dask, rows_per_s_dask)):
-        key = "inprocess" if name == "in-process" else "dask"
-        print(
-            f"{name:12} {run['seconds']:>8.2f} {rate:>12,.0f} {run['rows_out']:>12,} {cells[key]:>9}"
-            f" {run['peak_rss_mb']:>8.0f}"
-        )
+        policy = write_policy(folder, data, args.beta, args.rows_per_partition)
+        inprocess = None if args.no_inprocess else spawn("local", args, policy, folder / "work")
+        if inprocess is not None:
+            print(
+                f"in-process audited run: {inprocess['seconds']:.2f} s, peak RSS {inprocess['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
+        dask = spawn("dask", args, policy, folder / "work")
+    print(
+        f"Dask audited run ({args.workers} workers x 1 thread, {args.memory_limit / 2**20:.0f} MB each, cluster up in"
+        f" {dask['cluster_seconds']:.1f} s): {dask['seconds']:.2f} s over {dask['partitions']} partitions; worker"
+        f" peak RSS {dask['worker_peak_rss_mb']:.0f} MB, flow process {dask['peak_rss_mb']:.0f} MB"
+    )
+    memory_limit_mb = args.memory_limit / 2**20
     summary = {
         "rows": args.rows,
+        "files": args.files,
         "beta": args.beta,
         "k": K,
         "workers": args.workers,
         "partitions": dask["partitions"],
-        "files": dask["files"],
         "seconds": round(dask["seconds"], 3),
-        "baseline_seconds": round(inprocess["seconds"], 3),
-        "ratio": round(dask["seconds"] / inprocess["seconds"], 3),
-        "rows_per_second_inprocess": round(rows_per_s_in),
-        "rows_per_second_dask": round(rows_per_s_dask),
-        "peak_rss_mb": round(dask["peak_rss_mb"]),
-        "peak_rss_mb_inprocess": round(inprocess["peak_rss_mb"]),
-        "cluster_start_seconds": round(dask["cluster_seconds"], 2),
-        "prefect_server_start_seconds": round(server_seconds, 2),
+        "baseline_seconds": None if inprocess is None else round(inprocess["seconds"], 3),
+        "ratio": None if inprocess is None else round(dask["seconds"] / inprocess["seconds"], 3),
+        "peak_rss_mb": round(dask["worker_peak_rss_mb"]),
+        "flow_peak_rss_mb": round(dask["peak_rss_mb"]),
+        "inprocess_peak_rss_mb": None if inprocess is None else round(inprocess["peak_rss_mb"]),
+        "data_mb": round(data_mb),
+        "memory_limit_mb": round(memory_limit_mb),
+        "fits_one_worker": data_mb < memory_limit_mb,
+        "rows_published": dask["rows_published"],
+        "rows_published_inprocess": None if inprocess is None else inprocess["rows_published"],
+        "cluster_seconds": round(dask["cluster_seconds"], 2),
     }
     print(json.dumps(summary))
 

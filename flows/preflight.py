@@ -24,24 +24,34 @@ def preflight(
     data_path: str | Path | None = None,
     output_format: str = "parquet",
     production: bool | None = None,
+    engine: str | None = None,
+    dask_address: str | None = None,
+    workers: int | None = None,
 ) -> None:
-    """Check, in order: the policy (and ``dataset.id`` for a charged release), the output
-    format, the data file and its header, the plan's targets, the audit database, the approval
-    (production mode) and that the release fits its dataset's lifetime budget (cheapest first)."""
+    """Check, in order: the policy (and ``dataset.id`` for a charged release), the engine, the
+    output format, the data file (a Parquet folder: its first file) and its header, the plan's
+    targets, the audit database, the approval (production mode) and that the release fits its
+    dataset's lifetime budget (cheapest first)."""
     source = steps.PolicySource.from_file(policy_path)
     loaded = source.load()
     loaded.require_dataset_id()
+    steps.engine_of(loaded, engine, dask_address, workers)
     if output_format not in steps.OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
     data = loaded.data_file(data_path)
-    if not data.is_file():
-        raise UserError(f"dataset file {str(data)!r} does not exist or is not a file")
-    header = steps.header_names(data, loaded.policy.dataset)
+    first = data
+    if data.is_dir():
+        from privrelease.flows.partitions import dataset_files
+
+        first = dataset_files(data)[0]
+    if not first.is_file():
+        raise UserError(f"dataset file {str(first)!r} does not exist or is not a file")
+    header = steps.header_names(first, loaded.policy.dataset)
     if header is not None:
         absent = [name for name in loaded.policy.dataset.columns if name not in header]
         if absent:
             raise UserError(  # the terminal only: preflight records nothing
-                f"dataset file {str(data)!r} has no column {absent[0]!r} (declared in dataset.columns); "
+                f"dataset file {str(first)!r} has no column {absent[0]!r} (declared in dataset.columns); "
                 f"its columns are: {', '.join(map(repr, header))}"
             )
     plan = steps.plan_summary(source)

@@ -134,9 +134,14 @@ def release(
     output_format: str = "parquet",
     production: bool | None = None,
     rerun_of: str | None = None,
+    engine: str | None = None,
+    dask_address: str | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """Release what the policy at ``policy_path`` says (or repeat run ``rerun_of`` with fresh
-    randomness and a new budget charge); returns paths, checksums and the chain head."""
+    randomness and a new budget charge); returns paths, checksums and the chain head.
+    ``engine`` (``local`` or ``dask``), ``dask_address`` and ``workers`` choose where the data
+    work runs (default: the policy's ``engine:`` section, else in-process)."""
     from prefect.runtime import flow_run
 
     published = steps.execute(
@@ -148,6 +153,9 @@ def release(
         output_format=output_format,
         production=production,
         flow_run_id=str(flow_run.id) if flow_run.id else None,
+        engine=engine,
+        dask_address=dask_address,
+        workers=workers,
     )
     _link_report(published)
     return asdict(published)

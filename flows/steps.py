@@ -53,20 +53,24 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 import privrelease
 from privrelease.errors import TargetNotMet, UserError
-from privrelease.flows import recovery, release_facts
+from privrelease.flows import engines, recovery, release_facts
+from privrelease.flows.engines import Engine
 from privrelease.settings import get_settings
+
+if TYPE_CHECKING:
+    from privrelease.flows.partitions import DataFile
 
 OUTPUT_FORMATS = ("parquet", "csv")
 REPORT_FILE = "report.html"
@@ -133,13 +137,14 @@ def _withheld(step: str, kind: str, exit_code: int | None) -> DataStepError:
 
 
 @contextmanager
-def _withholding(step: str) -> Iterator[None]:
+def withholding(step: str, error_type: type[DataStepError] = DataStepError) -> Iterator[None]:
+    """Any error but a :class:`DataStepError` raised inside becomes one (``error_type``)."""
     try:
         yield
     except DataStepError:
         raise
     except Exception as error:
-        raise DataStepError(step, error) from None
+        raise error_type(step, error) from None
 
 
 def _write_error(path: Path, error: OSError) -> UserError:
@@ -212,6 +217,7 @@ class RunContext:
     expected_fingerprint: str | None = None
     flow_run_id: str | None = None
     code_version: str = ""
+    engine: Engine = Engine()
 
     @property
     def staging_dir(self) -> Path:
@@ -233,6 +239,8 @@ class DatasetFacts:
     sha256: str
     size_bytes: int
     rows: int
+    files: tuple[DataFile, ...] = ()
+    """The Parquet files of a folder dataset or of a Dask run, each fingerprinted."""
 
 
 @dataclass(frozen=True)
@@ -261,6 +269,8 @@ class ReadFacts:
     rows_read: int
     rows_dropped: int
     data_read_at: datetime
+    engine: dict[str, Any] = field(default_factory=lambda: {"description": "in-process"})
+    """How the data was read: ``description``, and on Dask ``partitions`` and ``workers``."""
 
 
 @dataclass(frozen=True)
@@ -374,12 +384,19 @@ def _write_manifest(run: RunContext) -> None:
         "out_root": run.out_root,
         "release_dir": str(run.release_dir),
         "output_format": run.output_format,
+        "engine": {"engine": run.engine.name, "dask_address": run.engine.address, "workers": run.engine.workers},
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     except OSError as error:
         raise _write_error(path, error) from None
+
+
+def _manifest(run_id: str) -> dict[str, Any]:
+    """The manifest of run ``run_id`` ({} when it has none)."""
+    path = manifest_path(run_id)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 # --------------------------------------------------------------------------- 1. policy
@@ -401,10 +418,8 @@ def rerun_source(run_id: str) -> tuple[PolicySource, str | None, str, str | None
         version = s.exec(select(PolicyVersion).where(PolicyVersion.sha256 == run.policy_sha256)).one()
     if run.kind == "reissue":
         raise UserError(f"run {run.id} is a reissue; rerun the release it handed back ({run.source_run_id})")
-    manifest: dict[str, Any] = {}
     path = manifest_path(run.id)
-    if path.is_file():
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest = _manifest(run.id)
     body = json.loads(version.canonical_json)["policy"]
     schemes = list(body.get("generalization", {}).items())
     for candidate in body.get("candidate_schemes", {}).values():
@@ -445,15 +460,23 @@ def open_run(
     output_format: str = "parquet",
     production: bool | None = None,
     flow_run_id: str | None = None,
+    engine: str | None = None,
+    dask_address: str | None = None,
+    workers: int | None = None,
 ) -> RunContext:
     """Step 1 from the flow's parameters: the policy file, or (``rerun_of``) the stored policy
-    of an earlier run, repeated on the same data (its fingerprint must match)."""
+    of an earlier run, repeated on the same data (its fingerprint must match). ``engine``,
+    ``dask_address`` and ``workers`` override the policy's ``engine:`` section (a rerun's
+    default is the engine its run used)."""
+    choice = {"engine": engine, "dask_address": dask_address, "workers": workers}
     if (policy_path is None) == (rerun_of is None):
         raise UserError("give either a policy file or the id of a run to repeat")
     if rerun_of is not None:
         source, manifest_data, source_run, fingerprint = rerun_source(rerun_of)
         if data_path is None and manifest_data is None:
             raise UserError(f"run {source_run} has no manifest naming its data file; give --data")
+        if engine is None:
+            choice = {**_manifest(source_run).get("engine", {}), **{k: v for k, v in choice.items() if v is not None}}
         return verify_policy(
             source,
             data_path=data_path or manifest_data,
@@ -464,6 +487,7 @@ def open_run(
             source_run_id=source_run,
             expected_fingerprint=fingerprint,
             flow_run_id=flow_run_id,
+            **choice,
         )
     assert policy_path is not None
     return verify_policy(
@@ -473,7 +497,25 @@ def open_run(
         output_format=output_format,
         production=production,
         flow_run_id=flow_run_id,
+        **choice,
     )
+
+
+def engine_of(loaded: Any, engine: str | None, dask_address: str | None, workers: int | None) -> Engine:
+    """The run's engine: the flow's parameters over the policy's ``engine:`` section; refused
+    (:class:`UserError`) when the policy cannot run on it (:func:`.scaled.check_engine`)."""
+    from privrelease.flows.scaled import check_engine
+
+    section = loaded.policy.engine
+    name = engine or ("dask" if dask_address else section.name)
+    chosen = Engine(
+        name=name,
+        address=dask_address or (section.address if name == section.name else None),
+        workers=workers or (section.workers if name == section.name else None) or Engine.workers,
+        rows_per_partition=section.rows_per_partition or Engine.rows_per_partition,
+    )
+    check_engine(loaded, chosen)
+    return chosen
 
 
 def verify_policy(
@@ -487,6 +529,9 @@ def verify_policy(
     source_run_id: str | None = None,
     expected_fingerprint: str | None = None,
     flow_run_id: str | None = None,
+    engine: str | None = None,
+    dask_address: str | None = None,
+    workers: int | None = None,
 ) -> RunContext:
     """Load and validate the policy, register its version, and start the run.
 
@@ -499,6 +544,7 @@ def verify_policy(
         raise UserError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
     loaded = policy.load()
     loaded.require_dataset_id()  # refused before anything is recorded or read
+    chosen = engine_of(loaded, engine, dask_address, workers)
     facts = approvals.policy_facts(loaded)
     settings = get_settings()
     data = str(loaded.data_file(data_path))
@@ -565,6 +611,7 @@ def verify_policy(
         expected_fingerprint=expected_fingerprint,
         flow_run_id=flow_run_id,
         code_version=version,
+        engine=chosen,
     )
     _write_manifest(run)
     return run
@@ -746,11 +793,40 @@ def _parquet_facts(data: bytes, path: Path) -> tuple[list[str], int]:
 
 
 def fingerprint_dataset(run: RunContext) -> DatasetFacts:
-    """sha256, size and row count of the dataset file (no contents), checked against the
-    policy's declared row count and columns and, for a rerun, the repeated run's fingerprint."""
+    """sha256, size and row count of the dataset (no contents), checked against the policy's
+    declared row count and columns and, for a rerun, the repeated run's fingerprint. A Parquet
+    folder, or any data on the Dask engine, is fingerprinted file by file
+    (:func:`.partitions.scan_file`; on Dask, on the workers: no process reads it all)."""
     loaded = run.loaded()
     dataset = loaded.policy.dataset
     path = Path(run.data_path)
+    if run.engine.scaled or path.is_dir():
+        facts = _fingerprint_files(run, loaded, path)
+    else:
+        facts = _fingerprint_file(path, dataset)
+    pinned = dataset.sha256
+    if pinned is not None and facts.sha256 != pinned:
+        raise UserError(
+            f"dataset {str(path)!r} has sha256 {facts.sha256[:12]}, but the policy pins dataset.sha256 "
+            f"{pinned[:12]} (the vintage it was approved for): use that file or a policy for this one"
+        )
+    if run.expected_fingerprint is not None and facts.sha256 != run.expected_fingerprint:
+        raise UserError(
+            f"dataset {str(path)!r} has sha256 {facts.sha256[:12]}, but run "
+            f"{run.source_run_id} released from {run.expected_fingerprint[:12]}: a rerun "
+            "repeats a release on the same data"
+        )
+    if dataset.rows is not None and facts.rows != dataset.rows:
+        raise UserError(
+            f"dataset {str(path)!r} has {facts.rows} data rows; the policy declares "
+            f"dataset.rows: {dataset.rows} (a public fact of the release): use the declared "
+            "file or correct the policy"
+        )
+    return facts
+
+
+def _fingerprint_file(path: Path, dataset: Any) -> DatasetFacts:
+    """One file, in one pass over its bytes (:func:`_scan`)."""
     if not path.is_file():
         raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
     parquet = dataset.format == "parquet"
@@ -763,33 +839,49 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     else:
         header = csv_header(kept, path, dataset)
         rows = lines - (1 if header is not None else 0)
-    pinned = dataset.sha256
-    if pinned is not None and sha256 != pinned:
-        raise UserError(
-            f"dataset file {str(path)!r} has sha256 {sha256[:12]}, but the policy pins dataset.sha256 "
-            f"{pinned[:12]} (the vintage it was approved for): use that file or a policy for this one"
-        )
-    if run.expected_fingerprint is not None and sha256 != run.expected_fingerprint:
-        raise UserError(
-            f"dataset file {str(path)!r} has sha256 {sha256[:12]}, but run "
-            f"{run.source_run_id} released from {run.expected_fingerprint[:12]}: a rerun "
-            "repeats a release on the same data"
-        )
     if header is not None:
-        absent = [name for name in dataset.columns if name not in header]
-        if absent:
-            raise UserError(
-                f"dataset file {str(path)!r} has no column {absent[0]!r} (declared in the policy) "
-                f"among its {len(header)} columns (their names are part of the data: not recorded; "
-                "`privrelease run` lists them on the terminal before it starts)"
-            )
-    if dataset.rows is not None and rows != dataset.rows:
-        raise UserError(
-            f"dataset file {str(path)!r} has {rows} data rows; the policy declares "
-            f"dataset.rows: {dataset.rows} (a public fact of the release): use the declared "
-            "file or correct the policy"
-        )
+        _require_columns(path, dataset, header)
     return DatasetFacts(str(path), sha256, size, rows)
+
+
+def _require_columns(path: Path, dataset: Any, header: Sequence[str]) -> None:
+    absent = [name for name in dataset.columns if name not in header]
+    if absent:
+        raise UserError(
+            f"dataset file {str(path)!r} has no column {absent[0]!r} (declared in the policy) "
+            f"among its {len(header)} columns (their names are part of the data: not recorded; "
+            "`privrelease run` lists them on the terminal before it starts)"
+        )
+
+
+def _fingerprint_files(run: RunContext, loaded: Any, path: Path) -> DatasetFacts:
+    """A Parquet file or folder, file by file (on Dask, on the run's cluster, connected here:
+    an unreachable scheduler is refused before anything is reserved); the fingerprint combines
+    the files' (:func:`.partitions.combined_sha256`)."""
+    from privrelease.flows import partitions
+    from privrelease.policies.loader import confine
+
+    if loaded.policy.dataset.format != "parquet":
+        raise UserError(
+            f"dataset {str(path)!r}: dataset.format is {loaded.policy.dataset.format!r}, but a folder (or the Dask "
+            "engine) needs Parquet files",
+            field="dataset.format",
+        )
+    paths = [str(confine(file, loaded.base_dir, what="dataset file")) for file in partitions.dataset_files(path)]
+    if run.engine.scaled:
+        engines.connect(run.run_id, run.engine)
+        files = engines.map_gather(run.run_id, partitions.scan_file, paths)
+    else:
+        files = [partitions.scan_file(file) for file in paths]
+    for file in files:
+        _require_columns(Path(file.path), loaded.policy.dataset, file.columns)
+    return DatasetFacts(
+        str(path),
+        partitions.combined_sha256(files),
+        sum(file.bytes for file in files),
+        sum(file.rows for file in files),
+        files=tuple(files),
+    )
 
 
 # --------------------------------------------------------------------------- 4. plan
@@ -884,12 +976,27 @@ _tables: dict[str, pa.Table] = {}
 """Run id -> the checked table, kept in this process between the read and the mechanisms (it
 never passes through Prefect); a mechanism in another process reads the file again."""
 
+_partials: dict[str, dict[str, Any]] = {}
+"""Run id -> mechanism name -> its merged partial result (Dask engine: the read step computes
+every mechanism's partials on the workers; only these summaries reach this process)."""
 
-def _read(run: RunContext, expected_sha256: str) -> Any:
-    """The declared columns of the data, parsed from bytes that hash to ``expected_sha256``."""
-    from privrelease.datasets import read_dataset
+
+def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ()) -> Any:
+    """The declared columns of the data, parsed from bytes that hash to ``expected_sha256``
+    (a folder: from its ``files``, each whole, parsed from the bytes fingerprinted)."""
+    from privrelease.datasets import DatasetRead, read_dataset
 
     dataset = run.loaded().policy.dataset
+    if files:
+        from privrelease.flows.partitions import ReadSpec, plan_partitions, read_partition
+
+        spec = ReadSpec.of(dataset)
+        reads = [read_partition(part, spec) for part in plan_partitions(files, sys.maxsize)]
+        return DatasetRead(
+            pa.concat_tables([read.table for read in reads]),
+            sum(read.rows_read for read in reads),
+            sum(read.rows_dropped for read in reads),
+        )
     options = dataset.csv
     return read_dataset(
         run.data_path,
@@ -908,15 +1015,29 @@ def _read(run: RunContext, expected_sha256: str) -> Any:
 
 def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
     """Record the data-read time (status ``running``; after the approval and the reservation
-    are committed), then read and check the declared columns. What is read must be the file
-    fingerprinted: its bytes are read once and must hash to the fingerprint."""
+    are committed), then read and check the declared columns. What is read must be what was
+    fingerprinted: its bytes are read once and must hash to the fingerprint. On Dask the
+    workers read partition by partition and compute every mechanism's partial result in the
+    same pass (:func:`.scaled.read_partials`)."""
     from privrelease.audit import records
 
     with _session() as s:
         record = records.record_data_read(s, run.run_id)
         read_at = record.data_read_at
-    with _withholding("reading the data"):
-        result = _read(run, dataset.sha256)
+    if run.engine.scaled:
+        from privrelease.flows.scaled import read_partials
+
+        with withholding("reading the data"):
+            read = read_partials(run.run_id, run.loaded(), dataset.files, run.engine)
+        _partials[run.run_id] = read.partials
+        engine = {
+            "description": run.engine.describe(),
+            "partitions": read.partitions,
+            "workers": engines.workers(run.run_id),
+        }
+        return ReadFacts(read.rows_read, read.rows_dropped, read_at, engine=engine)
+    with withholding("reading the data"):
+        result = _read(run, dataset.sha256, dataset.files)
     _tables[run.run_id] = result.table
     return ReadFacts(result.rows_read, result.rows_dropped, read_at)
 
@@ -930,70 +1051,63 @@ def _table(run: RunContext) -> pa.Table:
 
         with _session() as s:
             fingerprint = s.get(Run, run.run_id).dataset_fingerprint
-        table = _read(run, fingerprint).table
+        files: Sequence[DataFile] = ()
+        if Path(run.data_path).is_dir():
+            facts = _fingerprint_files(run, run.loaded(), Path(run.data_path))
+            if facts.sha256 != fingerprint:
+                raise UserError(f"dataset {run.data_path!r} changed after it was fingerprinted: nothing was read")
+            files = facts.files
+        table = _read(run, fingerprint, files).table
         _tables[run.run_id] = table
     return table
 
 
 def forget_data(run_id: str) -> None:
-    """Drop the run's table from this process."""
+    """Drop the run's table or partial results from this process, and its Dask client."""
     _tables.pop(run_id, None)
+    _partials.pop(run_id, None)
+    engines.disconnect(run_id)
 
 
 # --------------------------------------------------------------------------- 7. mechanisms
 
 
-def _execute(loaded: Any, spec: Any, table: pa.Table) -> tuple[Any, Any, dict, dict]:
-    """Run one policy mechanism: (output table, realized event, public facts, internal facts)."""
-    from privrelease.mechanisms.events import Composed
-
+def _execute(loaded: Any, spec: Any, table: pa.Table) -> Any:
+    """Run one policy mechanism in this process: its
+    :class:`~privrelease.mechanisms.results.MechanismResult`."""
     kind = spec.type
     if kind == "sdgs":
         from privrelease.mechanisms.sdgs import sdgs
 
         epsilon = spec.epsilon or 0.0
         if spec.select_scheme is None:
-            result = sdgs(
-                table,
-                loaded.schemes(spec.columns),
-                k=spec.k,
-                beta=spec.beta,
-                epsilon=epsilon,
-            )
-            return (
-                result.table,
-                result.event,
-                result.public_facts,
-                result.internal_facts,
-            )
+            return sdgs(table, loaded.schemes(spec.columns), k=spec.k, beta=spec.beta, epsilon=epsilon)
+        from privrelease.mechanisms.events import Composed
+        from privrelease.mechanisms.results import MechanismResult
         from privrelease.mechanisms.selection import select_scheme
 
         candidates = {name: loaded.schemes(spec.columns, candidate=name) for name in spec.select_scheme.candidates}
-        selection = select_scheme(
-            table,
-            candidates,
-            k=spec.k,
-            beta=spec.beta,
-            epsilon=spec.select_scheme.epsilon,
-        )
+        selection = select_scheme(table, candidates, k=spec.k, beta=spec.beta, epsilon=spec.select_scheme.epsilon)
         result = sdgs(table, selection.scheme, k=spec.k, beta=spec.beta, epsilon=epsilon)
-        public = {**result.public_facts, "chosen_scheme": selection.name}
-        internal = {**result.internal_facts, "selection": selection.internal_facts}
-        event = Composed(events=(selection.event, result.event))
-        return result.table, event, public, internal
+        return MechanismResult(
+            result.table,
+            Composed(events=(selection.event, result.event)),
+            {**result.public_facts, "chosen_scheme": selection.name},
+            {**result.internal_facts, "selection": selection.internal_facts},
+        )
     if kind == "histogram":
         from privrelease.mechanisms.histogram import crowd_blending_histogram
 
-        result = crowd_blending_histogram(
-            table,
-            loaded.schemes(spec.columns),
-            k=spec.k,
-            beta=spec.beta,
-            epsilon=spec.epsilon,
+        return crowd_blending_histogram(
+            table, loaded.schemes(spec.columns), k=spec.k, beta=spec.beta, epsilon=spec.epsilon
         )
-        return result.table, result.event, result.public_facts, result.internal_facts
     if kind == "identifiable_statistic":
-        return _statistic(loaded, spec, table)
+        from privrelease.flows.scaled import statistic_job, statistic_table
+        from privrelease.mechanisms.statistics import noisy_statistic
+
+        job = statistic_job(loaded, spec)
+        prepared, column = statistic_table(table, job.column, job.by)
+        return noisy_statistic(prepared, column, job.calibration, group_domain=job.domain)
     if kind == "splu_gen":
         from privrelease.mechanisms.generalization import generalize
         from privrelease.mechanisms.splu import splu_gen
@@ -1002,43 +1116,11 @@ def _execute(loaded: Any, spec: Any, table: pa.Table) -> tuple[Any, Any, dict, d
         if spec.columns:
             generalized = generalize(table, loaded.schemes(spec.columns))
             columns.update({name: generalized.column(name) for name in spec.columns})
-        result = splu_gen(pa.table(columns), list(spec.sensitive), spec.gamma)
-        return result.table, result.event, result.public_facts, result.internal_facts
+        return splu_gen(pa.table(columns), list(spec.sensitive), spec.gamma)
     raise AssertionError(f"unknown mechanism type {kind!r}")
 
 
-_COUNT_COLUMN = "__privrelease_rows__"
-
-
-def _statistic(loaded: Any, spec: Any, table: pa.Table) -> tuple[Any, Any, dict, dict]:
-    import numpy as np
-
-    from privrelease.mechanisms.generalization import generalize
-    from privrelease.mechanisms.schemes import Keep
-    from privrelease.mechanisms.statistics import noisy_statistic
-    from privrelease.planning import _statistic_calibration, group_domain
-
-    calibration = _statistic_calibration(loaded, spec)
-    column = spec.column
-    columns: dict[str, Any] = {}
-    if column is None:  # a count needs no values: a constant column stands in
-        column = _COUNT_COLUMN
-        columns[column] = pa.array(np.zeros(table.num_rows, dtype=np.int64))
-    else:
-        columns[column] = table.column(column)
-    domain = None
-    if spec.by:
-        schemes = {
-            name: loaded.scheme(name) if loaded.policy.scheme_for(name) is not None else Keep() for name in spec.by
-        }
-        generalized = generalize(table, schemes)
-        columns.update({name: generalized.column(name) for name in spec.by})
-        domain = group_domain(loaded, tuple(spec.by))
-    result = noisy_statistic(pa.table(columns), column, calibration, group_domain=domain)
-    return result.table, result.event, result.public_facts, result.internal_facts
-
-
-def _plain_columns(table: pa.Table) -> pa.Table:
+def plain_columns(table: pa.Table) -> pa.Table:
     """Dictionary columns decoded (for CSV)."""
     return pa.table(
         {
@@ -1060,7 +1142,7 @@ def write_table(table: pa.Table, path: Path, output_format: str) -> None:
         else:
             try:
                 pcsv.write_csv(
-                    _plain_columns(table),
+                    plain_columns(table),
                     temp,
                     pcsv.WriteOptions(quoting_style="needed"),
                 )
@@ -1073,32 +1155,40 @@ def write_table(table: pa.Table, path: Path, output_format: str) -> None:
 
 
 def run_mechanism(run: RunContext, name: str) -> OutputFacts:
-    """Run the policy mechanism ``name`` on the run's data and write its output to the staging
-    folder. The realized event must be the planned one (what was reserved)."""
+    """Run the policy mechanism ``name`` on the run's data (on Dask: finish it from the merged
+    partial results, :func:`.scaled.finish`) and write its output to the staging folder. The
+    realized event must be the planned one (what was reserved)."""
     from privrelease.audit.chain import file_sha256
     from privrelease.mechanisms.events import event_to_json
 
     loaded = run.loaded()
     spec = loaded.policy.mechanism(name)
-    with _withholding(f"mechanism {name!r} ({spec.type})"):
-        table, event, public, internal = _execute(loaded, spec, _table(run))
-    planned = {m.name: m.event for m in plan_of(run.policy).mechanisms}
-    assert event == planned[name], (
-        f"mechanism {name!r} realized {event!r}, but the plan (and the reservation) has {planned[name]!r}"
-    )
+    step = f"mechanism {name!r} ({spec.type})"
     file = f"{safe_name(name)}.{run.output_format}"
     path = run.staging_dir / file
-    write_table(table, path, run.output_format)
+    from privrelease.flows.scaled import Finished, finish
+
+    with withholding(step):
+        if run.engine.scaled:
+            result = finish(loaded, spec, _partials[run.run_id][name], path, run.output_format)
+        else:
+            result = Finished.of(_execute(loaded, spec, _table(run)))
+    planned = {m.name: m.event for m in plan_of(run.policy).mechanisms}
+    assert result.event == planned[name], (
+        f"mechanism {name!r} realized {result.event!r}, but the plan (and the reservation) has {planned[name]!r}"
+    )
+    if result.table is not None:
+        write_table(result.table, path, run.output_format)
     return OutputFacts(
         mechanism=name,
         type=spec.type,
         file=file,
         sha256=file_sha256(path),
-        rows=table.num_rows,
+        rows=result.rows,
         bytes=path.stat().st_size,
-        event_json=event_to_json(event),
-        public_facts=_jsonable(public),
-        internal_facts=_jsonable(internal),
+        event_json=event_to_json(result.event),
+        public_facts=_jsonable(result.public_facts),
+        internal_facts=_jsonable(result.internal_facts),
     )
 
 
@@ -1153,6 +1243,8 @@ def report_context(
             "sha256": dataset.sha256,
             "size_bytes": dataset.size_bytes,
             "rows": dataset.rows,
+            "files": max(len(dataset.files), 1),
+            "engine": read.engine,
         },
         budget=None if reservation is None else reservation.budget,
         ledger_before=None if reservation is None else reservation.before,

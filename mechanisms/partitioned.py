@@ -34,8 +34,8 @@ The merged label dictionary of a column is the partitions' common one when they 
 for value maps, bins and suppression, whose labels the scheme fixes); otherwise (``Keep``,
 top/bottom coding, where each partition sees different values) the union in value order
 (numbers numerically, as in-process; other text in text order): a function of the label set,
-never of the input order. A partition's scratch file (:func:`cells_to_arrow`) keeps its labels
-only when it has cells; partitions without cells do not take part in the label merge.
+never of the input order. A partition keeps its labels only when it has cells; partitions
+without cells do not take part in the label merge.
 """
 
 from __future__ import annotations
@@ -52,48 +52,11 @@ from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release, shuffled_repeat
 
-COUNT_COLUMN = "__privrelease_count__"
-"""The column holding the cell counts in :func:`cells_to_arrow`'s table."""
 _INT64_SAFE = 1 << 62
 _ASSIGN_BATCH = 1 << 22
 """Published rows given a file per batch in :func:`assign_files` (bounds its memory)."""
 _DENSE_KEYS = 1 << 24
 """Largest (file, cell) key space counted with ``np.bincount`` in :func:`assign_files`."""
-
-
-def cells_to_arrow(cells: CellCounts) -> pa.Table:
-    """``cells`` as an Arrow table (for a scratch file between the steps): one dictionary column
-    per generalized column (codes as indices into the full label array), the counts in
-    :data:`COUNT_COLUMN`, ``rows_in`` / ``rows_sampled`` in the schema metadata."""
-    assert COUNT_COLUMN not in cells.labels, f"a column may not be named {COUNT_COLUMN!r}"
-    columns = {
-        name: pa.DictionaryArray.from_arrays(pa.array(cells.codes[name], pa.int32()), labels)
-        for name, labels in cells.labels.items()
-    }
-    columns[COUNT_COLUMN] = pa.array(cells.counts, pa.int64())
-    metadata = {"rows_in": str(cells.rows_in), "rows_sampled": str(cells.rows_sampled)}
-    return pa.table(columns).replace_schema_metadata(metadata)
-
-
-def cells_from_arrow(table: pa.Table) -> CellCounts:
-    """The :class:`CellCounts` that :func:`cells_to_arrow` wrote."""
-    table = table.combine_chunks()
-    labels, codes = {}, {}
-    for name in table.column_names:
-        if name == COUNT_COLUMN:
-            continue
-        column = table.column(name)
-        array = column.chunk(0) if column.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
-        labels[name] = array.dictionary
-        codes[name] = array.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    metadata = table.schema.metadata or {}
-    return CellCounts(
-        labels=labels,
-        codes=codes,
-        counts=table.column(COUNT_COLUMN).to_numpy().astype(np.int64, copy=False),
-        rows_in=int(metadata[b"rows_in"]),
-        rows_sampled=int(metadata[b"rows_sampled"]),
-    )
 
 
 def merge_counts(parts: Sequence[CellCounts]) -> CellCounts:
@@ -258,8 +221,8 @@ def partitioned_sdgs(
 ) -> tuple[list[pa.Table], MechanismResult]:
     """(k, beta)-SDGS microdata of the rows of all ``partitions`` together, one partition in
     memory at a time (plus the counts): the output files and the release's facts and event
-    (as :func:`.sdgs.sdgs`). The steps the Dask flow (:mod:`privrelease.flows.scale`) runs on
-    workers, in one process."""
+    (as :func:`.sdgs.sdgs`). The steps the Dask engine (:mod:`privrelease.flows.scaled`) runs on
+    its workers and in the flow, here in one process (the reference its tests compare with)."""
     check_parameters(k, beta, epsilon)
     parts = [count_cells(table, schemes, beta=beta) for table in partitions]
     merged = merge_counts(parts)

@@ -75,7 +75,8 @@ class LoadedPolicy:
         """The data file a run reads: ``override`` (``--data``) or the policy's, confined to
         the policy's folder and the data roots (:func:`confine`)."""
         path = Path(override).expanduser().resolve() if override else self.dataset_path
-        return confine(path, self.base_dir, what="dataset file")
+        folder_ok = self.policy.dataset.format == "parquet"
+        return confine(path, self.base_dir, what="dataset" if folder_ok else "dataset file", folder_ok=folder_ok)
 
     def require_dataset_id(self) -> str | None:
         """``dataset.id``; :class:`UserError` when it is missing and a release charges the
@@ -133,8 +134,9 @@ def load_policy_text(text: str, base_dir: str | Path, *, source: str = "<policy>
 PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
-def confine(path: Path, policy_dir: Path, *, what: str) -> Path:
+def confine(path: Path, policy_dir: Path, *, what: str, folder_ok: bool = False) -> Path:
     """``path`` itself, once checked: through every symlink it must lead to a regular file
+    (or, ``folder_ok``, a folder: of Parquet files, each confined in turn when it is read)
     inside the policy's folder or a data root (``PRIVRELEASE_DATA_ROOTS``), never into a
     pseudo file system. The error names the path and the roots, never anything in the file."""
     from privrelease.settings import get_settings
@@ -149,7 +151,7 @@ def confine(path: Path, policy_dir: Path, *, what: str) -> Path:
             f"{what} {str(path)!r} is outside the folders data may be read from ({shown}); "
             "add its folder to PRIVRELEASE_DATA_ROOTS"
         )
-    if real.exists() and not real.is_file():
+    if real.exists() and not real.is_file() and not (folder_ok and real.is_dir()):
         kind = "a folder" if real.is_dir() else "not a regular file (a device, pipe or socket)"
         raise UserError(f"{what} {str(path)!r} is {kind}")
     return path

@@ -786,6 +786,23 @@ class ApprovalRule(_Model):
     independent: StrictBool = False
 
 
+class EngineSection(_Model):
+    """Where a release's data work runs by default (``privrelease run --engine``,
+    ``--dask-address`` and ``--workers`` override it): ``local`` (in the flow's process) or
+    ``dask`` (the cluster at ``address``, or a local cluster of ``workers`` processes; about
+    ``rows_per_partition`` rows, whole Parquet row groups, per task). The release and its
+    guarantees are the same on either."""
+
+    name: Literal["local", "dask"] = "local"
+    address: Name | None = None
+    workers: (
+        Annotated[int, _check("workers", "an integer in [1, 1024]", lambda v: 1 <= v <= 1024, integer=True)] | None
+    ) = None
+    rows_per_partition: (
+        Annotated[int, _check("rows_per_partition", "an integer >= 1", lambda v: v >= 1, integer=True)] | None
+    ) = None
+
+
 class Policy(_Model):
     """A release policy: the dataset, the fixed generalization, the mechanisms and the targets."""
 
@@ -798,6 +815,7 @@ class Policy(_Model):
     mechanisms: Annotated[tuple[Mechanism, ...], _at_least(1, "mechanism")]
     targets: Targets = Targets()
     approval: ApprovalRule | None = None
+    engine: EngineSection = EngineSection()
 
     def scheme_for(self, column: str, candidate: str | None = None) -> _Scheme | None:
         """The scheme of ``column``: the candidate's when it defines one, else ``generalization``."""

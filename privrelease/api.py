@@ -95,7 +95,7 @@ def run(policy: PathLike, *, data: PathLike | None = None, out: PathLike | None 
     """Run the audited release flow (Prefect) for the policy, quietly; returns the flow's
     summary (``release_dir``, ``outputs``, ``report``, ``chain_head``, ``run_id``). Starts a
     temporary Prefect server when none is configured. ``options``: ``output_format``,
-    ``production`` as for ``privrelease run``."""
+    ``production``, ``engine``, ``dask_address``, ``workers`` as for ``privrelease run``."""
     from privrelease.cli.run import run_flow, start_temporary_server
     from privrelease.flows.preflight import preflight
 

@@ -113,7 +113,20 @@ def read_dataset(
     if format == "csv":
         raw = _read_csv(data, path, columns, delimiter, quote, header, encoding)
     else:
-        raw = _read_parquet(data, path, columns)
+        raw = parse_parquet(pa.BufferReader(data), path, columns)
+    return check_dataset(raw, path, columns, missing=missing, missing_values=missing_values, domains=domains)
+
+
+def check_dataset(
+    raw: pa.Table,
+    path: Path,
+    columns: dict[str, str],
+    *,
+    missing: Literal["reject", "drop"] = "reject",
+    missing_values: tuple[str, ...] = ("", "?"),
+    domains: dict[str, Sequence[Any]] | None = None,
+) -> DatasetRead:
+    """The parsed ``raw`` columns of ``path`` checked and typed as :func:`read_dataset` does."""
     if raw.num_rows == 0:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
     read = _check_columns(raw, columns, missing, missing_values, path)
@@ -244,9 +257,19 @@ def _read_csv(
         raise UserError(f"dataset file {str(path)!r} is not valid CSV: {exc}") from exc
 
 
-def _read_parquet(data: pa.Buffer, path: Path, columns: dict[str, str]) -> pa.Table:
+def parse_parquet(
+    source: Any,
+    path: Path,
+    columns: dict[str, str],
+    *,
+    metadata: pq.FileMetaData | None = None,
+    row_groups: Sequence[int] | None = None,
+) -> pa.Table:
+    """The declared ``columns`` of the Parquet file at ``source`` (a pyarrow-readable file;
+    ``path`` names it in errors), text as dictionary columns; with ``metadata`` (its parsed
+    footer) and ``row_groups``, only those row groups, read through that footer."""
     try:
-        schema = pq.read_schema(pa.BufferReader(data))
+        schema = metadata.schema.to_arrow_schema() if metadata is not None else pq.read_schema(source)
         _require_present(path, columns, schema.names)
         as_dictionary = [
             name
@@ -254,7 +277,10 @@ def _read_parquet(data: pa.Buffer, path: Path, columns: dict[str, str]) -> pa.Ta
             if columns[name] == "string"
             and (pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type))
         ]
-        return pq.read_table(pa.BufferReader(data), columns=list(columns), read_dictionary=as_dictionary)
+        file = pq.ParquetFile(source, metadata=metadata, read_dictionary=as_dictionary)
+        if row_groups is None:
+            return file.read(columns=list(columns))
+        return file.read_row_groups(list(row_groups), columns=list(columns))
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
 

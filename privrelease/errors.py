@@ -1,8 +1,9 @@
-"""The two kinds of failure a user can cause, and the exit code each maps to.
+"""The failures a user meets, and the exit code each maps to.
 
 User mistakes raise :class:`UserError` (exit 2): the message names the field or column, the
 value and what is allowed. A release whose guarantees miss the policy's targets raises
-:class:`TargetNotMet` (exit 1). Anything else is a bug and keeps its traceback.
+:class:`TargetNotMet` (exit 1); a Dask cluster that loses the work, :class:`ClusterFailure`
+(exit 1). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -26,5 +27,12 @@ class UserError(ValueError):
 
 class TargetNotMet(RuntimeError):
     """The composed guarantees do not meet the policy's targets or remaining budget (exit 1)."""
+
+    exit_code = EXIT_TARGET_NOT_MET
+
+
+class ClusterFailure(RuntimeError):
+    """The compute cluster lost the work (workers died more often than it retries, or the
+    scheduler went away): nothing is published and the run is recorded as failed (exit 1)."""
 
     exit_code = EXIT_TARGET_NOT_MET

@@ -12,7 +12,6 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pytest
 from scipy.stats import binom, chisquare
 
@@ -181,21 +180,3 @@ def test_file_count_and_empty_release() -> None:
     assert "explanation" in result.public_facts
     with pytest.raises(UserError, match="k must be"):
         partitioned.partitioned_sdgs([pa.table({"x": ["A"]})], {"x": Keep()}, k=0, beta=1.0, epsilon=0.0)
-
-
-def test_counts_survive_the_scratch_file(tmp_path) -> None:
-    """cells_to_arrow -> Arrow IPC file -> cells_from_arrow keeps labels, codes, counts and the
-    row counts (also for a sample with no rows)."""
-    table = population(2000)
-    for cells in (count_cells(table, SCHEMES, beta=0.3), count_cells(table.slice(0, 0), SCHEMES, beta=0.3)):
-        path = tmp_path / "counts.arrow"
-        frame = partitioned.cells_to_arrow(cells)
-        with ipc.new_file(str(path), frame.schema) as writer:
-            writer.write_table(frame)
-        back = partitioned.cells_from_arrow(ipc.open_file(str(path)).read_all())
-        assert (back.rows_in, back.rows_sampled) == (cells.rows_in, cells.rows_sampled)
-        assert np.array_equal(back.counts, cells.counts)
-        for name in SCHEMES:
-            assert np.array_equal(back.codes[name], cells.codes[name])
-            if len(cells.counts):
-                assert back.labels[name].equals(cells.labels[name])

@@ -1,17 +1,23 @@
-"""The Dask scale-out flow (flows/scale.py) on a real LocalCluster of two worker processes with
-a memory limit, under Prefect's test harness (the session's ``prefect_harness`` fixture: the
-workers reach its API through the flow's settings, so none starts a temporary server).
+"""The one audited release flow on the Dask engine (``--engine dask``), against a real
+LocalCluster of two worker processes with a memory limit.
 
-- the same release as in-process on the same sample (beta = 1), rows not in input order;
-- a task error (a value outside the scheme's domain) publishes nothing and quotes no data;
-- a dataset larger than the memory of all workers together is released;
-- a worker killed during the map: the task is retried (a complete, correct release) or the
-  run fails with nothing left in the output folder; with retries disabled it must fail so.
+- SDGS at beta = 1 (no sampling: the release is a function of the data), a crowd-blending
+  histogram at beta = 1 and an exact count: the same outputs as the in-process run of the same
+  policy; every step recorded, charged and reported as in-process, with the engine named;
+- a Parquet folder of several files: fingerprinted file by file, the same release;
+- a value outside its declared domain in one partition: nothing published, the run failed,
+  the reservation released, the error names file and rows on the terminal only;
+- a file swapped after the fingerprint: nothing read from it;
+- a dataset larger than the workers' memory is released, each worker under its limit;
+- a worker killed mid-map: the work is retried (a complete release) or the run fails, never a
+  partial release; the reservation is released;
+- an unreachable scheduler: one line naming the address, exit 2, nothing recorded;
+- a file without a declared column: the error names the file and column;
+- SPLU-Gen or a CSV dataset: refused before anything runs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -24,27 +30,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlmodel import select
 
-pytest.importorskip("prefect_dask", reason="the dask extra is not installed: pip install -e '.[dask]'")
+pytest.importorskip("distributed", reason="the dask extra is not installed: pip install -e '.[dask]'")
 
-from privrelease.datasets import fingerprint  # noqa: E402
-from privrelease.mechanisms.schemes import Bins, Keep, ValueMap  # noqa: E402
-from privrelease.mechanisms.sdgs import sdgs  # noqa: E402
+from privrelease.errors import ClusterFailure, UserError  # noqa: E402
+from privrelease.flows.steps import DataStepError, release_plain  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
 WORKERS = 2
 MEMORY_LIMIT = 400 * 2**20
-"""Per worker. A worker process with Prefect imported already holds about 210 MiB; 200 MiB
-would not even start a task (the nanny restarts the worker at 95% of its limit)."""
-WIDE_COLUMNS = 12
+"""Per worker. A worker process with pyarrow and privrelease imported holds about 150 MiB."""
+WIDE_COLUMNS = 8
 
 
 @pytest.fixture(scope="module")
-def cluster(prefect_harness):
+def cluster():
     """Two worker processes, one thread each, MEMORY_LIMIT each; a client to inspect them."""
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # the worker processes
-    logging.getLogger("distributed").setLevel(logging.WARNING)
+    logging.getLogger("distributed").setLevel(logging.ERROR)
     from distributed import Client, LocalCluster
 
     with (
@@ -56,195 +61,336 @@ def cluster(prefect_harness):
         yield local, client
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux keeps that
-    across exec, so a worker spawned by a large process would report its parent's size."""
-    with open("/proc/self/status", encoding="ascii") as status:
-        line = next(line for line in status if line.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024
+@pytest.fixture
+def work(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_PRODUCTION", raising=False)
+    return tmp_path
 
 
-def write_parquet(path: Path, columns: dict[str, np.ndarray], row_group: int) -> None:
-    pq.write_table(pa.table(columns), path, row_group_size=row_group)
-
-
-def wide_dataset(path: Path, rows: int, row_group: int) -> None:
-    """``rows`` rows of WIDE_COLUMNS int64 columns (0..99), written row group by row group."""
-    rng = np.random.default_rng()  # test data, not a mechanism
-    schema = pa.schema([(f"c{i}", pa.int64()) for i in range(WIDE_COLUMNS)])
+def wide_dataset(path: Path, rows: int, row_group: int, *, seed: int | None = None) -> None:
+    """``rows`` rows of WIDE_COLUMNS int64 columns (0..99) and ``sex`` (F/M), written row
+    group by row group (test data, not a mechanism: a seeded generator is fine)."""
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([*((f"c{i}", pa.int64()) for i in range(WIDE_COLUMNS)), ("sex", pa.string())])
     with pq.ParquetWriter(path, schema) as writer:
         for start in range(0, rows, row_group):
             size = min(row_group, rows - start)
-            writer.write_table(
-                pa.table({f"c{i}": rng.integers(0, 100, size) for i in range(WIDE_COLUMNS)}, schema=schema)
-            )
+            columns = {f"c{i}": rng.integers(0, 100, size) for i in range(WIDE_COLUMNS)}
+            writer.write_table(pa.table({**columns, "sex": rng.choice(["F", "M"], size)}, schema=schema))
 
 
-def wide_spec(k: int = 20, beta: float = 0.1):
-    from privrelease.flows.scale import ScaleSpec
-
-    return ScaleSpec(
-        columns={f"c{i}": "integer" for i in range(WIDE_COLUMNS)},
-        schemes={f"c{i}": Bins(edges=(0, 50, 100)) for i in range(WIDE_COLUMNS)},
-        k=k,
-        beta=beta,
-        epsilon=1.0,
-    )
-
-
-def published_rows(result: dict) -> list[tuple]:
-    rows: list[tuple] = []
-    for entry in result["files"]:
-        table = pq.read_table(entry["path"])
-        rows.extend(zip(*[table.column(name).cast(pa.string()).to_pylist() for name in table.column_names]))
-    return rows
-
-
-def check_release(result: dict, out: Path, name: str, k: int) -> list[tuple]:
-    """The release folder holds exactly the manifest and the listed files, with their
-    checksums; nothing else is left in ``out``; every published cell has >= k rows."""
-    final = out / name
-    assert sorted(os.listdir(out)) == [name]
-    manifest = json.loads((final / "release.json").read_text())
-    assert sorted(os.listdir(final)) == sorted(["release.json", *(f["file"] for f in manifest["files"])])
-    assert set(manifest) == {"mechanism", "event", "public_facts", "files"}  # no internal facts
-    for entry in result["files"]:
-        assert fingerprint(entry["path"]) == (entry["sha256"], entry["bytes"])
-        assert pq.read_metadata(entry["path"]).num_rows == entry["rows"]
-    rows = published_rows(result)
-    assert len(rows) == result["public_facts"]["rows_published"]
-    assert min(Counter(rows).values(), default=k) >= k
-    return rows
+def policy_file(folder: Path, data: str, *, beta: float = 0.1, engine: str = "", extra: str = "") -> Path:
+    columns = "\n".join(f"    c{i}: {{type: integer}}" for i in range(WIDE_COLUMNS))
+    schemes = "\n".join(f"  c{i}: {{bins: [0, 50, 100]}}" for i in range(WIDE_COLUMNS))
+    names = ", ".join(f"c{i}" for i in range(WIDE_COLUMNS))
+    text = f"""
+name: wide
+version: "1"
+dataset:
+  id: wide-population
+  path: {data}
+  format: parquet
+  columns:
+{columns}
+    sex: {{type: string, values: [F, M]}}
+generalization:
+{schemes}
+  sex: keep
+mechanisms:
+  - {{name: microdata, type: sdgs, columns: [{names}, sex], beta: {beta}, k: 20, epsilon: 1.0}}
+  - {{name: cells, type: histogram, columns: [c0, c1, sex], beta: {beta}, k: 20, epsilon: 1.0}}
+  - {{name: people-by-sex, type: identifiable_statistic, query: count, by: [sex], rho: 0.6}}
+  - {{name: total-c2, type: identifiable_statistic, query: sum, column: c2, lower: 0, upper: 99, rho: 0.6}}
+{extra}
+targets:
+  accounting: approximate
+  delta: 1.0e-6
+  lifetime_budget: {{epsilon: 100, delta: 1.0e-3}}
+{engine}
+"""
+    path = folder / "wide.yaml"
+    path.write_text(text)
+    return path
 
 
-def run(cluster, data: Path, out: Path, spec, **options) -> dict:
-    from privrelease.flows.scale import run_scale_release
-
+def dask_engine(cluster, rows_per_partition: int) -> str:
     local, _ = cluster
-    return run_scale_release(data, out, spec, address=local.scheduler_address, **options)
+    return f"engine: {{name: dask, address: '{local.scheduler_address}', rows_per_partition: {rows_per_partition}}}"
+
+
+def outputs(published) -> dict[str, pa.Table]:
+    return {Path(o["path"]).stem: pq.read_table(o["path"]) for o in published.outputs}
+
+
+def rows_of(table: pa.Table) -> Counter:
+    return Counter(zip(*[table.column(name).cast(pa.string()).to_pylist() for name in table.column_names]))
+
+
+def run_record(run_id: str):
+    from privrelease.audit.database import open_database, session
+    from privrelease.audit.models import LedgerEntry, Run
+
+    with session(open_database(), readonly=True) as s:
+        run = s.get(Run, run_id)
+        entries = list(s.exec(select(LedgerEntry).where(LedgerEntry.run_id == run_id)))
+    return run, entries
+
+
+def latest_run():
+    from sqlmodel import col
+
+    from privrelease.audit.database import open_database, session
+    from privrelease.audit.models import LedgerEntry, Run
+
+    with session(open_database(), readonly=True) as s:
+        run = s.exec(select(Run).order_by(col(Run.started_at).desc())).first()
+        entries = list(s.exec(select(LedgerEntry).where(LedgerEntry.run_id == run.id)))
+    return run, entries
+
+
+def assert_verified() -> None:
+    from privrelease.api import verify
+
+    result = verify()
+    assert result.ok, result.problems
 
 
 # --------------------------------------------------------------------------- same release
 
 
-def test_same_release_as_in_process_on_the_same_sample(cluster, tmp_path):
-    """beta = 1: the multiset of published rows equals in-process SDGS on the whole table
-    (Keep labels differ between row groups); the rows do not follow the (sorted) input."""
-    rng = np.random.default_rng()
-    size = 40_000
-    zone = np.sort(rng.integers(0, 30, size))  # input sorted by a published column
-    columns = {
-        "job": rng.choice(list("abcdz"), size).astype(object),
-        "age": rng.integers(0, 41, size),
-        "zone": zone,
-        "ignored": rng.integers(0, 10, size),
-    }
-    data = tmp_path / "data.parquet"
-    write_parquet(data, columns, row_group=4_000)
-    from privrelease.flows.scale import ScaleSpec
+def sampled_within_binomial_bounds(counts: Counter, truth: Counter, beta: float) -> None:
+    """Every true cell is published, with a count within 6 sigma of beta times its size."""
+    assert set(counts) == set(truth)
+    for cell, size in truth.items():
+        assert abs(counts[cell] - beta * size) < 6 * (size * beta * (1 - beta)) ** 0.5, (cell, counts[cell], size)
 
-    schemes = {
-        "job": ValueMap(mapping=(("a", "A"), ("b", "A"), ("c", "C")), default="other"),
-        "age": Bins(edges=(0, 20, 41)),
-        "zone": Keep(),
-    }
-    spec = ScaleSpec(columns={"job": "string", "age": "integer", "zone": "integer"}, schemes=schemes, k=120, beta=1.0)
-    result = run(
-        cluster, data, tmp_path / "out", spec, release_name="r", rows_per_partition=8_000, rows_per_file=20_000
+
+def generalized(data: Path, columns: list[str]) -> Counter:
+    """The true cells of ``columns`` (c* binned at 50, sex kept), as the outputs label them."""
+    table = pq.read_table(data, columns=columns)
+    labels = [
+        ["[0, 50)" if v < 50 else "[50, 100]" for v in table.column(c).to_pylist()] if c != "sex" else None
+        for c in columns
+    ]
+    return Counter(
+        zip(*[lab if lab is not None else table.column(c).to_pylist() for c, lab in zip(columns, labels, strict=True)])
     )
 
-    from privrelease.datasets import read_dataset
 
-    table = read_dataset(data, format="parquet", columns=spec.columns).table
-    reference = sdgs(table, schemes, k=120, beta=1.0, epsilon=0.0)
-    rows = check_release(result, tmp_path / "out", "r", k=120)
-    expected = list(zip(*[reference.table.column(n).cast(pa.string()).to_pylist() for n in schemes]))
-    assert Counter(rows) == Counter(expected)
-    assert result["public_facts"] == reference.public_facts
-    assert result["internal_facts"]["rows_in"] == size and result["internal_facts"]["partitions"] == 5
-    assert len(result["files"]) == 2  # 36,000-odd rows, <= 20,000 per file: the next power of two
-    zones = [int(row[2]) for row in rows]
-    assert sum(a > b for a, b in zip(zones, zones[1:])) > len(zones) // 4  # sorted: 0 descents
-    _, client = cluster  # the workers used the harness's API: none started a server of its own
-    assert client.run(lambda: len(__import__("psutil").Process().children(recursive=True))) == {
-        address: 0 for address in client.scheduler_info()["workers"]
+def test_same_release_as_in_process(cluster, work):
+    """The same policy in-process and on Dask (8 partitions): both publish every one of the
+    512 microdata cells and 8 histogram cells with beta-sampled counts (6-sigma binomial
+    bounds), and counts by sex within Laplace noise of the truth; recorded, charged and
+    reported alike, with the engine, partitions and workers named."""
+    data = work / "wide.parquet"
+    wide_dataset(data, 400_000, 50_000, seed=1)
+    names = [*(f"c{i}" for i in range(WIDE_COLUMNS)), "sex"]
+    true_micro, true_cells = generalized(data, names), generalized(data, ["c0", "c1", "sex"])
+    truth = Counter(pq.read_table(data, columns=["sex"]).column("sex").to_pylist())
+    local_policy = policy_file(work, "wide.parquet")
+    in_process = release_plain(policy_path=str(local_policy), out_dir=str(work / "local"))
+    dask_policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, 50_000))
+    on_dask = release_plain(policy_path=str(dask_policy), out_dir=str(work / "dask"))
+    for published in (in_process, on_dask):
+        found = outputs(published)
+        micro = found["microdata"]
+        assert micro.schema.names == names
+        sampled_within_binomial_bounds(rows_of(micro), _labelled(true_micro, micro), 0.1)
+        cells = found["cells"]
+        counted = Counter({tuple(str(r[c]) for c in ("c0", "c1", "sex")): r["count"] for r in cells.to_pylist()})
+        sampled_within_binomial_bounds(counted, _labelled(true_cells, cells.drop(["count"])), 0.1)
+        for row in found["people-by-sex"].to_pylist():
+            assert abs(row["value"] - truth[row["sex"]]) < 100  # Laplace scale 1 / ln 1.5 = 2.5
+    assert outputs(on_dask)["microdata"].schema == outputs(in_process)["microdata"].schema
+    run, entries = run_record(on_dask.run_id)
+    assert run.status == "succeeded" and [e.state for e in entries] == ["committed"]
+    report = Path(on_dask.report).read_text()
+    assert "Dask, on the cluster at" in report and "8 partitions on 2 workers" in report
+    assert "in-process" in Path(in_process.report).read_text()
+    assert_verified()
+
+
+def _labelled(truth: Counter, table: pa.Table) -> Counter:
+    """``truth`` keyed by the output's own label strings (bins are labelled by the scheme)."""
+    labels = {name: sorted(set(table.column(name).cast(pa.string()).to_pylist())) for name in table.column_names}
+    mapping = {
+        name: dict(zip(sorted({key[i] for key in truth}), values, strict=True))
+        for i, (name, values) in enumerate(labels.items())
     }
+    return Counter({tuple(mapping[name][key[i]] for i, name in enumerate(labels)): size for key, size in truth.items()})
 
 
-def test_refuses_to_run_without_a_prefect_server(prefect_harness, tmp_path):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
+    """A folder of three files: the same combined fingerprint in-process and on Dask, which
+    changes when a file is renamed; the release counts every file's rows once."""
+    from privrelease.flows.partitions import combined_sha256, scan_file
 
-    from privrelease.errors import UserError
-    from privrelease.flows.scale import run_scale_release
+    folder = work / "parts"
+    folder.mkdir()
+    for i in range(3):
+        wide_dataset(folder / f"part-{i}.parquet", 5_000, 2_500, seed=i)
+    in_process = release_plain(policy_path=str(policy_file(work, "parts")), out_dir=str(work / "a"))
+    policy = policy_file(work, "parts", engine=dask_engine(cluster, 2_500))
+    on_dask = release_plain(policy_path=str(policy), out_dir=str(work / "b"))
+    first, _ = run_record(in_process.run_id)
+    second, _ = run_record(on_dask.run_id)
+    files = [scan_file(str(path)) for path in sorted(folder.iterdir())]
+    assert first.dataset_fingerprint == second.dataset_fingerprint == combined_sha256(files)
+    assert outputs(on_dask)["people-by-sex"].num_rows == outputs(in_process)["people-by-sex"].num_rows == 2
+    assert "3 Parquet files" in Path(on_dask.report).read_text()
+    again = release_plain(rerun_of=on_dask.run_id, out_dir=str(work / "c"))  # the engine comes from the manifest
+    repeated, entries = run_record(again.run_id)
+    assert repeated.kind == "rerun" and repeated.dataset_fingerprint == second.dataset_fingerprint
+    assert [e.state for e in entries] == ["committed"] and "Dask, on the cluster at" in Path(again.report).read_text()
+    from privrelease.cli.run import reissue
 
-    with temporary_settings(updates={PREFECT_API_URL: ""}), pytest.raises(UserError, match="PREFECT_API_URL"):
-        run_scale_release(tmp_path / "none.parquet", tmp_path / "out", wide_spec())
-    assert not (tmp_path / "out").exists()
-
-
-def test_task_error_publishes_nothing_and_quotes_no_data(cluster, tmp_path):
-    """A value outside the bins in the fourth row group: the run fails, the output folder is
-    empty, the error's text names the step and the type only; the detail (for the operator)
-    names the value and its data row."""
-    from privrelease.flows.scale import ScaleSpec
-
-    values = np.arange(10_000) % 50
-    values[7_000] = 987_654
-    data = tmp_path / "data.parquet"
-    write_parquet(data, {"v": values}, row_group=2_000)
-    spec = ScaleSpec(columns={"v": "integer"}, schemes={"v": Bins(edges=(0, 25, 50))}, k=2, beta=0.5)
-    out = tmp_path / "out"
-    with pytest.raises(Exception) as caught:
-        run(cluster, data, out, spec, release_name="r", rows_per_partition=2_000)
-    assert "987654" not in str(caught.value) and "partition 3" in str(caught.value)
-    assert "987654" in caught.value.detail and "data rows 6001-8000" in caught.value.detail
-    assert os.listdir(out) == []
-
-
-# --------------------------------------------------------------------------- larger than memory
+    handed = reissue(again.run_id)
+    assert handed["source_run_id"] == again.run_id and len([o for o in handed["outputs"] if o["rows"] is not None]) == 4
+    (folder / "part-2.parquet").rename(folder / "part-9.parquet")
+    assert combined_sha256([scan_file(str(path)) for path in sorted(folder.iterdir())]) != first.dataset_fingerprint
 
 
-def test_release_larger_than_the_workers_memory(cluster, tmp_path):
-    """9 M rows x 12 int64 columns: 824 MiB as Arrow columns, more than the 2 x 400 MiB the
-    workers may use (the nanny kills a worker at 95% of its limit). Released in 36 partitions;
-    every worker's peak RSS stays below its limit."""
-    rows, row_group = 9_000_000, 250_000
-    assert rows * WIDE_COLUMNS * 8 > WORKERS * MEMORY_LIMIT
-    data = tmp_path / "wide.parquet"
+# --------------------------------------------------------------------------- faults
+
+
+def test_bad_value_in_one_partition_publishes_nothing(cluster, work):
+    """``sex = 'planted-X7'`` in the third partition: the run fails, the reservation is
+    released, no folder is published; the operator's error names file and rows, and the
+    recorded error quotes nothing."""
+    data = work / "wide.parquet"
+    wide_dataset(data, 8_000, 2_000, seed=2)
+    table = pq.read_table(data)
+    sex = table.column("sex").to_pylist()
+    sex[4_321] = "planted-X7"
+    pq.write_table(table.set_column(WIDE_COLUMNS, "sex", pa.array(sex)), data, row_group_size=2_000)
+    policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, 2_000))
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(policy), out_dir=str(work / "out"))
+    assert "planted-X7" in caught.value.detail and "data rows 4001-6000" in caught.value.detail
+    assert "wide.parquet" in caught.value.detail
+    assert "planted-X7" not in str(caught.value)
+    run, entries = latest_run()
+    assert run.status == "failed" and "planted-X7" not in (run.error or "")
+    assert [e.state for e in entries] == ["released"]
+    assert not (work / "out").exists() or [p for p in (work / "out").iterdir() if not p.name.startswith(".")] == []
+
+
+def test_file_swapped_after_the_fingerprint_is_not_read(cluster, work, monkeypatch):
+    """The file is rewritten between the fingerprint and the read: the workers' range hashes
+    no longer match, nothing is read or published."""
+    from privrelease.flows import steps
+
+    data = work / "wide.parquet"
+    wide_dataset(data, 8_000, 2_000, seed=3)
+    policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, 2_000))
+    original = steps.read_data
+
+    def swap_then_read(run, dataset):
+        wide_dataset(data, 8_000, 2_000, seed=4)
+        return original(run, dataset)
+
+    monkeypatch.setattr(steps, "read_data", swap_then_read)
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(policy), out_dir=str(work / "out"))
+    assert "changed after it was fingerprinted" in caught.value.detail
+    run, entries = latest_run()
+    assert run.status == "failed" and [e.state for e in entries] == ["released"]
+
+
+def test_unreachable_scheduler_names_the_address(work, monkeypatch):
+    """Nothing listens on the address: a UserError (exit 2) naming it, before any charge."""
+    from privrelease.flows import engines
+
+    monkeypatch.setattr(engines, "CONNECT_TIMEOUT_SECONDS", 1)
+    policy = policy_file(work, "wide.parquet")
+    wide_dataset(work / "wide.parquet", 1_000, 1_000, seed=5)
+    with pytest.raises(UserError, match="tcp://127.0.0.1:9") as caught:
+        release_plain(policy_path=str(policy), dask_address="tcp://127.0.0.1:9")
+    assert caught.value.exit_code == 2
+    run, entries = latest_run()
+    assert entries == [] and run.status == "failed"
+
+
+def test_schema_mismatch_names_file_and_column(cluster, work):
+    """One file of a folder lacks column ``c3``: refused at the fingerprint, naming both."""
+    folder = work / "parts"
+    folder.mkdir()
+    wide_dataset(folder / "a.parquet", 1_000, 1_000, seed=6)
+    pq.write_table(pq.read_table(folder / "a.parquet").drop(["c3"]), folder / "b.parquet")
+    policy = policy_file(work, "parts", engine=dask_engine(cluster, 1_000))
+    with pytest.raises(UserError, match=r"b\.parquet.*has no column 'c3'"):
+        release_plain(policy_path=str(policy))
+    _, entries = latest_run()
+    assert entries == []
+
+
+def test_in_process_only_mechanisms_and_csv_are_refused(work):
+    policy = policy_file(
+        work, "wide.parquet", extra="  - {name: s, type: splu_gen, sensitive: [sex], gamma: 2}", engine=""
+    )
+    with pytest.raises(UserError, match="runs in-process only"):
+        release_plain(policy_path=str(policy), engine="dask")
+    csv_policy = policy_file(work, "wide.csv").read_text().replace("format: parquet", "format: csv")
+    (work / "wide.yaml").write_text(csv_policy)
+    with pytest.raises(UserError, match="the Dask engine reads Parquet"):
+        release_plain(policy_path=str(work / "wide.yaml"), engine="dask")
+
+
+# --------------------------------------------------------------------------- scale
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.system
+def test_release_larger_than_the_workers_memory(cluster, work):
+    """12 M rows x 9 columns (824 MiB as Arrow columns): more than the 2 x 400 MiB the workers may use as Arrow columns.
+    Released, charged and verified through the audited flow in 48 partitions; every worker's
+    peak RSS stays below its limit."""
+    rows, row_group = 12_000_000, 250_000
+    data = work / "wide.parquet"
     wide_dataset(data, rows, row_group)
-    assert pq.read_metadata(data).num_row_groups == 36
-    spec = wide_spec()
-    result = run(
-        cluster, data, tmp_path / "out", spec, release_name="big", rows_per_partition=row_group, rows_per_file=250_000
-    )
-    check_release(result, tmp_path / "out", "big", k=spec.k)
-    internal = result["internal_facts"]
-    assert internal["rows_in"] == rows and internal["partitions"] == 36
-    assert 0 < result["public_facts"]["rows_published"] <= internal["rows_sampled"]
+    assert rows * (WIDE_COLUMNS + 1) * 8 > WORKERS * MEMORY_LIMIT
+    policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, row_group))
+    published = release_plain(policy_path=str(policy), out_dir=str(work / "out"))
+    run, entries = run_record(published.run_id)
+    assert run.status == "succeeded" and [e.state for e in entries] == ["committed"]
+    micro = outputs(published)["microdata"]
+    assert 0 < micro.num_rows < rows * 0.2 and min(rows_of(micro).values()) >= 20
+    assert "48 partitions on 2 workers" in Path(published.report).read_text()
+    assert_verified()
     _, client = cluster
     peaks = client.run(peak_rss_bytes)
     assert len(peaks) == WORKERS and max(peaks.values()) < MEMORY_LIMIT, peaks
 
 
-# --------------------------------------------------------------------------- a worker lost
-
-
-def kill_a_worker_when(client, scratch: Path, started: int) -> tuple[threading.Thread, dict]:
-    """A thread that, once ``started`` partial count files exist (the map is under way),
-    SIGKILLs a worker process the scheduler has given a task, noting how many files existed."""
+def kill_a_worker_during_the_map(client, partitions: int) -> tuple[threading.Thread, dict]:
+    """A thread that SIGKILLs a worker the scheduler has given a ``partials`` task, once some
+    (but not all) partitions are done."""
     pids = client.run(os.getpid)
     seen: dict = {}
+
+    def done(dask_scheduler) -> int:
+        return sum(
+            1 for task in dask_scheduler.tasks.values() if "partials" in str(task.key) and task.state == "memory"
+        )
 
     def watch() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            done = len(list(scratch.glob("count-*.arrow"))) if scratch.exists() else 0
-            busy = [address for address, tasks in client.processing().items() if tasks] if done >= started else []
-            if busy:
-                seen["counted_before_kill"] = done
+            finished = client.run_on_scheduler(done)
+            busy = [address for address, tasks in client.processing().items() if tasks]
+            if 2 <= finished < partitions and busy:
+                seen["done_before_kill"] = finished
                 os.kill(pids[busy[0]], signal.SIGKILL)
                 return
-            time.sleep(0.02)
+            time.sleep(0.01)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -252,37 +398,36 @@ def kill_a_worker_when(client, scratch: Path, started: int) -> tuple[threading.T
 
 
 @pytest.mark.parametrize("allowed_failures", [3, 0], ids=["retried", "no-retries"])
-def test_worker_lost_mid_map(cluster, tmp_path, allowed_failures):
-    """Kill a worker while the partitions are being counted. Dask re-runs the lost worker's
-    task (allowed failures 3, its default): the release must then be complete and exact in
-    its row accounting (every partition counted once). With no retries allowed the run must
-    fail and leave nothing. Never a partial release."""
-    local, client = cluster
-    rows, row_group = 1_200_000, 100_000
-    data = tmp_path / "wide.parquet"
+def test_worker_lost_mid_map(cluster, work, allowed_failures):
+    """Kill a worker while partitions are read. With Dask's retries the release is complete
+    (every row counted once); with none the run fails, exit 1, the reservation released,
+    nothing published. Never a partial release."""
+    _, client = cluster
+    rows, row_group = 2_400_000, 100_000
+    data = work / "wide.parquet"
     wide_dataset(data, rows, row_group)
-    spec = wide_spec()
-    out = tmp_path / "out"
-    scratch = out / ".lost.scale-work" / "scratch"
+    policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, row_group))
     previous = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.allowed_failures)
     client.run_on_scheduler(lambda dask_scheduler, n=allowed_failures: setattr(dask_scheduler, "allowed_failures", n))
-    thread, seen = kill_a_worker_when(client, scratch, started=3)
+    thread, seen = kill_a_worker_during_the_map(client, rows // row_group)
     try:
-        result = run(cluster, data, out, spec, release_name="lost", rows_per_partition=row_group)
-        failed = None
-    except Exception as error:  # the run failed: that is allowed, a partial release is not
-        result, failed = None, error
+        published, failed = release_plain(policy_path=str(policy), out_dir=str(work / "out")), None
+    except Exception as error:  # the run failed: allowed; a partial release is not
+        published, failed = None, error
     finally:
         thread.join(timeout=130)
         client.run_on_scheduler(lambda dask_scheduler, n=previous: setattr(dask_scheduler, "allowed_failures", n))
-        client.wait_for_workers(WORKERS, timeout=240)  # a restart under load can be slow
-    assert seen.get("counted_before_kill", 0) >= 3, "the worker was not killed during the map"
-    assert seen["counted_before_kill"] < rows // row_group, "the map had ended before the kill"
+        client.wait_for_workers(WORKERS, timeout=240)
+    assert "done_before_kill" in seen, "the worker was not killed during the map"
+    run, entries = latest_run()
     if failed is None:
         assert allowed_failures > 0, "with no retries allowed a lost task must fail the run"
-        check_release(result, out, "lost", k=spec.k)
-        assert result["internal_facts"]["rows_in"] == rows  # each partition counted exactly once
-        assert result["internal_facts"]["partitions"] == rows // row_group
+        assert run.status == "succeeded" and [e.state for e in entries] == ["committed"]
+        report = Path(published.report).read_text()
+        assert f"{rows:,}" in report or str(rows) in report  # rows_in: every partition counted once
     else:
-        time.sleep(1)  # a task still running on the surviving worker must not write afterwards
-        assert not out.exists() or os.listdir(out) == []
+        assert isinstance(failed, (ClusterFailure, DataStepError)), repr(failed)
+        assert getattr(failed, "exit_code", None) == 1
+        assert run.status == "failed" and [e.state for e in entries] == ["released"]
+        out = work / "out"
+        assert not out.exists() or [p for p in out.iterdir() if not p.name.startswith(".")] == []

@@ -37,7 +37,7 @@ import typer
 from rich.table import Table
 
 from privrelease.cli.output import console, error_console, fail, print_json, styled
-from privrelease.errors import TargetNotMet, UserError
+from privrelease.errors import ClusterFailure, TargetNotMet, UserError
 
 PREFECT_DEFAULTS = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
@@ -60,6 +60,25 @@ OutOption = Annotated[
     ),
 ]
 FormatOption = Annotated[str, typer.Option("--format", help="Output file format: parquet or csv.")]
+EngineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--engine",
+        help="Where the data work runs: local (in-process) or dask (partition by partition on a Dask cluster). "
+        "Default: the policy's engine section, else local.",
+    ),
+]
+DaskAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dask-address",
+        help="The Dask scheduler, e.g. tcp://host:8786 (implies --engine dask; default: a local cluster for the run).",
+    ),
+]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option("--workers", help="Worker processes of the local Dask cluster started for the run (default 2)."),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -364,7 +383,7 @@ def _fail_release(error: BaseException) -> None:
         if error.exit_code is None:
             raise error.original
         fail(f"{error.step}: {error.detail}", error.exit_code)
-    if isinstance(error, (UserError, TargetNotMet)):
+    if isinstance(error, (UserError, TargetNotMet, ClusterFailure)):
         fail(str(error), error.exit_code)
     if isinstance(error, LedgerStateError):
         fail(f"the release was not published: {error}", TargetNotMet.exit_code)
@@ -425,6 +444,9 @@ def run_command(
             "(privrelease audit mode) or PRIVRELEASE_PRODUCTION=true; nothing on the command line turns it off.",
         ),
     ] = False,
+    engine: EngineOption = None,
+    dask_address: DaskAddressOption = None,
+    workers: WorkersOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Release what a policy says, as a Prefect flow run.
@@ -439,7 +461,15 @@ def run_command(
     server = _start_checked(
         lambda: (
             _check_format(output_format),
-            preflight(policy, data_path=data, output_format=output_format, production=production),
+            preflight(
+                policy,
+                data_path=data,
+                output_format=output_format,
+                production=production,
+                engine=engine,
+                dask_address=dask_address,
+                workers=workers,
+            ),
         )
     )
     _release(
@@ -450,6 +480,9 @@ def run_command(
         out_dir=None if out is None else str(out),
         output_format=output_format,
         production=production,
+        engine=engine,
+        dask_address=dask_address,
+        workers=workers,
     )
 
 
@@ -458,6 +491,9 @@ def rerun_command(
     data: DataOption = None,
     out: OutOption = None,
     output_format: FormatOption = "parquet",
+    engine: EngineOption = None,
+    dask_address: DaskAddressOption = None,
+    workers: WorkersOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Repeat a run: same approved policy version and data, fresh randomness, new charge.
@@ -472,6 +508,9 @@ def rerun_command(
         data_path=None if data is None else str(data),
         out_dir=None if out is None else str(out),
         output_format=output_format,
+        engine=engine,
+        dask_address=dask_address,
+        workers=workers,
     )
 
 

@@ -1,0 +1,140 @@
+"""Where a release's data work runs: in the flow's process (``local``, the default) or on a
+Dask cluster (``dask``). The release flow is the same either way (:mod:`.steps`): with Dask
+only the fingerprint, the read and the mechanisms' per-partition work run on the workers
+(:mod:`.partitions`, :mod:`.scaled`), mapped with Dask itself inside one Prefect task per
+stage, so a partition costs milliseconds of orchestration, not a Prefect task run.
+
+The cluster is the one at ``address`` (production: workers that see the data and output paths)
+or, without one, a ``LocalCluster`` of ``workers`` processes, one thread each, started for the
+run and closed at its end. The flow process keeps one client per run (:func:`connect`,
+:func:`client`, :func:`disconnect`); tasks of the run reach it by the run id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from privrelease.errors import ClusterFailure, UserError
+
+ENGINES = ("local", "dask")
+DEFAULT_ROWS_PER_PARTITION = 1_000_000
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How a run computes: ``name`` (``local`` or ``dask``); for Dask the scheduler's
+    ``address`` (None: a local cluster of ``workers`` processes with ``memory_limit`` each) and
+    about how many rows a partition holds (whole Parquet row groups)."""
+
+    name: str = "local"
+    address: str | None = None
+    workers: int = 2
+    memory_limit: str = "auto"
+    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise UserError(f"engine must be one of {', '.join(ENGINES)}; got {self.name!r}", field="engine")
+        if not 1 <= self.workers <= 1024:
+            raise UserError(f"workers must be an integer in [1, 1024]; got {self.workers}", field="workers")
+        if self.rows_per_partition < 1:
+            raise UserError(f"rows_per_partition must be >= 1; got {self.rows_per_partition}")
+        if self.address is not None and self.name != "dask":
+            raise UserError("a Dask address needs --engine dask", field="dask_address")
+
+    @property
+    def scaled(self) -> bool:
+        return self.name == "dask"
+
+    def describe(self) -> str:
+        if not self.scaled:
+            return "in-process"
+        where = f"the cluster at {self.address}" if self.address else f"a local cluster of {self.workers} processes"
+        return f"Dask, on {where}"
+
+
+_clients: dict[str, tuple[Any, Any]] = {}
+"""Run id -> (Dask client, the LocalCluster started for the run or None)."""
+
+
+def connect(run_id: str, engine: Engine) -> Any:
+    """The run's Dask client, connected on first use. An unreachable scheduler is a
+    :class:`UserError` naming its address (before anything is reserved or read)."""
+    if run_id in _clients:
+        return _clients[run_id][0]
+    from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    cluster = None
+    try:
+        if engine.address:
+            client = Client(engine.address, timeout=f"{CONNECT_TIMEOUT_SECONDS}s", set_as_default=False)
+        else:
+            cluster = LocalCluster(
+                n_workers=engine.workers,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=engine.memory_limit,
+                dashboard_address=None,
+            )
+            client = Client(cluster, set_as_default=False)
+    except (OSError, TimeoutError) as error:
+        if cluster is not None:
+            cluster.close()
+        raise UserError(
+            f"cannot reach the Dask scheduler at {engine.address or 'a new local cluster'}: "
+            f"{type(error).__name__}: {error}",
+            field="dask_address",
+        ) from None
+    _clients[run_id] = (client, cluster)
+    return client
+
+
+def client(run_id: str) -> Any:
+    """The run's connected client (:func:`connect` ran in an earlier step of this process)."""
+    assert run_id in _clients, f"run {run_id}: no Dask client in this process (the read step connects it)"
+    return _clients[run_id][0]
+
+
+def workers(run_id: str) -> int:
+    """How many workers the run's cluster has now."""
+    return len(client(run_id).scheduler_info(n_workers=-1)["workers"])
+
+
+def disconnect(run_id: str) -> None:
+    """Close the run's client and the local cluster started for it, if any."""
+    found = _clients.pop(run_id, None)
+    if found is None:
+        return
+    dask_client, cluster = found
+    dask_client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+def map_gather(run_id: str, function: Callable[..., Any], items: Iterable[Any], **constants: Any) -> list[Any]:
+    """``[function(item, **constants) for item in items]`` on the run's cluster, in item order.
+    Every call is a fresh computation (``pure=False``: randomized work is never deduplicated);
+    a worker lost mid-map has its calls rerun elsewhere by Dask (``allowed-failures``), else
+    the map fails. On any failure the calls still pending are cancelled and the error is
+    raised here."""
+    from distributed import KilledWorker
+    from distributed.comm import CommClosedError
+
+    dask_client = client(run_id)
+    futures = dask_client.map(function, list(items), pure=False, **constants)
+    try:
+        return dask_client.gather(futures)
+    except (KilledWorker, CommClosedError) as error:
+        dask_client.cancel(futures)
+        raise ClusterFailure(
+            f"the Dask cluster lost the work of {function.__name__} ({type(error).__name__}: workers died more "
+            "often than Dask retries, or the scheduler went away); nothing was published"
+        ) from None
+    except BaseException:
+        dask_client.cancel(futures)
+        raise

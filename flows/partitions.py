@@ -1,0 +1,304 @@
+"""A Parquet dataset (one file, or a folder of ``*.parquet`` files) as partitions: what the
+Dask engine fingerprints, reads and computes on its workers, one partition at a time, so that
+no process holds the data.
+
+- Fingerprint (:func:`scan_file`, one call per file, on the workers): each file's bytes are
+  read once for their sha256, size and footer (columns, rows per row group). A folder's
+  fingerprint combines its files' (:func:`combined_sha256`); a single file's is its own sha256,
+  as in-process.
+- Partitions (:func:`plan_partitions`, in the flow, from the footers): consecutive whole row
+  groups of one file, about ``rows_per_partition`` rows each.
+- Read (:func:`read_partition`, on a worker): the partition's file is read once, its bytes
+  must hash to the fingerprinted sha256 (what is read is what was fingerprinted and charged),
+  and its row groups are parsed from those bytes and checked exactly as a whole file is
+  (:func:`privrelease.datasets.read_dataset`).
+- Compute (:func:`partials`): the read partition's partial result for every mechanism of the
+  release (:mod:`.scaled`): cell counts, or exact per-group statistics. One pass over the
+  data serves every mechanism; only these summaries travel back to the flow.
+
+Errors raised with a partition in hand may quote data: they travel as
+:class:`.steps.DataStepError`, whose text names only the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from privrelease.errors import UserError
+from privrelease.flows.steps import DataStepError, withholding
+
+FOLDER_DOMAIN = "privrelease-parquet-folder"
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file of a dataset as fingerprinted, all from one read of its bytes: path,
+    sha256 and size; its column names; per row group its rows, byte range (all its column
+    chunks) and that range's sha256; and the sha256 of the footer (the last ``footer_bytes``)."""
+
+    path: str
+    sha256: str
+    bytes: int
+    columns: tuple[str, ...]
+    row_groups: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]
+    range_sha256: tuple[str, ...]
+    footer_bytes: int
+    footer_sha256: str
+
+    @property
+    def rows(self) -> int:
+        return sum(self.row_groups)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Whole row groups of one file: data rows ``first_row + 1 .. first_row + rows`` of it."""
+
+    index: int
+    file: DataFile
+    row_groups: tuple[int, ...]
+    first_row: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """How to read and check the declared columns (the policy's ``dataset``), as plain values."""
+
+    columns: dict[str, str]
+    missing: str
+    missing_values: tuple[str, ...]
+    domains: dict[str, tuple[Any, ...]]
+
+    @classmethod
+    def of(cls, dataset: Any) -> ReadSpec:
+        return cls(
+            columns={name: spec.type for name, spec in dataset.columns.items()},
+            missing=dataset.missing,
+            missing_values=tuple(dataset.missing_values),
+            domains={name: tuple(spec.values) for name, spec in dataset.columns.items() if spec.values},
+        )
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """What a partition sends back: its row counts and each mechanism's partial result."""
+
+    index: int
+    rows_read: int
+    rows_dropped: int
+    partials: dict[str, Any]
+
+
+def dataset_files(path: Path) -> list[Path]:
+    """The Parquet files of a dataset: the file itself, or a folder's ``*.parquet`` files by
+    name (a folder without any is an error)."""
+    if path.is_dir():
+        files = sorted(
+            child for child in path.iterdir() if child.suffix == ".parquet" and not child.name.startswith(".")
+        )
+        if not files:
+            raise UserError(f"dataset folder {str(path)!r} has no .parquet files")
+        return files
+    if not path.is_file():
+        raise UserError(f"dataset {str(path)!r} does not exist (a Parquet file or a folder of them)")
+    return [path]
+
+
+def scan_file(path: str) -> DataFile:
+    """Fingerprint one file from a single read of its bytes (on a worker, or in the flow)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise UserError(f"cannot read dataset file {path!r}: {error.strerror or error}") from None
+    try:
+        metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+    except (pa.ArrowInvalid, OSError) as error:
+        raise UserError(f"dataset file {path!r} is not a readable Parquet file: {error}") from None
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    ranges = tuple(_byte_range(group) for group in groups)
+    footer = 8 + int.from_bytes(data[-8:-4], "little")
+    view = memoryview(data)
+    return DataFile(
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
+        bytes=len(data),
+        columns=tuple(metadata.schema.to_arrow_schema().names),
+        row_groups=tuple(group.num_rows for group in groups),
+        ranges=ranges,
+        range_sha256=tuple(hashlib.sha256(view[start:end]).hexdigest() for start, end in ranges),
+        footer_bytes=footer,
+        footer_sha256=hashlib.sha256(view[len(data) - footer :]).hexdigest(),
+    )
+
+
+def _byte_range(group: pq.RowGroupMetaData) -> tuple[int, int]:
+    """Where a row group's column chunks lie in its file: [first byte, end)."""
+    starts, ends = [], []
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+            start = min(start, chunk.dictionary_page_offset)
+        starts.append(start)
+        ends.append(start + chunk.total_compressed_size)
+    return (min(starts), max(ends)) if starts else (0, 0)
+
+
+def combined_sha256(files: Sequence[DataFile]) -> str:
+    """The dataset's fingerprint: the sha256 of its one file (as in-process), or of
+    ``privrelease-parquet-folder`` and one line ``name<TAB>bytes<TAB>sha256`` per file, by
+    name (renaming, adding, removing or changing any file changes it)."""
+    if len(files) == 1:
+        return files[0].sha256
+    lines = [FOLDER_DOMAIN, *(f"{Path(f.path).name}\t{f.bytes}\t{f.sha256}" for f in files)]
+    return hashlib.sha256(("\n".join(lines) + "\n").encode()).hexdigest()
+
+
+def plan_partitions(files: Sequence[DataFile], rows_per_partition: int) -> list[Partition]:
+    """Consecutive whole row groups of each file, up to ``rows_per_partition`` rows per
+    partition (a larger row group is a partition of its own); files without rows give none."""
+    partitions: list[Partition] = []
+    for file in files:
+        groups: list[int] = []
+        first = rows = 0
+        for group, size in enumerate(file.row_groups):
+            if groups and rows + size > rows_per_partition:
+                partitions.append(Partition(len(partitions), file, tuple(groups), first, rows))
+                first += rows
+                groups, rows = [], 0
+            groups.append(group)
+            rows += size
+        if rows:
+            partitions.append(Partition(len(partitions), file, tuple(groups), first, rows))
+    return partitions
+
+
+class VerifiedBytes(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only ``pieces`` (offset -> bytes, each
+    checked against the fingerprint) can be read; reading anything else is an error. Parquet
+    reads a row group through its footer from its column chunks only, so a partition parses
+    exactly bytes that were fingerprinted without reading the rest of the file."""
+
+    def __init__(self, size: int, pieces: dict[int, bytes]):
+        self._size, self._pieces, self._position = size, pieces, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = base + offset
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        wanted = min(len(buffer), self._size - self._position)
+        filled = 0
+        while filled < wanted:  # a read may span adjacent pieces (consecutive row groups)
+            position = self._position + filled
+            piece = next(((s, b) for s, b in self._pieces.items() if s <= position < s + len(b)), None)
+            if piece is None:
+                raise OSError(f"read of bytes {position}-{self._position + wanted} outside the fingerprinted ranges")
+            start, data = piece
+            count = min(wanted - filled, start + len(data) - position)
+            buffer[filled : filled + count] = data[position - start : position - start + count]
+            filled += count
+        self._position += filled
+        return filled
+
+
+def _verified(handle: Any, file: DataFile, start: int, end: int, expected: str) -> bytes:
+    """Bytes ``[start, end)`` of the open file, which must hash to ``expected``."""
+    handle.seek(start)
+    piece = handle.read(end - start)
+    if hashlib.sha256(piece).hexdigest() != expected:
+        raise UserError(
+            f"dataset file {file.path!r} changed after it was fingerprinted (bytes {start}-{end} no longer "
+            f"hash as they did): nothing was read from it; run again"
+        )
+    return piece
+
+
+def read_partition(partition: Partition, spec: ReadSpec) -> Any:
+    """The partition's declared columns, checked (a :class:`~privrelease.datasets.DatasetRead`),
+    parsed from its file's footer and its row groups' bytes only, each of which must hash as
+    fingerprinted (what is read is what was charged). A user error names the file and rows."""
+    from privrelease.datasets import check_dataset, parse_parquet
+
+    file = partition.file
+    path = Path(file.path)
+    try:
+        with open(path, "rb") as handle:
+            tail = file.bytes - file.footer_bytes
+            pieces = {tail: _verified(handle, file, tail, file.bytes, file.footer_sha256)}
+            for group in partition.row_groups:
+                start, end = file.ranges[group]
+                pieces[start] = _verified(handle, file, start, end, file.range_sha256[group])
+    except OSError as error:
+        raise UserError(f"cannot read dataset file {file.path!r}: {error.strerror or error}") from None
+    try:
+        metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + pieces[tail]))
+        raw = parse_parquet(
+            pa.PythonFile(VerifiedBytes(file.bytes, pieces), mode="r"),
+            path,
+            spec.columns,
+            metadata=metadata,
+            row_groups=partition.row_groups,
+        )
+        return check_dataset(
+            raw,
+            path,
+            spec.columns,
+            missing=spec.missing,  # type: ignore[arg-type]
+            missing_values=spec.missing_values,
+            domains=dict(spec.domains),
+        )
+    except UserError as error:
+        raise UserError(
+            f"{error} (in data rows {partition.first_row + 1}-{partition.first_row + partition.rows} of "
+            f"{path.name!r}: row numbers count from the first of them)"
+        ) from None
+
+
+class PartitionError(DataStepError):
+    """A :class:`.steps.DataStepError` raised on a worker: it keeps the original error when
+    pickled (Dask sends it to the flow process, which turns it back into a plain
+    DataStepError, :func:`.scaled.gather`), else a RuntimeError with its type and text."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        original: BaseException = self.original
+        try:
+            pickle.loads(pickle.dumps(original))
+        except Exception:
+            original = RuntimeError(f"{type(original).__name__}: {self.detail}")
+        return (type(self), (self.step, original))
+
+
+def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> PartitionResult:
+    """Read one partition and compute every job's partial result on it (on a worker)."""
+    with withholding("reading the data", PartitionError):
+        read = read_partition(partition, spec)
+    results = {}
+    for job in jobs:
+        with withholding(job.step, PartitionError):
+            results[job.name] = job.partial(read.table)
+    rows_read, rows_dropped = read.rows_read, read.rows_dropped
+    del read
+    pa.default_memory_pool().release_unused()  # a worker's memory limit counts Arrow's cached free memory
+    return PartitionResult(partition.index, rows_read, rows_dropped, results)
