@@ -153,8 +153,9 @@ def _at_lifetime_delta(notion: str, limit: Budget) -> bool:
     return notion == "approximate" and 0 < limit.delta < 1
 
 
-def _account(events: list[Any], notion: str, limit: Budget) -> Budget:
-    """What ``events`` compose to under ``notion``, measured against the lifetime ``limit``.
+def _account(events: list[Any] | dict[Any, int], notion: str, limit: Budget) -> Budget:
+    """What ``events`` (event trees, or a multiset of releases) compose to under ``notion``,
+    measured against the lifetime ``limit``.
 
     ``approximate`` (with 0 < lifetime delta < 1): the smallest epsilon at which the releases
     compose to (epsilon, lifetime delta)-DP, by the tightest sound method
@@ -174,6 +175,8 @@ def _account(events: list[Any], notion: str, limit: Budget) -> Budget:
     else:
         from privrelease.mechanisms.accountants import account
 
+        if isinstance(events, dict):
+            events = [leaf for leaf, count in events.items() for _ in range(count)]
         guarantee = account(events[0] if len(events) == 1 else Composed(events=tuple(events)), notion)
         supported, epsilon, delta, detail = guarantee.supported, guarantee.epsilon, guarantee.delta, guarantee.detail
     if not supported:
@@ -487,13 +490,18 @@ def runway(status: LedgerStatus, event_tree: Any) -> Runway:
     """The runway of ``event_tree`` (one run's releases) on the ledger ``status``: the largest
     r <= MAX_RUNWAY such that the counting trees plus r copies fit the lifetime budget. The
     composed loss only grows with r, so an exponential then binary search finds it exactly."""
+    from privrelease.mechanisms.composition import releases_of
     from privrelease.mechanisms.events import event_from_json
 
     event = event_from_json(event_tree) if isinstance(event_tree, str) else event_tree
-    trees, notion, limit = _trees(status.counting), status.dataset.notion, status.budget
+    notion, limit = status.dataset.notion, status.budget
+    spent, one_run = releases_of(_trees(status.counting)) if status.counting else {}, releases_of([event])
 
-    def total(runs: int) -> Budget:
-        return _account([*trees, *([event] * runs)], notion, limit)
+    def total(runs: int) -> Budget:  # a multiset: r runs are r as multiplicities, not r copies
+        releases = dict(spent)
+        for leaf, count in one_run.items():
+            releases[leaf] = releases.get(leaf, 0) + count * runs
+        return _account(releases, notion, limit)
 
     def fits(runs: int) -> bool:
         return total(runs).fits(limit)

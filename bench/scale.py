@@ -112,7 +112,7 @@ mechanisms:
 targets:
   accounting: approximate
   delta: 1.0e-6
-  lifetime_budget: {{epsilon: 100, delta: 1.0e-3}}
+  lifetime_budget: {{epsilon: 10, delta: 1.0e-6}}
 engine: {{rows_per_partition: {rows_per_partition}}}
 """
     )

@@ -19,7 +19,8 @@ composes by its own rule (Theorem 2: epsilons and deltas add) and is not handled
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,28 +70,63 @@ class Composition:
         }
 
 
-def releases_of(events: Sequence[Event], times: int = 1) -> list[Event]:
-    """The non-composed releases of ``events``, each repeated ``times`` times."""
+Releases = dict[Event, int]
+"""A multiset of non-composed releases: release -> how many times it is composed (a ledger of
+thousands of identical monthly releases is a handful of entries, not a list of thousands)."""
+
+
+def releases_of(events: Sequence[Event] | Mapping[Event, int], times: int = 1) -> Releases:
+    """The non-composed releases of ``events`` (event trees, or a multiset of releases), each
+    composed ``times`` times."""
     if times < 1:
         raise ValueError(f"times must be >= 1; got {times}")
-    return [leaf for event in events for leaf in leaves(event)] * times
+    counts = Counter(events) if not isinstance(events, Mapping) else Counter(dict(events))
+    found: Counter[Event] = Counter()
+    for event, count in counts.items():
+        for leaf in leaves(event):
+            found[leaf] += count
+    return {leaf: count * times for leaf, count in found.items()}
 
 
-def _unsupported(releases: list[Event]) -> Composition | None:
+def _unsupported(releases: Releases) -> Composition | None:
     reasons = []
-    for leaf in dict.fromkeys(releases):
+    for leaf in releases:
         guarantee = account(leaf, "approximate")
         if not guarantee.supported:
             reasons.append(guarantee.detail)
     if not reasons and releases:
         return None
     why = "; ".join(reasons) or "nothing to compose: no releases"
-    return Composition(math.inf, 1.0, len(releases), "none", supported=False, detail=why)
+    return Composition(math.inf, 1.0, sum(releases.values()), "none", supported=False, detail=why)
 
 
-def _points(releases: list[Event]) -> list[tuple[float, float]]:
-    stated = {leaf: account(leaf, "approximate") for leaf in dict.fromkeys(releases)}
-    return [(stated[leaf].epsilon, stated[leaf].delta) for leaf in releases]
+def _points(releases: Releases) -> list[tuple[float, float, int]]:
+    """Each release's stated (epsilon, delta) point and its multiplicity."""
+    return [(*_stated(leaf), count) for leaf, count in releases.items()]
+
+
+def _stated(leaf: Event) -> tuple[float, float]:
+    guarantee = account(leaf, "approximate")
+    return guarantee.epsilon, guarantee.delta
+
+
+def _basic(points: list[tuple[float, float, int]]) -> tuple[float, float]:
+    """Basic composition of the points: (sum eps_i, sum delta_i) with multiplicities."""
+    return math.fsum(e * n for e, _, n in points), math.fsum(d * n for _, d, n in points)
+
+
+def _each(points: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
+    """The points one per release (for the optimal composition, at most OPTIMAL_RELEASES)."""
+    return [(e, d) for e, d, n in points for _ in range(n)]
+
+
+def _only_sdgs(releases: Releases) -> SDGS | None:
+    """The release when ``releases`` is one SDGS release."""
+    if len(releases) == 1:
+        ((leaf, count),) = releases.items()
+        if count == 1 and isinstance(leaf, SDGS):
+            return leaf
+    return None
 
 
 def _bisect_epsilon(delta_of, delta: float, high: float) -> float:
@@ -110,40 +146,41 @@ def _bisect_epsilon(delta_of, delta: float, high: float) -> float:
     return high
 
 
-def _candidates_epsilon(releases: list[Event], delta: float) -> dict[str, tuple[float, float]]:
+def _candidates_epsilon(releases: Releases, delta: float) -> dict[str, tuple[float, float]]:
     """Every applicable method's epsilon at ``delta``, the preferred method first (ties)."""
-    points = _points(releases)
+    points, total = _points(releases), sum(releases.values())
     found: dict[str, tuple[float, float]] = {}
-    basic_eps, basic_delta = math.fsum(e for e, _ in points), math.fsum(d for _, d in points)
-    if len(releases) == 1 and isinstance(releases[0], SDGS):
-        k, beta = releases[0].k, releases[0].beta
+    basic_eps, basic_delta = _basic(points)
+    if (sdgs := _only_sdgs(releases)) is not None:
+        k, beta = sdgs.k, sdgs.beta
         found[EXACT] = (_bisect_epsilon(lambda e: delta_exact(k, beta, e).delta, delta, _MAX_EPSILON), delta)
-    if len(releases) > 1:
+    if total > 1:
         found[PLD] = (pld.epsilon_for_delta(pld.composed_pld(releases), delta), delta)
-    if 1 < len(releases) <= OPTIMAL_RELEASES:
-        found[OPTIMAL] = (_bisect_epsilon(lambda e: optimal_composition_delta(points, e), delta, basic_eps), delta)
+    if 1 < total <= OPTIMAL_RELEASES:
+        each = _each(points)
+        found[OPTIMAL] = (_bisect_epsilon(lambda e: optimal_composition_delta(each, e), delta, basic_eps), delta)
     found[BASIC] = (basic_eps if basic_delta <= delta else math.inf, delta)
     return found
 
 
-def _candidates_delta(releases: list[Event], epsilon: float, composed: Any = None) -> dict[str, tuple[float, float]]:
+def _candidates_delta(releases: Releases, epsilon: float, composed: Any = None) -> dict[str, tuple[float, float]]:
     """Every applicable method's delta at ``epsilon``, the preferred method first (ties);
     ``composed``: the releases' PLD when already built."""
-    points = _points(releases)
+    points, total = _points(releases), sum(releases.values())
     found: dict[str, tuple[float, float]] = {}
-    if len(releases) == 1 and isinstance(releases[0], SDGS):
-        found[EXACT] = (epsilon, float(delta_exact(releases[0].k, releases[0].beta, epsilon).delta))
-    if len(releases) > 1:
+    if (sdgs := _only_sdgs(releases)) is not None:
+        found[EXACT] = (epsilon, float(delta_exact(sdgs.k, sdgs.beta, epsilon).delta))
+    if total > 1:
         composed = composed if composed is not None else pld.composed_pld(releases)
         found[PLD] = (epsilon, pld.delta_for_epsilon(composed, epsilon))
-    if 1 < len(releases) <= OPTIMAL_RELEASES:
-        found[OPTIMAL] = (epsilon, optimal_composition_delta(points, epsilon))
-    basic_eps = math.fsum(e for e, _ in points)
-    found[BASIC] = (epsilon, min(1.0, math.fsum(d for _, d in points)) if epsilon >= basic_eps else 1.0)
+    if 1 < total <= OPTIMAL_RELEASES:
+        found[OPTIMAL] = (epsilon, optimal_composition_delta(_each(points), epsilon))
+    basic_eps, basic_delta = _basic(points)
+    found[BASIC] = (epsilon, min(1.0, basic_delta) if epsilon >= basic_eps else 1.0)
     return found
 
 
-def _tightest(events: Sequence[Event], times: int, candidates_of, solved: int) -> Composition:
+def _tightest(events: Sequence[Event] | Releases, times: int, candidates_of, solved: int) -> Composition:
     """The candidate with the smallest value in position ``solved`` (0: epsilon, 1: delta)."""
     releases = releases_of(events, times)
     refused = _unsupported(releases)
@@ -152,18 +189,19 @@ def _tightest(events: Sequence[Event], times: int, candidates_of, solved: int) -
     candidates = candidates_of(releases)
     method = min(candidates, key=lambda name: candidates[name][solved])
     epsilon, delta = candidates[method]
-    return Composition(epsilon, delta, len(releases), method, candidates)
+    return Composition(epsilon, delta, sum(releases.values()), method, candidates)
 
 
-def epsilon_at(events: Sequence[Event], delta: float, times: int = 1) -> Composition:
-    """The smallest epsilon at which ``events`` released ``times`` times are (epsilon, delta)-DP
-    (inf when no epsilon reaches ``delta``), by the tightest method."""
+def epsilon_at(events: Sequence[Event] | Releases, delta: float, times: int = 1) -> Composition:
+    """The smallest epsilon at which ``events`` (event trees, or a multiset of releases)
+    released ``times`` times are (epsilon, delta)-DP (inf when no epsilon reaches ``delta``),
+    by the tightest method."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1); got {delta!r}")
     return _tightest(events, times, lambda releases: _candidates_epsilon(releases, delta), 0)
 
 
-def delta_at(events: Sequence[Event], epsilon: float, times: int = 1) -> Composition:
+def delta_at(events: Sequence[Event] | Releases, epsilon: float, times: int = 1) -> Composition:
     """The smallest delta for which ``events`` released ``times`` times are (epsilon, delta)-DP,
     by the tightest method."""
     if not 0 <= epsilon < math.inf:
@@ -177,5 +215,5 @@ def delta_curve(events: Sequence[Event], epsilons: Sequence[float]) -> list[floa
     releases = releases_of(events)
     if _unsupported(releases) is not None:
         return [1.0] * len(epsilons)
-    composed = pld.composed_pld(releases) if len(releases) > 1 else None
+    composed = pld.composed_pld(releases) if sum(releases.values()) > 1 else None
     return [min(d for _, d in _candidates_delta(releases, e, composed).values()) for e in epsilons]

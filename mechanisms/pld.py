@@ -54,7 +54,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -203,12 +203,21 @@ def event_pld(event: Event, discretization: float = DISCRETIZATION) -> Any:
     return _cached_pld(event_to_json(event), discretization)
 
 
-def composed_pld(events: Sequence[Event], times: int = 1, discretization: float = DISCRETIZATION) -> Any:
-    """The PLD of all ``events`` (trees are flattened to their releases) released ``times``
-    times each; identical releases are composed by self-composition."""
+def composed_pld(
+    events: Sequence[Event] | Mapping[Event, int], times: int = 1, discretization: float = DISCRETIZATION
+) -> Any:
+    """The PLD of all ``events`` (trees are flattened to their releases; a mapping is a
+    multiset of releases) released ``times`` times each; identical releases are composed by
+    self-composition."""
     if times < 1:
         raise ValueError(f"times must be >= 1; got {times}")
-    counts = Counter(leaf for event in events for leaf in leaves(event))
+    if isinstance(events, Mapping):
+        counts: Counter[Event] = Counter()
+        for event, count in events.items():
+            for leaf in leaves(event):
+                counts[leaf] += count
+    else:
+        counts = Counter(leaf for event in events for leaf in leaves(event))
     if not counts:
         raise ValueError("nothing to compose: no releases")
     result = None

@@ -81,3 +81,24 @@ def test_the_readme_figure_comes_from_the_code():
     assert match, "the README no longer states the twelve-month figure"
     stated, delta = float(match.group(1)), float(match.group(2))
     assert round(composition.epsilon_at([ADULT], delta, times=12).epsilon, 2) == stated
+
+
+def test_releases_compose_as_a_multiset():
+    """Thousands of identical runs are one entry with a multiplicity: the same composition as
+    the list of copies (the list is slow: every copy hashed and flattened), at a cost that does
+    not grow with the count."""
+    import time
+
+    tree = Composed(events=(ADULT, Laplace(scale=4.0, sensitivity=1.0)))
+    assert (
+        composition.releases_of([tree] * 40)
+        == composition.releases_of([tree], times=40)
+        == {ADULT: 40, Laplace(scale=4.0, sensitivity=1.0): 40}
+    )
+    as_list = composition.epsilon_at([tree] * 40, 1e-6)
+    as_multiset = composition.epsilon_at({tree: 40}, 1e-6)
+    assert as_list == as_multiset and as_list.releases == 80
+    start = time.perf_counter()
+    many = composition.epsilon_at({ADULT: 50_000}, 1e-6)
+    assert time.perf_counter() - start < 2.0 and many.method == composition.PLD
+    assert many.epsilon > composition.epsilon_at({ADULT: 25_000}, 1e-6).epsilon
