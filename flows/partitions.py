@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from privrelease.errors import UserError
 from privrelease.flows.steps import DataStepError, withholding
 
 FOLDER_DOMAIN = "privrelease-parquet-folder"
+_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -116,30 +118,60 @@ def dataset_files(path: Path) -> list[Path]:
 
 
 def scan_file(path: str) -> DataFile:
-    """Fingerprint one file from a single read of its bytes (on a worker, or in the flow)."""
+    """Fingerprint one file in one streaming pass over its bytes (memory: one chunk), on a
+    worker or in the flow: the footer is parsed first for the row groups' byte ranges, then the
+    whole file is hashed, each range and the footer too; the footer parsed must be the footer
+    hashed (else the file changed while it was read)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            footer, metadata = _footer(handle, size, path)
+            ranges = tuple(_byte_range(metadata.row_group(i)) for i in range(metadata.num_row_groups))
+            if any(not 4 <= start <= end <= size - len(footer) for start, end in ranges):
+                raise UserError(f"dataset file {path!r} is not a readable Parquet file: row groups outside the file")
+            whole, digests, tail = hashlib.sha256(), [hashlib.sha256() for _ in ranges], hashlib.sha256()
+            spans = [*ranges, (size - len(footer), size)]
+            position = 0
+            handle.seek(0)
+            while chunk := handle.read(_CHUNK):
+                whole.update(chunk)
+                end = position + len(chunk)
+                for digest, (start, stop) in zip([*digests, tail], spans, strict=True):
+                    if start < end and stop > position:
+                        digest.update(chunk[max(start, position) - position : min(stop, end) - position])
+                position = end
     except OSError as error:
         raise UserError(f"cannot read dataset file {path!r}: {error.strerror or error}") from None
-    try:
-        metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
-    except (pa.ArrowInvalid, OSError) as error:
-        raise UserError(f"dataset file {path!r} is not a readable Parquet file: {error}") from None
-    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
-    ranges = tuple(_byte_range(group) for group in groups)
-    footer = 8 + int.from_bytes(data[-8:-4], "little")
-    view = memoryview(data)
+    if position != size or tail.hexdigest() != hashlib.sha256(footer).hexdigest():
+        raise UserError(f"dataset file {path!r} changed while it was fingerprinted; run again")
     return DataFile(
         path=path,
-        sha256=hashlib.sha256(data).hexdigest(),
-        bytes=len(data),
+        sha256=whole.hexdigest(),
+        bytes=size,
         columns=tuple(metadata.schema.to_arrow_schema().names),
-        row_groups=tuple(group.num_rows for group in groups),
+        row_groups=tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)),
         ranges=ranges,
-        range_sha256=tuple(hashlib.sha256(view[start:end]).hexdigest() for start, end in ranges),
-        footer_bytes=footer,
-        footer_sha256=hashlib.sha256(view[len(data) - footer :]).hexdigest(),
+        range_sha256=tuple(digest.hexdigest() for digest in digests),
+        footer_bytes=len(footer),
+        footer_sha256=tail.hexdigest(),
     )
+
+
+def _footer(handle: Any, size: int, path: str) -> tuple[bytes, pq.FileMetaData]:
+    """The file's footer (metadata, its length, ``PAR1``) and the metadata parsed from it."""
+    if size < 12:
+        raise UserError(f"dataset file {path!r} is not a readable Parquet file: {size} bytes")
+    handle.seek(size - 8)
+    tail = handle.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or length > size - 12:
+        raise UserError(f"dataset file {path!r} is not a readable Parquet file: no Parquet footer")
+    handle.seek(size - 8 - length)
+    footer = handle.read(length + 8)
+    try:
+        return footer, pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
+    except (pa.ArrowInvalid, OSError) as error:
+        raise UserError(f"dataset file {path!r} is not a readable Parquet file: {error}") from None
 
 
 def _byte_range(group: pq.RowGroupMetaData) -> tuple[int, int]:
@@ -253,7 +285,7 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
     except OSError as error:
         raise UserError(f"cannot read dataset file {file.path!r}: {error.strerror or error}") from None
     try:
-        metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + pieces[tail]))
+        metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + pieces[tail]))  # the verified footer
         raw = parse_parquet(
             pa.PythonFile(VerifiedBytes(file.bytes, pieces), mode="r"),
             path,
