@@ -13,6 +13,7 @@ run and closed at its end. The flow process keeps one client per run (:func:`con
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,24 @@ class Engine:
             return "in-process"
         where = f"the cluster at {self.address}" if self.address else f"a local cluster of {self.workers} processes"
         return f"Dask, on {where}"
+
+
+def check_reachable(engine: Engine) -> None:
+    """A quick look (about a second at most) that something listens at the scheduler's
+    address, for the pre-flight: :class:`UserError` naming the address when nothing does."""
+    if engine.address is None:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(engine.address if "://" in engine.address else f"tcp://{engine.address}")
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or 8786), timeout=1.5):
+            pass
+    except (OSError, ValueError) as error:
+        raise UserError(
+            f"cannot reach the Dask scheduler at {engine.address}: {type(error).__name__}: {error}",
+            field="dask_address",
+        ) from None
 
 
 _clients: dict[str, tuple[Any, Any]] = {}

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from privrelease.errors import UserError
-from privrelease.flows.steps import DataStepError, withholding
+from privrelease.flows.context import DataStepError, withholding
 
 FOLDER_DOMAIN = "privrelease-parquet-folder"
 _CHUNK = 1 << 22

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from privrelease.errors import TargetNotMet, UserError
-from privrelease.flows import steps
+from privrelease.flows import engines, steps
 from privrelease.settings import get_settings
 
 
@@ -28,14 +28,15 @@ def preflight(
     dask_address: str | None = None,
     workers: int | None = None,
 ) -> None:
-    """Check, in order: the policy (and ``dataset.id`` for a charged release), the engine, the
+    """Check, in order: the policy (and ``dataset.id`` for a charged release), the engine (and
+    that its scheduler answers), the
     output format, the data file (a Parquet folder: its first file) and its header, the plan's
     targets, the audit database, the approval (production mode) and that the release fits its
     dataset's lifetime budget (cheapest first)."""
     source = steps.PolicySource.from_file(policy_path)
     loaded = source.load()
     loaded.require_dataset_id()
-    steps.engine_of(loaded, engine, dask_address, workers)
+    engines.check_reachable(steps.engine_of(loaded, engine, dask_address, workers))
     if output_format not in steps.OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
     data = loaded.data_file(data_path)

@@ -1,6 +1,7 @@
-"""The mechanisms of a release on the Dask engine: one registry entry per mechanism type,
-each a *job* (what a worker computes on one partition: :meth:`partial`) and a *finish* (what
-the flow computes from the merged partials, once: suppression, selection, noise, output).
+"""The mechanisms of a release on the Dask engine: the *jobs* (what a worker computes on one
+partition: :meth:`CellJob.partial`, :meth:`StatisticJob.partial`) and *finishes* (what the
+flow computes once from the merged partials: suppression, noise, output) that the entries of
+:mod:`.registry` name, and the read of all partitions in one pass (:func:`read_partials`).
 
 The output distribution is the in-process one, so every guarantee of the plan holds as is:
 
@@ -8,15 +9,19 @@ The output distribution is the in-process one, so every guarantee of the plan ho
   CSPRNG (together: i.i.d. Bernoulli(beta) over all rows, as in-process), generalizes and
   counts its sampled rows per cell (:func:`.sdgs.count_cells`); the flow adds the counts per
   cell over all partitions (:func:`.partitioned.merge_counts`) and suppresses with the counts
-  of the *whole* sample. SDGS microdata is then written by one worker, row group by row group,
+  of the *whole* sample. SDGS microdata is then written by the flow, row group by row group,
   each published row in a uniformly random position (:func:`write_microdata`): a uniformly
   random order of the published multiset, as in-process; never one piece per input partition
   (which would disclose the partition of a row: see :mod:`.partitioned`).
 - ``identifiable_statistic``: each partition computes its exact per-group count or clamped sum
   (:func:`.statistics.statistic_partial`); the flow merges them exactly and adds the Laplace
   noise once, to the total (:func:`.statistics.noisy_release`); never noise per partition.
-- ``splu_gen`` runs in-process only (decoy groups of gamma rows must not follow partitions),
-  and so does ``select_scheme``: :func:`refusal` says so before anything runs.
+- ``sdgs`` with ``select_scheme``: each partition counts, per candidate, all its rows and a
+  Bernoulli(beta) sample; the exponential mechanism chooses from the merged counts of all rows
+  (the in-process scores) and the release is the chosen candidate's sample, drawn
+  independently of the choice, as in-process.
+- ``splu_gen`` runs in-process only (decoy groups of gamma rows must not follow partitions):
+  :func:`.registry.refusal` says so before anything runs.
 """
 
 from __future__ import annotations
@@ -51,6 +56,42 @@ class CellJob:
 
         return count_cells(table, self.schemes, beta=self.beta)
 
+    @staticmethod
+    def merge(parts: list[Any]) -> Any:
+        """The cell counts of the whole sample (:func:`.partitioned.merge_counts`)."""
+        from privrelease.mechanisms.partitioned import merge_counts
+
+        return merge_counts(parts)
+
+
+@dataclass(frozen=True)
+class SelectionJob:
+    """SDGS with ``select_scheme``: per candidate, the cell counts of all rows (the selection's
+    scores) and of a Bernoulli(beta) sample (the release, once a candidate is chosen)."""
+
+    name: str
+    step: str
+    candidates: dict[str, dict[str, ColumnScheme]]
+    beta: float
+
+    def partial(self, table: pa.Table) -> Any:
+        from privrelease.mechanisms.sdgs import count_cells
+
+        return {
+            name: (count_cells(table, schemes, beta=1.0), count_cells(table, schemes, beta=self.beta))
+            for name, schemes in self.candidates.items()
+        }
+
+    @staticmethod
+    def merge(parts: list[Any]) -> Any:
+        """Per candidate, both counts of the whole table (:func:`.partitioned.merge_counts`)."""
+        from privrelease.mechanisms.partitioned import merge_counts
+
+        return {
+            name: (merge_counts([part[name][0] for part in parts]), merge_counts([part[name][1] for part in parts]))
+            for name in parts[0]
+        }
+
 
 @dataclass(frozen=True)
 class StatisticJob:
@@ -68,6 +109,13 @@ class StatisticJob:
 
         prepared, column = statistic_table(table, self.column, self.by)
         return statistic_partial(prepared, column, self.calibration, self.domain)
+
+    @staticmethod
+    def merge(parts: list[Any]) -> Any:
+        """The exact per-group totals of all rows (:func:`.statistics.merge_partials`)."""
+        from privrelease.mechanisms.statistics import merge_partials
+
+        return merge_partials(parts)
 
 
 def statistic_table(table: pa.Table, column: str | None, by: dict[str, ColumnScheme]) -> tuple[pa.Table, str]:
@@ -104,38 +152,16 @@ def statistic_job(loaded: Any, spec: Any) -> StatisticJob:
     )
 
 
-def job(loaded: Any, spec: Any) -> CellJob | StatisticJob:
-    """The partition job of a policy mechanism (:func:`refusal` is None for it)."""
-    if spec.type in ("sdgs", "histogram"):
-        return CellJob(spec.name, f"mechanism {spec.name!r} ({spec.type})", loaded.schemes(spec.columns), spec.beta)
-    assert spec.type == "identifiable_statistic", spec.type
-    return statistic_job(loaded, spec)
-
-
-def refusal(spec: Any) -> str | None:
-    """Why a policy mechanism cannot run on the Dask engine (None: it can)."""
-    if spec.type == "splu_gen":
-        return (
-            f"mechanism {spec.name!r} (splu_gen) runs in-process only: its decoy groups of gamma rows "
-            "must be drawn over the whole table, not per partition; run this policy with --engine local"
+def cell_job(loaded: Any, spec: Any) -> CellJob | SelectionJob:
+    """The job of a policy's ``sdgs`` or ``histogram`` mechanism (with ``select_scheme``: of
+    every candidate)."""
+    step = f"mechanism {spec.name!r} ({spec.type})"
+    if getattr(spec, "select_scheme", None) is not None:
+        names = spec.select_scheme.candidates
+        return SelectionJob(
+            spec.name, step, {name: loaded.schemes(spec.columns, candidate=name) for name in names}, spec.beta
         )
-    if spec.type == "sdgs" and spec.select_scheme is not None:
-        return (
-            f"mechanism {spec.name!r} (sdgs with select_scheme) runs in-process only; fix the scheme "
-            "(generalization) to run it on Dask, or run with --engine local"
-        )
-    return None
-
-
-def merge(job: CellJob | StatisticJob, parts: list[Any]) -> Any:
-    """The whole release's partial result from the partitions' (in partition order)."""
-    if isinstance(job, CellJob):
-        from privrelease.mechanisms.partitioned import merge_counts
-
-        return merge_counts(parts)
-    from privrelease.mechanisms.statistics import merge_partials
-
-    return merge_partials(parts)
+    return CellJob(spec.name, step, loaded.schemes(spec.columns), spec.beta)
 
 
 # --------------------------------------------------------------------------- reading
@@ -158,10 +184,11 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     error a worker raised with data in hand arrives as a :class:`.partitions.PartitionError`
     and leaves as a plain :class:`.steps.DataStepError` (which never pickles its details)."""
     from privrelease.flows import engines
+    from privrelease.flows.context import DataStepError
     from privrelease.flows.partitions import PartitionError, ReadSpec, partials, plan_partitions
-    from privrelease.flows.steps import DataStepError
+    from privrelease.flows.registry import MECHANISMS
 
-    jobs = tuple(job(loaded, spec) for spec in loaded.policy.mechanisms)
+    jobs = tuple(MECHANISMS[spec.type].job(loaded, spec) for spec in loaded.policy.mechanisms)
     parts = plan_partitions(files, engine.rows_per_partition)
     try:
         results = engines.map_gather(run_id, partials, parts, spec=ReadSpec.of(loaded.policy.dataset), jobs=jobs)
@@ -171,7 +198,7 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
         rows_read=sum(result.rows_read for result in results),
         rows_dropped=sum(result.rows_dropped for result in results),
         partitions=len(parts),
-        partials={item.name: merge(item, [result.partials[item.name] for result in results]) for item in jobs},
+        partials={item.name: item.merge([result.partials[item.name] for result in results]) for item in jobs},
     )
 
 
@@ -195,22 +222,51 @@ class Finished:
         return cls(result.table, result.table.num_rows, result.event, result.public_facts, result.internal_facts)
 
 
-def finish(loaded: Any, spec: Any, merged: Any, path: Path, output_format: str) -> Finished:
-    """Suppress or add noise once over the merged partial result, and produce the output
-    (SDGS microdata is written to ``path`` here, row group by row group)."""
-    if spec.type == "sdgs":
-        from privrelease.mechanisms import partitioned
+def finish_sdgs(loaded: Any, spec: Any, merged: Any, path: Path, output_format: str) -> Finished:
+    """Suppress with the merged counts and write the microdata to ``path`` here, row group by
+    row group (:func:`write_microdata`). With ``select_scheme`` the exponential mechanism
+    first chooses a candidate from the merged counts of all rows (as in-process), and the
+    release is that candidate's sample, drawn independently of the choice: the in-process
+    distribution, and the same composed event."""
+    from privrelease.mechanisms import partitioned
 
-        published = partitioned.published_cells(merged, spec.k)
-        pieces = partitioned.file_count(int(published.counts.sum()), ROWS_PER_ROW_GROUP)
-        rows = write_microdata(published, partitioned.assign_files(published.counts, pieces), path, output_format)
-        outcome = partitioned.result(merged, k=spec.k, beta=spec.beta, epsilon=spec.epsilon or 0.0)
+    selection = None
+    if spec.select_scheme is not None:
+        from privrelease.mechanisms.selection import expected_published_of_counts, select_by_scores
+
+        candidates = {name: loaded.schemes(spec.columns, candidate=name) for name in spec.select_scheme.candidates}
+        scores = {
+            name: expected_published_of_counts(merged[name][0].counts, k=spec.k, beta=spec.beta) for name in candidates
+        }
+        selection = select_by_scores(candidates, scores, k=spec.k, beta=spec.beta, epsilon=spec.select_scheme.epsilon)
+        merged = merged[selection.name][1]
+    published = partitioned.published_cells(merged, spec.k)
+    pieces = partitioned.file_count(int(published.counts.sum()), ROWS_PER_ROW_GROUP)
+    rows = write_microdata(published, partitioned.assign_files(published.counts, pieces), path, output_format)
+    outcome = partitioned.result(merged, k=spec.k, beta=spec.beta, epsilon=spec.epsilon or 0.0)
+    if selection is None:
         return Finished(None, rows, outcome.event, outcome.public_facts, outcome.internal_facts)
-    if spec.type == "histogram":
-        from privrelease.mechanisms.histogram import check_histogram, histogram_of_cells
+    from privrelease.mechanisms.events import Composed
 
-        check_histogram(loaded.schemes(spec.columns), spec.k, spec.beta, spec.epsilon)
-        return Finished.of(histogram_of_cells(merged, k=spec.k, beta=spec.beta, epsilon=spec.epsilon))
+    return Finished(
+        None,
+        rows,
+        Composed(events=(selection.event, outcome.event)),
+        {**outcome.public_facts, "chosen_scheme": selection.name},
+        {**outcome.internal_facts, "selection": selection.internal_facts},
+    )
+
+
+def finish_histogram(loaded: Any, spec: Any, merged: Any, path: Path, output_format: str) -> Finished:
+    """Suppress the merged cells below k."""
+    from privrelease.mechanisms.histogram import check_histogram, histogram_of_cells
+
+    check_histogram(loaded.schemes(spec.columns), spec.k, spec.beta, spec.epsilon)
+    return Finished.of(histogram_of_cells(merged, k=spec.k, beta=spec.beta, epsilon=spec.epsilon))
+
+
+def finish_statistic(loaded: Any, spec: Any, merged: Any, path: Path, output_format: str) -> Finished:
+    """Laplace noise added once, to the merged exact totals."""
     from privrelease.mechanisms.statistics import noisy_release
 
     statistic = statistic_job(loaded, spec)
@@ -227,7 +283,7 @@ def write_microdata(cells: Any, assignment: list[tuple[np.ndarray, np.ndarray]],
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
-    from privrelease.flows.steps import plain_columns
+    from privrelease.flows.outputs import plain_columns
     from privrelease.mechanisms.partitioned import empty_output, file_table
 
     temp = path.with_name(f".{path.name}.tmp")
@@ -261,6 +317,8 @@ def check_engine(loaded: Any, engine: Any) -> None:
             "of .parquet files); convert the data or run with --engine local",
             field="dataset.format",
         )
+    from privrelease.flows.registry import refusal
+
     for spec in loaded.policy.mechanisms:
         reason = refusal(spec)
         if reason is not None:

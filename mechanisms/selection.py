@@ -83,7 +83,12 @@ def sensitivity(k: int, beta: float) -> float:
 def expected_published_rows(table: pa.Table, scheme: Mapping[str, ColumnScheme], *, k: int, beta: float) -> float:
     """sum over the cells of ``scheme`` on ``table`` of n beta P(Bin(n - 1, beta) >= k - 1): the
     expected number of rows (k, beta)-SDGS would publish."""
-    counts = count_cells(table, scheme, beta=1.0).counts
+    return expected_published_of_counts(count_cells(table, scheme, beta=1.0).counts, k=k, beta=beta)
+
+
+def expected_published_of_counts(counts: np.ndarray, *, k: int, beta: float) -> float:
+    """:func:`expected_published_rows` from the cells' row counts (of all rows, e.g. merged
+    over partitions)."""
     return float(np.sum(counts * beta * binomial.upper_tail(k - 1, counts - 1, beta)))
 
 
@@ -130,9 +135,24 @@ def select_scheme(
         weight = weights.setdefault(name, 1.0)
         if not isinstance(weight, (int, float)) or not 0 < weight <= 1:
             raise UserError(f"weight of candidate {name!r} must be in (0, 1]; got {weight!r}")
+    scores = {
+        name: weights[name] * expected_published_rows(table, candidates[name], k=k, beta=beta) for name in candidates
+    }
+    return select_by_scores(candidates, scores, k=k, beta=beta, epsilon=epsilon)
+
+
+def select_by_scores(
+    candidates: Mapping[str, Mapping[str, ColumnScheme]],
+    scores: Mapping[str, float],
+    *,
+    k: int,
+    beta: float,
+    epsilon: float,
+) -> Selection:
+    """The exponential mechanism over the candidates' (weighted) scores, with the sensitivity
+    of :func:`sensitivity` (the step of :func:`select_scheme` after the scores)."""
     names = list(candidates)
-    scores = [weights[name] * expected_published_rows(table, candidates[name], k=k, beta=beta) for name in names]
     bound = sensitivity(k, beta)
-    chosen = names[exponential_mechanism(scores, epsilon=epsilon, sensitivity=bound)]
+    chosen = names[exponential_mechanism([scores[name] for name in names], epsilon=epsilon, sensitivity=bound)]
     event = ExponentialSelection(epsilon=epsilon, candidates=len(names), sensitivity=bound)
-    return Selection(chosen, candidates[chosen], event, {"scores": dict(zip(names, scores))})
+    return Selection(chosen, candidates[chosen], event, {"scores": {name: scores[name] for name in names}})

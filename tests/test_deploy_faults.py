@@ -216,14 +216,14 @@ def test_postgresql_down_mid_run(prefect_harness, dedicated_postgres, demo_files
     database is back the run is still "running" with its reservation live, and once the reservation
     expires it is reaped: released, and the run recorded as failed."""
     from privrelease.audit import ledger
-    from privrelease.flows import steps
+    from privrelease.flows import registry
     from privrelease.flows.release import release
 
     server = dedicated_postgres
     monkeypatch.setenv("PRIVRELEASE_DB_URL", server.url)
     policy, data = demo_files
     out = tmp_path / "releases"
-    original = steps._execute
+    original = registry.run
     stopped: list[float] = []
 
     def database_goes_down(loaded, spec, table):
@@ -232,7 +232,7 @@ def test_postgresql_down_mid_run(prefect_harness, dedicated_postgres, demo_files
             stopped.append(time.monotonic())
         return original(loaded, spec, table)
 
-    monkeypatch.setattr(steps, "_execute", database_goes_down)
+    monkeypatch.setattr(registry, "run", database_goes_down)
     with pytest.raises(sa.exc.OperationalError):
         release(policy_path=str(policy), data_path=str(data), out_dir=str(out))
     assert stopped, "the flow never reached the mechanism step"
@@ -272,11 +272,11 @@ import os
 import time
 from pathlib import Path
 
-from privrelease.flows import steps
+from privrelease.flows import registry
 from privrelease.flows.release import release  # noqa: F401  (the deployment's flow)
 
 MARKER = Path(__file__).with_name("in-mechanism.pid")
-_original = steps._execute
+_original = registry.run
 
 
 def _blocking(loaded, spec, table):
@@ -286,7 +286,7 @@ def _blocking(loaded, spec, table):
     return _original(loaded, spec, table)
 
 
-steps._execute = _blocking
+registry.run = _blocking
 '''
 
 

@@ -25,7 +25,7 @@ from privrelease.audit import approvals, chain
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, Report, Run
 from privrelease.errors import TargetNotMet, UserError
-from privrelease.flows import steps
+from privrelease.flows import data, steps
 from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import composition
 from privrelease.mechanisms.events import event_from_json
@@ -163,7 +163,7 @@ def test_release_on_demo_data(demo_dir, work):
     head = chain.read_head(folder / steps.CHAIN_HEAD_FILE)
     assert head.seq == published.chain_head["seq"]
     verify_intact(folder / steps.CHAIN_HEAD_FILE)
-    assert not steps._tables  # the data is not kept after the run
+    assert not data._tables and not data._partials  # the data is not kept after the run
 
 
 def test_release_as_csv(demo_dir, work):
@@ -598,13 +598,15 @@ def test_reservation_expired_before_commit_publishes_nothing(demo_dir, work, mon
     from privrelease.audit.ledger import LedgerStateError
 
     monkeypatch.setenv("PRIVRELEASE_RESERVATION_TTL_SECONDS", "1")
-    original = steps._execute
+    from privrelease.flows import registry
+
+    original = registry.run
 
     def slow(loaded, spec, table):
         time.sleep(0.6)
         return original(loaded, spec, table)
 
-    monkeypatch.setattr(steps, "_execute", slow)
+    monkeypatch.setattr(registry, "run", slow)
     with pytest.raises(LedgerStateError, match="expired"):
         release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
     assert_nothing_published(work / "releases")
@@ -617,10 +619,10 @@ def test_reservation_expired_before_commit_publishes_nothing(demo_dir, work, mon
 KILLED_RUN = """
 import sys, time
 from pathlib import Path
-from privrelease.flows import steps
+from privrelease.flows import registry, steps
 
 marker = Path(sys.argv[2])
-original = steps._execute
+original = registry.run
 
 def slow(loaded, spec, table):
     if spec.name == "hours-by-sex":  # the first mechanism is done and staged
@@ -628,7 +630,7 @@ def slow(loaded, spec, table):
         time.sleep(120)
     return original(loaded, spec, table)
 
-steps._execute = slow
+registry.run = slow
 steps.release_plain(policy_path=sys.argv[1])
 """
 

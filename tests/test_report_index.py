@@ -101,10 +101,10 @@ class Built:
 
 def record_like_the_flow(session: Any, run_id: str, policy_text: str) -> None:
     """The guarantees a successful run records, by the flow's own step."""
-    from privrelease.flows import steps
+    from privrelease.flows import publishing, steps
 
     source = steps.PolicySource(text=policy_text, base_dir=str(EXAMPLES_DIR), source="test policy")
-    steps._record_guarantees(session, SimpleNamespace(run_id=run_id, policy=source), steps.plan_summary(source))
+    publishing._record_guarantees(session, SimpleNamespace(run_id=run_id, policy=source), steps.plan_summary(source))
 
 
 def add_run(

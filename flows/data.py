@@ -1,0 +1,380 @@
+"""Steps 3-6 of a release: fingerprint the dataset (no contents), plan every guarantee from
+the policy, reserve the budget, then read the data (in this process, or partition by
+partition on the Dask engine with every mechanism's partial result in the same pass)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from privrelease.errors import TargetNotMet, UserError
+from privrelease.flows import engines
+
+if TYPE_CHECKING:
+    from privrelease.flows.partitions import DataFile
+from privrelease.flows.context import (
+    _CHUNK,
+    DatasetFacts,
+    PlanSummary,
+    PolicySource,
+    ReadFacts,
+    ReservationFacts,
+    RunContext,
+    _budget_dict,
+    _session,
+    plan_of,
+    withholding,
+)
+
+# --------------------------------------------------------------------------- 3. fingerprint
+
+
+def _scan(path: Path, *, whole: bool) -> tuple[str, int, int, bytes]:
+    """One pass over a file: its sha256, size, number of lines (a last line without a newline
+    counts) and its first line (``whole``: all its bytes). Every fact of the fingerprint comes
+    from the bytes hashed, so no swap of the file between two reads can split them."""
+    digest = hashlib.sha256()
+    size = lines = 0
+    last = b"\n"
+    kept = bytearray()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+            if whole or b"\n" not in kept:
+                kept += chunk
+    if last != b"\n":
+        lines += 1
+    return digest.hexdigest(), size, lines, bytes(kept) if whole else bytes(kept).split(b"\n", 1)[0]
+
+
+def header_names(path: Path, dataset: Any) -> list[str] | None:
+    """The column names in a data file's CSV header or Parquet schema, read from the file (for
+    a quick check; None: a CSV without a header)."""
+    if dataset.format == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except (pa.ArrowInvalid, OSError) as error:
+            raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
+    try:
+        with open(path, "rb") as handle:
+            first_line = handle.readline()
+    except OSError as error:
+        raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
+    return csv_header(first_line, path, dataset)
+
+
+def csv_header(first_line: bytes, path: Path, dataset: Any) -> list[str] | None:
+    """The column names of a CSV header line (None: a CSV without a header)."""
+    options = dataset.csv
+    if options is not None and not options.header:
+        return None
+    encoding = options.encoding if options is not None else "utf-8"
+    try:
+        first = first_line.decode(encoding).removeprefix("\ufeff")
+    except (UnicodeDecodeError, LookupError):
+        raise UserError(f"dataset file {str(path)!r} is not {encoding} text (its header cannot be decoded)") from None
+    delimiter = options.delimiter if options is not None else None
+    if delimiter is None:
+        counts = {d: first.count(d) for d in ",;\t|"}
+        delimiter = max(counts, key=counts.__getitem__) if any(counts.values()) else ","
+    quote = options.quote if options is not None else '"'
+    return next(csv.reader([first.rstrip("\r\n")], delimiter=delimiter, quotechar=quote))
+
+
+def _parquet_facts(data: bytes, path: Path) -> tuple[list[str], int]:
+    """Column names and row count from a Parquet file's footer."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+    except (pa.ArrowInvalid, OSError) as error:
+        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
+    return list(metadata.schema.to_arrow_schema().names), metadata.num_rows
+
+
+def fingerprint_dataset(run: RunContext) -> DatasetFacts:
+    """sha256, size and row count of the dataset (no contents), checked against the policy's
+    declared row count and columns and, for a rerun, the repeated run's fingerprint. A Parquet
+    folder, or any data on the Dask engine, is fingerprinted file by file
+    (:func:`.partitions.scan_file`; on Dask, on the workers: no process reads it all)."""
+    loaded = run.loaded()
+    dataset = loaded.policy.dataset
+    path = Path(run.data_path)
+    if run.engine.scaled or path.is_dir():
+        facts = _fingerprint_files(run, loaded, path)
+    else:
+        facts = _fingerprint_file(path, dataset)
+    pinned = dataset.sha256
+    if pinned is not None and facts.sha256 != pinned:
+        raise UserError(
+            f"dataset {str(path)!r} has sha256 {facts.sha256[:12]}, but the policy pins dataset.sha256 "
+            f"{pinned[:12]} (the vintage it was approved for): use that file or a policy for this one"
+        )
+    if run.expected_fingerprint is not None and facts.sha256 != run.expected_fingerprint:
+        raise UserError(
+            f"dataset {str(path)!r} has sha256 {facts.sha256[:12]}, but run "
+            f"{run.source_run_id} released from {run.expected_fingerprint[:12]}: a rerun "
+            "repeats a release on the same data"
+        )
+    if dataset.rows is not None and facts.rows != dataset.rows:
+        raise UserError(
+            f"dataset {str(path)!r} has {facts.rows} data rows; the policy declares "
+            f"dataset.rows: {dataset.rows} (a public fact of the release): use the declared "
+            "file or correct the policy"
+        )
+    return facts
+
+
+def _fingerprint_file(path: Path, dataset: Any) -> DatasetFacts:
+    """One file, in one pass over its bytes (:func:`_scan`)."""
+    if not path.is_file():
+        raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
+    parquet = dataset.format == "parquet"
+    try:
+        sha256, size, lines, kept = _scan(path, whole=parquet)
+    except OSError as error:
+        raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
+    if parquet:
+        header, rows = _parquet_facts(kept, path)
+    else:
+        header = csv_header(kept, path, dataset)
+        rows = lines - (1 if header is not None else 0)
+    if header is not None:
+        _require_columns(path, dataset, header)
+    return DatasetFacts(str(path), sha256, size, rows)
+
+
+def _require_columns(path: Path, dataset: Any, header: Sequence[str]) -> None:
+    absent = [name for name in dataset.columns if name not in header]
+    if absent:
+        raise UserError(
+            f"dataset file {str(path)!r} has no column {absent[0]!r} (declared in the policy) "
+            f"among its {len(header)} columns (their names are part of the data: not recorded; "
+            "`privrelease run` lists them on the terminal before it starts)"
+        )
+
+
+def _fingerprint_files(run: RunContext, loaded: Any, path: Path) -> DatasetFacts:
+    """A Parquet file or folder, file by file (on Dask, on the run's cluster, connected here:
+    an unreachable scheduler is refused before anything is reserved); the fingerprint combines
+    the files' (:func:`.partitions.combined_sha256`)."""
+    from privrelease.flows import partitions
+    from privrelease.policies.loader import confine
+
+    if loaded.policy.dataset.format != "parquet":
+        raise UserError(
+            f"dataset {str(path)!r}: dataset.format is {loaded.policy.dataset.format!r}, but a folder (or the Dask "
+            "engine) needs Parquet files",
+            field="dataset.format",
+        )
+    paths = [str(confine(file, loaded.base_dir, what="dataset file")) for file in partitions.dataset_files(path)]
+    if run.engine.scaled:
+        engines.connect(run.run_id, run.engine)
+        files = engines.map_gather(run.run_id, partitions.scan_file, paths)
+    else:
+        files = [partitions.scan_file(file) for file in paths]
+    for file in files:
+        _require_columns(Path(file.path), loaded.policy.dataset, file.columns)
+    return DatasetFacts(
+        str(path),
+        partitions.combined_sha256(files),
+        sum(file.bytes for file in files),
+        sum(file.rows for file in files),
+        files=tuple(files),
+    )
+
+
+# --------------------------------------------------------------------------- 4. plan
+
+
+def plan_summary(policy: PolicySource) -> PlanSummary:
+    """The plan of ``policy`` as a small summary (no exception when a target is missed)."""
+    from privrelease.mechanisms.events import SPLUGen, event_to_json, leaves
+
+    plan = plan_of(policy)
+    charged = [m.event for m in plan.mechanisms if not any(isinstance(leaf, SPLUGen) for leaf in leaves(m.event))]
+    from privrelease.mechanisms.events import Composed
+
+    return PlanSummary(
+        passed=plan.passed,
+        notion=plan.notion,
+        event_json=event_to_json(plan.event),
+        charged_event_json=event_to_json(Composed(events=tuple(charged))) if charged else None,
+        checks=[
+            {key: getattr(check, key) for key in ("target", "required", "achieved", "passed")} for check in plan.checks
+        ],
+    )
+
+
+def plan_release(run: RunContext) -> PlanSummary:
+    """Every guarantee of the release from the policy alone; :class:`TargetNotMet` naming the
+    missed targets when a check fails."""
+    summary = plan_summary(run.policy)
+    if not summary.passed:
+        missed = [
+            f"{check['target']}: required {check['required']}, achieved {check['achieved']}"
+            for check in summary.checks
+            if not check["passed"]
+        ]
+        raise TargetNotMet(f"policy {run.name}@{run.version} does not meet its targets: " + "; ".join(missed))
+    return summary
+
+
+# --------------------------------------------------------------------------- 5. budget
+
+
+def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) -> ReservationFacts | None:
+    """In one transaction, committed before the data is read: register the dataset identity
+    ``dataset.id`` (first time: with the policy's lifetime budget, else the
+    ``default_lifetime_budget`` setting; a different budget than registered is refused) and the
+    file as its vintage, attach the file to the run, and reserve the DP part of the release's
+    event tree against the identity's budget. None when nothing is charged (then the dataset is
+    registered only when its id and a lifetime budget are known)."""
+    from privrelease.audit import ledger, records
+
+    policy = run.loaded().policy
+    targets, dataset_id = policy.targets, policy.dataset.id
+    with _session() as s:
+        try:
+            budget = ledger.resolve_lifetime_budget(targets.lifetime_budget)
+        except UserError:
+            if plan.charged_event_json is not None:
+                raise
+            budget = None
+        if budget is not None and dataset_id is not None:
+            records.register_dataset(
+                s,
+                dataset.sha256,
+                identity=dataset_id,
+                size_bytes=dataset.size_bytes,
+                row_count=dataset.rows,
+                lifetime_epsilon=budget.epsilon,
+                lifetime_delta=budget.delta,
+                notion=targets.accounting,
+                label=Path(dataset.path).name,
+            )
+            records.attach_dataset(s, run.run_id, dataset.sha256)
+        if plan.charged_event_json is None:
+            return None
+        assert dataset_id is not None, "verify_policy refuses a charged release without dataset.id"
+        reservation = ledger.reserve(s, dataset_id, run.run_id, plan.charged_event_json, plan.notion)
+    return ReservationFacts(
+        entry_id=reservation.entry_id,
+        dataset=reservation.dataset,
+        notion=reservation.notion,
+        budget=_budget_dict(reservation.budget),
+        before=_budget_dict(reservation.spent_before),
+        after=_budget_dict(reservation.total_after),
+        this_release=_budget_dict(reservation.this_release),
+    )
+
+
+# --------------------------------------------------------------------------- 6. read
+
+
+_tables: dict[str, pa.Table] = {}
+"""Run id -> the checked table, kept in this process between the read and the mechanisms (it
+never passes through Prefect); a mechanism in another process reads the file again."""
+
+_partials: dict[str, dict[str, Any]] = {}
+"""Run id -> mechanism name -> its merged partial result (Dask engine: the read step computes
+every mechanism's partials on the workers; only these summaries reach this process)."""
+
+
+def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ()) -> Any:
+    """The declared columns of the data, parsed from bytes that hash to ``expected_sha256``
+    (a folder: from its ``files``, each whole, parsed from the bytes fingerprinted)."""
+    from privrelease.datasets import DatasetRead, read_dataset
+
+    dataset = run.loaded().policy.dataset
+    if files:
+        from privrelease.flows.partitions import ReadSpec, plan_partitions, read_partition
+
+        spec = ReadSpec.of(dataset)
+        reads = [read_partition(part, spec) for part in plan_partitions(files, sys.maxsize)]
+        return DatasetRead(
+            pa.concat_tables([read.table for read in reads]),
+            sum(read.rows_read for read in reads),
+            sum(read.rows_dropped for read in reads),
+        )
+    options = dataset.csv
+    return read_dataset(
+        run.data_path,
+        format=dataset.format,
+        columns={name: spec.type for name, spec in dataset.columns.items()},
+        delimiter=options.delimiter if options else None,
+        quote=options.quote if options else '"',
+        header=options.header if options else True,
+        encoding=options.encoding if options else "utf-8",
+        missing=dataset.missing,
+        missing_values=tuple(dataset.missing_values),
+        domains={name: spec.values for name, spec in dataset.columns.items() if spec.values},
+        expected_sha256=expected_sha256,
+    )
+
+
+def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
+    """Record the data-read time (status ``running``; after the approval and the reservation
+    are committed), then read and check the declared columns. What is read must be what was
+    fingerprinted: its bytes are read once and must hash to the fingerprint. On Dask the
+    workers read partition by partition and compute every mechanism's partial result in the
+    same pass (:func:`.scaled.read_partials`)."""
+    from privrelease.audit import records
+
+    with _session() as s:
+        record = records.record_data_read(s, run.run_id)
+        read_at = record.data_read_at
+    if run.engine.scaled:
+        from privrelease.flows.scaled import read_partials
+
+        with withholding("reading the data"):
+            read = read_partials(run.run_id, run.loaded(), dataset.files, run.engine)
+        _partials[run.run_id] = read.partials
+        engine = {
+            "description": run.engine.describe(),
+            "partitions": read.partitions,
+            "workers": engines.workers(run.run_id),
+        }
+        return ReadFacts(read.rows_read, read.rows_dropped, read_at, engine=engine)
+    with withholding("reading the data"):
+        result = _read(run, dataset.sha256, dataset.files)
+    _tables[run.run_id] = result.table
+    return ReadFacts(result.rows_read, result.rows_dropped, read_at)
+
+
+def _table(run: RunContext) -> pa.Table:
+    """The run's table: read by :func:`read_data` in this process, or read again here (a task
+    in another process), from bytes that hash to the run's recorded fingerprint."""
+    table = _tables.get(run.run_id)
+    if table is None:
+        from privrelease.audit.models import Run
+
+        with _session() as s:
+            fingerprint = s.get(Run, run.run_id).dataset_fingerprint
+        files: Sequence[DataFile] = ()
+        if Path(run.data_path).is_dir():
+            facts = _fingerprint_files(run, run.loaded(), Path(run.data_path))
+            if facts.sha256 != fingerprint:
+                raise UserError(f"dataset {run.data_path!r} changed after it was fingerprinted: nothing was read")
+            files = facts.files
+        table = _read(run, fingerprint, files).table
+        _tables[run.run_id] = table
+    return table
+
+
+def forget_data(run_id: str) -> None:
+    """Drop the run's table or partial results from this process, and its Dask client."""
+    _tables.pop(run_id, None)
+    _partials.pop(run_id, None)
+    engines.disconnect(run_id)
