@@ -221,14 +221,31 @@ def plan_release(run: RunContext) -> PlanSummary:
     """Every guarantee of the release from the policy alone; :class:`TargetNotMet` naming the
     missed targets when a check fails."""
     summary = plan_summary(run.policy)
+    require_targets(summary, f"{run.name}@{run.version}")
+    return summary
+
+
+def require_targets(summary: PlanSummary, policy: str) -> None:
+    """:class:`TargetNotMet` naming every target the plan of ``policy`` (name@version) misses."""
     if not summary.passed:
         missed = [
             f"{check['target']}: required {check['required']}, achieved {check['achieved']}"
             for check in summary.checks
             if not check["passed"]
         ]
-        raise TargetNotMet(f"policy {run.name}@{run.version} does not meet its targets: " + "; ".join(missed))
-    return summary
+        raise TargetNotMet(f"policy {policy} does not meet its targets: " + "; ".join(missed))
+
+
+def require_budget(session: Any, loaded: Any, summary: PlanSummary) -> None:
+    """:class:`TargetNotMet` when the release would not fit what its dataset's ledger holds (a
+    read-only preview: :func:`reserve_budget` decides, under the audit write lock)."""
+    from privrelease.audit import ledger
+
+    if summary.charged_event_json is None:
+        return
+    budget = ledger.resolve_lifetime_budget(loaded.policy.targets.lifetime_budget)
+    status = ledger.status_for(session, loaded.require_dataset_id(), budget, summary.notion)
+    ledger.check_fits(status, summary.charged_event_json)
 
 
 # --------------------------------------------------------------------------- 5. budget

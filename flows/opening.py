@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from privrelease.errors import UserError
+from privrelease.errors import TargetNotMet, UserError
 from privrelease.flows import recovery
 from privrelease.flows.context import (
     OUTPUT_FORMATS,
@@ -170,9 +170,13 @@ def verify_policy(
     """Load and validate the policy, register its version, and start the run.
 
     In production mode (the audit database's mode, the ``PRIVRELEASE_PRODUCTION`` setting or
-    ``production=True``; nothing here switches it off) the policy's exact hash must be approved (:func:`privrelease.audit.approvals.require_approved`);
-    a refused policy that can be registered gets a failed run recording the refusal."""
-    from privrelease.audit import approvals, records
+    ``production=True``; nothing here switches it off) the policy's exact hash must be approved
+    (:func:`privrelease.audit.approvals.require_approved`). A refusal never registers a version:
+    a draft (a hash not registered yet) that is refused (unapproved in production, a missed
+    target, a budget it would not fit) leaves a ``release_refused`` audit record and nothing
+    else, so it can be edited under the same version; a registered version that is refused gets
+    a failed run recording the refusal. Registration happens at approval or the first release."""
+    from privrelease.audit import approvals, chain, records
 
     if output_format not in OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
@@ -187,7 +191,7 @@ def verify_policy(
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     release_name = f"{safe_name(facts.name)}-v{safe_name(facts.version)}-{stamp}-{run_id[:8]}"
     version = code_version()
-    refusal: UserError | None = None
+    refusal: UserError | TargetNotMet | None = None
     with _session() as s:
         approval = None
         production = bool(production) or settings.production or approvals.production_mode(s)
@@ -200,8 +204,21 @@ def verify_policy(
         else:
             found = approvals.current_approvals(s, facts.sha256)
             approval = found[0] if found else None
-        if refusal is not None and not _registrable(s, facts):
-            raise refusal
+        draft = not _registered(s, facts)
+        if draft and refusal is None:
+            refusal = _draft_refusal(s, loaded, policy, facts)
+        if refusal is not None and draft:
+            chain.append(
+                s,
+                "release_refused",
+                policy=f"{facts.name}@{facts.version}",
+                policy_sha256=facts.sha256,
+                refusal=type(refusal).__name__,
+                reason=str(refusal)[:2000],
+            )
+    if refusal is not None and draft:
+        raise refusal
+    with _session() as s:
         approvals.register_policy(s, facts)
         recovery.ACTIVE.add(run_id)  # before the run exists: no recovery in this process takes it for dead
         records.start_run(
@@ -264,20 +281,27 @@ def require_approved_data(loaded: Any, data: str) -> None:
         )
 
 
-def _registrable(session: Any, facts: Any) -> bool:
-    """True when ``facts`` can be registered (no other hash under its name@version)."""
+def _registered(session: Any, facts: Any) -> bool:
+    """True when the policy's exact hash is registered already."""
     from sqlmodel import select
 
     from privrelease.audit.models import PolicyVersion
 
-    clash = session.exec(
-        select(PolicyVersion).where(
-            PolicyVersion.name == facts.name,
-            PolicyVersion.version == facts.version,
-            PolicyVersion.sha256 != facts.sha256,
-        )
-    ).first()
-    return clash is None
+    return session.exec(select(PolicyVersion.id).where(PolicyVersion.sha256 == facts.sha256)).first() is not None
+
+
+def _draft_refusal(session: Any, loaded: Any, policy: PolicySource, facts: Any) -> UserError | TargetNotMet | None:
+    """Why a draft would be refused later in the run, found before anything is recorded: a
+    missed target, or a lifetime budget it would not fit (previewed; the reservation decides)."""
+    from privrelease.flows.data import plan_summary, require_budget, require_targets
+
+    summary = plan_summary(policy)
+    try:
+        require_targets(summary, f"{facts.name}@{facts.version}")
+        require_budget(session, loaded, summary)
+    except (UserError, TargetNotMet) as error:
+        return error
+    return None
 
 
 # --------------------------------------------------------------------------- 2. outputs

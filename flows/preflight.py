@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from privrelease.errors import TargetNotMet, UserError
+from privrelease.errors import UserError
 from privrelease.flows import engines, steps
+from privrelease.flows.data import require_budget, require_targets
 from privrelease.settings import get_settings
 
 
@@ -56,19 +57,12 @@ def preflight(
                 f"its columns are: {', '.join(map(repr, header))}"
             )
     plan = steps.plan_summary(source)
-    if not plan.passed:
-        missed = "; ".join(
-            f"{c['target']}: required {c['required']}, achieved {c['achieved']}" for c in plan.checks if not c["passed"]
-        )
-        raise TargetNotMet(f"policy {loaded.policy.name}@{loaded.policy.version} does not meet its targets: {missed}")
-    from privrelease.audit import approvals, ledger
+    require_targets(plan, f"{loaded.policy.name}@{loaded.policy.version}")
+    from privrelease.audit import approvals
     from privrelease.audit.database import open_database, session
 
     with session(open_database(), readonly=True) as s:
         if production or get_settings().production or approvals.production_mode(s):
             approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval)
             steps.require_approved_data(loaded, str(data))
-        if plan.charged_event_json is not None:
-            budget = ledger.resolve_lifetime_budget(loaded.policy.targets.lifetime_budget)
-            status = ledger.status_for(s, loaded.require_dataset_id(), budget, plan.notion)
-            ledger.check_fits(status, plan.charged_event_json)
+        require_budget(s, loaded, plan)

@@ -23,7 +23,7 @@ from sqlmodel import col, select
 from privrelease import demo
 from privrelease.audit import approvals, chain
 from privrelease.audit.database import open_database, session
-from privrelease.audit.models import LedgerEntry, Output, Report, Run
+from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.flows import data, steps
 from privrelease.flows.steps import DataStepError, release_plain
@@ -81,6 +81,17 @@ def variant(demo_dir: Path, name: str, *replacements: tuple[str, str]) -> Path:
 def runs() -> list[Run]:
     with session(open_database(), readonly=True) as s:
         return list(s.exec(select(Run).order_by(col(Run.started_at))))
+
+
+def registered_versions() -> list[PolicyVersion]:
+    with session(open_database(), readonly=True) as s:
+        return list(s.exec(select(PolicyVersion).order_by(col(PolicyVersion.id))))
+
+
+def refusals() -> list[dict]:
+    """The ``release_refused`` audit records (refused drafts), their payloads."""
+    with session(open_database(), readonly=True) as s:
+        return [json.loads(r.payload_json) for r in chain.records(s) if r.kind == "release_refused"]
 
 
 def ledger_entries() -> list[LedgerEntry]:
@@ -218,9 +229,9 @@ def test_production_refuses_an_unapproved_policy(demo_dir, work, monkeypatch):
     with pytest.raises(UserError, match="is not approved"):
         release_plain(policy_path=str(policy))
     assert_nothing_published(work / "releases")
-    (refused,) = runs()
-    assert refused.status == "failed" and refused.error.startswith("refused:")
-    assert refused.data_read_at is None and ledger_entries() == []
+    assert runs() == [] and ledger_entries() == [] and registered_versions() == []  # a draft stays a draft
+    (refused,) = refusals()
+    assert refused["policy"] == "demo-census@1" and "is not approved" in refused["reason"]
 
     approve(policy)
     published = release_plain(policy_path=str(policy))
@@ -430,8 +441,29 @@ def test_target_not_met_is_refused_before_reading(demo_dir, work):
     with pytest.raises(TargetNotMet, match=r"max_epsilon \(probabilistic\): required <= 1.5"):
         release_plain(policy_path=str(strict))
     assert_nothing_published(work / "releases")
+    assert runs() == [] and ledger_entries() == [] and registered_versions() == []
+    (refused,) = refusals()
+    assert refused["refusal"] == "TargetNotMet" and refused["policy"] == "demo-census@strict"
+    # the draft is edited under the same version: nothing registered stands in the way
+    strict.write_text(strict.read_text().replace("max_epsilon: 1.5", "max_epsilon: 4.0"))
+    published = release_plain(policy_path=str(strict))
     (run,) = runs()
-    assert run.status == "failed" and run.data_read_at is None and ledger_entries() == []
+    assert run.id == published.run_id and run.status == "succeeded"
+    assert [version.version for version in registered_versions()] == ["strict"]
+    verify_intact()
+
+
+def test_a_registered_version_refused_records_a_failed_run(demo_dir, work, monkeypatch):
+    """Once a version is registered (here by its first release), a refusal of it is a failed
+    run of that version (production mode, not approved)."""
+    policy = demo_dir / demo.POLICY_FILE
+    release_plain(policy_path=str(policy))
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    with pytest.raises(UserError, match="is not approved"):
+        release_plain(policy_path=str(policy))
+    assert [(run.status, (run.error or "")[:9]) for run in runs()] == [("succeeded", ""), ("failed", "refused: ")]
+    assert refusals() == []
+    verify_intact()
 
 
 def test_budget_exhausted(demo_dir, work):
