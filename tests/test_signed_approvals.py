@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import test_flow_steps as flow_steps
 from sqlmodel import select
 from test_audit_chain import BACKENDS, audit_database, check, fresh_engine
 from test_migration_identity import Writer0001
@@ -301,3 +302,55 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     assert (old.approved_by, old.signature, old.public_key) == ("Ada", None, None)
     with database.session(engine, readonly=True) as s:
         assert approvers.check(policy, s.exec(select(Approval)).one(), None).status == "not verified: unsigned"
+
+
+work, demo_source, demo_dir = flow_steps.work, flow_steps.demo_source, flow_steps.demo_dir
+
+
+def test_a_production_release_shows_who_approved_with_which_key(
+    demo_dir: Path, work: Path, tmp_path: Path, keys: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commands end to end: pin the registry, approve with a key, release; the report lists
+    the approver, key fingerprint and signature status; a forged approval fails audit verify."""
+    from typer.testing import CliRunner
+
+    from privrelease import demo
+    from privrelease.cli import app
+    from privrelease.flows.steps import release_plain
+
+    monkeypatch.delenv("PRIVRELEASE_APPROVERS", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_SIGNING_KEY", raising=False)
+    monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
+    registry = write_registry(tmp_path / "approvers.yaml", {"Ada": keys["public"]["Ada"]})
+    policy = demo_dir / demo.POLICY_FILE
+
+    def cli(*args: str, code: int = 0) -> Any:
+        result = CliRunner().invoke(app, [*args, "--json"])
+        assert result.exit_code == code, result.output
+        return json.loads(result.output) if code == 0 else result.output
+
+    mode = cli("audit", "mode", "production", "--by", "CPO", "--approvers", str(registry))
+    assert mode["approver_registry"]["approvers"] == ["Ada"]
+    assert mode["approver_registry"]["sha256"] == hashlib.sha256(registry.read_bytes()).hexdigest()
+    approved = cli("policy", "approve", str(policy), "--by", "Ada", "--key", str(tmp_path / "ada.key"))
+    fingerprint = signing.fingerprint(keys["public"]["Ada"])
+    assert (approved["key"], approved["signature"], approved["verified"]) == (fingerprint, "verified", True)
+
+    report = Path(release_plain(policy_path=str(policy)).report).read_text()
+    row = report[report.index('<table id="approvals">') :]
+    row = row[: row.index("</table>")]
+    assert "Ada" in row and fingerprint in row and "verified" in row
+
+    with database.session(database.open_database(), readonly=True) as s:
+        sha256 = approvals.find_policy(s, "demo-census").sha256
+    signature, public = approvers.sign(
+        keys["Mallory"], approvals.PolicyFacts("x", "1", sha256, "{}"), "Ada", None, None
+    )
+    forge(
+        database.open_database(),
+        Approval(policy_sha256=sha256, approved_by="Ada", os_user="m", signature=signature, public_key=public),
+    )
+    shown = cli("policy", "show", "demo-census")
+    assert [a["verified"] for a in shown["approvals"]] == [True, False]
+    verified = cli("audit", "verify", "--no-files", code=1)
+    assert "approval_not_verified" in verified and "declares for 'Ada'" in verified
