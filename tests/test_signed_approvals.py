@@ -354,3 +354,14 @@ def test_a_production_release_shows_who_approved_with_which_key(
     assert [a["verified"] for a in shown["approvals"]] == [True, False]
     verified = cli("audit", "verify", "--no-files", code=1)
     assert "approval_not_verified" in verified and "declares for 'Ada'" in verified
+
+
+def test_the_readme_registry_example_is_a_valid_registry(tmp_path: Path) -> None:
+    import re
+
+    (block,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "approvers:" in b
+    ]
+    example = tmp_path / "example.yaml"
+    example.write_text(block)
+    assert sorted(approvers.load(example).keys) == ["Ada Lovelace", "Disclosure Review Board"]
