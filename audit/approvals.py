@@ -355,10 +355,12 @@ def set_production_mode(
     session: Session, production: bool, *, by: str, note: str | None = None, registry: approvers.Registry | None = None
 ) -> None:
     """Record the database's mode (who set it: ``by`` and the operating-system user), pinning
-    the approver ``registry`` (its content and sha256) with production mode."""
+    the approver ``registry`` (its content and sha256) with production mode; without one, a
+    registry already pinned stays pinned (only development mode drops it, on record)."""
     if not by.strip():
         raise UserError("--by must name who sets the mode; got an empty name")
-    pin = registry.pin() if production and registry is not None else None
+    registry = (registry or pinned_registry(session)) if production else None
+    pin = None if registry is None else registry.pin()
     chain.append(
         session, MODE_RECORD, production=production, by=by, os_user=getpass.getuser(), note=note,
         **({"approvers": pin} if pin else {}),

@@ -165,6 +165,8 @@ def test_revoked_signed_approvals_do_not_count(engine: Any, keys: dict[str, Any]
     approve(engine, "Ada", keys["Ada"])
     assert require(engine).approved_by == "Ada"
     with database.session(engine) as s:
+        approvals.set_production_mode(s, True, by="CPO")  # no registry given: the pinned one stays
+        assert approvals.pinned_registry(s) is not None
         assert approvals.revoke(s, facts(), by="CPO", reason="scheme leaks") == 1
     with pytest.raises(UserError, match=r"has 0 current approver.*revoked approvals do not count"):
         require(engine)

@@ -413,7 +413,7 @@ def audit_mode(
         Path | None,
         typer.Option(
             "--approvers",
-            help="The approver registry to pin with production mode (default: PRIVRELEASE_APPROVERS, if set).",
+            help="The approver registry to pin with production mode (default: PRIVRELEASE_APPROVERS, if set; else a registry already pinned stays).",
         ),
     ] = None,
     json_output: JsonFlag = False,
