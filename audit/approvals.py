@@ -226,7 +226,8 @@ def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, 
     registry = effective_registry(session)
     independent = rule is not None and rule.independent
     runner = runner or getpass.getuser()
-    excluded = {runner, author_of(session, facts.sha256)} - {None} if independent else set()
+    author = author_of(session, facts.sha256) if independent else None
+    excluded = {runner, author} - {None} if independent else set()
     counted, ignored = [], []
     for approval in current_approvals(session, facts.sha256):
         verdict = approvers.check(facts, approval, registry) if registry is not None else None
@@ -246,7 +247,8 @@ def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, 
     if len(people) >= needed:
         return counted[0]
     if counted or ignored or approvals_of(session, facts.sha256):
-        besides = " other than the runner's OS user " + repr(runner) if independent else ""
+        besides = f" other than the runner's OS user {runner!r}" if independent else ""
+        besides += f" and the author's {author!r}" if author else ""
         signed = " signed by their registered key" if registry is not None else ""
         why = f"; ignored: {', '.join(ignored)}" if ignored else ""
         raise UserError(

@@ -208,7 +208,8 @@ def test_independent_excludes_the_runner_and_the_author(
     approve(engine, "Ada", keys["Ada"], os_user="author")
     approve(engine, "Grace", keys["Grace"], os_user="runner")
     assert require(engine).approved_by == "Ada"  # without `independent` both count
-    with pytest.raises(UserError, match="'author' is the policy's author.*'runner' is the runner"):
+    with pytest.raises(UserError, match="other than the runner's OS user 'runner' and the author's 'author'.*"
+                       "'author' is the policy's author.*'runner' is the runner"):  # fmt: skip
         require(engine, independent, runner="runner")
     assert require(engine, independent, runner="someone").approved_by == "Grace"
     # a policy first registered by its approval has no known author: only the runner is excluded
