@@ -34,6 +34,7 @@ from privrelease.errors import UserError
 __all__ = ["DOMAIN", "Check", "Registry", "check", "configured", "load", "message", "sign"]
 
 DOMAIN = b"privrelease-approval-v1\n"
+UNSIGNED = "unsigned"
 FORM = (
     "expected a mapping `approvers:` of approver names to Ed25519 public keys (base64 of 32 bytes, "
     "the .pub file of `privrelease audit keygen`)"
@@ -135,8 +136,8 @@ class Check:
 
     @property
     def status(self) -> str:
-        """One phrase for people: the reason, prefixed ``not verified:`` when not verified."""
-        return self.reason if self.verified else f"not verified: {self.reason}"
+        """One phrase for people: the reason, prefixed ``not verified:`` unless verified or unsigned."""
+        return self.reason if self.verified or self.reason == UNSIGNED else f"not verified: {self.reason}"
 
 
 def check(policy: Any, approval: Any, registry: Registry | None) -> Check:
@@ -144,7 +145,7 @@ def check(policy: Any, approval: Any, registry: Registry | None) -> Check:
     that the signature is the named key's, which proves nothing about who holds it)."""
     printed = signing.fingerprint(approval.public_key) if approval.public_key else None
     if not approval.signature or not approval.public_key:
-        return Check(False, "unsigned", printed)
+        return Check(False, UNSIGNED, printed)
     expected = approval.public_key if registry is None else registry.key_of(approval.approved_by)
     if expected is None:
         return Check(False, f"{approval.approved_by!r} is not in the approver registry", printed)

@@ -304,7 +304,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     old = require(engine)
     assert (old.approved_by, old.signature, old.public_key) == ("Ada", None, None)
     with database.session(engine, readonly=True) as s:
-        assert approvers.check(policy, s.exec(select(Approval)).one(), None).status == "not verified: unsigned"
+        assert approvers.check(policy, s.exec(select(Approval)).one(), None).status == "unsigned"
 
 
 work, demo_source, demo_dir = flow_steps.work, flow_steps.demo_source, flow_steps.demo_dir
