@@ -148,19 +148,9 @@ def approve_policy(
     signature = public = None
     if key is not None:
         signature, public = approvers.sign(key, facts, approved_by, approved_at, note)
-    if registry is not None:
-        declared = registry.key_of(approved_by)
-        if declared is None or key is None or declared != public:
-            why = (
-                f"{approved_by!r} is not in it"
-                if declared is None
-                else "an unsigned approval would not count (pass --key)"
-                if key is None
-                else f"--key is not the key it declares for {approved_by!r}"
-            )
-            raise UserError(
-                f"the approver registry ({registry.source}, sha256 {registry.sha256[:12]}) is in effect: {why}"
-            )
+    why = None if registry is None else _not_counting(registry, approved_by, public)
+    if registry is not None and why is not None:
+        raise UserError(f"the approver registry ({registry.source}, sha256 {registry.sha256[:12]}) is in effect: {why}")
     register_policy(session, facts, by_approval=True)
     approval = Approval(
         policy_sha256=facts.sha256,
@@ -180,6 +170,17 @@ def approve_policy(
         key=None if public is None else signing.fingerprint(public),
     )
     return approval
+
+
+def _not_counting(registry: approvers.Registry, approved_by: str, public: str | None) -> str | None:
+    """Why an approval by ``approved_by`` signed with ``public`` (None: unsigned) would not count
+    against ``registry``; None when it would."""
+    declared = registry.key_of(approved_by)
+    if declared is None:
+        return f"{approved_by!r} is not in it"
+    if public is None:
+        return "an unsigned approval would not count (pass --key)"
+    return None if public == declared else f"--key is not the key it declares for {approved_by!r}"
 
 
 def approvals_of(session: Session, sha256: str) -> list[Approval]:

@@ -91,7 +91,7 @@ def load(path: str | Path, *, what: str = "PRIVRELEASE_APPROVERS") -> Registry:
         if any(other.casefold() == name.strip().casefold() for other in keys):
             raise UserError(f"{where}: approver {name!r} is declared twice (names match ignoring case)")
         keys[name.strip()] = key.strip()
-    return Registry(str(path), hashlib.sha256(data).hexdigest(), keys)
+    return Registry(str(Path(path).expanduser().resolve()), hashlib.sha256(data).hexdigest(), keys)
 
 
 def configured() -> Registry | None:

@@ -333,7 +333,7 @@ def test_a_production_release_shows_who_approved_with_which_key(
         return json.loads(result.output) if code == 0 else result.output
 
     mode = cli("audit", "mode", "production", "--by", "CPO", "--approvers", str(registry))
-    assert mode["approver_registry"]["approvers"] == ["Ada"]
+    assert mode["approver_registry"]["approvers"] == ["Ada"] and mode["approver_registry"]["source"] == str(registry)
     assert mode["approver_registry"]["sha256"] == hashlib.sha256(registry.read_bytes()).hexdigest()
     approved = cli("policy", "approve", str(policy), "--by", "Ada", "--key", str(tmp_path / "ada.key"))
     fingerprint = signing.fingerprint(keys["public"]["Ada"])
