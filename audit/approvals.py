@@ -11,6 +11,11 @@ Production mode is a property of the audit database (:func:`set_production_mode`
 record naming who set it), so whoever runs a release cannot switch it off: a run is in
 production mode when the database says so, or ``PRIVRELEASE_PRODUCTION`` or ``--production``
 asks for it; nothing turns it off but a new, recorded mode.
+
+Setting production mode pins the approver registry (:mod:`.approvers`) in its record; a
+production run then counts only approvals signed by the registered key of the approver they
+name (:func:`effective_registry`; without a pinned registry, the one ``PRIVRELEASE_APPROVERS``
+names, if any, else unsigned approvals count as before).
 """
 
 from __future__ import annotations
@@ -22,19 +27,23 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from privrelease.audit import chain
-from privrelease.audit.models import Approval, PolicyVersion
+from privrelease.audit import approvers, chain, signing
+from privrelease.audit.models import Approval, AuditEvent, PolicyVersion, utcnow
 from privrelease.errors import UserError
 
 __all__ = [
     "PolicyFacts",
     "approvals_of",
     "approve_policy",
+    "author_of",
+    "describe",
+    "effective_registry",
     "find_policy",
     "list_policies",
     "policy_facts",
     "register_policy",
     "current_approvals",
+    "pinned_registry",
     "production_mode",
     "require_approved",
     "revoke",
@@ -71,9 +80,11 @@ def policy_facts(loaded: Any) -> PolicyFacts:
     )
 
 
-def register_policy(session: Session, facts: PolicyFacts) -> PolicyVersion:
-    """Register a policy version (idempotent for the same hash). Raises :class:`UserError` when
-    name@version is already registered with another hash."""
+def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool = False) -> PolicyVersion:
+    """Register a policy version (idempotent for the same hash). The record names the OS user
+    who registered it, its author (:func:`author_of`), unless an approval registered it
+    (``by_approval``). Raises :class:`UserError` when name@version is already registered with
+    another hash."""
     chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
     existing = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)).first()
     if existing is not None:
@@ -100,8 +111,20 @@ def register_policy(session: Session, facts: PolicyFacts) -> PolicyVersion:
         policy=facts.name,
         version=facts.version,
         sha256=facts.sha256,
+        os_user=getpass.getuser(),
+        by_approval=by_approval,
     )
     return version
+
+
+def author_of(session: Session, sha256: str) -> str | None:
+    """The OS user who registered the policy hash (None: registered by its first approval, or
+    before registrations named the OS user)."""
+    for record in session.exec(select(AuditEvent).where(AuditEvent.kind == "policy_registered")):
+        payload = json.loads(record.payload_json)
+        if payload.get("sha256") == sha256:
+            return None if payload.get("by_approval") else payload.get("os_user")
+    return None
 
 
 def approve_policy(
@@ -111,17 +134,32 @@ def approve_policy(
     *,
     note: str | None = None,
     os_user: str | None = None,
+    key: Any = None,
 ) -> Approval:
-    """Register the policy version if new and record an approval of its hash."""
+    """Register the policy version if new and record an approval of its hash, signed with the
+    approver's private ``key`` when given (:func:`.approvers.sign`). When a registry is in
+    effect (:func:`effective_registry`) the approval must be signed by the key it declares for
+    ``approved_by``: anything else would not count, so it is refused."""
     approved_by = approved_by.strip()
     if not approved_by:
         raise UserError("--by must name the person approving; got an empty name")
-    register_policy(session, facts)
+    registry = effective_registry(session)
+    approved_at = utcnow()
+    signature = public = None
+    if key is not None:
+        signature, public = approvers.sign(key, facts, approved_by, approved_at, note)
+    why = None if registry is None else _not_counting(registry, approved_by, public)
+    if registry is not None and why is not None:
+        raise UserError(f"the approver registry ({registry.source}, sha256 {registry.sha256[:12]}) is in effect: {why}")
+    register_policy(session, facts, by_approval=True)
     approval = Approval(
         policy_sha256=facts.sha256,
         approved_by=approved_by,
         os_user=os_user or getpass.getuser(),
         note=note,
+        approved_at=approved_at,
+        signature=signature,
+        public_key=public,
     )
     chain.append(
         session,
@@ -129,8 +167,20 @@ def approve_policy(
         approval,
         sha256=facts.sha256,
         approved_by=approved_by,
+        key=None if public is None else signing.fingerprint(public),
     )
     return approval
+
+
+def _not_counting(registry: approvers.Registry, approved_by: str, public: str | None) -> str | None:
+    """Why an approval by ``approved_by`` signed with ``public`` (None: unsigned) would not count
+    against ``registry``; None when it would."""
+    declared = registry.key_of(approved_by)
+    if declared is None:
+        return f"{approved_by!r} is not in it"
+    if public is None:
+        return "an unsigned approval would not count (pass --key)"
+    return None if public == declared else f"--key is not the key it declares for {approved_by!r}"
 
 
 def approvals_of(session: Session, sha256: str) -> list[Approval]:
@@ -158,8 +208,6 @@ def revoke(session: Session, facts: PolicyFacts, *, by: str, reason: str) -> int
 
 def current_approvals(session: Session, sha256: str) -> list[Approval]:
     """Approvals of a policy hash that no revocation withdrew, oldest first."""
-    from privrelease.audit.models import AuditEvent
-
     revoked: set[Any] = set()
     for record in session.exec(select(AuditEvent).where(AuditEvent.kind == REVOKED_RECORD)):
         payload = json.loads(record.payload_json)
@@ -169,26 +217,45 @@ def current_approvals(session: Session, sha256: str) -> list[Approval]:
 
 
 def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, runner: str | None = None) -> Approval:
-    """The earliest current approval of exactly this policy hash when the policy's approval
-    ``rule`` holds (``approvers`` distinct people; with ``independent``, none of them the OS user
-    ``runner``), or :class:`UserError` saying what is missing: a changed policy, no approval, a
-    revoked one, too few approvers."""
-    approvals = current_approvals(session, facts.sha256)
+    """The earliest counting approval of exactly this policy hash when the policy's approval
+    ``rule`` holds, or :class:`UserError` saying what is missing: a changed policy, no approval,
+    a revoked one, too few approvers. An approval counts when no revocation withdrew it, its
+    signature verifies against the registry in effect (:func:`effective_registry`, if any), and,
+    with ``independent``, it was not made by the OS user ``runner`` nor by the policy's author
+    (:func:`author_of`). ``approvers`` distinct people must approve (distinct registered keys
+    when a registry is in effect)."""
+    registry = effective_registry(session)
+    independent = rule is not None and rule.independent
+    runner = runner or getpass.getuser()
+    author = author_of(session, facts.sha256) if independent else None
+    excluded = {runner, author} - {None} if independent else set()
+    counted, ignored = [], []
+    for approval in current_approvals(session, facts.sha256):
+        verdict = approvers.check(facts, approval, registry) if registry is not None else None
+        if verdict is not None and not verdict.verified:
+            ignored.append(f"approval {approval.id} by {approval.approved_by!r} ({verdict.reason})")
+        elif approval.os_user in excluded:
+            who = "the runner" if approval.os_user == runner else "the policy's author"
+            ignored.append(
+                f"approval {approval.id} by {approval.approved_by!r} (OS user {approval.os_user!r} is {who})"
+            )
+        else:
+            counted.append(approval)
+    people = {
+        registry.key_of(a.approved_by) if registry is not None else a.approved_by.strip().casefold() for a in counted
+    }
     needed = rule.approvers if rule is not None else 1
-    if rule is not None and rule.independent:
-        runner = runner or getpass.getuser()
-        approvals = [a for a in approvals if a.os_user != runner]
-    people = {a.approved_by.strip().casefold() for a in approvals}
     if len(people) >= needed:
-        return approvals[0]
-    if approvals or approvals_of(session, facts.sha256):
-        independent = (
-            " other than the runner's OS user " + repr(runner) if rule is not None and rule.independent else ""
-        )
+        return counted[0]
+    if counted or ignored or approvals_of(session, facts.sha256):
+        besides = f" other than the runner's OS user {runner!r}" if independent else ""
+        besides += f" and the author's {author!r}" if author else ""
+        signed = " signed by their registered key" if registry is not None else ""
+        why = f"; ignored: {', '.join(ignored)}" if ignored else ""
         raise UserError(
             f"policy {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) has {len(people)} current "
-            f"approver(s){independent}; it needs {needed} distinct (approval.approvers; revoked approvals do "
-            "not count): `privrelease policy approve POLICY.yaml --by NAME`"
+            f"approver(s){besides}{signed}; it needs {needed} distinct (approval.approvers; revoked approvals do "
+            f"not count){why}: `privrelease policy approve POLICY.yaml --by NAME`"
         )
     same_name = session.exec(
         select(PolicyVersion).where(PolicyVersion.name == facts.name, PolicyVersion.version == facts.version)
@@ -204,6 +271,34 @@ def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, 
         "production mode runs only approved policies: "
         "`privrelease policy approve POLICY.yaml --by NAME`"
     )
+
+
+def describe(session: Session, facts: Any, approval: Approval | None) -> dict[str, Any] | None:
+    """What a report shows of the approvals of a run's policy: the ``approval`` the run went by
+    (approver, OS user, time, note) and every current approval with its approver, key
+    fingerprint and signature status against the registry in effect."""
+    if approval is None:
+        return None
+    registry = effective_registry(session)
+    listed = []
+    for current in current_approvals(session, facts.sha256):
+        verdict = approvers.check(facts, current, registry)
+        listed.append(
+            {
+                "approved_by": current.approved_by,
+                "os_user": current.os_user,
+                "approved_at": current.approved_at,
+                "key": verdict.fingerprint,
+                "signature": verdict.status,
+            }
+        )
+    return {
+        "approved_by": approval.approved_by,
+        "os_user": approval.os_user,
+        "approved_at": approval.approved_at,
+        "note": approval.note,
+        "approvals": listed,
+    }
 
 
 def list_policies(session: Session) -> list[PolicyVersion]:
@@ -233,17 +328,43 @@ def find_policy(session: Session, ref: str) -> PolicyVersion:
     return found
 
 
+def _newest_mode(session: Session) -> AuditEvent | None:
+    statement = select(AuditEvent).where(AuditEvent.kind == MODE_RECORD).order_by(col(AuditEvent.seq).desc()).limit(1)
+    return session.exec(statement).first()
+
+
 def production_mode(session: Session) -> bool:
     """The database's mode: the newest :func:`set_production_mode` record (False when none)."""
-    from privrelease.audit.models import AuditEvent
-
-    statement = select(AuditEvent).where(AuditEvent.kind == MODE_RECORD).order_by(col(AuditEvent.seq).desc()).limit(1)
-    newest = session.exec(statement).first()
+    newest = _newest_mode(session)
     return bool(newest is not None and json.loads(newest.payload_json).get("production"))
 
 
-def set_production_mode(session: Session, production: bool, *, by: str, note: str | None = None) -> None:
-    """Record the database's mode (who set it: ``by`` and the operating-system user)."""
+def pinned_registry(session: Session) -> approvers.Registry | None:
+    """The approver registry the newest mode record pinned (None: none, or development mode),
+    with the time it was pinned."""
+    newest = _newest_mode(session)
+    payload = {} if newest is None else json.loads(newest.payload_json)
+    pin = payload.get("approvers") if payload.get("production") else None
+    return None if newest is None or pin is None else approvers.Registry.from_pin(pin, newest.time)
+
+
+def effective_registry(session: Session) -> approvers.Registry | None:
+    """The registry approvals are checked against: the pinned one, else the one
+    ``PRIVRELEASE_APPROVERS`` names, else None (unsigned approvals count)."""
+    return pinned_registry(session) or approvers.configured()
+
+
+def set_production_mode(
+    session: Session, production: bool, *, by: str, note: str | None = None, registry: approvers.Registry | None = None
+) -> None:
+    """Record the database's mode (who set it: ``by`` and the operating-system user), pinning
+    the approver ``registry`` (its content and sha256) with production mode; without one, a
+    registry already pinned stays pinned (only development mode drops it, on record)."""
     if not by.strip():
         raise UserError("--by must name who sets the mode; got an empty name")
-    chain.append(session, MODE_RECORD, production=production, by=by, os_user=getpass.getuser(), note=note)
+    registry = (registry or pinned_registry(session)) if production else None
+    pin = None if registry is None else registry.pin()
+    chain.append(
+        session, MODE_RECORD, production=production, by=by, os_user=getpass.getuser(), note=note,
+        **({"approvers": pin} if pin else {}),
+    )  # fmt: skip

@@ -417,7 +417,9 @@ def verify(
     paths are resolved against ``output_root`` (default: the working directory). Given the
     signing key's ``public_key`` (:func:`.signing.public_key`), every record and the external
     head must carry its valid signature: what a database writer without the key added,
-    edited or rechained shows.
+    edited or rechained shows. A signed approval whose signature does not verify (against the
+    approver registry in effect, else the key it names) is flagged, and so is an unsigned one
+    made after a registry was pinned (:func:`.approvers.problems`).
     """
     root = Path(output_root) if output_root is not None else None
     records = list(session.exec(select(AuditEvent).order_by(AuditEvent.seq)).all())
@@ -470,6 +472,8 @@ def verify(
                         f"{table} row {key!r} described by {_describe(record)} was deleted",
                     )
                 )
+
+    problems += _approval_problems(session, intact, newest)
 
     # files of succeeded runs (a failed or unfinished run has nothing visible)
     if check_files:
@@ -538,6 +542,18 @@ def verify(
     problems.sort(key=lambda problem: (problem.seq is None, problem.seq or 0))
     result.problems = problems
     return result
+
+
+def _approval_problems(
+    session: Session, intact: dict[str, dict[Any, SQLModel]], newest: dict[tuple[str, Any], tuple[AuditEvent, Any]]
+) -> list[Problem]:
+    """Intact approval rows whose signature does not verify, or unsigned after a pinned
+    approver registry (:func:`.approvers.problems`), named by the record describing each."""
+    from privrelease.audit import approvals, approvers
+
+    policies = {row.sha256: row for row in intact["policy_version"].values()}  # type: ignore[attr-defined]
+    found = approvers.problems(list(intact["approval"].values()), policies, approvals.effective_registry(session))
+    return [Problem(newest[("approval", key)][0].seq, kind, message) for key, kind, message in found]
 
 
 def _signature_problems(records: list[AuditEvent], head: Head | None, key: Any) -> list[Problem]:

@@ -88,12 +88,17 @@ class ApprovalBase(SQLModel):
 
 
 class Approval(ApprovalBase, table=True):
-    """Who approved which policy hash, when (``approved_by`` as given, ``os_user`` as logged in)."""
+    """Who approved which policy hash, when (``approved_by`` as given, ``os_user`` as logged in).
+    A signed approval (revision 0004) holds the approver's Ed25519 ``signature`` of
+    :func:`privrelease.audit.approvers.message` and the ``public_key`` it was made with (base64);
+    both are None for an unsigned one."""
 
     __tablename__ = "approval"
 
     id: int | None = Field(default=None, primary_key=True)
     approved_at: datetime = _when(default_factory=utcnow)
+    signature: str | None = Field(default=None, max_length=128)
+    public_key: str | None = Field(default=None, max_length=64)
 
 
 # --- datasets, runs and what they produced -----------------------------------------------------

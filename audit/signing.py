@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -61,18 +62,28 @@ def public_text(key: Any) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-@functools.lru_cache(maxsize=4)
-def _load_private(path: str, mtime_ns: int) -> Any:
+@functools.lru_cache(maxsize=8)
+def _load_private(path: str, mtime_ns: int, what: str = "PRIVRELEASE_SIGNING_KEY") -> Any:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as error:
-        raise UserError(f"PRIVRELEASE_SIGNING_KEY={path!r} is not a readable unencrypted PEM key: {error}") from None
+        raise UserError(f"{what}={path!r} is not a readable unencrypted PEM key: {error}") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise UserError(f"PRIVRELEASE_SIGNING_KEY={path!r} is not an Ed25519 key (privrelease audit keygen makes one)")
+        raise UserError(f"{what}={path!r} is not an Ed25519 key (privrelease audit keygen makes one)")
     return key
+
+
+def private_key(path: str, what: str) -> Any:
+    """The Ed25519 private key in the PKCS#8 PEM file ``path`` (cached while the file is
+    unchanged); a UserError naming ``what`` (the setting or option) otherwise."""
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError as error:
+        raise UserError(f"{what}={path!r}: {error.strerror or error}") from None
+    return _load_private(path, mtime, what)
 
 
 def signing_key() -> Any | None:
@@ -80,28 +91,40 @@ def signing_key() -> Any | None:
     from privrelease.settings import get_settings
 
     path = get_settings().signing_key
-    if not path:
-        return None
+    return private_key(path, "PRIVRELEASE_SIGNING_KEY") if path else None
+
+
+def decode_public(text: str) -> Any | None:
+    """An Ed25519 public key from base64 of its 32 raw bytes (the ``.pub`` file's text), or None."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
-        mtime = os.stat(path).st_mtime_ns
-    except OSError as error:
-        raise UserError(f"PRIVRELEASE_SIGNING_KEY={path!r}: {error.strerror or error}") from None
-    return _load_private(path, mtime)
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text.strip(), validate=True))
+    except (ValueError, TypeError):
+        return None
+
+
+def fingerprint(text: str) -> str:
+    """A public key's fingerprint: the first 16 hex digits of the sha256 of its raw bytes
+    (``text``: base64 of them); of the text itself when it is not base64."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except ValueError:
+        raw = text.encode("utf-8")
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def public_key(text_or_path: str) -> Any:
     """A public key from its base64 text or a ``.pub`` file holding it; UserError otherwise."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     text = text_or_path.strip()
     if Path(text).is_file():
         text = Path(text).read_text(encoding="utf-8").strip()
-    try:
-        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
-    except ValueError:
+    key = decode_public(text)
+    if key is None:
         raise UserError(
             f"--public-key {text_or_path!r} is neither an Ed25519 public key (base64 of 32 bytes) nor a file holding one"
-        ) from None
+        )
+    return key
 
 
 def record_message(seq: int, digest: str) -> bytes:

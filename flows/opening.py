@@ -204,6 +204,7 @@ def verify_policy(
         else:
             found = approvals.current_approvals(s, facts.sha256)
             approval = found[0] if found else None
+        shown = approvals.describe(s, facts, approval)  # approvers, keys, signatures: for the report
         draft = not _registered(s, facts)
         if draft and refusal is None:
             refusal = _draft_refusal(s, loaded, policy, facts)
@@ -245,14 +246,7 @@ def verify_policy(
         name=facts.name,
         version=facts.version,
         production=production,
-        approval=None
-        if approval is None
-        else {
-            "approved_by": approval.approved_by,
-            "os_user": approval.os_user,
-            "approved_at": approval.approved_at,
-            "note": approval.note,
-        },
+        approval=shown,
         data_path=data,
         out_root=str(out_root.resolve()),
         release_name=release_name,

@@ -7,6 +7,9 @@
 ``PRIVRELEASE_PRODUCTION``         ``true``: a run refuses a policy whose hash is not approved
 ``PRIVRELEASE_SIGNING_KEY``        Ed25519 private key file (``privrelease audit keygen``): audit
                                    records and release folders are signed with it
+``PRIVRELEASE_APPROVERS``          approver registry (YAML: approver name -> Ed25519 public key);
+                                   ``audit mode production`` pins it and production runs then
+                                   count only approvals signed by a registered key
 ``PRIVRELEASE_AUTO_INIT``          ``true``: create the audit database on first use (throwaway
                                    work, tests); otherwise only ``audit init`` and ``demo`` do
 ``PRIVRELEASE_DATA_ROOTS``         folders (``:``-separated) data and hierarchy files may be read
@@ -41,6 +44,7 @@ class Settings(BaseSettings):
     reservation_ttl_seconds: float = Field(default=3600.0, gt=0)
     data_roots: str = ""
     signing_key: str = ""
+    approvers: str = ""
     auto_init: bool = False
 
     @property
@@ -76,6 +80,7 @@ EXPECTED = {
     "data_roots": "folder paths separated by ':'",
     "auto_init": "true or false",
     "signing_key": "the path of an Ed25519 PEM key file (privrelease audit keygen)",
+    "approvers": "the path of an approver registry YAML file (README: Signed approvals)",
 }
 
 

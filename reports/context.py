@@ -30,7 +30,9 @@ class ReportContext:
     - ``plan``: the release's plan (mechanisms, event tree, guarantees, checks).
     - ``run_id``, ``flow_run_id`` (Prefect, None outside a flow), ``code_version``, ``status``
       (``succeeded``, ``failed``, ...), ``generated_at`` (aware UTC).
-    - ``approval``: ``{approved_by, os_user, approved_at (datetime), note}`` or None.
+    - ``approval``: ``{approved_by, os_user, approved_at (datetime), note, approvals}`` or None;
+      ``approvals``: every current approval ``{approved_by, os_user, approved_at, key (its
+      fingerprint or None), signature (status)}`` (:func:`privrelease.audit.approvals.describe`).
     - ``data_read_at``: when the run first read the data (from the audit record) or None.
     - ``dataset``: ``{sha256, size_bytes, rows}`` (a fingerprint, never contents).
     - ``budget``: the dataset's lifetime budget ``{epsilon, delta}`` or None.
@@ -133,6 +135,15 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
             "os_user": "reviewer",
             "approved_at": now - timedelta(days=2),
             "note": "example approval",
+            "approvals": [
+                {
+                    "approved_by": "Disclosure Review Board",
+                    "os_user": "reviewer",
+                    "approved_at": now - timedelta(days=2),
+                    "key": "3f2a9c0d11e84b7a",
+                    "signature": "verified",
+                }
+            ],
         },
         data_read_at=now - timedelta(seconds=30),
         dataset={

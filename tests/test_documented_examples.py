@@ -73,8 +73,14 @@ def test_every_readme_command_runs_as_written(released) -> None:
     work_dir, published = released
     run_id = published["adult-sdgs.yaml"].run_id
     (splu_output,) = published["adult-splu.yaml"].outputs
+    approver_key = work_dir.parent / "approver.key"  # the approver's key and the registry declaring it
+    registry = work_dir.parent / "approvers.yaml"
+    registry.write_text(f"approvers:\n  Disclosure Review Board: {signing.generate(approver_key)}\n")
     fill = {
         "POLICY.yaml": str(EXAMPLES / "adult-sdgs.yaml"),
+        "APPROVERS.yaml": str(registry),
+        "APPROVER.key": str(approver_key),
+        "NAME@VERSION": "adult-sdgs@2",
         "policy show NAME": "policy show adult-sdgs@2",
         "NAME": "'Disclosure Review Board'",
         "RUN_ID": run_id,

@@ -55,8 +55,12 @@ def _short(digest: str) -> str:
 # --- policy ---------------------------------------------------------------------------------
 
 
-def _approval_dict(approval: Any) -> dict[str, Any]:
-    return {
+def _approval_dict(approval: Any, policy: Any = None, registry: Any = None) -> dict[str, Any]:
+    """An approval for people and scripts; given its ``policy``, with its key fingerprint and
+    signature status against ``registry`` (:func:`privrelease.audit.approvers.check`)."""
+    from privrelease.audit import approvers
+
+    document = {
         "id": approval.id,
         "sha256": approval.policy_sha256,
         "approved_by": approval.approved_by,
@@ -64,6 +68,10 @@ def _approval_dict(approval: Any) -> dict[str, Any]:
         "approved_at": _when(approval.approved_at),
         "note": approval.note,
     }
+    if policy is not None:
+        verdict = approvers.check(policy, approval, registry)
+        document.update(key=verdict.fingerprint, signature=verdict.status, verified=verdict.verified)
+    return document
 
 
 @policy_app.command("approve")
@@ -71,17 +79,24 @@ def policy_approve(
     policy: Annotated[Path, typer.Argument(help="The policy YAML file.")],
     by: Annotated[str, typer.Option("--by", help="Who approves (recorded with the OS user).")],
     note: Annotated[str | None, typer.Option("--note", help="A note kept with the approval.")] = None,
+    key: Annotated[
+        Path | None,
+        typer.Option("--key", help="The approver's private key file (privrelease audit keygen): signs the approval."),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Record an approval of the policy's exact content (its canonical sha256)."""
-    from privrelease.audit import approvals, chain
+    """Record an approval of the policy's exact content (its canonical sha256), signed with the
+    approver's key when --key is given (required once an approver registry is in effect)."""
+    from privrelease.audit import approvals, chain, signing
     from privrelease.audit.database import session
     from privrelease.policies import load_policy
 
     loaded = load_policy(policy)
     facts = approvals.policy_facts(loaded)
+    private = None if key is None else signing.private_key(str(key), "--key")
     with session(_engine()) as s:
-        approval = approvals.approve_policy(s, facts, by, note=note)
+        approval = approvals.approve_policy(s, facts, by, note=note, key=private)
+        registry = approvals.effective_registry(s)
         head = chain.head(s)
     dataset = loaded.policy.dataset
     binds = {
@@ -92,7 +107,7 @@ def policy_approve(
     document = {
         "policy": facts.name,
         "version": facts.version,
-        **_approval_dict(approval),
+        **_approval_dict(approval, facts, registry),
         "binds": binds,
         "chain_head": {"seq": head.seq, "hash": head.hash},
     }
@@ -114,6 +129,8 @@ def policy_approve(
     )
     data = f"the vintage with sha256 {dataset.sha256}" if dataset.sha256 else f"the file at {binds['file']}"
     console.print(f"binds: dataset {dataset.id or '(no dataset.id)'}; data: {data}", highlight=False, soft_wrap=True)
+    if document["key"]:
+        console.print(f"signed with key {document['key']}: {document['signature']}", highlight=False, soft_wrap=True)
 
 
 @policy_app.command("revoke")
@@ -193,6 +210,7 @@ def policy_show(
         version = approvals.find_policy(s, ref)
         approved = approvals.approvals_of(s, version.sha256)
         current = {a.id for a in approvals.current_approvals(s, version.sha256)}
+        registry = approvals.effective_registry(s)
         others = [
             v.version for v in approvals.list_policies(s) if v.name == version.name and v.sha256 != version.sha256
         ]
@@ -202,7 +220,7 @@ def policy_show(
         "sha256": version.sha256,
         "registered_at": _when(version.registered_at),
         "approved": bool(current),
-        "approvals": [{**_approval_dict(a), "revoked": a.id not in current} for a in approved],
+        "approvals": [{**_approval_dict(a, version, registry), "revoked": a.id not in current} for a in approved],
         "other_versions": others,
         "policy": json.loads(version.canonical_json),
     }
@@ -214,12 +232,13 @@ def policy_show(
     console.print(f"registered  {document['registered_at']} UTC", highlight=False, soft_wrap=True)
     if not current:
         console.print(styled("approvals   [red]none current[/]"))
-    for approval in approved:
-        note = f": {approval.note}" if approval.note else ""
-        revoked = " (REVOKED)" if approval.id not in current else ""
+    for approval in document["approvals"]:
+        note = f": {approval['note']}" if approval["note"] else ""
+        revoked = " (REVOKED)" if approval["revoked"] else ""
+        key = f"key {approval['key']}, " if approval["key"] else ""
         console.print(
-            f"approved    {_when(approval.approved_at)} UTC by {approval.approved_by} "
-            f"(OS user {approval.os_user}){note}{revoked}",
+            f"approved    {approval['approved_at']} UTC by {approval['approved_by']} "
+            f"(OS user {approval['os_user']}; {key}{approval['signature']}){note}{revoked}",
             highlight=False,
             markup=False,
             soft_wrap=True,
@@ -390,12 +409,20 @@ def audit_mode(
     ] = None,
     by: Annotated[str | None, typer.Option("--by", help="Who sets the mode (recorded with the OS user).")] = None,
     note: Annotated[str | None, typer.Option("--note", help="Why (kept with the record).")] = None,
+    registry_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--approvers",
+            help="The approver registry to pin with production mode (default: PRIVRELEASE_APPROVERS, if set; else a registry already pinned stays).",
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Show or set the audit database's mode. In production mode every run refuses a policy
-    whose exact content is not approved, whatever its runner's settings; each change is an
-    audit record naming who made it."""
-    from privrelease.audit import approvals
+    whose exact content is not approved, whatever its runner's settings; with an approver
+    registry pinned, only approvals signed by a registered key count. Each change is an audit
+    record naming who made it."""
+    from privrelease.audit import approvals, approvers
     from privrelease.audit.database import session
     from privrelease.errors import UserError
     from privrelease.settings import get_settings
@@ -408,19 +435,39 @@ def audit_mode(
             )
         if by is None:
             raise UserError("--by is required to set the mode (who decides it is recorded)", field="--by")
+        registry = None
+        if mode == "production":
+            registry = approvers.load(registry_file, what="--approvers") if registry_file else approvers.configured()
         with session(engine) as s:
-            approvals.set_production_mode(s, mode == "production", by=by, note=note)
+            approvals.set_production_mode(s, mode == "production", by=by, note=note, registry=registry)
     with session(engine, readonly=True) as s:
         database = approvals.production_mode(s)
+        pinned = approvals.pinned_registry(s)
     environment = get_settings().production
     effective = "production" if database or environment else "development"
+    document: dict[str, Any] = {
+        "mode": effective,
+        "database": "production" if database else "development",
+        "environment": environment,
+    }
+    if pinned is not None:
+        document["approver_registry"] = {
+            "source": pinned.source,
+            "sha256": pinned.sha256,
+            "approvers": sorted(pinned.keys),
+        }
     if json_output:
-        print_json(
-            {"mode": effective, "database": "production" if database else "development", "environment": environment}
-        )
+        print_json(document)
         return
     why = "the audit database" if database else "PRIVRELEASE_PRODUCTION" if environment else "the default"
     console.print(f"mode: {effective} (set by {why})", highlight=False, soft_wrap=True)
+    if pinned is not None:
+        console.print(
+            f"approver registry pinned: {pinned.source} (sha256 {pinned.sha256[:12]}): {', '.join(sorted(pinned.keys))}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @audit_app.command("recover")

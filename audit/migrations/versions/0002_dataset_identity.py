@@ -22,13 +22,11 @@ Create Date: 2026-11-25 10:00:00
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
 
-from privrelease.audit.chain import canonical_json, columns_sha256, record_hash
+from privrelease.audit.migrations.history import Row, append_records
 
 revision: str = "0002_dataset_identity"
 down_revision: str | None = "0001_initial"
@@ -163,13 +161,7 @@ def _record(bind: sa.Connection, identities: int) -> None:
     """Append the records of every migrated row (nothing on an empty database)."""
     if not identities:
         return
-    lock = " FOR UPDATE" if bind.dialect.name == "postgresql" else ""
-    head = bind.execute(sa.text(f"SELECT seq, hash FROM chain_head WHERE id = 1{lock}")).one()
-    seq, previous = head.seq, head.hash
-    time = datetime.now(UTC).replace(tzinfo=None)
-    rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-        ("schema_migrated", {}, {"from_revision": "0001_initial", "to_revision": revision})
-    ]
+    rows: list[Row] = [("schema_migrated", {}, {"from_revision": "0001_initial", "to_revision": revision})]
     for table, key, kind in ((IDENTITY, "id", "dataset_identity"), (VINTAGE, "fingerprint", "dataset")):
         for row in bind.execute(sa.select(table).order_by(table.c[key])).mappings():
             rows.append((f"{kind}_migrated", dict(row), {"table": table.name, "key": row[key]}))
@@ -177,24 +169,7 @@ def _record(bind: sa.Connection, identities: int) -> None:
         rows.append(
             ("ledger_entry_migrated", dict(row), {"table": "ledger_entry", "key": row["id"], "run": row["run_id"]})
         )
-    events = sa.table(
-        "audit_event",
-        sa.column("seq", sa.Integer),
-        sa.column("time", sa.DateTime),
-        *(sa.column(name, sa.Text) for name in ("kind", "payload_json", "prev_hash", "hash")),
-    )
-    for kind, columns, payload in rows:
-        if columns:
-            payload["row_sha256"] = columns_sha256(payload["table"], columns)
-        seq += 1
-        digest = record_hash(previous, seq, time, kind, payload)
-        bind.execute(
-            events.insert().values(
-                seq=seq, time=time, kind=kind, payload_json=canonical_json(payload), prev_hash=previous, hash=digest
-            )
-        )
-        previous = digest
-    bind.execute(sa.text("UPDATE chain_head SET seq = :seq, hash = :hash WHERE id = 1"), {"seq": seq, "hash": previous})
+    append_records(bind, rows)
 
 
 def downgrade() -> None:
