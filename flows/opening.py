@@ -216,6 +216,7 @@ def verify_policy(
                 policy_sha256=facts.sha256,
                 refusal=type(refusal).__name__,
                 reason=str(refusal)[:2000],
+                flow_run=flow_run_id,
             )
     if refusal is not None and draft:
         raise refusal

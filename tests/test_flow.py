@@ -126,9 +126,10 @@ def test_failed_flow_publishes_nothing(prefect_harness, demo_dir, work):
     with pytest.raises(TargetNotMet):
         release(policy_path=str(strict))
     assert not (work / "releases").exists() or list((work / "releases").iterdir()) == []
-    (run,) = runs()
-    assert run.status == "failed"
-    state, _tasks, markdown = flow_run_facts(run.flow_run_id)
+    assert runs() == []  # a refused draft is not registered: one release_refused record names the flow run
+    (refused,) = shared.refusals()
+    assert refused["refusal"] == "TargetNotMet" and refused["flow_run"]
+    state, _tasks, markdown = flow_run_facts(refused["flow_run"])
     assert state == "FAILED" and markdown is None
 
 
