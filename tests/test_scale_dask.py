@@ -276,6 +276,24 @@ def test_scheme_selection_on_dask(cluster, work):
     assert "coarse" in Path(published.report).read_text()
 
 
+def test_the_prefect_flow_takes_the_engine_as_parameters(prefect_harness, cluster, work):
+    """The ``release`` flow (a deployment's entry point) with ``dask_address`` and no engine
+    section in the policy: one task per stage, the Dask engine in the report, recorded like
+    any run (its flow run id on the audit record)."""
+    from test_flow import flow_run_facts
+
+    from privrelease.flows.release import release
+
+    local, _ = cluster
+    wide_dataset(work / "wide.parquet", 40_000, 10_000, seed=8)
+    summary = release(policy_path=str(policy_file(work, "wide.parquet")), dask_address=local.scheduler_address)
+    run, entries = run_record(summary["run_id"])
+    assert run.status == "succeeded" and [e.state for e in entries] == ["committed"]
+    state, tasks, markdown = flow_run_facts(run.flow_run_id)
+    assert state == "COMPLETED" and tasks.count("read-data") == 1 and markdown is not None
+    assert "Dask, on the cluster at" in Path(summary["report"]).read_text()
+
+
 # --------------------------------------------------------------------------- faults
 
 
