@@ -66,7 +66,6 @@ class DataFile:
 class Partition:
     """Whole row groups of one file: data rows ``first_row + 1 .. first_row + rows`` of it."""
 
-    index: int
     file: DataFile
     row_groups: tuple[int, ...]
     first_row: int
@@ -96,7 +95,6 @@ class ReadSpec:
 class PartitionResult:
     """What a partition sends back: its row counts and each mechanism's partial result."""
 
-    index: int
     rows_read: int
     rows_dropped: int
     partials: dict[str, Any]
@@ -206,13 +204,13 @@ def plan_partitions(files: Sequence[DataFile], rows_per_partition: int) -> list[
         first = rows = 0
         for group, size in enumerate(file.row_groups):
             if groups and rows + size > rows_per_partition:
-                partitions.append(Partition(len(partitions), file, tuple(groups), first, rows))
+                partitions.append(Partition(file, tuple(groups), first, rows))
                 first += rows
                 groups, rows = [], 0
             groups.append(group)
             rows += size
         if rows:
-            partitions.append(Partition(len(partitions), file, tuple(groups), first, rows))
+            partitions.append(Partition(file, tuple(groups), first, rows))
     return partitions
 
 
@@ -333,4 +331,4 @@ def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> Par
     rows_read, rows_dropped = read.rows_read, read.rows_dropped
     del read
     pa.default_memory_pool().release_unused()  # a worker's memory limit counts Arrow's cached free memory
-    return PartitionResult(partition.index, rows_read, rows_dropped, results)
+    return PartitionResult(rows_read, rows_dropped, results)
