@@ -141,18 +141,21 @@ def map_gather(run_id: str, function: Callable[..., Any], items: Iterable[Any], 
     a worker lost mid-map has its calls rerun elsewhere by Dask (``allowed-failures``), else
     the map fails. On any failure the calls still pending are cancelled and the error is
     raised here."""
+    from concurrent.futures import CancelledError
+
     from distributed import KilledWorker
+    from distributed.client import ClosedClientError
     from distributed.comm import CommClosedError
 
     dask_client = client(run_id)
     futures = dask_client.map(function, list(items), pure=False, **constants)
     try:
         return dask_client.gather(futures)
-    except (KilledWorker, CommClosedError) as error:
+    except (KilledWorker, CommClosedError, ClosedClientError, CancelledError) as error:
         dask_client.cancel(futures)
         raise ClusterFailure(
             f"the Dask cluster lost the work of {function.__name__} ({type(error).__name__}: workers died more "
-            "often than Dask retries, or the scheduler went away); nothing was published"
+            "often than Dask retries, or the scheduler went away or cancelled it); nothing was published"
         ) from None
     except BaseException:
         dask_client.cancel(futures)
