@@ -316,6 +316,8 @@ def test_bad_value_in_one_partition_publishes_nothing(cluster, work):
     run, entries = latest_run()
     assert run.status == "failed" and "planted-X7" not in (run.error or "")
     assert [e.state for e in entries] == ["released"]
+    persisted = [path for path in (work / "work").rglob("*") if path.is_file() and b"planted-X7" in path.read_bytes()]
+    assert persisted == []  # the audit database, manifests, staging: the value is in none of them
     assert not (work / "out").exists() or [p for p in (work / "out").iterdir() if not p.name.startswith(".")] == []
 
 
