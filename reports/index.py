@@ -111,6 +111,10 @@ class ApprovalRow:
     os_user: str
     approved_at: datetime
     note: str | None
+    key: str | None
+    """Fingerprint of the key that signed it (None: unsigned)."""
+    signature: str
+    """Its signature checked against the approver registry in effect (:func:`.approvers.check`)."""
 
 
 @dataclass
@@ -298,7 +302,8 @@ def collect(session: Any, *, database: str = "") -> IndexData:
     """Everything the index shows, read in ``session`` (a read-only snapshot is enough)."""
     from sqlmodel import col, select
 
-    from privrelease.audit import chain
+    from privrelease.audit import approvals as approval_records
+    from privrelease.audit import approvers, chain
     from privrelease.audit.models import Approval, Guarantee, PolicyVersion, Run
 
     policies = {p.sha256: p for p in session.exec(select(PolicyVersion)).all()}
@@ -346,6 +351,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
                 approved_before_read=before,
             )
         )
+    registry = approval_records.effective_registry(session)
     run_counts: dict[str, int] = {}
     for run in runs:
         run_counts[run.policy_sha256] = run_counts.get(run.policy_sha256, 0) + 1
@@ -358,7 +364,9 @@ def collect(session: Any, *, database: str = "") -> IndexData:
             accounting=(targets[p.sha256] or {}).get("accounting"),
             targets=_target_rows(targets[p.sha256]),
             approvals=[
-                ApprovalRow(a.approved_by, a.os_user, a.approved_at, a.note) for a in approvals.get(p.sha256, [])
+                ApprovalRow(a.approved_by, a.os_user, a.approved_at, a.note, verdict.fingerprint, verdict.status)
+                for a in approvals.get(p.sha256, [])
+                for verdict in [approvers.check(p, a, registry)]
             ],
             runs=run_counts.get(p.sha256, 0),
         )

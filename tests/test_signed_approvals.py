@@ -368,3 +368,24 @@ def test_the_readme_registry_example_is_a_valid_registry(tmp_path: Path) -> None
     example = tmp_path / "example.yaml"
     example.write_text(block)
     assert sorted(approvers.load(example).keys) == ["Ada Lovelace", "Disclosure Review Board"]
+
+
+def test_the_report_index_shows_each_approvals_key_and_signature(engine: Any, keys: dict[str, Any]) -> None:
+    """The compliance index lists every approval with the fingerprint of the key that signed
+    it and whether it verifies against the pinned registry (a forgery says so)."""
+    from privrelease.reports.index import collect
+
+    target = facts()
+    with database.session(engine) as s:
+        approvals.register_policy(s, target)
+    genuine = approve(engine, "Ada", keys["Ada"], policy=target)
+    signature, public = approvers.sign(keys["Mallory"], target, "Grace", genuine.approved_at, None)
+    forged = Approval(policy_sha256=target.sha256, approved_by="Grace", os_user="m", approved_at=genuine.approved_at)
+    forged.signature, forged.public_key = signature, public
+    forge(engine, forged)
+    with database.session(engine, readonly=True) as s:
+        (policy,) = collect(s).policies
+    rows = {row.approved_by: row for row in policy.approvals}
+    assert rows["Ada"].key == signing.fingerprint(keys["public"]["Ada"]) and rows["Ada"].signature == "verified"
+    assert rows["Grace"].key == signing.fingerprint(public)
+    assert rows["Grace"].signature.startswith("not verified: the signature does not verify against the key")
