@@ -4,8 +4,8 @@ only the fingerprint, the read and the mechanisms' per-partition work run on the
 (:mod:`.partitions`, :mod:`.scaled`), mapped with Dask itself inside one Prefect task per
 stage, so a partition costs milliseconds of orchestration, not a Prefect task run.
 
-The cluster is the one at ``address`` (production: workers that see the data and output paths)
-or, without one, a ``LocalCluster`` of ``workers`` processes, one thread each, started for the
+The cluster is the one at ``address`` (production: workers that see the data files; outputs
+are written by the flow's process) or, without one, a ``LocalCluster`` of ``workers`` processes, one thread each, started for the
 run and closed at its end. The flow process keeps one client per run (:func:`connect`,
 :func:`client`, :func:`disconnect`); tasks of the run reach it by the run id.
 """

@@ -52,8 +52,8 @@ def write_table(table: pa.Table, path: Path, output_format: str) -> None:
 
 def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     """Run the policy mechanism ``name`` on the run's data (on Dask: finish it from the merged
-    partial results, :func:`.scaled.finish`) and write its output to the staging folder. The
-    realized event must be the planned one (what was reserved)."""
+    partial results with its :mod:`.registry` entry's ``finish``) and write its output to the
+    staging folder. The realized event must be the planned one (what was reserved)."""
     from privrelease.audit.chain import file_sha256
     from privrelease.mechanisms.events import event_to_json
 

@@ -1,23 +1,25 @@
 """A Parquet dataset (one file, or a folder of ``*.parquet`` files) as partitions: what the
 Dask engine fingerprints, reads and computes on its workers, one partition at a time, so that
-no process holds the data.
+no process holds the data (the in-process engine reads a folder through the same functions).
 
-- Fingerprint (:func:`scan_file`, one call per file, on the workers): each file's bytes are
-  read once for their sha256, size and footer (columns, rows per row group). A folder's
-  fingerprint combines its files' (:func:`combined_sha256`); a single file's is its own sha256,
-  as in-process.
+- Fingerprint (:func:`scan_file`, one call per file, on the workers): one streaming pass over
+  each file's bytes gives its sha256 and size, and the sha256 of each row group's byte range
+  (all its column chunks) and of the footer, which is parsed first for those ranges. A
+  folder's fingerprint combines its files' (:func:`combined_sha256`); a single file's is its
+  own sha256, as in-process.
 - Partitions (:func:`plan_partitions`, in the flow, from the footers): consecutive whole row
   groups of one file, about ``rows_per_partition`` rows each.
-- Read (:func:`read_partition`, on a worker): the partition's file is read once, its bytes
-  must hash to the fingerprinted sha256 (what is read is what was fingerprinted and charged),
-  and its row groups are parsed from those bytes and checked exactly as a whole file is
-  (:func:`privrelease.datasets.read_dataset`).
+- Read (:func:`read_partition`, on a worker): the file's footer and the partition's row-group
+  ranges only, each of which must hash as fingerprinted (what is read is what was
+  fingerprinted and charged; any other byte is refused, :class:`VerifiedBytes`); the row groups
+  are parsed through that footer and checked exactly as a whole file is
+  (:func:`privrelease.datasets.check_dataset`).
 - Compute (:func:`partials`): the read partition's partial result for every mechanism of the
   release (:mod:`.scaled`): cell counts, or exact per-group statistics. One pass over the
   data serves every mechanism; only these summaries travel back to the flow.
 
 Errors raised with a partition in hand may quote data: they travel as
-:class:`.steps.DataStepError`, whose text names only the step.
+:class:`.context.DataStepError`, whose text names only the step (:class:`PartitionError`).
 """
 
 from __future__ import annotations
@@ -307,7 +309,7 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
 
 
 class PartitionError(DataStepError):
-    """A :class:`.steps.DataStepError` raised on a worker: it keeps the original error when
+    """A :class:`.context.DataStepError` raised on a worker: it keeps the original error when
     pickled (Dask sends it to the flow process, which turns it back into a plain
     DataStepError, :func:`.scaled.gather`), else a RuntimeError with its type and text."""
 

@@ -182,7 +182,7 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     """Read every partition on the run's cluster and compute each mechanism's partial result
     in the same pass (:func:`.partitions.partials`); merge them here, in partition order. An
     error a worker raised with data in hand arrives as a :class:`.partitions.PartitionError`
-    and leaves as a plain :class:`.steps.DataStepError` (which never pickles its details)."""
+    and leaves as a plain :class:`.context.DataStepError` (which never pickles its details)."""
     from privrelease.flows import engines
     from privrelease.flows.context import DataStepError
     from privrelease.flows.partitions import PartitionError, ReadSpec, partials, plan_partitions
@@ -279,7 +279,7 @@ def write_microdata(cells: Any, assignment: list[tuple[np.ndarray, np.ndarray]],
     (:func:`.partitioned.assign_files`: every published row in a uniformly random piece), each
     piece's rows in uniformly random order, so the file is a uniformly random order of the
     published rows as in-process; only one piece is held at a time. Returns the rows written.
-    Through a temp file and ``os.replace``, as :func:`.steps.write_table`."""
+    Through a temp file and ``os.replace``, as :func:`.outputs.write_table`."""
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
