@@ -495,7 +495,7 @@ def runway(status: LedgerStatus, event_tree: Any) -> Runway:
 
     event = event_from_json(event_tree) if isinstance(event_tree, str) else event_tree
     notion, limit = status.dataset.notion, status.budget
-    spent, one_run = releases_of(_trees(status.counting)) if status.counting else {}, releases_of([event])
+    spent, one_run = releases_of(_trees(status.counting)), releases_of([event])
 
     def total(runs: int) -> Budget:  # a multiset: r runs are r as multiplicities, not r copies
         releases = dict(spent)

@@ -19,14 +19,13 @@ composes by its own rule (Theorem 2: epsilons and deltas add) and is not handled
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from privrelease.mechanisms import pld
 from privrelease.mechanisms.accountants import account, optimal_composition_delta
-from privrelease.mechanisms.events import SDGS, Event, leaves
+from privrelease.mechanisms.events import SDGS, Event, leaf_counts
 from privrelease.mechanisms.sdgs_math import delta_exact
 
 EXACT = "exact"
@@ -80,12 +79,7 @@ def releases_of(events: Sequence[Event] | Mapping[Event, int], times: int = 1) -
     composed ``times`` times."""
     if times < 1:
         raise ValueError(f"times must be >= 1; got {times}")
-    counts = Counter(events) if not isinstance(events, Mapping) else Counter(dict(events))
-    found: Counter[Event] = Counter()
-    for event, count in counts.items():
-        for leaf in leaves(event):
-            found[leaf] += count
-    return {leaf: count * times for leaf, count in found.items()}
+    return {leaf: count * times for leaf, count in leaf_counts(events).items()}
 
 
 def _unsupported(releases: Releases) -> Composition | None:

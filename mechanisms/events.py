@@ -13,6 +13,8 @@ True
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -119,3 +121,14 @@ def leaves(event: _Event) -> list[_Event]:
     if isinstance(event, Composed):
         return [leaf for child in event.events for leaf in leaves(child)]
     return [event]
+
+
+def leaf_counts(events: Iterable[_Event] | Mapping[_Event, int]) -> Counter[_Event]:
+    """How many times each non-composed event occurs in ``events``: event trees, or trees with
+    a multiplicity each (identical trees are flattened once)."""
+    trees = Counter(events) if not isinstance(events, Mapping) else events
+    found: Counter[_Event] = Counter()
+    for tree, count in trees.items():
+        for leaf in leaves(tree):
+            found[leaf] += count
+    return found

@@ -53,13 +53,20 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from privrelease.mechanisms.events import SDGS, Event, ExponentialSelection, Laplace, Sampled, event_to_json, leaves
+from privrelease.mechanisms.events import (
+    SDGS,
+    Event,
+    ExponentialSelection,
+    Laplace,
+    Sampled,
+    event_to_json,
+    leaf_counts,
+)
 from privrelease.mechanisms.sdgs_math import amplified_epsilon, exact_grid
 
 DISCRETIZATION = 1e-3
@@ -211,13 +218,7 @@ def composed_pld(
     self-composition."""
     if times < 1:
         raise ValueError(f"times must be >= 1; got {times}")
-    if isinstance(events, Mapping):
-        counts: Counter[Event] = Counter()
-        for event, count in events.items():
-            for leaf in leaves(event):
-                counts[leaf] += count
-    else:
-        counts = Counter(leaf for event in events for leaf in leaves(event))
+    counts = leaf_counts(events)
     if not counts:
         raise ValueError("nothing to compose: no releases")
     result = None
