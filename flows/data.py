@@ -35,10 +35,10 @@ from privrelease.flows.context import (
 # --------------------------------------------------------------------------- 3. fingerprint
 
 
-def _scan(path: Path, *, whole: bool) -> tuple[str, int, int, bytes]:
-    """One pass over a file: its sha256, size, number of lines (a last line without a newline
-    counts) and its first line (``whole``: all its bytes). Every fact of the fingerprint comes
-    from the bytes hashed, so no swap of the file between two reads can split them."""
+def _scan(path: Path) -> tuple[str, int, int, bytes]:
+    """One pass over a text file: its sha256, size, number of lines (a last line without a
+    newline counts) and its first line. Every fact of the fingerprint comes from the bytes
+    hashed, so no swap of the file between two reads can split them."""
     digest = hashlib.sha256()
     size = lines = 0
     last = b"\n"
@@ -49,11 +49,11 @@ def _scan(path: Path, *, whole: bool) -> tuple[str, int, int, bytes]:
             size += len(chunk)
             lines += chunk.count(b"\n")
             last = chunk[-1:]
-            if whole or b"\n" not in kept:
+            if b"\n" not in kept:
                 kept += chunk
     if last != b"\n":
         lines += 1
-    return digest.hexdigest(), size, lines, bytes(kept) if whole else bytes(kept).split(b"\n", 1)[0]
+    return digest.hexdigest(), size, lines, bytes(kept).split(b"\n", 1)[0]
 
 
 def header_names(path: Path, dataset: Any) -> list[str] | None:
@@ -92,17 +92,6 @@ def csv_header(first_line: bytes, path: Path, dataset: Any) -> list[str] | None:
     return next(csv.reader([first.rstrip("\r\n")], delimiter=delimiter, quotechar=quote))
 
 
-def _parquet_facts(data: bytes, path: Path) -> tuple[list[str], int]:
-    """Column names and row count from a Parquet file's footer."""
-    import pyarrow.parquet as pq
-
-    try:
-        metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
-    except (pa.ArrowInvalid, OSError) as error:
-        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
-    return list(metadata.schema.to_arrow_schema().names), metadata.num_rows
-
-
 def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     """sha256, size and row count of the dataset (no contents), checked against the policy's
     declared row count and columns and, for a rerun, the repeated run's fingerprint. A Parquet
@@ -137,22 +126,24 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
 
 
 def _fingerprint_file(path: Path, dataset: Any) -> DatasetFacts:
-    """One file, in one pass over its bytes (:func:`_scan`)."""
+    """One file, in one pass over its bytes (CSV: :func:`_scan`; Parquet:
+    :func:`.partitions.scan_file`, whose footer gives the columns and rows)."""
     if not path.is_file():
         raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
-    parquet = dataset.format == "parquet"
+    if dataset.format == "parquet":
+        from privrelease.flows.partitions import scan_file
+
+        file = scan_file(str(path))
+        _require_columns(path, dataset, file.columns)
+        return DatasetFacts(str(path), file.sha256, file.bytes, file.rows)
     try:
-        sha256, size, lines, kept = _scan(path, whole=parquet)
+        sha256, size, lines, first_line = _scan(path)
     except OSError as error:
         raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
-    if parquet:
-        header, rows = _parquet_facts(kept, path)
-    else:
-        header = csv_header(kept, path, dataset)
-        rows = lines - (1 if header is not None else 0)
+    header = csv_header(first_line, path, dataset)
     if header is not None:
         _require_columns(path, dataset, header)
-    return DatasetFacts(str(path), sha256, size, rows)
+    return DatasetFacts(str(path), sha256, size, lines - (1 if header is not None else 0))
 
 
 def _require_columns(path: Path, dataset: Any, header: Sequence[str]) -> None:
@@ -313,12 +304,11 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
     """The declared columns of the data, parsed from bytes that hash to ``expected_sha256``
     (a folder: from its ``files``, each whole, parsed from the bytes fingerprinted)."""
     from privrelease.datasets import DatasetRead, read_dataset
+    from privrelease.flows.partitions import ReadSpec, plan_partitions, read_partition
 
     dataset = run.loaded().policy.dataset
+    spec = ReadSpec.of(dataset)
     if files:
-        from privrelease.flows.partitions import ReadSpec, plan_partitions, read_partition
-
-        spec = ReadSpec.of(dataset)
         reads = [read_partition(part, spec) for part in plan_partitions(files, sys.maxsize)]
         return DatasetRead(
             pa.concat_tables([read.table for read in reads]),
@@ -329,14 +319,14 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
     return read_dataset(
         run.data_path,
         format=dataset.format,
-        columns={name: spec.type for name, spec in dataset.columns.items()},
+        columns=spec.columns,
         delimiter=options.delimiter if options else None,
         quote=options.quote if options else '"',
         header=options.header if options else True,
         encoding=options.encoding if options else "utf-8",
-        missing=dataset.missing,
-        missing_values=tuple(dataset.missing_values),
-        domains={name: spec.values for name, spec in dataset.columns.items() if spec.values},
+        missing=spec.missing,
+        missing_values=spec.missing_values,
+        domains=dict(spec.domains),
         expected_sha256=expected_sha256,
     )
 
