@@ -102,6 +102,11 @@ def withholding(step: str, error_type: type[DataStepError] = DataStepError) -> I
         raise error_type(step, error) from None
 
 
+def mechanism_step(spec: Any) -> str:
+    """How errors and progress name a policy mechanism's step: ``mechanism 'name' (type)``."""
+    return f"mechanism {spec.name!r} ({spec.type})"
+
+
 def _write_error(path: Path, error: OSError) -> UserError:
     reason = error.strerror or str(error)
     return UserError(f"cannot write {str(path)!r}: {reason}")

@@ -70,10 +70,15 @@ def check_reachable(engine: Engine) -> None:
         with socket.create_connection((parts.hostname or "", parts.port or 8786), timeout=1.5):
             pass
     except (OSError, ValueError) as error:
-        raise UserError(
-            f"cannot reach the Dask scheduler at {engine.address}: {type(error).__name__}: {error}",
-            field="dask_address",
-        ) from None
+        raise _unreachable(engine, error) from None
+
+
+def _unreachable(engine: Engine, error: BaseException) -> UserError:
+    """The one line an unreachable scheduler gets: its address and the error."""
+    return UserError(
+        f"cannot reach the Dask scheduler at {engine.address or 'a new local cluster'}: {type(error).__name__}: {error}",
+        field="dask_address",
+    )
 
 
 _clients: dict[str, tuple[Any, Any]] = {}
@@ -104,11 +109,7 @@ def connect(run_id: str, engine: Engine) -> Any:
     except (OSError, TimeoutError) as error:
         if cluster is not None:
             cluster.close()
-        raise UserError(
-            f"cannot reach the Dask scheduler at {engine.address or 'a new local cluster'}: "
-            f"{type(error).__name__}: {error}",
-            field="dask_address",
-        ) from None
+        raise _unreachable(engine, error) from None
     _clients[run_id] = (client, cluster)
     return client
 

@@ -12,7 +12,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from privrelease.flows.context import OutputFacts, RunContext, _write_error, plan_of, safe_name, withholding
+from privrelease.flows.context import (
+    OutputFacts,
+    RunContext,
+    _write_error,
+    mechanism_step,
+    plan_of,
+    safe_name,
+    withholding,
+)
 from privrelease.flows.data import _partials, _table
 
 
@@ -59,7 +67,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
 
     loaded = run.loaded()
     spec = loaded.policy.mechanism(name)
-    step = f"mechanism {name!r} ({spec.type})"
+    step = mechanism_step(spec)
     file = f"{safe_name(name)}.{run.output_format}"
     path = run.staging_dir / file
     from privrelease.flows import registry

@@ -137,6 +137,7 @@ def statistic_table(table: pa.Table, column: str | None, by: dict[str, ColumnSch
 def statistic_job(loaded: Any, spec: Any) -> StatisticJob:
     """The job of a policy's ``identifiable_statistic`` mechanism (its calibration and group
     domain come from the policy alone)."""
+    from privrelease.flows.context import mechanism_step
     from privrelease.mechanisms.schemes import Keep
     from privrelease.planning import _statistic_calibration, group_domain
 
@@ -144,7 +145,7 @@ def statistic_job(loaded: Any, spec: Any) -> StatisticJob:
     domain = group_domain(loaded, tuple(spec.by)) if spec.by else None
     return StatisticJob(
         spec.name,
-        f"mechanism {spec.name!r} ({spec.type})",
+        mechanism_step(spec),
         spec.column,
         by,
         _statistic_calibration(loaded, spec),
@@ -155,7 +156,9 @@ def statistic_job(loaded: Any, spec: Any) -> StatisticJob:
 def cell_job(loaded: Any, spec: Any) -> CellJob | SelectionJob:
     """The job of a policy's ``sdgs`` or ``histogram`` mechanism (with ``select_scheme``: of
     every candidate)."""
-    step = f"mechanism {spec.name!r} ({spec.type})"
+    from privrelease.flows.context import mechanism_step
+
+    step = mechanism_step(spec)
     if getattr(spec, "select_scheme", None) is not None:
         names = spec.select_scheme.candidates
         return SelectionJob(
