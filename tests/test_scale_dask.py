@@ -30,9 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sqlmodel import select
 
 pytest.importorskip("distributed", reason="the dask extra is not installed: pip install -e '.[dask]'")
+
+from test_flow_steps import ledger_entries, runs, verify_intact  # noqa: E402
 
 from privrelease.errors import ClusterFailure, UserError  # noqa: E402
 from privrelease.flows.steps import DataStepError, release_plain  # noqa: E402
@@ -139,32 +140,13 @@ def rows_of(table: pa.Table) -> Counter:
 
 
 def run_record(run_id: str):
-    from privrelease.audit.database import open_database, session
-    from privrelease.audit.models import LedgerEntry, Run
-
-    with session(open_database(), readonly=True) as s:
-        run = s.get(Run, run_id)
-        entries = list(s.exec(select(LedgerEntry).where(LedgerEntry.run_id == run_id)))
-    return run, entries
+    """The run's audit record and its ledger entries."""
+    (run,) = [run for run in runs() if run.id == run_id]
+    return run, [entry for entry in ledger_entries() if entry.run_id == run_id]
 
 
 def latest_run():
-    from sqlmodel import col
-
-    from privrelease.audit.database import open_database, session
-    from privrelease.audit.models import LedgerEntry, Run
-
-    with session(open_database(), readonly=True) as s:
-        run = s.exec(select(Run).order_by(col(Run.started_at).desc())).first()
-        entries = list(s.exec(select(LedgerEntry).where(LedgerEntry.run_id == run.id)))
-    return run, entries
-
-
-def assert_verified() -> None:
-    from privrelease.api import verify
-
-    result = verify()
-    assert result.ok, result.problems
+    return run_record(runs()[-1].id)
 
 
 # --------------------------------------------------------------------------- same release
@@ -218,7 +200,7 @@ def test_same_release_as_in_process(cluster, work):
     report = Path(on_dask.report).read_text()
     assert "Dask, on the cluster at" in report and "8 partitions on 2 workers" in report
     assert "in-process" in Path(in_process.report).read_text()
-    assert_verified()
+    verify_intact()
 
 
 def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
@@ -416,7 +398,7 @@ def test_release_larger_than_the_workers_memory(cluster, work):
     micro = outputs(published)["microdata"]
     assert 0 < micro.num_rows < rows * 0.2 and min(rows_of(micro).values()) >= 20
     assert "48 partitions on 2 workers" in Path(published.report).read_text()
-    assert_verified()
+    verify_intact()
     _, client = cluster
     peaks = client.run(peak_rss_bytes)
     assert len(peaks) == WORKERS and max(peaks.values()) < MEMORY_LIMIT, peaks
