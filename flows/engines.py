@@ -104,6 +104,7 @@ def connect(run_id: str, engine: Engine) -> Any:
                 processes=True,
                 memory_limit=engine.memory_limit,
                 dashboard_address=None,
+                silence_logs=logging.CRITICAL,  # a task's error reaches the user once, as the run's error
             )
             client = Client(cluster, set_as_default=False)
     except (OSError, TimeoutError) as error:
