@@ -13,7 +13,7 @@ import pytest
 import test_flow_steps as flow_steps
 import test_signed_approvals as signed
 from sqlmodel import col, select
-from test_audit_chain import check
+from test_audit_chain import check, fresh_engine
 from test_audit_signing import rechain
 from test_signed_approvals import approve, facts, forge, require, write_registry
 from typer.testing import CliRunner
@@ -211,3 +211,27 @@ def test_deleting_the_newest_revocation_is_refused_by_the_next_run(
     _delete_revocation(audit)
     with pytest.raises(UserError):
         release_plain(policy_path=str(policy))
+
+
+def test_records_written_before_governance_still_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database written before revision 0006: its mode record (no request, no signatures) sets
+    the mode, its revocation (naming approval rows) withdraws those approvals, copies included;
+    the first governance record after them follows the last of them."""
+    monkeypatch.delenv("PRIVRELEASE_APPROVERS", raising=False)
+    engine = fresh_engine(tmp_path)
+    try:
+        approve(engine, "Ada", None)
+        with database.session(engine) as s:
+            (approval,) = approvals.approvals_of(s, facts().sha256)
+            chain.append(s, "mode_set", production=True, by="CPO", os_user="cpo", note=None)
+            chain.append(s, "approvals_revoked", sha256=facts().sha256, by="CPO", reason="r", approvals=[approval.id])
+        forge(engine, Approval(**approval.model_dump(exclude={"id"})))
+        with database.session(engine, readonly=True) as s:
+            assert approvals.production_mode(s) and approvals.current_approvals(s, facts().sha256) == []
+        approve(engine, "Grace", None)
+        with database.session(engine) as s:
+            approvals.revoke(s, facts(), by="CPO", reason="again")
+            assert governance.state(s).broken is None and approvals.current_approvals(s, facts().sha256) == []
+        assert check(engine).ok
+    finally:
+        database.dispose_engines()

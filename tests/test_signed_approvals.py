@@ -242,6 +242,10 @@ MALFORMED = {
     "empty": ("", "an empty file"),
     "bad key": ("approvers:\n  Ada: not-a-key\n", "the key of approver 'Ada' ('not-a-key') is not valid"),
     "twice": (f"approvers:\n  Ada: {'A' * 43}=\n  ada: {'A' * 43}=\n", "approver 'ada' is declared twice"),
+    "quorum": (
+        f"approvers:\n  Ada: {'A' * 43}=\ngovernance:\n  quorum: 2\n",
+        "governance must be `{quorum: N}` with N a whole number from 1 to 1",
+    ),
 }
 
 
