@@ -170,6 +170,7 @@ def request(session: Session, action: str, *, by: str, **facts: Any) -> dict[str
     """A governance request document ``{"request", "signatures": []}`` for ``action`` ("mode":
     ``production``, ``note``, ``approvers`` (a pin or None); "revoke": ``policy_sha256``,
     ``approvals`` (their ids), ``reason``), proposed by ``by``, following the newest record."""
+    chain.lock(session)  # no other governance record lands between this read and an apply in the session
     body = {"action": action, **facts, "by": by, "at": utcnow().isoformat(timespec="microseconds")}
     body["prior"] = state(session).head
     return {"request": body, "signatures": []}
@@ -208,8 +209,11 @@ def apply(session: Session, document: dict[str, Any]) -> AuditEvent:
 
 
 def dump(document: dict[str, Any], path: Path) -> None:
-    """Write a request document to ``path`` atomically."""
-    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write a request document to ``path`` atomically; a :class:`UserError` names the file."""
+    try:
+        descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise UserError(f"cannot write the governance request {str(path)!r}: {error.strerror or error}") from None
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1, sort_keys=True)
@@ -231,7 +235,7 @@ def load(path: Path) -> dict[str, Any]:
     if not _well_formed(document):
         raise UserError(
             f"governance request {str(path)!r} must hold {{'request': {{'action': 'mode' or 'revoke', ...}}, "
-            "'signatures': [{'public_key', 'signature'}, ...]}} as written by --propose"
+            "'signatures': [{'public_key', 'signature'}, ...]} as written by --propose"
         )
     return document
 
