@@ -181,18 +181,13 @@ def test_a_replayed_governance_record_breaks_the_history(engine: Any, keys: dict
         assert approvals.production_mode(s) is True and governance.state(s).broken
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the run-start chain verification with signatures (helper 'chain', issue 15 item 5): "
-    "the deleted revocation is the newest governance record, so no later one names it; remove this mark at merge",
-)
-def test_deleting_the_newest_revocation_is_refused_by_the_next_run(
+@pytest.fixture
+def revoked_demo(
     demo_dir: Path, work: Path, tmp_path: Path, keys: dict[str, Any], service_key: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The database writer deletes the revocation and recomputes the chain; the production run
-    must refuse (the rechained records carry no valid service signature)."""
+) -> tuple[Path, Any]:
+    """The demo policy in a production database with Ada's registry pinned, approved by Ada and
+    revoked by her: a production run is refused. Returns the policy file and the engine."""
     from privrelease import demo
-    from privrelease.flows.steps import release_plain
     from privrelease.policies import load_policy
 
     monkeypatch.delenv("PRIVRELEASE_APPROVERS", raising=False)
@@ -204,13 +199,73 @@ def test_deleting_the_newest_revocation_is_refused_by_the_next_run(
     with database.session(audit) as s:
         approvals.set_production_mode(s, True, by="CPO", registry=registry)
         approvals.approve_policy(s, policy_facts, "Ada", key=keys["Ada"])
+    release_plain(policy_path=str(policy))  # approved: it runs
     with database.session(audit) as s:
         approvals.revoke(s, policy_facts, by="Ada", reason="scheme leaks", keys=[keys["Ada"]])
     with pytest.raises(UserError, match="has 0 current approver"):
         release_plain(policy_path=str(policy))
+    return policy, audit
+
+
+def release_plain(**kwargs: Any) -> Any:
+    from privrelease.flows.steps import release_plain as release
+
+    return release(**kwargs)
+
+
+def test_a_production_run_refuses_a_copied_revoked_approval(revoked_demo: tuple[Path, Any]) -> None:
+    """The database writer copies the revoked approval into a new row and rechains: the run is
+    refused (the copy keeps the revoked id)."""
+    policy, audit = revoked_demo
+    with database.session(audit) as s:
+        (original,) = s.exec(select(Approval)).all()
+        s.add(Approval(**original.model_dump(exclude={"id"})))
+    rechain(audit)
+    with pytest.raises(UserError):  # also refused by the run-start chain check, once merged
+        release_plain(policy_path=str(policy))
+    with database.session(audit, readonly=True) as s:  # this mechanism alone: the copy is revoked
+        assert len(s.exec(select(Approval)).all()) == 2 and approvals.current_approvals(s, original.policy_sha256) == []
+
+
+def test_a_production_run_refuses_after_a_deleted_revocation(revoked_demo: tuple[Path, Any]) -> None:
+    """The revocation deleted, the chain recomputed, a later governance record (production mode
+    set again by the runner) naming it: the run is refused by the governance sequence."""
+    policy, audit = revoked_demo
+    with database.session(audit) as s:
+        approvals.set_production_mode(s, True, by="Runner")
+    _delete_revocation(audit)
+    with pytest.raises(UserError):  # also refused by the run-start chain check, once merged
+        release_plain(policy_path=str(policy))
+    with database.session(audit, readonly=True) as s:  # this mechanism alone: the sequence is broken
+        assert "does not follow the governance record before it" in (governance.state(s).broken or "")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the run-start chain verification with signatures (helper 'chain', issue 15 item 5): "
+    "the deleted revocation is the newest governance record, so no later one names it; remove this mark at merge",
+)
+def test_deleting_the_newest_revocation_is_refused_by_the_next_run(revoked_demo: tuple[Path, Any]) -> None:
+    """The revocation deleted and the chain recomputed, nothing governed since: the production run
+    must refuse (the rechained records carry no valid service signature)."""
+    policy, audit = revoked_demo
     _delete_revocation(audit)
     with pytest.raises(UserError):
         release_plain(policy_path=str(policy))
+
+
+def test_the_runner_cannot_switch_a_release_database_to_development(
+    revoked_demo: tuple[Path, Any], demo_dir: Path
+) -> None:
+    """End to end with the CLI: the runner (service key set) asks for development mode, then runs
+    an unapproved policy: both refused."""
+    from privrelease.cli import app
+
+    result = CliRunner().invoke(app, ["audit", "mode", "development", "--by", "Runner"])
+    assert isinstance(result.exception, UserError) and "switching production mode off needs" in str(result.exception)
+    draft = flow_steps.variant(demo_dir, "draft")
+    with pytest.raises(UserError, match="is not approved"):
+        release_plain(policy_path=str(draft))
 
 
 def test_records_written_before_governance_still_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
