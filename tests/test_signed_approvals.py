@@ -311,6 +311,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     assert check(engine).ok
     old = require(engine)
     assert (old.approved_by, old.signature, old.public_key) == ("Ada", None, None)
+    assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
     with database.session(engine, readonly=True) as s:
         assert approvers.check(policy, s.exec(select(Approval)).one(), None).status == "unsigned"
 
