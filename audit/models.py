@@ -14,6 +14,7 @@ size and row count only.
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -91,7 +92,8 @@ class Approval(ApprovalBase, table=True):
     """Who approved which policy hash, when (``approved_by`` as given, ``os_user`` as logged in).
     A signed approval (revision 0004) holds the approver's Ed25519 ``signature`` of
     :func:`privrelease.audit.approvers.message` and the ``public_key`` it was made with (base64);
-    both are None for an unsigned one."""
+    both are None for an unsigned one. ``nonce`` (revision 0006) is the approval's own random id:
+    signed with it and named by revocations, so a copied row is the same approval."""
 
     __tablename__ = "approval"
 
@@ -99,6 +101,7 @@ class Approval(ApprovalBase, table=True):
     approved_at: datetime = _when(default_factory=utcnow)
     signature: str | None = Field(default=None, max_length=128)
     public_key: str | None = Field(default=None, max_length=64)
+    nonce: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=32)
 
 
 # --- datasets, runs and what they produced -----------------------------------------------------

@@ -269,7 +269,7 @@ def test_production_mode_of_the_database_cannot_be_switched_off_by_the_runner(de
             payload["run"]: payload.get("production")
             for payload in (json.loads(e.payload_json) for e in s.exec(select(AuditEvent)) if e.kind == "run_started")
         }
-        modes = [json.loads(e.payload_json) for e in s.exec(select(AuditEvent)) if e.kind == "mode_set"]
+        modes = [json.loads(e.payload_json)["request"] for e in s.exec(select(AuditEvent)) if e.kind == "mode_set"]
     assert started[first.run_id] is False and started[second.run_id] is True
     assert [(m["production"], m["by"]) for m in modes] == [(True, "Chief Privacy Officer")]
     bad = runner.invoke(app, ["audit", "mode", "off", "--by", "x"])

@@ -94,15 +94,16 @@ def test_a_signed_approval_verifies_and_counts(engine: Any, keys: dict[str, Any]
         == hashlib.sha256(signing.decode_public(approval.public_key).public_bytes_raw()).hexdigest()[:16]
     )
     assert check(engine).ok
-    # the message binds every field: another note, time, person, policy or vintage does not verify
-    key = signing.decode_public(approval.public_key)
-    signed = approvers.message(facts(), "Ada", approval.approved_at, "reviewed")
+    # the message binds every field: another note, time, person, policy, vintage or id does not verify
+    key, nonce = signing.decode_public(approval.public_key), approval.nonce
+    signed = approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce)
     assert signing.valid(key, signed, approval.signature)
     for other in (
-        approvers.message(facts(), "Ada", approval.approved_at, "other note"),
-        approvers.message(facts(), "Grace", approval.approved_at, "reviewed"),
-        approvers.message(facts(version="2"), "Ada", approval.approved_at, "reviewed"),
-        approvers.message(facts(vintage="ab" * 32), "Ada", approval.approved_at, "reviewed"),
+        approvers.message(facts(), "Ada", approval.approved_at, "other note", nonce),
+        approvers.message(facts(), "Grace", approval.approved_at, "reviewed", nonce),
+        approvers.message(facts(version="2"), "Ada", approval.approved_at, "reviewed", nonce),
+        approvers.message(facts(vintage="ab" * 32), "Ada", approval.approved_at, "reviewed", nonce),
+        approvers.message(facts(), "Ada", approval.approved_at, "reviewed", "0" * 32),
     ):
         assert not signing.valid(key, other, approval.signature)
     assert signed.startswith(b"privrelease-approval-v1\n")
@@ -129,15 +130,15 @@ def test_forged_approvals_do_not_count_and_audit_verify_flags_them(
     genuine = approve(engine, "Ada", keys["Ada"], policy=other)  # Ada approved version 2 only
     now = genuine.approved_at
     if how == "wrong key":  # Mallory signs in Ada's name
-        signature, public = approvers.sign(keys["Mallory"], target, "Ada", now, None)
+        signature, public = approvers.sign(keys["Mallory"], target, "Ada", now, None, "1" * 32)
         forged = Approval(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
-        forged.signature, forged.public_key = signature, public
+        forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     elif how == "tampered policy hash":  # Ada's real signature moved to another policy
         forged = genuine.model_copy(update={"policy_sha256": target.sha256})
     elif how == "name not in registry":  # a valid signature, by a key nobody registered
-        signature, public = approvers.sign(keys["Mallory"], target, "Mallory", now, None)
+        signature, public = approvers.sign(keys["Mallory"], target, "Mallory", now, None, "1" * 32)
         forged = Approval(policy_sha256=target.sha256, approved_by="Mallory", os_user="m", approved_at=now)
-        forged.signature, forged.public_key = signature, public
+        forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     else:  # an unsigned approval inserted after the registry was pinned
         forged = Approval(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
     forge(engine, forged)
@@ -167,7 +168,10 @@ def test_revoked_signed_approvals_do_not_count(engine: Any, keys: dict[str, Any]
     with database.session(engine) as s:
         approvals.set_production_mode(s, True, by="CPO")  # no registry given: the pinned one stays
         assert approvals.pinned_registry(s) is not None
-        assert approvals.revoke(s, facts(), by="CPO", reason="scheme leaks") == 1
+        with pytest.raises(UserError, match="a revocation needs the signature of an approver"):
+            approvals.revoke(s, facts(), by="CPO", reason="scheme leaks")  # the service alone cannot
+    with database.session(engine) as s:
+        assert approvals.revoke(s, facts(), by="Grace", reason="scheme leaks", keys=[keys["Grace"]]) == 1
     with pytest.raises(UserError, match=r"has 0 current approver.*revoked approvals do not count"):
         require(engine)
     approve(engine, "Grace", keys["Grace"])
@@ -190,7 +194,7 @@ def test_n_distinct_registered_approvers(tmp_path: Path, engine: Any, keys: dict
         tmp_path / "shared.yaml", {"Ada": keys["public"]["Ada"], "Ada Alias": keys["public"]["Ada"]}
     )
     with database.session(engine) as s:
-        approvals.set_production_mode(s, True, by="CPO", registry=approvers.load(shared))
+        approvals.set_production_mode(s, True, by="CPO", registry=approvers.load(shared), keys=[keys["Grace"]])
     approve(engine, "Ada Alias", keys["Ada"], policy=facts("3"))
     approve(engine, "Ada", keys["Ada"], policy=facts("3"))
     with pytest.raises(UserError, match="has 1 current approver.*needs 2 distinct"):
@@ -238,6 +242,10 @@ MALFORMED = {
     "empty": ("", "an empty file"),
     "bad key": ("approvers:\n  Ada: not-a-key\n", "the key of approver 'Ada' ('not-a-key') is not valid"),
     "twice": (f"approvers:\n  Ada: {'A' * 43}=\n  ada: {'A' * 43}=\n", "approver 'ada' is declared twice"),
+    "quorum": (
+        f"approvers:\n  Ada: {'A' * 43}=\ngovernance:\n  quorum: 2\n",
+        "governance must be `{quorum: N}` with N a whole number from 1 to 1",
+    ),
 }
 
 
@@ -303,6 +311,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     assert check(engine).ok
     old = require(engine)
     assert (old.approved_by, old.signature, old.public_key) == ("Ada", None, None)
+    assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
     with database.session(engine, readonly=True) as s:
         assert approvers.check(policy, s.exec(select(Approval)).one(), None).status == "unsigned"
 
@@ -347,7 +356,7 @@ def test_a_production_release_shows_who_approved_with_which_key(
     with database.session(database.open_database(), readonly=True) as s:
         sha256 = approvals.find_policy(s, "demo-census").sha256
     signature, public = approvers.sign(
-        keys["Mallory"], approvals.PolicyFacts("x", "1", sha256, "{}"), "Ada", None, None
+        keys["Mallory"], approvals.PolicyFacts("x", "1", sha256, "{}"), "Ada", None, None, "1" * 32
     )
     forge(
         database.open_database(),
@@ -379,9 +388,9 @@ def test_the_report_index_shows_each_approvals_key_and_signature(engine: Any, ke
     with database.session(engine) as s:
         approvals.register_policy(s, target)
     genuine = approve(engine, "Ada", keys["Ada"], policy=target)
-    signature, public = approvers.sign(keys["Mallory"], target, "Grace", genuine.approved_at, None)
+    signature, public = approvers.sign(keys["Mallory"], target, "Grace", genuine.approved_at, None, "1" * 32)
     forged = Approval(policy_sha256=target.sha256, approved_by="Grace", os_user="m", approved_at=genuine.approved_at)
-    forged.signature, forged.public_key = signature, public
+    forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     forge(engine, forged)
     with database.session(engine, readonly=True) as s:
         (policy,) = collect(s).policies
