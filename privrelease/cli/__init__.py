@@ -11,8 +11,8 @@ import sys
 
 import typer
 
+from privrelease.cli import accuracy, calculus, lifetime
 from privrelease.cli import audit as audit_commands
-from privrelease.cli import calculus, lifetime
 from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
@@ -34,6 +34,7 @@ splu_commands.register(app)
 run_commands.register(app)
 deploy_commands.register(app)
 lifetime.register(app)
+accuracy.register(app)
 
 
 def main() -> None:
