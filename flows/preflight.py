@@ -44,10 +44,9 @@ def preflight(
     first = data
     if data.is_dir():
         from privrelease.flows.partitions import dataset_files
+        from privrelease.policies.loader import confine
 
-        first = dataset_files(data)[0]
-    if not first.is_file():
-        raise UserError(f"dataset file {str(first)!r} does not exist or is not a file")
+        first = confine(dataset_files(data)[0], loaded.base_dir, what="dataset file")
     header = steps.header_names(first, loaded.policy.dataset)
     if header is not None:
         absent = [name for name in loaded.policy.dataset.columns if name not in header]

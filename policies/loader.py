@@ -72,8 +72,9 @@ class LoadedPolicy:
         return self.resolve(self.policy.dataset.path)
 
     def data_file(self, override: str | Path | None = None) -> Path:
-        """The data file a run reads: ``override`` (``--data``) or the policy's, confined to
-        the policy's folder and the data roots (:func:`confine`)."""
+        """The real path of the data file a run reads: ``override`` (``--data``) or the
+        policy's, confined to the policy's folder and the data roots (:func:`confine`); the run
+        opens exactly that path (:func:`privrelease.datafiles.open_checked`)."""
         path = Path(override).expanduser().resolve() if override else self.dataset_path
         folder_ok = self.policy.dataset.format == "parquet"
         return confine(path, self.base_dir, what="dataset" if folder_ok else "dataset file", folder_ok=folder_ok)
@@ -135,7 +136,7 @@ PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
 def confine(path: Path, policy_dir: Path, *, what: str, folder_ok: bool = False) -> Path:
-    """``path`` itself, once checked: through every symlink it must lead to a regular file
+    """The real path of ``path`` (every symlink resolved), once checked: it must be a regular file
     (or, ``folder_ok``, a folder: of Parquet files, each confined in turn when it is read)
     inside the policy's folder or a data root (``PRIVRELEASE_DATA_ROOTS``), never into a
     pseudo file system. The error names the path and the roots, never anything in the file."""
@@ -154,7 +155,7 @@ def confine(path: Path, policy_dir: Path, *, what: str, folder_ok: bool = False)
     if real.exists() and not real.is_file() and not (folder_ok and real.is_dir()):
         kind = "a folder" if real.is_dir() else "not a regular file (a device, pipe or socket)"
         raise UserError(f"{what} {str(path)!r} is {kind}")
-    return path
+    return real
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:
