@@ -64,10 +64,11 @@ def open_checked(path: str | Path, *, what: str = "dataset file") -> BinaryIO:
 
 
 def _require_named(descriptor: int, shown: str, what: str) -> None:
-    """Linux: the descriptor's path (``/proc/self/fd``) is the checked one."""
+    """Linux: the descriptor's path (``/proc/self/fd``) is the checked one (or was: a file
+    replaced since it was opened reads ``PATH (deleted)``, and is still the file opened there)."""
     try:
         named = os.readlink(f"/proc/self/fd/{descriptor}")
     except OSError:
         return  # no /proc: the component-wise open without symlinks is the check
-    if named != shown:
+    if named not in (shown, f"{shown} (deleted)"):
         raise UserError(f"{what} {shown!r} was moved while it was opened: nothing was read from it; run again")

@@ -92,3 +92,72 @@ def test_open_checked_follows_no_symlink(tmp_path):
             datafiles.open_checked(path)
     with pytest.raises(UserError, match="does not exist"):
         datafiles.open_checked(tmp_path / "absent.csv")
+
+
+def test_a_racing_relinker_never_gets_the_outside_file_released(demo_dir, work, tmp_path, monkeypatch):  # noqa: F811
+    """A thread flips the data file between itself and a symlink to an edited copy outside the
+    roots (atomic renames) while five releases run: each is refused or releases the checked
+    file; none fingerprints, charges or publishes the outside one (before the fix, 6 of 6 tries released it)."""
+    import hashlib
+    import threading
+
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", "")
+    data = demo_dir / demo.DATA_FILE
+    inside = data.read_bytes()
+    keep = demo_dir / ".kept.csv"
+    keep.write_bytes(inside)
+    outside = tmp_path / "outside.csv"
+    cut = inside.index(b"\n") + 1
+    digit = next(i for i in range(cut, len(inside)) if chr(inside[i]).isdigit())
+    outside.write_bytes(inside[:digit] + str((inside[digit] - 48 + 1) % 10).encode() + inside[digit + 1 :])
+    stop = threading.Event()
+
+    def flip() -> None:
+        link = demo_dir / ".link"
+        while not stop.is_set():
+            link.unlink(missing_ok=True)
+            link.symlink_to(outside)
+            os.replace(link, data)
+            os.link(keep, link)
+            os.replace(link, data)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    outcomes = []
+    try:
+        for _ in range(5):  # the demo's lifetime budget fits five
+            try:
+                release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+                outcomes.append("released")
+            except UserError as error:
+                assert any(why in str(error) for why in ("symbolic link", "outside the folders")), error
+                outcomes.append("refused")
+    finally:
+        stop.set()
+        flipper.join()
+    fingerprints = {run.dataset_fingerprint for run in runs()} - {None}
+    assert fingerprints <= {hashlib.sha256(inside).hexdigest()}, outcomes
+    assert hashlib.sha256(outside.read_bytes()).hexdigest() not in fingerprints
+    verify_intact()
+
+
+def test_a_symlink_swapped_while_it_is_resolved_is_a_user_error(demo_dir, work, monkeypatch):  # noqa: F811
+    """`--data` names a symlink (inside the roots) that the swapper replaces by a file just as
+    the run resolves it: `Path.resolve` then raises a bare ``OSError: [Errno 22]`` (readlink of
+    what is no longer a link), the racing runs' traceback of issue 15, item 10; now one
+    UserError naming the path, and nothing is recorded."""
+    data = demo_dir / demo.DATA_FILE
+    link = demo_dir / "current.csv"
+    link.symlink_to(data)
+    real_readlink = os.readlink
+
+    def swapped_first(path, *args, **kwargs):
+        if str(path) == str(link) and link.is_symlink():
+            link.unlink()
+            shutil.copy(data, link)  # the swapper wins the race
+        return real_readlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "readlink", swapped_first)
+    with pytest.raises(UserError, match="changed while its symbolic links were resolved"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), data_path=str(link))
+    assert runs() == []
