@@ -5,10 +5,9 @@ starts, so that a broken policy, a missed target, a missing approval, a missing 
 data file, an unreachable audit database or an exhausted budget answers at once instead of
 after the server's 20-30 s start. It settles dead runs as every run's start does, reads the
 data file's header only, writes nothing else, contacts no Dask scheduler before every local
-check (approval included) has passed, and
-raises the same :class:`UserError` / :class:`TargetNotMet` the run would. The run itself checks
-everything again (under the audit write lock for the budget): preflight is a fast answer, not
-the guarantee.
+check (approval included) has passed, and raises the same :class:`UserError` /
+:class:`TargetNotMet` the run would. The run itself checks everything again (under the audit
+write lock for the budget): preflight is a fast answer, not the guarantee.
 """
 
 from __future__ import annotations
