@@ -765,6 +765,27 @@ class LifetimeBudget(_Model):
     delta: Annotated[float, _check("delta", "in [0, 1)", lambda v: 0 <= v < 1)] = 0.0
 
 
+Confidence = Annotated[float, _check("confidence", "in (0, 1)", lambda v: 0 < v < 1)]
+
+
+class AccuracyTarget(_Model):
+    """What one mechanism's published numbers must be worth, from the policy alone
+    (:mod:`privrelease.mechanisms.accuracy`), with probability at least ``confidence``:
+    SDGS microdata and histograms (``count``, ``relative_error``): a cell of ``count`` people
+    is published and its estimate count/beta is within +-relative_error of it; identifiable
+    statistics (``absolute_error``): each published value is within +-absolute_error of the
+    exact statistic of the clamped values."""
+
+    mechanism: Name
+    count: (
+        Annotated[int, _check("count", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
+        | None
+    ) = None
+    relative_error: Annotated[float, _check("relative_error", "> 0", lambda v: v > 0)] | None = None
+    absolute_error: Annotated[float, _check("absolute_error", "> 0", lambda v: v > 0)] | None = None
+    confidence: Confidence = 0.95
+
+
 class Targets(_Model):
     """What the release must guarantee; checked before any data is read."""
 
@@ -775,6 +796,7 @@ class Targets(_Model):
     splu_privacy: SpluPrivacyTarget | None = None
     splu_utility: SpluUtilityTarget | None = None
     lifetime_budget: LifetimeBudget | None = None
+    accuracy: tuple[AccuracyTarget, ...] = ()
 
 
 # --------------------------------------------------------------------------- the policy
@@ -967,7 +989,41 @@ def _check_ref(policy: Policy, mechanism: _Mechanism, loc: Loc, ref: ColumnRef) 
         )
 
 
+_ACCURACY_FIELDS = {
+    "sdgs": ("count", "relative_error"),
+    "histogram": ("count", "relative_error"),
+    "identifiable_statistic": ("absolute_error",),
+}
+"""Which fields an accuracy target on each mechanism type states."""
+
+
+def _check_accuracy(policy: Policy) -> Iterator[Issue]:
+    names = [mechanism.name for mechanism in policy.mechanisms]
+    for i, target in enumerate(policy.targets.accuracy):
+        loc = ("targets", "accuracy", i)
+        if target.mechanism not in names:
+            yield Issue(
+                (*loc, "mechanism"), f"names no mechanism: {target.mechanism!r}; mechanisms: {', '.join(names)}"
+            )
+            continue
+        kind = policy.mechanism(target.mechanism).type
+        wanted = _ACCURACY_FIELDS.get(kind)
+        if wanted is None:
+            yield Issue(
+                (*loc, "mechanism"),
+                f"{target.mechanism!r} is {kind}: its accuracy is targets.splu_utility (T_f), not targets.accuracy",
+            )
+            continue
+        stated = {name for name in ("count", "relative_error", "absolute_error") if getattr(target, name) is not None}
+        if stated != set(wanted):
+            yield Issue(
+                loc,
+                f"an accuracy target on {kind} {target.mechanism!r} states {' and '.join(wanted)}; got {', '.join(sorted(stated)) or 'neither'}",
+            )
+
+
 def _check_targets(policy: Policy) -> Iterator[Issue]:
+    yield from _check_accuracy(policy)
     if policy.targets.delta is not None:
         return
     for i, mechanism in enumerate(policy.mechanisms):

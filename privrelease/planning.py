@@ -367,4 +367,49 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                 {"epsilon": guarantee.epsilon, "delta": guarantee.delta} if guarantee.supported else None,
             )
         )
+    checks.extend(_accuracy_checks(loaded, mechanisms))
+    return checks
+
+
+def _accuracy_checks(loaded: LoadedPolicy, mechanisms: list[MechanismPlan]) -> list[Check]:
+    """One check per ``targets.accuracy`` entry, from the data-free accuracy statements
+    (:mod:`privrelease.mechanisms.accuracy`): a cell of ``count`` people published and within
+    +-relative_error with probability >= confidence (SDGS, histograms), or the Laplace noise
+    of a statistic within +-absolute_error with probability >= confidence (its half-width at
+    that confidence is at most absolute_error; the noise on a mean is Lap(lambda) too)."""
+    from privrelease.mechanisms.accuracy import count_accuracy, laplace_half_width
+
+    planned = {m.name: m for m in mechanisms}
+    checks = []
+    for target in loaded.policy.targets.accuracy:
+        spec = loaded.policy.mechanism(target.mechanism)
+        label = f"{target.mechanism}: accuracy at {target.confidence:.0%}"
+        if target.absolute_error is not None:
+            scale = planned[target.mechanism].facts.get("lambda") if target.mechanism in planned else None
+            half = laplace_half_width(scale, target.confidence) if scale is not None else math.inf
+            checks.append(
+                Check(
+                    f"{label} (noise half-width)",
+                    f"<= {target.absolute_error:g}",
+                    _fmt(half) if scale is not None else "none: rho infeasible",
+                    half <= target.absolute_error,
+                    "<=",
+                    target.absolute_error,
+                    half if scale is not None else None,
+                )
+            )
+            continue
+        assert target.count is not None and target.relative_error is not None
+        result = count_accuracy(spec.k, spec.beta, target.count, relative_error=target.relative_error)  # type: ignore[union-attr]
+        checks.append(
+            Check(
+                f"{label} (a cell of {target.count} people published and within +-{target.relative_error:.0%})",
+                f">= {target.confidence:g}",
+                _fmt(result.within),
+                result.within is not None and result.within >= target.confidence,
+                ">=",
+                target.confidence,
+                result.within,
+            )
+        )
     return checks

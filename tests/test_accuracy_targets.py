@@ -1,0 +1,94 @@
+"""Accuracy targets in the policy (targets.accuracy): validated against the mechanisms they
+name, checked by `plan` like the privacy targets (exit 1 when unmet), from data-free
+statements only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from privrelease.errors import UserError
+from privrelease.mechanisms.accuracy import count_accuracy, laplace_half_width
+from privrelease.planning import plan_policy
+from privrelease.policies import load_policy_text
+
+REPO = Path(__file__).resolve().parents[1]
+
+POLICY = """name: accurate
+version: "1"
+dataset:
+  id: accurate-census
+  path: data.csv
+  rows: 1000
+  columns: {sex: {type: string, values: [a, b]}, age: {type: integer}}
+generalization: {sex: keep}
+mechanisms:
+  - {name: rows, type: sdgs, columns: [sex], beta: 0.1, k: 20, epsilon: 1.0}
+  - {name: mean-age, type: identifiable_statistic, query: mean, column: age, lower: 0, upper: 100, rho: 0.05}
+targets:
+  accounting: approximate
+  delta: 1.0e-6
+  accuracy:
+{targets}
+"""
+
+
+def plan_of(targets: str, tmp_path: Path):
+    return plan_policy(load_policy_text(POLICY.replace("{targets}", targets), tmp_path))
+
+
+def accuracy_checks(plan) -> list:
+    return [check for check in plan.checks if "accuracy" in check.target]
+
+
+def test_targets_pass_and_fail_by_the_exact_statements(tmp_path: Path) -> None:
+    plan = plan_of(
+        "    - {mechanism: rows, count: 1000, relative_error: 0.25, confidence: 0.95}\n"
+        "    - {mechanism: rows, count: 200, relative_error: 0.25, confidence: 0.95}\n"
+        "    - {mechanism: mean-age, absolute_error: 0.5, confidence: 0.99}\n",
+        tmp_path,
+    )
+    big, small, mean = accuracy_checks(plan)
+    assert big.passed and big.value == count_accuracy(20, 0.1, 1000, relative_error=0.25).within
+    assert not small.passed and small.value == pytest.approx(0.434, abs=1e-3)  # half the cells of 200 are suppressed
+    scale = next(m for m in plan.mechanisms if m.name == "mean-age").facts["lambda"]
+    assert mean.value == laplace_half_width(scale, 0.99) and mean.passed == (mean.value <= 0.5)
+    assert not plan.passed
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (
+            "{mechanism: nobody, count: 10, relative_error: 0.1}",
+            "names no mechanism: 'nobody'; mechanisms: rows, mean-age",
+        ),
+        ("{mechanism: rows, absolute_error: 3}", "states count and relative_error; got absolute_error"),
+        ("{mechanism: mean-age, count: 10, relative_error: 0.1}", "states absolute_error; got count, relative_error"),
+        ("{mechanism: rows, count: 10, relative_error: 0.1, confidence: 1.5}", "confidence"),
+        ("{mechanism: rows, count: 0, relative_error: 0.1}", "count"),
+    ],
+)
+def test_bad_targets_name_the_field(tmp_path: Path, target: str, message: str) -> None:
+    with pytest.raises(UserError, match="targets.accuracy") as info:
+        plan_of(f"    - {target}\n", tmp_path)
+    assert message in str(info.value)
+
+
+def test_plan_exits_1_on_an_unmet_accuracy_target(tmp_path: Path) -> None:
+    text = POLICY.replace("{targets}", "    - {mechanism: rows, count: 200, relative_error: 0.1}\n")
+    (tmp_path / "policy.yaml").write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-m", "privrelease", "plan", str(tmp_path / "policy.yaml"), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    failed = [c for c in json.loads(result.stdout)["checks"] if not c["passed"]]
+    assert [c["target"] for c in failed] == ["rows: accuracy at 95% (a cell of 200 people published and within +-10%)"]
