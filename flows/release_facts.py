@@ -3,8 +3,11 @@ operator's warnings about nearly empty outputs.
 
 ``release.json`` holds public facts only, all fixed by the policy or derivable from the
 outputs: per file the mechanism, its parameters, its guarantee under each accountant, the
-generalization of its columns, and what a data user needs to read it (sampled counts estimate
-population counts when multiplied by 1/beta). It is published with the outputs and checksummed
+generalization of its columns, and what a data user needs to read it: how to estimate
+(sampled counts estimate population counts when multiplied by 1/beta) and the data-free
+accuracy statements of :func:`privrelease.planning.mechanism_accuracy` (publication
+probability, relative standard error, suppression bias and interval per cell size; a
+statistic's noise half-width). It is published with the outputs and checksummed
 in the audit database like them.
 
 Warnings: an output with no rows, or a sampled output keeping less than ``LOW_SHARE`` of its
@@ -64,6 +67,7 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
             },
             "generalization": {column: _scheme(policy, column, output.public_facts) for column in columns},
             "facts": output.public_facts,
+            "accuracy": plan.accuracy.get(output.mechanism, {}),
         }
         beta = getattr(spec, "beta", None)
         if beta is not None and beta < 1:

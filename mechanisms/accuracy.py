@@ -79,6 +79,8 @@ class CountAccuracy:
     def as_dict(self) -> dict[str, Any]:
         document = asdict(self)
         document["interval"] = list(self.interval) if self.interval is not None else None
+        if self.relative_error is None:
+            del document["relative_error"], document["within"]
         return document
 
 
@@ -138,6 +140,17 @@ def _within(k: int, beta: float, n: int, relative_error: float) -> float:
     if high < low:
         return 0.0
     return float(binomial.upper_tail(low, n, beta) - binomial.upper_tail(high + 1, n, beta))
+
+
+def cell_sizes(k: int, beta: float, extra: tuple[int, ...] = ()) -> list[int]:
+    """Cell sizes worth a statement for (k, beta): where the expected sample reaches k
+    (``k / beta``), and 2, 5, 10 and 50 times that, with ``extra`` (a target's counts)."""
+    reach = max(k, math.ceil(k / beta))
+    return sorted({reach, 2 * reach, 5 * reach, 10 * reach, 50 * reach, *extra})
+
+
+CONFIDENCES = (0.9, 0.95, 0.99)
+"""The confidence levels a statistic's noise half-width is stated at."""
 
 
 def laplace_half_width(scale: float, confidence: float = 0.95) -> float:

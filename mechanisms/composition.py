@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from privrelease.mechanisms import pld
@@ -119,14 +120,17 @@ def _stated(leaf: Event, notion: Notion) -> tuple[float, float]:
 
 def _basic(points: list[tuple[float, float, int]]) -> tuple[float, float]:
     """Basic composition of the points: (sum eps_i, sum delta_i) with multiplicities, each
-    rounded up (a product ``n * eps_i`` may round down by half an ulp)."""
-    return _up(math.fsum(e * n for e, _, n in points)), _up(math.fsum(d * n for _, d, n in points))
+    sum exact (rational) and rounded up to a double."""
+    return _sum_up([(e, n) for e, _, n in points]), _sum_up([(d, n) for _, d, n in points])
 
 
-def _up(total: float) -> float:
-    """``total`` (a correctly rounded sum of products, each within a relative 2^-53) raised
-    above the exact value."""
-    return math.nextafter(total * (1 + 2.0**-52), math.inf) if total > 0 else total
+def _sum_up(terms: list[tuple[float, int]]) -> float:
+    """``sum value * count`` over ``(value, count)`` pairs, exactly, as the least double >= it."""
+    if not all(math.isfinite(value) for value, _ in terms):
+        return math.inf
+    exact = sum((Fraction(value) * count for value, count in terms), Fraction(0))
+    nearest = float(exact)
+    return math.nextafter(nearest, math.inf) if nearest < exact else nearest
 
 
 def _each(points: list[tuple[float, float, int]]) -> list[tuple[float, float]]:

@@ -73,6 +73,8 @@ class Plan:
     composed: dict[str, accountants.Guarantee]
     facts: dict[str, Any]
     checks: list[Check]
+    accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per mechanism name, its data-free accuracy statements (:func:`mechanism_accuracy`)."""
 
     @property
     def notion(self) -> str:
@@ -105,6 +107,7 @@ class Plan:
             "composed": {notion: g.as_dict() for notion, g in self.composed.items()},
             "facts": self.facts,
             "checks": [check.as_dict() for check in self.checks],
+            "accuracy": self.accuracy,
             "passed": self.passed,
             "event_tree": json.loads(event_to_json(self.event)),
         }
@@ -181,6 +184,46 @@ def mechanism_event(loaded: LoadedPolicy, mechanism) -> tuple[Event | None, dict
     raise AssertionError(f"unknown mechanism type {kind!r}")
 
 
+def mechanism_accuracy(loaded: LoadedPolicy, mechanism, facts: dict[str, Any]) -> dict[str, Any]:
+    """What one mechanism's published numbers are worth, from the policy alone
+    (:mod:`privrelease.mechanisms.accuracy`); published with the release."""
+    from privrelease.mechanisms import accuracy
+
+    kind = mechanism.type
+    if kind in ("sdgs", "histogram"):
+        k, beta = mechanism.k, mechanism.beta
+        targets = tuple(t.count for t in loaded.policy.targets.accuracy if t.mechanism == mechanism.name and t.count)
+        statement: dict[str, Any] = {
+            "estimate": "the published count" if beta >= 1 else f"the published count / beta = count x {1 / beta:g}",
+            "cells": [accuracy.count_accuracy(k, beta, n).as_dict() for n in accuracy.cell_sizes(k, beta, targets)],
+        }
+        select = getattr(mechanism, "select_scheme", None)
+        if select is not None:
+            statement["selection_gap"] = {
+                "failure": 0.05,
+                "rows": accuracy.selection_gap(
+                    selection_sensitivity(k, beta), select.epsilon, len(select.candidates), 0.05
+                ),
+            }
+        return statement
+    if kind == "identifiable_statistic" and facts.get("lambda") is not None:
+        scale = facts["lambda"]
+        return {
+            "estimate": "the published value",
+            "noise_scale": scale,
+            "half_width": {f"{c:g}": accuracy.laplace_half_width(scale, c) for c in accuracy.CONFIDENCES},
+            "clamping": (
+                None
+                if mechanism.query == "count"
+                else f"values outside [{mechanism.lower:g}, {mechanism.upper:g}] count as the nearer bound"
+            ),
+        }
+    if kind == "splu_gen" and "t_f" in facts:
+        utility = loaded.policy.targets.splu_utility
+        return {"estimate": "privrelease estimate", "t_f": facts["t_f"], "epsilon": utility.epsilon, "t_e": utility.t_e}
+    return {}
+
+
 def _splu_facts(loaded: LoadedPolicy, gamma: int) -> dict[str, Any]:
     targets = loaded.policy.targets
     facts: dict[str, Any] = {"model": "small-sum privacy / large-sum utility (not differential privacy)"}
@@ -214,7 +257,8 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
     composed["approximate"], facts = _approximate(loaded, tree, composed["approximate"])
     facts.update(_composed_facts(loaded, tree))
     checks = _checks(loaded, mechanisms, composed, facts, infeasible)
-    return Plan(loaded, mechanisms, tree, composed, facts, checks)
+    accuracy = {m.name: mechanism_accuracy(loaded, loaded.policy.mechanism(m.name), m.facts) for m in mechanisms}
+    return Plan(loaded, mechanisms, tree, composed, facts, checks, accuracy)
 
 
 def _approximate(

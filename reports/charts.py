@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from markupsafe import Markup, escape
@@ -647,13 +648,93 @@ def splu_charts(plan: Plan) -> list[Chart]:
     return charts
 
 
+PUBLICATION_POINTS = 80
+"""Cell sizes charted on a publication curve."""
+
+
+def publication_chart(k: int, beta: float, names: Sequence[str], targets: Sequence[Any], chart_id: str) -> Chart:
+    """The publication curve of (k, beta)-SDGS cells (microdata and histograms): for a cell of N
+    people, the probability that it is published (P[Bin(N, beta) >= k]) and the relative
+    standard error of its estimate N / beta (sqrt((1 - beta) / (N beta))); each accuracy target
+    of the policy marked at its count (P[published and within +-r])."""
+    from privrelease.mechanisms.accuracy import count_accuracy
+
+    reach = max(k, math.ceil(k / beta))
+    top = float(nice_ceiling(max([5 * reach, *(1.25 * t.count for t in targets)])))
+    sizes = sorted({max(1, round(top * i / PUBLICATION_POINTS)) for i in range(PUBLICATION_POINTS + 1)} | {reach})
+    statements = [count_accuracy(k, beta, n) for n in sizes]
+    published = [(float(s.count), s.publish_probability) for s in statements]
+    error = [(float(s.count), min(1.0, s.relative_standard_error)) for s in statements]
+    points = []
+    for target in targets:
+        result = count_accuracy(k, beta, target.count, relative_error=target.relative_error)
+        if result.count <= top:
+            points.append(
+                Point(
+                    float(result.count),
+                    float(result.within or 0.0),
+                    PALETTE[2],
+                    f"{target.mechanism}: a cell of {result.count} people is published and within "
+                    f"±{target.relative_error:g} with probability {fmt(result.within, 4)} (required ≥ {target.confidence:g})",
+                    {"count": float(result.count), "within": float(result.within or 0.0)},
+                    "accuracy target: P(published and within ±r)",
+                )
+            )
+    title = f"Publication curve of {', '.join(names)} (k = {k}, β = {beta:g})"
+    svg = plot(
+        chart_id=chart_id,
+        title=title,
+        description=(
+            f"For a cell of N people from 1 to {top:g}: the probability that it is published and the "
+            f"relative standard error of its estimate count/beta, k {k}, beta {beta:g}."
+        ),
+        x_label="people in a cell (N)",
+        y_label="probability / relative error",
+        x_range=(0.0, top),
+        y_range=(0.0, 1.0),
+        log_y=False,
+        series=[
+            Series("P(published) = P(Bin(N, β) ≥ k)", published, PALETTE[0]),
+            Series("relative standard error of count/β", error, PALETTE[1], dash="6 4"),
+        ],
+        points=points,
+        rules=[Rule("x", float(reach), f"k/β = {reach}: the expected sample reaches k")],
+    )
+    rows = tuple(
+        (str(s.count), fmt(s.publish_probability, 4), fmt(s.relative_standard_error, 4))
+        for s in statements[:: max(1, len(statements) // 20)]
+    )
+    caption = (
+        "A cell is published only when at least k of its people are sampled, so small cells are "
+        "usually suppressed and, when published, overestimated (the bias column of the accuracy "
+        "table); from about k/β people on, cells are published and their estimate count/β has "
+        "the relative standard error shown."
+    )
+    return Chart(chart_id, title, caption, svg, ("N", "P(published)", "relative standard error"), rows)
+
+
+def publication_charts(plan: Plan) -> list[Chart]:
+    """One publication curve per distinct (k, beta) of the plan's SDGS and histogram releases."""
+    policy = plan.loaded.policy
+    groups: dict[tuple[int, float], list[str]] = {}
+    for spec in policy.mechanisms:
+        if spec.type in ("sdgs", "histogram") and spec.beta < 1:
+            groups.setdefault((spec.k, spec.beta), []).append(spec.name)
+    charts = []
+    for index, ((k, beta), names) in enumerate(groups.items()):
+        targets = [t for t in policy.targets.accuracy if t.mechanism in names and t.count is not None]
+        charts.append(publication_chart(k, beta, names, targets, f"chart-publication-{index + 1}"))
+    return charts
+
+
 def all_charts(plan: Plan) -> list[Chart]:
-    """Every chart of the plan: SDGS delta curves, the f-smooth curve, SPLU curves."""
+    """Every chart of the plan: SDGS delta curves, the f-smooth curve, publication curves,
+    SPLU curves."""
     charts = sdgs_charts(plan)
     smooth = fsmooth_chart(plan)
     if smooth is not None:
         charts.append(smooth)
-    return charts + splu_charts(plan)
+    return charts + publication_charts(plan) + splu_charts(plan)
 
 
 def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:

@@ -194,6 +194,32 @@ def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[t
     return rows
 
 
+def _accuracy(statement: dict[str, Any]) -> dict[str, Any] | None:
+    """A mechanism's accuracy statements (:func:`~privrelease.planning.mechanism_accuracy`) as
+    table rows."""
+    if not statement:
+        return None
+    view: dict[str, Any] = {"estimate": statement["estimate"]}
+    view["cells"] = [
+        (
+            f"{cell['count']:,}",
+            fmt(cell["publish_probability"], 4),
+            f"{cell['relative_standard_error']:.1%}",
+            "-" if cell["suppression_bias"] is None else f"{cell['suppression_bias']:+.1%}",
+            "never published"
+            if cell["interval"] is None
+            else f"{cell['interval'][0]:,.0f} to {cell['interval'][1]:,.0f}",
+        )
+        for cell in statement.get("cells", [])
+    ]
+    view["half_width"] = [(f"{float(c):.0%}", fmt(h, 4)) for c, h in statement.get("half_width", {}).items()]
+    view["clamping"] = statement.get("clamping")
+    gap = statement.get("selection_gap")
+    view["selection_gap"] = fmt(gap["rows"], 4) if gap else None
+    view["t_f"] = (statement["t_f"], fmt(statement["epsilon"]), fmt(statement["t_e"])) if "t_f" in statement else None
+    return view
+
+
 def _dp_only(all_leaves: list[Any], notion: str) -> dict[str, Any] | None:
     """When a release mixes SPLU-Gen (not DP) with DP releases: the guarantee of the DP
     releases alone, composed, under each accountant (``notion`` first)."""
@@ -233,6 +259,7 @@ def view(context: ReportContext) -> dict[str, Any]:
                 "parameters": parameters,
                 "guarantees": [_guarantee(g) for g in mechanism.guarantees.values()],
                 "facts": _facts(mechanism.facts, dict(parameters)),
+                "accuracy": _accuracy(plan.accuracy.get(mechanism.name, {})),
                 "not_dp": isinstance(mechanism.event, SPLUGen)
                 or any(isinstance(leaf, SDGS) and leaf.beta >= 1 for leaf in leaves(mechanism.event)),
             }

@@ -405,7 +405,12 @@ def test_kdgs_and_splu_are_said_not_to_be_dp(evil) -> None:
     assert "no (ε, δ)-differential-privacy guarantee" in public
     assert "Proposition 4" in public
     # no delta curve for beta = 1: only the sampled SDGS release has one
-    assert [svg.get("id") for svg in svgs(html)] == ["chart-sdgs-1", "chart-fsmooth", "chart-splu-1"]
+    assert [svg.get("id") for svg in svgs(html)] == [
+        "chart-sdgs-1",
+        "chart-fsmooth",
+        "chart-publication-1",
+        "chart-splu-1",
+    ]
 
 
 # --- SVG and self-containment ------------------------------------------------------------------
