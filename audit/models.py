@@ -91,7 +91,9 @@ class Approval(ApprovalBase, table=True):
     """Who approved which policy hash, when (``approved_by`` as given, ``os_user`` as logged in).
     A signed approval (revision 0004) holds the approver's Ed25519 ``signature`` of
     :func:`privrelease.audit.approvers.message` and the ``public_key`` it was made with (base64);
-    both are None for an unsigned one."""
+    both are None for an unsigned one. Revision 0005: what it binds of the data (``binds``,
+    ``data_path``, ``data_sha256``: :class:`privrelease.audit.bindings.Binding`; None: nothing,
+    as every earlier approval) and the approving account's ``os_uid``."""
 
     __tablename__ = "approval"
 
@@ -99,6 +101,10 @@ class Approval(ApprovalBase, table=True):
     approved_at: datetime = _when(default_factory=utcnow)
     signature: str | None = Field(default=None, max_length=128)
     public_key: str | None = Field(default=None, max_length=64)
+    binds: str | None = Field(default=None, max_length=10)
+    data_path: str | None = _text(default=None)
+    data_sha256: str | None = Field(default=None, max_length=64)
+    os_uid: int | None = Field(default=None)
 
 
 # --- datasets, runs and what they produced -----------------------------------------------------

@@ -104,6 +104,13 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
         facts = _fingerprint_files(run, loaded, path)
     else:
         facts = _fingerprint_file(path, dataset)
+    if run.production:  # approvals binding the bytes are checked against their fingerprint
+        from privrelease.audit import approvals
+
+        with _session() as s:
+            approvals.require_approved(
+                s, approvals.policy_facts(loaded), loaded.policy.approval, data_path=str(path), data_sha256=facts.sha256
+            )
     pinned = dataset.sha256
     if pinned is not None and facts.sha256 != pinned:
         raise UserError(
@@ -123,6 +130,21 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
             "file or correct the policy"
         )
     return facts
+
+
+def dataset_sha256(loaded: Any, path: Path) -> str:
+    """The fingerprint a run on ``path`` records, computed in this process: a file's sha256, or
+    a Parquet folder's combined one (:func:`.partitions.combined_sha256`); each file confined
+    (:func:`privrelease.policies.loader.confine`)."""
+    from privrelease.datasets import fingerprint
+    from privrelease.flows import partitions
+    from privrelease.policies.loader import confine
+
+    path = loaded.data_file(path)
+    if not path.is_dir():
+        return fingerprint(path)[0]
+    files = [confine(file, loaded.base_dir, what="dataset file") for file in partitions.dataset_files(path)]
+    return partitions.combined_sha256([partitions.scan_file(str(file)) for file in files])
 
 
 def _fingerprint_file(path: Path, dataset: Any) -> DatasetFacts:

@@ -63,6 +63,5 @@ def preflight(
 
     with session(open_database(), readonly=True) as s:
         if production or get_settings().production or approvals.production_mode(s):
-            approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval)
-            steps.require_approved_data(loaded, str(data))
+            approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval, data_path=str(data))
         require_budget(s, loaded, plan)

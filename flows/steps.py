@@ -82,7 +82,7 @@ from privrelease.flows.data import (
     read_data,
     reserve_budget,
 )
-from privrelease.flows.opening import engine_of, open_run, prepare_outputs, require_approved_data
+from privrelease.flows.opening import approval_binding, engine_of, open_run, prepare_outputs
 from privrelease.flows.outputs import run_mechanism, write_table
 from privrelease.flows.publishing import publish, record_failure
 from privrelease.flows.reporting import render_report
@@ -102,6 +102,7 @@ __all__ = [
     "ReportFacts",
     "ReservationFacts",
     "RunContext",
+    "approval_binding",
     "call_plain",
     "code_version",
     "engine_of",
@@ -119,7 +120,6 @@ __all__ = [
     "record_failure",
     "release_plain",
     "render_report",
-    "require_approved_data",
     "reserve_budget",
     "run_mechanism",
     "safe_name",
