@@ -429,6 +429,7 @@ def test_policy_versions_with_approvals_and_os_users(built: Built, page: tuple[s
     demo = text(" ".join(parsed.cards[f"policy-{built.facts[built.runs[4]]['policy'].sha256}"]))
     assert "Ada Lovelace ada" in demo and "Grace Hopper grace" in demo and "board minutes 12" in demo
     assert demo.index("Ada Lovelace") < demo.index("Grace Hopper")  # oldest approval first
+    assert "no data (approved before approvals bound it)" in demo  # what each approval binds
     assert "runs 3" in demo and "ε ≤ 4.5; δ ≤ 1e-09; ρ ≤ 0.05" in demo
     draft = text(" ".join(parsed.cards[f"policy-{built.facts[built.runs[1]]['policy'].sha256}"]))
     assert "not approved" in draft and "runs 1" in draft
