@@ -53,7 +53,7 @@ class Binding:
     def describe(self) -> str:
         """One phrase for people: what a run may read under this binding."""
         if self.binds == DATA:
-            return f"the data with sha256 {self.sha256} (at {self.path} when approved), from any path"
+            return f"the data with sha256 {self.sha256}, from any path (dataset.path was {self.path} when approved)"
         seen = f"sha256 {self.sha256} when approved" if self.sha256 else "not readable when approved"
         return f"whatever is at the path {self.path} ({seen})"
 

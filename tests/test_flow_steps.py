@@ -331,7 +331,7 @@ def test_an_approved_policy_copied_beside_other_data_is_refused(demo_dir, work, 
     result = CliRunner().invoke(app, ["policy", "approve", str(policy), "--by", "Ada"])
     assert result.exit_code == 0, result.output
     assert f"the data with sha256 {data.dataset_sha256(load_policy(policy), original)}" in result.output
-    assert f"(at {original.resolve()} when approved), from any path" in result.output
+    assert f"from any path (dataset.path was {original.resolve()} when approved)" in result.output
     with pytest.raises(UserError, match=r"approval 1 by 'Ada' \(it binds the data with sha256 \w{12}, but "):
         release_plain(policy_path=str(elsewhere / demo.POLICY_FILE))
 
