@@ -113,11 +113,16 @@ def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool =
         policy=facts.name,
         version=facts.version,
         sha256=facts.sha256,
-        os_user=os_account().name,
-        os_uid=os_account().uid,
+        **_os_fields(),
         by_approval=by_approval,
     )
     return version
+
+
+def _os_fields() -> dict[str, Any]:
+    """This process's account as an audit record names it: ``os_user`` and ``os_uid``."""
+    account = os_account()
+    return {"os_user": account.name, "os_uid": account.uid}
 
 
 def author_of(session: Session, sha256: str) -> Account | None:
@@ -213,8 +218,8 @@ def revoke(session: Session, facts: PolicyFacts, *, by: str, reason: str) -> int
     if not current:
         raise UserError(f"policy {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) has no approval to revoke")
     chain.append(
-        session, REVOKED_RECORD, sha256=facts.sha256, by=by.strip(), reason=reason, os_user=os_account().name,
-        os_uid=os_account().uid, approvals=[approval.id for approval in current],
+        session, REVOKED_RECORD, sha256=facts.sha256, by=by.strip(), reason=reason, **_os_fields(),
+        approvals=[approval.id for approval in current],
     )  # fmt: skip
     return len(current)
 
@@ -397,7 +402,6 @@ def set_production_mode(
     registry = (registry or pinned_registry(session)) if production else None
     pin = None if registry is None else registry.pin()
     chain.append(
-        session, MODE_RECORD, production=production, by=by, os_user=os_account().name, os_uid=os_account().uid,
-        note=note,
+        session, MODE_RECORD, production=production, by=by, **_os_fields(), note=note,
         **({"approvers": pin} if pin else {}),
     )  # fmt: skip
