@@ -127,6 +127,19 @@ def test_a_signed_approval_verifies_and_counts(engine: Any, keys: dict[str, Any]
     assert signed.startswith(b"privrelease-approval-v1\n")
 
 
+def test_a_signed_approval_binding_no_data_verifies_but_never_counts(engine: Any, keys: dict[str, Any]) -> None:
+    """A signed approval made before revision 0005 (its message has no ``data``) still verifies,
+    so `audit verify` does not call it forged, but it binds no data: no production run counts it."""
+    old = approve(engine, "Ada", keys["Ada"], binding=None)
+    with database.session(engine, readonly=True) as s:
+        assert approvers.check(facts(), old, approvals.effective_registry(s)).verified
+    assert check(engine).ok
+    with pytest.raises(UserError, match=rf"approval {old.id} by 'Ada' \(it binds no data .*approve it again"):
+        require(engine)
+    approve(engine, "Ada", keys["Ada"])  # approved again, binding the data
+    assert require(engine).approved_by == "Ada"
+
+
 def test_approving_against_the_registry_needs_the_declared_key(engine: Any, keys: dict[str, Any]) -> None:
     with pytest.raises(UserError, match="unsigned approval would not count"):
         approve(engine, "Ada", None)
