@@ -9,10 +9,11 @@ one hash: a changed file under the same name and version is refused (bump ``vers
 production mode a run calls :func:`require_approved`, which refuses an unapproved or changed
 policy, or data the approvals it counts do not bind.
 
-Production mode is a property of the audit database (:func:`set_production_mode`, a chain
-record naming who set it), so whoever runs a release cannot switch it off: a run is in
-production mode when the database says so, or ``PRIVRELEASE_PRODUCTION`` or ``--production``
-asks for it; nothing turns it off but a new, recorded mode.
+Production mode is a property of the audit database (:func:`set_production_mode`, a
+governance record, :mod:`.governance`), so whoever runs a release cannot switch it off: a run
+is in production mode when the database says so, or ``PRIVRELEASE_PRODUCTION`` or
+``--production`` asks for it; once an approver registry is pinned, nothing turns it off but a
+record signed by a quorum of its approvers.
 
 Setting production mode pins the approver registry (:mod:`.approvers`) in its record; a
 production run then counts only approvals signed by the registered key of the approver they
@@ -23,12 +24,14 @@ names, if any, else unsigned approvals count as before).
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlmodel import Session, col, select
 
-from privrelease.audit import approvers, bindings, chain, signing
+from privrelease.audit import approvers, bindings, chain, governance, signing
 from privrelease.audit.bindings import Account, Binding, os_account
 from privrelease.audit.models import Approval, AuditEvent, PolicyVersion, utcnow
 from privrelease.errors import UserError
@@ -42,6 +45,7 @@ __all__ = [
     "effective_registry",
     "find_policy",
     "list_policies",
+    "mode_request",
     "policy_facts",
     "register_policy",
     "current_approvals",
@@ -49,11 +53,9 @@ __all__ = [
     "production_mode",
     "require_approved",
     "revoke",
+    "revoke_request",
     "set_production_mode",
 ]
-
-MODE_RECORD = "mode_set"
-REVOKED_RECORD = "approvals_revoked"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool =
             f"{clash.sha256[:12]}; this file has {facts.sha256[:12]}: a changed policy needs a "
             "new `version`"
         )
+    account = os_account()
     version = PolicyVersion(
         name=facts.name,
         version=facts.version,
@@ -113,16 +116,11 @@ def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool =
         policy=facts.name,
         version=facts.version,
         sha256=facts.sha256,
-        **_os_fields(),
+        os_user=account.name,
+        os_uid=account.uid,
         by_approval=by_approval,
     )
     return version
-
-
-def _os_fields() -> dict[str, Any]:
-    """This process's account as an audit record names it: ``os_user`` and ``os_uid``."""
-    account = os_account()
-    return {"os_user": account.name, "os_uid": account.uid}
 
 
 def author_of(session: Session, sha256: str) -> Account | None:
@@ -157,10 +155,10 @@ def approve_policy(
     if not approved_by:
         raise UserError("--by must name the person approving; got an empty name")
     registry = effective_registry(session)
-    approved_at = utcnow()
+    approved_at, nonce = utcnow(), uuid.uuid4().hex
     signature = public = None
     if key is not None:
-        signature, public = approvers.sign(key, facts, approved_by, approved_at, note, binding)
+        signature, public = approvers.sign(key, facts, approved_by, approved_at, note, nonce, binding)
     why = None if registry is None else _not_counting(registry, approved_by, public)
     if registry is not None and why is not None:
         raise UserError(f"the approver registry ({registry.source}, sha256 {registry.sha256[:12]}) is in effect: {why}")
@@ -175,6 +173,7 @@ def approve_policy(
         approved_at=approved_at,
         signature=signature,
         public_key=public,
+        nonce=nonce,
         binds=None if binding is None else binding.binds,
         data_path=None if binding is None else binding.path,
         data_sha256=None if binding is None else binding.sha256,
@@ -209,29 +208,32 @@ def approvals_of(session: Session, sha256: str) -> list[Approval]:
     return list(session.exec(statement).all())
 
 
-def revoke(session: Session, facts: PolicyFacts, *, by: str, reason: str) -> int:
-    """Revoke every current approval of a policy version (an audit record naming who and why);
-    a production run then needs new approvals. Returns how many were revoked."""
+def revoke_request(session: Session, facts: PolicyFacts, *, by: str, reason: str) -> dict[str, Any]:
+    """A governance request (:mod:`.governance`) revoking every current approval of a policy
+    version, by their ids: a production run then needs new approvals."""
     if not by.strip() or not reason.strip():
         raise UserError("--by and --reason are required to revoke (who and why are recorded)")
     current = current_approvals(session, facts.sha256)
     if not current:
         raise UserError(f"policy {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}) has no approval to revoke")
-    chain.append(
-        session, REVOKED_RECORD, sha256=facts.sha256, by=by.strip(), reason=reason, **_os_fields(),
-        approvals=[approval.id for approval in current],
-    )  # fmt: skip
-    return len(current)
+    nonces = [approval.nonce for approval in current]
+    return governance.request(
+        session, "revoke", by=by.strip(), policy_sha256=facts.sha256, approvals=nonces, reason=reason
+    )
+
+
+def revoke(session: Session, facts: PolicyFacts, *, by: str, reason: str, keys: Iterable[Any] = ()) -> int:
+    """Revoke every current approval of a policy version, signed with the approvers' private
+    ``keys`` (needed once a registry is pinned). Returns how many were revoked."""
+    document = governance.sign(revoke_request(session, facts, by=by, reason=reason), keys)
+    governance.apply(session, document)
+    return len(document["request"]["approvals"])
 
 
 def current_approvals(session: Session, sha256: str) -> list[Approval]:
-    """Approvals of a policy hash that no revocation withdrew, oldest first."""
-    revoked: set[Any] = set()
-    for record in session.exec(select(AuditEvent).where(AuditEvent.kind == REVOKED_RECORD)):
-        payload = json.loads(record.payload_json)
-        if payload.get("sha256") == sha256:
-            revoked.update(payload.get("approvals", []))
-    return [approval for approval in approvals_of(session, sha256) if approval.id not in revoked]
+    """Approvals of a policy hash that no revocation withdrew (by their id), oldest first."""
+    revoked = governance.state(session).revoked
+    return [approval for approval in approvals_of(session, sha256) if approval.nonce not in revoked]
 
 
 def require_approved(
@@ -253,7 +255,10 @@ def require_approved(
     fingerprinted) and, with ``independent``, it was made by neither the ``runner`` (default:
     this process's account) nor the policy's author (:func:`author_of`), whether by account
     name or uid. ``approvers`` distinct people must approve (distinct registered keys when a
-    registry is in effect)."""
+    registry is in effect). A broken governance history refuses every run."""
+    broken = governance.state(session).broken
+    if broken:
+        raise UserError(broken)
     registry = effective_registry(session)
     independent = rule is not None and rule.independent
     runner = runner or os_account()
@@ -365,24 +370,15 @@ def find_policy(session: Session, ref: str) -> PolicyVersion:
     return found
 
 
-def _newest_mode(session: Session) -> AuditEvent | None:
-    statement = select(AuditEvent).where(AuditEvent.kind == MODE_RECORD).order_by(col(AuditEvent.seq).desc()).limit(1)
-    return session.exec(statement).first()
-
-
 def production_mode(session: Session) -> bool:
-    """The database's mode: the newest :func:`set_production_mode` record (False when none)."""
-    newest = _newest_mode(session)
-    return bool(newest is not None and json.loads(newest.payload_json).get("production"))
+    """The database's mode as its governance records decide it (:func:`.governance.state`)."""
+    return governance.state(session).production
 
 
 def pinned_registry(session: Session) -> approvers.Registry | None:
-    """The approver registry the newest mode record pinned (None: none, or development mode),
-    with the time it was pinned."""
-    newest = _newest_mode(session)
-    payload = {} if newest is None else json.loads(newest.payload_json)
-    pin = payload.get("approvers") if payload.get("production") else None
-    return None if newest is None or pin is None else approvers.Registry.from_pin(pin, newest.time)
+    """The approver registry in effect by the governance records (None: none pinned yet), with
+    the time it was pinned; it stays in development mode too (it governs)."""
+    return governance.state(session).registry
 
 
 def effective_registry(session: Session) -> approvers.Registry | None:
@@ -391,17 +387,29 @@ def effective_registry(session: Session) -> approvers.Registry | None:
     return pinned_registry(session) or approvers.configured()
 
 
-def set_production_mode(
+def mode_request(
     session: Session, production: bool, *, by: str, note: str | None = None, registry: approvers.Registry | None = None
-) -> None:
-    """Record the database's mode (who set it: ``by`` and the operating-system user), pinning
-    the approver ``registry`` (its content and sha256) with production mode; without one, a
-    registry already pinned stays pinned (only development mode drops it, on record)."""
+) -> dict[str, Any]:
+    """A governance request (:mod:`.governance`) setting the database's mode, pinning the
+    approver ``registry`` (its content, quorum and sha256) when given."""
     if not by.strip():
         raise UserError("--by must name who sets the mode; got an empty name")
-    registry = (registry or pinned_registry(session)) if production else None
     pin = None if registry is None else registry.pin()
-    chain.append(
-        session, MODE_RECORD, production=production, by=by, **_os_fields(), note=note,
-        **({"approvers": pin} if pin else {}),
-    )  # fmt: skip
+    return governance.request(session, "mode", by=by.strip(), production=production, note=note, approvers=pin)
+
+
+def set_production_mode(
+    session: Session,
+    production: bool,
+    *,
+    by: str,
+    note: str | None = None,
+    registry: approvers.Registry | None = None,
+    keys: Iterable[Any] = (),
+) -> None:
+    """Record the database's mode, pinning ``registry`` when given, signed with the approvers'
+    private ``keys``: once a registry is pinned, development mode or another registry needs its
+    quorum (:func:`.governance.apply` refuses otherwise)."""
+    governance.apply(
+        session, governance.sign(mode_request(session, production, by=by, note=note, registry=registry), keys)
+    )

@@ -6,24 +6,29 @@ which key::
     approvers:
       Disclosure Review Board: 8Jx0...=   # the approver's Ed25519 public key: base64 of its
       Ada Lovelace: q3Lw...=              # 32 raw bytes, the .pub file of `privrelease audit keygen`
+    governance:
+      quorum: 2                           # optional (default 1): signatures a governance action needs
 
 ``privrelease audit mode production`` pins the registry's content (and its sha256) in its
 audit record; from then on a production run counts only approvals whose signature verifies
-against the pinned key of the approver they name (:func:`check`). Names match ignoring case.
+against the pinned key of the approver they name (:func:`check`), and governance actions need
+``quorum`` of its approvers (:mod:`.governance`). Names match ignoring case.
 
 An approval signs, with the approver's private key (``policy approve --key``), the message
 ``b"privrelease-approval-v1\\n"`` + canonical JSON of the policy's sha256, name and version, the
 dataset it binds (``dataset.id`` and the pinned vintage ``dataset.sha256``, as the policy
-states them), the approver's name, the approval time and the note, and what it binds of the
-data (:class:`.bindings.Binding`: the resolved path and the data's sha256) (:func:`message`): a
-signature never passes for another policy, person, time, note or data, nor for an audit record
-or a release (other domains, :mod:`.signing`).
+states them), the approver's name, the approval time, the note, the approval's own random id
+and what it binds of the data (:class:`.bindings.Binding`: the resolved path and the data's
+sha256) (:func:`message`): a signature never passes for another policy, person, time, note or
+data, nor for a copy of the approval (a revocation names the id), an audit record or a release
+(other domains, :mod:`.signing`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -39,7 +44,7 @@ DOMAIN = b"privrelease-approval-v1\n"
 UNSIGNED = "unsigned"
 FORM = (
     "expected a mapping `approvers:` of approver names to Ed25519 public keys (base64 of 32 bytes, "
-    "the .pub file of `privrelease audit keygen`)"
+    "the .pub file of `privrelease audit keygen`), and optionally `governance: {quorum: N}`"
 )
 
 
@@ -52,6 +57,8 @@ class Registry:
     keys: dict[str, str]
     pinned_at: datetime | None = None
     """When production mode pinned it (None: read from the file)."""
+    quorum: int = 1
+    """How many distinct approvers' keys must sign a governance action (:mod:`.governance`)."""
 
     def key_of(self, name: str) -> str | None:
         """The registered key of ``name`` (ignoring case and surrounding spaces), or None."""
@@ -60,11 +67,13 @@ class Registry:
 
     def pin(self) -> dict[str, Any]:
         """What an audit record keeps of it (:meth:`from_pin` reads it back)."""
-        return {"source": self.source, "sha256": self.sha256, "keys": dict(sorted(self.keys.items()))}
+        keys = dict(sorted(self.keys.items()))
+        return {"source": self.source, "sha256": self.sha256, "keys": keys, "quorum": self.quorum}
 
     @classmethod
     def from_pin(cls, pin: dict[str, Any], pinned_at: datetime) -> Registry:
-        return cls(str(pin["source"]), str(pin["sha256"]), dict(pin["keys"]), pinned_at)
+        """A pinned registry; a pin without ``quorum`` (before governance, revision 0006) has 1."""
+        return cls(str(pin["source"]), str(pin["sha256"]), dict(pin["keys"]), pinned_at, int(pin.get("quorum", 1)))
 
 
 def load(path: str | Path, *, what: str = "PRIVRELEASE_APPROVERS") -> Registry:
@@ -80,7 +89,8 @@ def load(path: str | Path, *, what: str = "PRIVRELEASE_APPROVERS") -> Registry:
         raise UserError(f"{where}: cannot read the approver registry: {error.strerror or error}") from None
     except yaml.YAMLError as error:
         raise UserError(f"{where} is not valid YAML ({str(error).splitlines()[0]}); {FORM}") from None
-    entries = body.get("approvers") if isinstance(body, dict) and set(body) == {"approvers"} else None
+    known = isinstance(body, dict) and "approvers" in body and set(body) <= {"approvers", "governance"}
+    entries = body.get("approvers") if known else None
     if not isinstance(entries, dict) or not entries:
         got = sorted(map(str, body)) if isinstance(body, dict) else type(body).__name__
         raise UserError(f"{where}: {FORM}; got {got if body is not None else 'an empty file'}")
@@ -93,7 +103,16 @@ def load(path: str | Path, *, what: str = "PRIVRELEASE_APPROVERS") -> Registry:
         if any(other.casefold() == name.strip().casefold() for other in keys):
             raise UserError(f"{where}: approver {name!r} is declared twice (names match ignoring case)")
         keys[name.strip()] = key.strip()
-    return Registry(str(Path(path).expanduser().resolve()), hashlib.sha256(data).hexdigest(), keys)
+    governance = body.get("governance", {})
+    quorum = governance.get("quorum", 1) if isinstance(governance, dict) and set(governance) <= {"quorum"} else None
+    distinct = len(set(keys.values()))
+    if type(quorum) is not int or not 1 <= quorum <= distinct:
+        raise UserError(
+            f"{where}: governance must be `{{quorum: N}}` with N a whole number from 1 to {distinct} (the distinct "
+            f"approver keys); got {governance!r}"
+        )
+    source = str(Path(path).expanduser().resolve())
+    return Registry(source, hashlib.sha256(data).hexdigest(), keys, quorum=quorum)
 
 
 def configured() -> Registry | None:
@@ -104,10 +123,17 @@ def configured() -> Registry | None:
     return load(path) if path else None
 
 
-def message(policy: Any, approved_by: str, approved_at: Any, note: str | None, binding: Binding | None = None) -> bytes:
+def message(
+    policy: Any,
+    approved_by: str,
+    approved_at: Any,
+    note: str | None,
+    approval_id: str | None,
+    binding: Binding | None = None,
+) -> bytes:
     """What an approval of ``policy`` (a ``PolicyFacts`` or ``PolicyVersion``: ``sha256``,
-    ``name``, ``version``, ``canonical_json``) binding the data ``binding`` signs (None: an
-    approval binding nothing, as before revision 0005)."""
+    ``name``, ``version``, ``canonical_json``) with the random ``approval_id``, binding the data
+    ``binding``, signs (None: an approval binding nothing, as before revision 0005)."""
     dataset = json.loads(policy.canonical_json).get("policy", {}).get("dataset", {})
     body = {
         "policy_sha256": policy.sha256,
@@ -118,6 +144,7 @@ def message(policy: Any, approved_by: str, approved_at: Any, note: str | None, b
         "approved_by": approved_by,
         "approved_at": approved_at,
         "note": note,
+        "approval_id": approval_id,
     }
     if binding is not None:
         body["data"] = binding.signed()
@@ -125,10 +152,17 @@ def message(policy: Any, approved_by: str, approved_at: Any, note: str | None, b
 
 
 def sign(
-    key: Any, policy: Any, approved_by: str, approved_at: Any, note: str | None, binding: Binding | None = None
+    key: Any,
+    policy: Any,
+    approved_by: str,
+    approved_at: Any,
+    note: str | None,
+    approval_id: str,
+    binding: Binding | None = None,
 ) -> tuple[str, str]:
     """``(signature, public key)``, both base64, of an approval by the holder of ``key``."""
-    return signing.sign(key, message(policy, approved_by, approved_at, note, binding)), signing.public_text(key)
+    signed = message(policy, approved_by, approved_at, note, approval_id, binding)
+    return signing.sign(key, signed), signing.public_text(key)
 
 
 @dataclass(frozen=True)
@@ -157,7 +191,9 @@ def check(policy: Any, approval: Any, registry: Registry | None) -> Check:
     if expected is None:
         return Check(False, f"{approval.approved_by!r} is not in the approver registry", printed)
     key = signing.decode_public(expected)
-    signed = message(policy, approval.approved_by, approval.approved_at, approval.note, Binding.of(approval))
+    signed = message(
+        policy, approval.approved_by, approval.approved_at, approval.note, approval.nonce, Binding.of(approval)
+    )
     if key is None or not signing.valid(key, signed, approval.signature):
         whose = (
             "the key it names" if registry is None else f"the key the registry declares for {approval.approved_by!r}"
@@ -166,16 +202,20 @@ def check(policy: Any, approval: Any, registry: Registry | None) -> Check:
     return Check(True, "verified" if registry else "signature valid; key not checked against a registry", printed)
 
 
-def problems(approvals: list[Any], policies: dict[str, Any], registry: Registry | None) -> list[tuple[Any, str, str]]:
+def problems(
+    approvals: list[Any], policies: dict[str, Any], registry_at: Callable[[datetime], Registry | None]
+) -> list[tuple[Any, str, str]]:
     """``(approval id, kind, message)`` for each approval whose signature does not verify
-    (against ``registry``, else the key it names), and each unsigned one made after
-    ``registry`` was pinned: what a database writer without an approver's key inserted or
-    altered. ``policies``: sha256 -> the policy version row."""
+    (against the registry in effect when it was made, ``registry_at(approved_at)``, else the
+    key it names), and each unsigned one made after that registry was pinned: what a database
+    writer without an approver's key inserted or altered. ``policies``: sha256 -> the policy
+    version row."""
     found = []
     for approval in approvals:
         policy = policies.get(approval.policy_sha256)
         if policy is None:
             continue
+        registry = registry_at(approval.approved_at)
         verdict = check(policy, approval, registry)
         what = f"approval row {approval.id!r} by {approval.approved_by!r} of {policy.name}@{policy.version}"
         if approval.signature and not verdict.verified:

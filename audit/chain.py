@@ -547,13 +547,24 @@ def verify(
 def _approval_problems(
     session: Session, intact: dict[str, dict[Any, SQLModel]], newest: dict[tuple[str, Any], tuple[AuditEvent, Any]]
 ) -> list[Problem]:
-    """Intact approval rows whose signature does not verify, or unsigned after a pinned
-    approver registry (:func:`.approvers.problems`), named by the record describing each."""
-    from privrelease.audit import approvals, approvers
+    """Intact approval rows whose signature does not verify against the registry in effect
+    when they were made, or unsigned after a pinned approver registry
+    (:func:`.approvers.problems`), named by the record describing each; governance records
+    ignored for too few signatures, and a broken governance history (:func:`.governance.state`)."""
+    from privrelease.audit import approvers, governance
 
+    state = governance.state(session)
     policies = {row.sha256: row for row in intact["policy_version"].values()}  # type: ignore[attr-defined]
-    found = approvers.problems(list(intact["approval"].values()), policies, approvals.effective_registry(session))
-    return [Problem(newest[("approval", key)][0].seq, kind, message) for key, kind, message in found]
+    found = approvers.problems(
+        list(intact["approval"].values()),
+        policies,
+        lambda when: state.registry_at(when) or approvers.configured(),
+    )
+    problems = [Problem(newest[("approval", key)][0].seq, kind, message) for key, kind, message in found]
+    problems += [Problem(seq, "governance_ignored", message) for seq, message in state.ignored]
+    if state.broken:
+        problems.append(Problem(None, "governance_broken", state.broken))
+    return problems
 
 
 def _signature_problems(records: list[AuditEvent], head: Head | None, key: Any) -> list[Problem]:

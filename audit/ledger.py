@@ -165,20 +165,15 @@ def _account(events: list[Any] | dict[Any, int], notion: str, limit: Budget) -> 
     epsilons and deltas add (Theorem 2). Refuses (fail closed) what cannot be accounted for."""
     if not events:
         return ZERO
-    from privrelease.mechanisms.events import Composed
+    from privrelease.mechanisms import composition
 
     if _at_lifetime_delta(notion, limit):
-        from privrelease.mechanisms.composition import epsilon_at
-
-        composed = epsilon_at(events, limit.delta)
-        supported, epsilon, delta, detail = composed.supported, composed.epsilon, limit.delta, composed.detail
+        composed = composition.epsilon_at(events, limit.delta)
+        epsilon, delta = composed.epsilon, limit.delta
     else:
-        from privrelease.mechanisms.accountants import account
-
-        if isinstance(events, dict):
-            events = [leaf for leaf, count in events.items() for _ in range(count)]
-        guarantee = account(events[0] if len(events) == 1 else Composed(events=tuple(events)), notion)
-        supported, epsilon, delta, detail = guarantee.supported, guarantee.epsilon, guarantee.delta, guarantee.detail
+        composed = composition.summed(events, notion)  # type: ignore[arg-type]
+        epsilon, delta = composed.epsilon, composed.delta
+    supported, detail = composed.supported, composed.detail
     if not supported:
         raise TargetNotMet(
             f"the {notion} accountant cannot account for this release, so the dataset's "

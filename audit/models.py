@@ -14,6 +14,7 @@ size and row count only.
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -93,7 +94,9 @@ class Approval(ApprovalBase, table=True):
     :func:`privrelease.audit.approvers.message` and the ``public_key`` it was made with (base64);
     both are None for an unsigned one. Revision 0005: what it binds of the data (``binds``,
     ``data_path``, ``data_sha256``: :class:`privrelease.audit.bindings.Binding`; None: nothing,
-    as every earlier approval) and the approving account's ``os_uid``."""
+    as every earlier approval) and the approving account's ``os_uid``. ``nonce`` (revision 0006)
+    is the approval's own random id: signed with it and named by revocations, so a copied row is
+    the same approval."""
 
     __tablename__ = "approval"
 
@@ -105,6 +108,7 @@ class Approval(ApprovalBase, table=True):
     data_path: str | None = _text(default=None)
     data_sha256: str | None = Field(default=None, max_length=64)
     os_uid: int | None = Field(default=None)
+    nonce: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=32)
 
 
 # --- datasets, runs and what they produced -----------------------------------------------------

@@ -85,11 +85,19 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
 
 
 def warnings(outputs: list[Any]) -> list[str]:
-    """Operator warnings: outputs with no rows, or sampled outputs keeping less than
-    :data:`LOW_SHARE` of their sample (internal: the share describes the data)."""
+    """Operator warnings: a statistic whose table does not have the declared public row count,
+    outputs with no rows, or sampled outputs keeping less than :data:`LOW_SHARE` of their sample
+    (internal: counts and shares describe the data)."""
     found = []
     advice = "see `privrelease calibrate sdgs` (smaller k or larger beta) or a coarser generalization / select_scheme"
     for output in outputs:
+        declared, counted = output.public_facts.get("rows"), output.internal_facts.get("rows_in")
+        if declared is not None and counted is not None and declared != counted:
+            found.append(
+                f"{output.mechanism}: the data has {counted} rows where dataset.rows declares {declared}; "
+                f"the {output.public_facts.get('query', 'statistic')} divides by the declared {declared} "
+                "(a public constant, so the release stays private): correct dataset.rows in a new policy version"
+            )
         sampled = output.internal_facts.get("rows_sampled")
         if output.rows == 0:
             found.append(f"{output.mechanism}: published no rows; {advice}")

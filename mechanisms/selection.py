@@ -29,12 +29,22 @@ computed over n <= N = 2 ceil((k - 1) / beta) + 20 and bounded beyond by 1 + k f
 beta = 1 gives Delta = k (a cell reaching k publishes k rows at once: the "rows not suppressed"
 score); k = 1 gives Delta = beta; k = 20, beta = 0.1 gives Delta ~ 0.24.
 
-Mechanism: Pr[S] proportional to exp(epsilon u(S) / (2 Delta)), computed in log space (subtract
+Monotone score. Adding a row never lowers a score (0 <= g(n + 1) - g(n) above, and the weights
+are fixed): for D' = D + {x}, u(S, D) <= u(S, D') <= u(S, D) + Delta for every S. The exponential
+mechanism with such a score is epsilon-DP with exponent ``epsilon u / Delta``, not
+``epsilon u / (2 Delta)`` (McSherry-Talwar 2007, remark after Theorem 6; Dwork-Roth 2014,
+remark after Theorem 3.10): Pr_{D'}[S] / Pr_D[S] = e^{epsilon (u'_S - u_S) / Delta} Z_D / Z_{D'},
+the first factor in [1, e^epsilon] and the second in [e^-epsilon, 1], because every term of
+Z_{D'} = sum_S e^{epsilon u'_S / Delta} is between 1 and e^epsilon times its term in Z_D. So the
+selection spends all of the epsilon it is charged (with the factor 2 it was charged epsilon and
+spent epsilon/2; the tests find a neighbouring pair at the charged epsilon).
+
+Mechanism: Pr[S] proportional to exp(epsilon u(S) / Delta), computed in log space (subtract
 the largest exponent) and sampled by inverse CDF with a uniform from the OS CSPRNG
 (:mod:`.randomness`). Delta bounds the weighted scores too (w_S <= 1); using it whatever the
-weights keeps the event a function of k and beta only, as planned before data access. It is epsilon-DP (McSherry-Talwar, Theorem 6), realized
-as the event ``ExponentialSelection(epsilon, candidates, sensitivity=Delta)``. The SDGS run
-that follows samples afresh, so the release composes as Composed([selection, SDGS]).
+weights keeps the event a function of k and beta only, as planned before data access. It is
+epsilon-DP, realized as the event ``ExponentialSelection(epsilon, candidates, sensitivity=Delta)``.
+The SDGS run that follows samples afresh, so the release composes as Composed([selection, SDGS]).
 """
 
 from __future__ import annotations
@@ -93,8 +103,9 @@ def expected_published_of_counts(counts: np.ndarray, *, k: int, beta: float) -> 
 
 
 def selection_probabilities(scores: Sequence[float], *, epsilon: float, sensitivity: float) -> np.ndarray:
-    """exp(epsilon u_i / (2 sensitivity)), normalized, computed in log space."""
-    exponents = epsilon * np.asarray(scores, dtype=np.float64) / (2.0 * sensitivity)
+    """exp(epsilon u_i / sensitivity), normalized, computed in log space: the exponential
+    mechanism for a score that never decreases when a row is added (module docstring)."""
+    exponents = epsilon * np.asarray(scores, dtype=np.float64) / sensitivity
     weights = np.exp(exponents - exponents.max())
     return weights / weights.sum()
 

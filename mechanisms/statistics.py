@@ -17,8 +17,13 @@ domain is an error. True group sizes are neither published nor kept in the facts
 Mean. Section 5 of the paper releases ``mean + Lap(lambda)`` with ``S(f) = (upper - lower) / N``
 for the public database size N. We release ``(sum + Lap(lambda * N)) / N`` with the declared
 N, which has that distribution (division by a public constant is post-processing) and keeps the
-noised quantity an exact integer sum for integer columns. The table must have exactly N rows:
-N is a public fact of the release, so a mismatch is a user error. The output is not clamped to
+noised quantity an exact integer sum for integer columns. N is a public constant of the
+release, never checked against the table: ``(sum + Lap(lambda N)) / N`` is a release of every
+table, whatever its size, with add/remove sensitivity ``max(|lower|, |upper|) / N``. Refusing a
+table whose row count differs from N would itself be an output that tells a table of N rows from
+the same table without one of them (an infinite privacy loss under add/remove neighbours), so
+the count is only an internal fact (``rows_in``) and an operator warning
+(:func:`~privrelease.flows.release_facts.warnings`). The output is not clamped to
 ``[lower, upper]`` (the paper's Table 4 shows such out-of-range responses).
 
 Why OpenDP and not ``numpy.random.laplace``. A textbook floating-point Laplace sampler
@@ -176,12 +181,6 @@ def noisy_release(
     noise added once, to the exact statistic (:func:`noisy_statistic`)."""
     domain = dict(group_domain or {})
     groups = _check_release(calibration, domain)
-    if calibration.query == "mean" and partial.rows != calibration.rows:
-        raise UserError(
-            f"rows: the declared public row count is {calibration.rows} but the table has "
-            f"{partial.rows} rows; the mean's denominator is the public N (Lee & Clifton, "
-            "Section 5)"
-        )
     if calibration.query != "count" and calibration.integer:
         _check_exact_integer_sum(partial.rows, calibration)
     true = np.array([math.fsum(terms) for terms in partial.terms], dtype=np.float64)

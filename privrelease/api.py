@@ -41,9 +41,10 @@ def plan(policy: PathLike) -> Any:
 
 
 def compose(policy: PathLike, *, times: int = 1, delta: float | None = None, epsilon: float | None = None) -> Any:
-    """The (epsilon, delta)-DP of ``times`` runs of the policy's release under approximate DP,
-    by the tightest sound method (:class:`privrelease.mechanisms.composition.Composition`):
-    give ``delta`` for the smallest epsilon, or ``epsilon`` for the delta."""
+    """The (epsilon, delta)-DP of ``times`` runs of the policy's release under the policy's
+    accounting notion (``targets.accounting``, as the ledger charges it), by the tightest sound
+    method (:class:`privrelease.mechanisms.composition.Composition`): give ``delta`` for the
+    smallest epsilon, or ``epsilon`` for the delta."""
     from privrelease.errors import UserError
     from privrelease.mechanisms import accountants, composition
 
@@ -55,13 +56,14 @@ def compose(policy: PathLike, *, times: int = 1, delta: float | None = None, eps
         raise UserError(f"delta must be in (0, 1); got {delta!r}")
     if epsilon is not None and not 0 <= epsilon < math.inf:
         raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
-    tree = plan(policy).event
-    stated = accountants.account(tree, "approximate")
+    planned = plan(policy)
+    tree, notion = planned.event, planned.notion
+    stated = accountants.account(tree, notion)
     if not stated.supported:
         raise UserError(f"{policy}: the release has no (epsilon, delta)-DP guarantee to compose: {stated.detail}")
     if delta is not None:
-        return composition.epsilon_at([tree], delta, times=times)
-    return composition.delta_at([tree], epsilon, times=times)  # type: ignore[arg-type]
+        return composition.epsilon_at([tree], delta, times=times, notion=notion)
+    return composition.delta_at([tree], epsilon, times=times, notion=notion)  # type: ignore[arg-type]
 
 
 def runway(policy: PathLike) -> Any:

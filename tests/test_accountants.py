@@ -82,6 +82,64 @@ def test_optimal_composition_against_privacy_loss_distributions() -> None:
         assert ours == pytest.approx(reference, rel=1e-4, abs=1e-12)
 
 
+def _optimal_delta_mpmath(points: list[tuple[float, float]], epsilon: float) -> object:
+    """The optimal-composition formula evaluated in 60-digit arithmetic (the independent truth)."""
+    import itertools
+
+    import mpmath
+
+    with mpmath.workdps(60):
+        eps = [mpmath.mpf(e) for e, _ in points]
+        keep = mpmath.fprod(1 - mpmath.mpf(d) for _, d in points)
+        total = mpmath.mpf(0)
+        for chosen in itertools.product((0, 1), repeat=len(points)):
+            inside = mpmath.fsum(e for e, c in zip(eps, chosen, strict=True) if c)
+            outside = mpmath.fsum(e for e, c in zip(eps, chosen, strict=True) if not c)
+            total += max(mpmath.mpf(0), mpmath.exp(inside) - mpmath.exp(mpmath.mpf(epsilon) + outside))
+        return 1 - keep + keep * total / mpmath.fprod(1 + mpmath.exp(e) for e in eps)
+
+
+@pytest.mark.parametrize(
+    "points, epsilon",
+    [
+        ([(1.5, 1.2e-17), (1.5, 1.2e-17)], 3.0),  # two Adult SDGS runs at their summed epsilon
+        ([(1.0, 1e-30), (0.5, 3e-25), (0.25, 0.0)], 1.75),
+        ([(1.0, 1e-30), (0.5, 3e-25), (0.25, 0.0)], 1.2),
+        ([(0.1, 4e-20)] * 6, 0.6),
+        ([(0.1, 4e-20)] * 6, 0.3),
+        ([(2.0, 1e-300), (2.0, 1e-300)], 3.9999999999),
+    ],
+)
+def test_optimal_composition_never_rounds_delta_down(points, epsilon) -> None:
+    """Tiny deltas survive: 1 - prod(1 - d_i) in plain floats is 0 below about 5.5e-17, which
+    stated pure DP for two Adult SDGS runs (issue 15, item 11). Never below the 60-digit value,
+    and within a relative 1e-9 of it."""
+    truth = _optimal_delta_mpmath(points, epsilon)
+    ours = accountants.optimal_composition_delta(points, epsilon)
+    assert ours >= truth > 0
+    assert ours <= truth * (1 + 1e-9)
+
+
+def test_no_composition_candidate_is_below_a_real_neighbouring_pair() -> None:
+    """Two (k=20, beta=0.1) SDGS runs at epsilon 1.5 composed at epsilon 3: a cell of exactly k
+    rows is published with all k rows sampled (probability beta^k = 1e-20) only when the target
+    is present, an infinite privacy loss; so the composed delta is at least 1 - (1 - beta^k)^2
+    (about 2.0e-20) at every epsilon. Every candidate method, the tightest and the plan's
+    accountant must state at least that (they stated 0)."""
+    import mpmath
+
+    from privrelease.mechanisms import composition
+
+    release = SDGS(k=20, beta=0.1, epsilon=1.5)
+    with mpmath.workdps(40):
+        floor = float(1 - (1 - mpmath.mpf(0.1) ** 20) ** 2)
+    for epsilon in (3.0, 2.5, 4.0, 10.0):
+        result = composition.delta_at([Composed(events=(release, release))], epsilon)
+        assert result.delta >= floor
+        assert all(delta >= floor for _, delta in result.candidates.values()), result.candidates
+    assert accountants.account(Composed(events=(release, release)), "approximate").delta >= floor
+
+
 def test_approximate_composition_is_never_worse_than_adding() -> None:
     tree = Composed(events=(SDGS(k=10, beta=0.2, epsilon=0.5), SDGS(k=10, beta=0.2, epsilon=0.5)))
     g = accountants.account(tree, "approximate")

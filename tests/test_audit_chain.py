@@ -388,8 +388,8 @@ def test_unrecorded_row_is_found(engine: Any, tmp_path: Path) -> None:
     populate(engine, tmp_path / "out")
     execute(
         engine,
-        "INSERT INTO approval (policy_sha256, approved_by, os_user, approved_at) "
-        "VALUES (:sha, 'Mallory', 'x', '2026-01-01 00:00:00.000000')",
+        "INSERT INTO approval (policy_sha256, approved_by, os_user, approved_at, nonce) "
+        "VALUES (:sha, 'Mallory', 'x', '2026-01-01 00:00:00.000000', 'f00d')",
         sha=POLICY_SHA,
     )
     result = check(engine)

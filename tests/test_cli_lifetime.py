@@ -136,3 +136,42 @@ def test_runway_fresh_and_after_charges(adult_dir, tmp_path: Path) -> None:
     shown = cli("ledger", "show", "adult-census", env=env)
     assert shown.returncode == 0 and f"{expected - 3} more runs like the latest" in shown.stdout
     assert json.loads(cli("ledger", "show", "adult-census", "--json", env=env).stdout)["runway"]["runs"] == expected - 3
+
+
+def test_compose_follows_the_policys_accounting_notion_like_the_ledger(tmp_path: Path) -> None:
+    """The demo policy accounts under the papers' probabilistic notion: `guarantee compose`
+    answers under it (stated points add up, Theorem 2), as `ledger runway` charges it; it
+    reported approximate DP for the same policy (issue 15, item 14)."""
+    policy = EXAMPLES / "demo.yaml"
+    plan = plan_policy(load_policy(policy))
+    assert plan.notion == "probabilistic"
+    stated = plan.guarantee
+    document = json.loads(
+        cli("guarantee", "compose", str(policy), "--times", "3", "--epsilon", "1000", "--json").stdout
+    )
+    assert document["notion"] == "probabilistic" and document["method"] == composition.SEQUENTIAL
+    assert document["delta"] == pytest.approx(3 * stated.delta, rel=1e-12)
+    env = {"PRIVRELEASE_DB_URL": f"sqlite:///{tmp_path / 'audit.db'}", "PRIVRELEASE_WORK_DIR": str(tmp_path)}
+    database.migrate(database.open_database(env["PRIVRELEASE_DB_URL"]))
+    runway = json.loads(cli("ledger", "runway", str(policy), "--json", env=env).stdout)
+    assert runway["notion"] == "probabilistic"
+    assert runway["this_run"]["epsilon"] == pytest.approx(stated.epsilon, rel=1e-12)
+    assert runway["this_run"]["delta"] == pytest.approx(stated.delta, rel=1e-12)
+    one = json.loads(
+        cli("guarantee", "compose", str(policy), "--times", "1", "--delta", str(2 * stated.delta), "--json").stdout
+    )
+    assert one["epsilon"] == pytest.approx(runway["this_run"]["epsilon"], rel=1e-12)
+
+
+@pytest.mark.parametrize("times", ["1000000000", "1000000000000000"])
+def test_compose_answers_any_count(adult_dir, times: str) -> None:
+    """`--times 10^9` never finished (10^6 took 12.6 s, issue 15, item 8): beyond
+    PLD_MAX_RELEASES the closed forms answer (advanced composition, KOV Theorem 3.5)."""
+    policy = EXAMPLES / "adult-identifiable.yaml"
+    result = cli("guarantee", "compose", str(policy), "--times", times, "--delta", "1e-6", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["method"] == composition.ADVANCED and composition.PLD not in document["candidates"]
+    tree = plan_policy(load_policy(policy)).event
+    assert document["epsilon"] == composition.epsilon_at([tree], 1e-6, times=int(times)).epsilon
+    assert document["epsilon"] < document["candidates"][composition.BASIC]["epsilon"]

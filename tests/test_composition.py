@@ -102,3 +102,52 @@ def test_releases_compose_as_a_multiset():
     many = composition.epsilon_at({ADULT: 50_000}, 1e-6)
     assert time.perf_counter() - start < 2.0 and many.method == composition.PLD
     assert many.epsilon > composition.epsilon_at({ADULT: 25_000}, 1e-6).epsilon
+
+
+def _kov_epsilon_mpmath(points: list[tuple[float, float, int]], delta: float) -> float:
+    """Kairouz-Oh-Viswanath Theorem 3.5 at ``delta``, in 50-digit arithmetic."""
+    import mpmath
+
+    with mpmath.workdps(50):
+        keep = mpmath.fprod((1 - mpmath.mpf(d)) ** n for _, d, n in points)
+        spare = 1 - (1 - mpmath.mpf(delta)) / keep
+        a = mpmath.fsum(n * mpmath.mpf(e) * (mpmath.exp(e) - 1) / (mpmath.exp(e) + 1) for e, _, n in points)
+        b = mpmath.fsum(n * mpmath.mpf(e) ** 2 for e, _, n in points)
+        return float(
+            min(
+                mpmath.fsum(n * mpmath.mpf(e) for e, _, n in points),
+                a + mpmath.sqrt(2 * b * mpmath.log(mpmath.e + mpmath.sqrt(b) / spare)),
+                a + mpmath.sqrt(2 * b * mpmath.log(1 / spare)),
+            )
+        )
+
+
+def test_a_billion_releases_answer_in_closed_form_without_a_pld(monkeypatch) -> None:
+    """Beyond PLD_MAX_RELEASES no PLD is built (its FFT would take hours); advanced
+    composition answers, equal to an independent 50-digit evaluation and rounded up."""
+    monkeypatch.setattr(pld, "composed_pld", lambda *a, **k: pytest.fail("a PLD was built"))
+    laplace = Laplace(scale=10.0, sensitivity=1.0)
+    result = composition.epsilon_at([laplace], 1e-6, times=10**9)
+    assert result.method == composition.ADVANCED and result.releases == 10**9
+    truth = _kov_epsilon_mpmath([(0.1, 0.0, 10**9)], 1e-6)
+    assert truth <= result.epsilon <= truth * (1 + 1e-9)
+    back = composition.delta_at([laplace], result.epsilon, times=10**9)
+    assert back.method == composition.ADVANCED and 0 < back.delta <= 1e-6 * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("points", [[(0.5, 1e-9, 6)], [(1.0, 1e-7, 2), (0.3, 0.0, 4)], [(0.1, 0.0, 10)]])
+def test_advanced_composition_is_never_below_the_optimal_composition(points) -> None:
+    """The optimal composition is exact over all (eps_i, delta_i)-DP mechanisms, so a sound
+    closed form can never state less: at every epsilon its delta, and at every delta its
+    epsilon, are at least the optimal ones."""
+    from privrelease.mechanisms.accountants import optimal_composition_delta
+
+    each = [(e, d) for e, d, n in points for _ in range(n)]
+    total = sum(e * n for e, _, n in points)
+    for fraction in (0.2, 0.4, 0.6, 0.8, 1.0):
+        epsilon = fraction * total
+        assert composition._advanced_delta(points, epsilon) >= optimal_composition_delta(each, epsilon)
+    for delta in (1e-3, 1e-6):
+        advanced = composition._advanced_epsilon(points, delta)
+        assert optimal_composition_delta(each, advanced) <= delta * (1 + 1e-9)
+        assert advanced == pytest.approx(_kov_epsilon_mpmath(points, delta), rel=1e-9)

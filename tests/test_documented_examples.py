@@ -80,6 +80,8 @@ def test_every_readme_command_runs_as_written(released) -> None:
         "POLICY.yaml": str(EXAMPLES / "adult-sdgs.yaml"),
         "APPROVERS.yaml": str(registry),
         "APPROVER.key": str(approver_key),
+        "COSIGNER.key": str(approver_key),
+        "REQUEST.json": str(work_dir.parent / "request.json"),
         "NAME@VERSION": "adult-sdgs@2",
         "policy show NAME": "policy show adult-sdgs@2",
         "NAME": "'Disclosure Review Board'",

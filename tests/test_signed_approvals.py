@@ -104,18 +104,19 @@ def test_a_signed_approval_verifies_and_counts(engine: Any, keys: dict[str, Any]
         == hashlib.sha256(signing.decode_public(approval.public_key).public_bytes_raw()).hexdigest()[:16]
     )
     assert check(engine).ok
-    # the message binds every field: another note, time, person, policy, vintage or data does not verify
-    key = signing.decode_public(approval.public_key)
-    signed = approvers.message(facts(), "Ada", approval.approved_at, "reviewed", BOUND)
+    # the message binds every field: another note, time, person, policy, vintage, id or data does not verify
+    key, nonce = signing.decode_public(approval.public_key), approval.nonce
+    signed = approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce, BOUND)
     assert signing.valid(key, signed, approval.signature)
     for other in (
-        approvers.message(facts(), "Ada", approval.approved_at, "other note", BOUND),
-        approvers.message(facts(), "Grace", approval.approved_at, "reviewed", BOUND),
-        approvers.message(facts(version="2"), "Ada", approval.approved_at, "reviewed", BOUND),
-        approvers.message(facts(vintage="ab" * 32), "Ada", approval.approved_at, "reviewed", BOUND),
-        approvers.message(facts(), "Ada", approval.approved_at, "reviewed"),
+        approvers.message(facts(), "Ada", approval.approved_at, "other note", nonce, BOUND),
+        approvers.message(facts(), "Grace", approval.approved_at, "reviewed", nonce, BOUND),
+        approvers.message(facts(version="2"), "Ada", approval.approved_at, "reviewed", nonce, BOUND),
+        approvers.message(facts(vintage="ab" * 32), "Ada", approval.approved_at, "reviewed", nonce, BOUND),
+        approvers.message(facts(), "Ada", approval.approved_at, "reviewed", "0" * 32, BOUND),
+        approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce),
         *(
-            approvers.message(facts(), "Ada", approval.approved_at, "reviewed", binding)
+            approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce, binding)
             for binding in (
                 Binding(bindings.PATH, BOUND.path, BOUND.sha256),
                 Binding(bindings.DATA, "/data/other.csv", BOUND.sha256),
@@ -161,15 +162,15 @@ def test_forged_approvals_do_not_count_and_audit_verify_flags_them(
     genuine = approve(engine, "Ada", keys["Ada"], policy=other)  # Ada approved version 2 only
     now = genuine.approved_at
     if how == "wrong key":  # Mallory signs in Ada's name
-        signature, public = approvers.sign(keys["Mallory"], target, "Ada", now, None, BOUND)
+        signature, public = approvers.sign(keys["Mallory"], target, "Ada", now, None, "1" * 32, BOUND)
         forged = bound_row(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
-        forged.signature, forged.public_key = signature, public
+        forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     elif how == "tampered policy hash":  # Ada's real signature moved to another policy
         forged = genuine.model_copy(update={"policy_sha256": target.sha256})
     elif how == "name not in registry":  # a valid signature, by a key nobody registered
-        signature, public = approvers.sign(keys["Mallory"], target, "Mallory", now, None, BOUND)
+        signature, public = approvers.sign(keys["Mallory"], target, "Mallory", now, None, "1" * 32, BOUND)
         forged = bound_row(policy_sha256=target.sha256, approved_by="Mallory", os_user="m", approved_at=now)
-        forged.signature, forged.public_key = signature, public
+        forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     else:  # an unsigned approval inserted after the registry was pinned
         forged = bound_row(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
     forge(engine, forged)
@@ -199,7 +200,10 @@ def test_revoked_signed_approvals_do_not_count(engine: Any, keys: dict[str, Any]
     with database.session(engine) as s:
         approvals.set_production_mode(s, True, by="CPO")  # no registry given: the pinned one stays
         assert approvals.pinned_registry(s) is not None
-        assert approvals.revoke(s, facts(), by="CPO", reason="scheme leaks") == 1
+        with pytest.raises(UserError, match="a revocation needs the signature of an approver"):
+            approvals.revoke(s, facts(), by="CPO", reason="scheme leaks")  # the service alone cannot
+    with database.session(engine) as s:
+        assert approvals.revoke(s, facts(), by="Grace", reason="scheme leaks", keys=[keys["Grace"]]) == 1
     with pytest.raises(UserError, match=r"has 0 current approver.*revoked approvals do not count"):
         require(engine)
     approve(engine, "Grace", keys["Grace"])
@@ -222,7 +226,7 @@ def test_n_distinct_registered_approvers(tmp_path: Path, engine: Any, keys: dict
         tmp_path / "shared.yaml", {"Ada": keys["public"]["Ada"], "Ada Alias": keys["public"]["Ada"]}
     )
     with database.session(engine) as s:
-        approvals.set_production_mode(s, True, by="CPO", registry=approvers.load(shared))
+        approvals.set_production_mode(s, True, by="CPO", registry=approvers.load(shared), keys=[keys["Grace"]])
     approve(engine, "Ada Alias", keys["Ada"], policy=facts("3"))
     approve(engine, "Ada", keys["Ada"], policy=facts("3"))
     with pytest.raises(UserError, match="has 1 current approver.*needs 2 distinct"):
@@ -274,6 +278,10 @@ MALFORMED = {
     "empty": ("", "an empty file"),
     "bad key": ("approvers:\n  Ada: not-a-key\n", "the key of approver 'Ada' ('not-a-key') is not valid"),
     "twice": (f"approvers:\n  Ada: {'A' * 43}=\n  ada: {'A' * 43}=\n", "approver 'ada' is declared twice"),
+    "quorum": (
+        f"approvers:\n  Ada: {'A' * 43}=\ngovernance:\n  quorum: 2\n",
+        "governance must be `{quorum: N}` with N a whole number from 1 to 1",
+    ),
 }
 
 
@@ -332,7 +340,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     database.migrate(engine)
     with engine.connect() as connection:
         kinds = [row.kind for row in connection.execute(sa.text("SELECT kind FROM audit_event ORDER BY seq"))]
-    assert kinds[-4:] == ["schema_migrated", "approval_migrated"] * 2
+    assert kinds[-6:] == ["schema_migrated", "approval_migrated"] * 3  # 0004, 0005, 0006
     result = check(engine, public_key=signing.public_key(public))
     assert [p.seq for p in result.problems] == [1, 2]  # only the two records written without the key
     assert all(p.kind == "unsigned" for p in result.problems)
@@ -343,6 +351,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
         old = s.exec(select(Approval)).one()
         assert approvers.check(policy, old, None).status == "unsigned"
     assert (old.approved_by, old.binds, old.data_path, old.data_sha256, old.os_uid) == ("Ada", None, None, None, None)
+    assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
 
 
 work, demo_source, demo_dir = flow_steps.work, flow_steps.demo_source, flow_steps.demo_dir
@@ -389,7 +398,7 @@ def test_a_production_release_shows_who_approved_with_which_key(
     with database.session(database.open_database(), readonly=True) as s:
         sha256 = approvals.find_policy(s, "demo-census").sha256
     signature, public = approvers.sign(
-        keys["Mallory"], approvals.PolicyFacts("x", "1", sha256, "{}"), "Ada", None, None
+        keys["Mallory"], approvals.PolicyFacts("x", "1", sha256, "{}"), "Ada", None, None, "1" * 32
     )
     forge(
         database.open_database(),
@@ -421,9 +430,9 @@ def test_the_report_index_shows_each_approvals_key_and_signature(engine: Any, ke
     with database.session(engine) as s:
         approvals.register_policy(s, target)
     genuine = approve(engine, "Ada", keys["Ada"], policy=target)
-    signature, public = approvers.sign(keys["Mallory"], target, "Grace", genuine.approved_at, None, BOUND)
+    signature, public = approvers.sign(keys["Mallory"], target, "Grace", genuine.approved_at, None, "1" * 32, BOUND)
     forged = bound_row(policy_sha256=target.sha256, approved_by="Grace", os_user="m", approved_at=genuine.approved_at)
-    forged.signature, forged.public_key = signature, public
+    forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     forge(engine, forged)
     with database.session(engine, readonly=True) as s:
         (policy,) = collect(s).policies

@@ -19,6 +19,11 @@ from privrelease.cli.output import console, print_json, styled
 
 policy_app = typer.Typer(help="Approve, list and show policy versions.", no_args_is_help=True)
 audit_app = typer.Typer(help="Check the hash-chained audit log.", no_args_is_help=True)
+governance_app = typer.Typer(
+    help="Sign and apply governance requests (production mode, approver registry, revocations) for a quorum.",
+    no_args_is_help=True,
+)
+audit_app.add_typer(governance_app, name="governance")
 ledger_app = typer.Typer(
     help="The lifetime privacy budget of each dataset (dataset.id) and its files.", no_args_is_help=True
 )
@@ -78,6 +83,47 @@ def _approval_dict(approval: Any, policy: Any = None, registry: Any = None) -> d
         verdict = approvers.check(policy, approval, registry)
         document.update(key=verdict.fingerprint, signature=verdict.status, verified=verdict.verified)
     return document
+
+
+KeysOption = Annotated[
+    list[Path] | None,
+    typer.Option("--key", help="An approver's private key file: signs the governance record (repeat for a quorum)."),
+]
+ProposeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--propose",
+        help="Write the (signed) request to this file instead of applying it: other approvers sign it with "
+        "`audit governance sign`, then `audit governance apply` records it.",
+    ),
+]
+
+
+def _govern(s: Any, document: dict[str, Any], keys: list[Path] | None, propose: Path | None) -> dict[str, Any]:
+    """Sign a governance request with ``keys``; write it to ``propose``, else apply it."""
+    from privrelease.audit import governance, signing
+
+    governance.sign(document, [signing.private_key(str(key), "--key") for key in keys or []])
+    if propose is None:
+        governance.apply(s, document)
+    else:
+        governance.dump(document, propose)
+    return document
+
+
+def _proposed(propose: Path | None) -> dict[str, Any]:
+    return {} if propose is None else {"proposed": str(propose)}
+
+
+def _print_proposed(propose: Path | None) -> None:
+    if propose is not None:
+        console.print(
+            f"request written to {propose}: each approver runs `privrelease audit governance sign {propose} --key KEY`, "
+            f"then `privrelease audit governance apply {propose}` records it",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @policy_app.command("approve")
@@ -152,27 +198,41 @@ def policy_approve(
 @policy_app.command("revoke")
 def policy_revoke(
     ref: Annotated[str, typer.Argument(help="NAME@VERSION or a sha256 prefix of the approved version.")],
-    by: Annotated[str, typer.Option("--by", help="Who revokes (recorded with the OS user).")],
+    by: Annotated[str, typer.Option("--by", help="Who revokes (recorded).")],
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")],
+    keys: KeysOption = None,
+    propose: ProposeOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Withdraw every current approval of a policy version: production runs refuse it until it
-    is approved again. The revocation is an audit record; the approvals stay on record."""
+    is approved again. The revocation is a governance record, signed by an approver (--key) once
+    a registry is pinned; the approvals stay on record."""
     from privrelease.audit import approvals
     from privrelease.audit.database import session
 
     with session(_engine()) as s:
         version = approvals.find_policy(s, ref)
         facts = approvals.PolicyFacts(version.name, version.version, version.sha256, version.canonical_json)
-        count = approvals.revoke(s, facts, by=by, reason=reason)
+        document = _govern(s, approvals.revoke_request(s, facts, by=by, reason=reason), keys, propose)
+    count = len(document["request"]["approvals"])
     if json_output:
-        print_json({"policy": facts.name, "version": facts.version, "sha256": facts.sha256, "revoked": count})
+        print_json(
+            {
+                "policy": facts.name,
+                "version": facts.version,
+                "sha256": facts.sha256,
+                "revoked": count,
+                **_proposed(propose),
+            }
+        )
         return
+    done = "proposed revoking" if propose else "revoked"
     console.print(
-        f"revoked {count} approval(s) of {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}): {reason}",
+        f"{done} {count} approval(s) of {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}): {reason}",
         highlight=False,
         soft_wrap=True,
     )
+    _print_proposed(propose)
 
 
 @policy_app.command("list")
@@ -424,7 +484,7 @@ def audit_mode(
     mode: Annotated[
         str | None, typer.Argument(help="production or development; omit it to show the current mode.")
     ] = None,
-    by: Annotated[str | None, typer.Option("--by", help="Who sets the mode (recorded with the OS user).")] = None,
+    by: Annotated[str | None, typer.Option("--by", help="Who proposes the mode (recorded).")] = None,
     note: Annotated[str | None, typer.Option("--note", help="Why (kept with the record).")] = None,
     registry_file: Annotated[
         Path | None,
@@ -433,13 +493,15 @@ def audit_mode(
             help="The approver registry to pin with production mode (default: PRIVRELEASE_APPROVERS, if set; else a registry already pinned stays).",
         ),
     ] = None,
+    keys: KeysOption = None,
+    propose: ProposeOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Show or set the audit database's mode. In production mode every run refuses a policy
     whose exact content is not approved, whatever its runner's settings; with an approver
-    registry pinned, only approvals signed by a registered key count. Each change is an audit
-    record naming who made it."""
-    from privrelease.audit import approvals, approvers
+    registry pinned, only approvals signed by a registered key count, and development mode or
+    another registry needs the signatures (--key) of the registry's quorum of approvers."""
+    from privrelease.audit import approvals, approvers, governance
     from privrelease.audit.database import session
     from privrelease.errors import UserError
     from privrelease.settings import get_settings
@@ -456,23 +518,29 @@ def audit_mode(
         if mode == "production":
             registry = approvers.load(registry_file, what="--approvers") if registry_file else approvers.configured()
         with session(engine) as s:
-            approvals.set_production_mode(s, mode == "production", by=by, note=note, registry=registry)
+            request = approvals.mode_request(s, mode == "production", by=by, note=note, registry=registry)
+            _govern(s, request, keys, propose)
     with session(engine, readonly=True) as s:
-        database = approvals.production_mode(s)
-        pinned = approvals.pinned_registry(s)
+        state = governance.state(s)
+    database, pinned = state.production, state.registry
     environment = get_settings().production
     effective = "production" if database or environment else "development"
     document: dict[str, Any] = {
         "mode": effective,
         "database": "production" if database else "development",
         "environment": environment,
+        **_proposed(propose),
     }
     if pinned is not None:
         document["approver_registry"] = {
             "source": pinned.source,
             "sha256": pinned.sha256,
             "approvers": sorted(pinned.keys),
+            "quorum": pinned.quorum,
         }
+    problems = [message for _seq, message in state.ignored] + ([state.broken] if state.broken else [])
+    if problems:
+        document["governance_problems"] = problems
     if json_output:
         print_json(document)
         return
@@ -480,11 +548,60 @@ def audit_mode(
     console.print(f"mode: {effective} (set by {why})", highlight=False, soft_wrap=True)
     if pinned is not None:
         console.print(
-            f"approver registry pinned: {pinned.source} (sha256 {pinned.sha256[:12]}): {', '.join(sorted(pinned.keys))}",
+            f"approver registry pinned: {pinned.source} (sha256 {pinned.sha256[:12]}; governance quorum "
+            f"{pinned.quorum}): {', '.join(sorted(pinned.keys))}",
             highlight=False,
             markup=False,
             soft_wrap=True,
         )
+    for problem in document.get("governance_problems", []):
+        console.print(styled("[yellow]governance:[/] {}", problem), highlight=False, soft_wrap=True)
+    _print_proposed(propose)
+
+
+@governance_app.command("sign")
+def governance_sign(
+    request: Annotated[Path, typer.Argument(help="A request file written by --propose.")],
+    keys: Annotated[list[Path], typer.Option("--key", help="Your approver private key file (repeatable).")],
+    json_output: JsonFlag = False,
+) -> None:
+    """Add your signature to a governance request (production mode, approver registry,
+    revocation); it reads no database."""
+    from privrelease.audit import governance, signing
+
+    document = governance.load(request)
+    governance.sign(document, [signing.private_key(str(key), "--key") for key in keys])
+    governance.dump(document, request)
+    fingerprints = [signing.fingerprint(entry["public_key"]) for entry in document["signatures"]]
+    if json_output:
+        print_json({"request": document["request"], "signed_by_keys": fingerprints})
+        return
+    console.print(
+        f"signed {request}: {document['request']['action']} proposed by {document['request'].get('by')!r}; "
+        f"keys that signed it: {', '.join(fingerprints)}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+@governance_app.command("apply")
+def governance_apply(
+    request: Annotated[Path, typer.Argument(help="A request file written by --propose and signed.")],
+    json_output: JsonFlag = False,
+) -> None:
+    """Record a signed governance request; refused (exit 2) when it lacks the quorum of the
+    registry in effect or another governance record was appended since it was proposed."""
+    from privrelease.audit import governance
+    from privrelease.audit.database import session
+
+    document = governance.load(request)
+    with session(_engine()) as s:
+        record = governance.apply(s, document)
+    if json_output:
+        print_json({"seq": record.seq, "kind": record.kind, "request": document["request"]})
+        return
+    console.print(f"applied {request}: audit record {record.seq} ({record.kind})", highlight=False, soft_wrap=True)
 
 
 @audit_app.command("recover")

@@ -1,7 +1,9 @@
 """``guarantee compose`` and ``ledger runway``: how long a schedule of releases can go on.
 
-Both compose under approximate (eps, delta)-DP by the tightest sound method
-(:mod:`privrelease.mechanisms.composition`); they read no data.
+Both compose under the accounting notion the policy names (``targets.accounting``), as the
+ledger charges it: approximate (eps, delta)-DP by the tightest sound method, or the papers'
+probabilistic notion by adding the stated points (:mod:`privrelease.mechanisms.composition`);
+they read no data.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _release_tree(path: Path):
     from privrelease.policies import load_policy
 
     plan = plan_policy(load_policy(path))
-    guarantee = accountants.account(plan.event, "approximate")
+    guarantee = accountants.account(plan.event, plan.notion)
     if not plan.mechanisms or not guarantee.supported:
         raise UserError(
             f"{path}: the release has no (epsilon, delta)-DP guarantee to compose: "
@@ -52,8 +54,10 @@ def guarantee_compose(
     epsilon: float | None = typer.Option(None, "--epsilon", help="Find the delta at this epsilon (>= 0)."),
     json_out: bool = JSON,
 ) -> None:
-    """The (epsilon, delta)-DP of TIMES runs of a policy's release, composed by the tightest
-    sound method (privacy loss distributions, optimal or basic composition). Reads no data."""
+    """The (epsilon, delta)-DP of TIMES runs of a policy's release under the policy's accounting
+    notion, composed by the tightest sound method (privacy loss distributions, optimal,
+    advanced or basic composition; under the probabilistic notion the stated points add up).
+    Reads no data."""
     from privrelease.mechanisms import composition
 
     if times < 1:
@@ -70,12 +74,12 @@ def guarantee_compose(
         )
     plan = _release_tree(policy)
     if delta is not None:
-        result = composition.epsilon_at([plan.event], delta, times=times)
+        result = composition.epsilon_at([plan.event], delta, times=times, notion=plan.notion)
     else:
-        result = composition.delta_at([plan.event], epsilon, times=times)  # type: ignore[arg-type]
+        result = composition.delta_at([plan.event], epsilon, times=times, notion=plan.notion)  # type: ignore[arg-type]
     document = {
         "policy": plan.loaded.policy.name,
-        "notion": "approximate",
+        "notion": plan.notion,
         "times": times,
         **result.as_dict(),
     }
@@ -85,7 +89,7 @@ def guarantee_compose(
         runs = f"{times} run{'s' if times != 1 else ''}"
         console.print(
             f"{runs} of {plan.loaded.policy.name} ({result.releases} releases): "
-            f"({_number(result.epsilon)}, {result.delta:.6g})-DP by {result.method}",
+            f"({_number(result.epsilon)}, {result.delta:.6g})-DP ({plan.notion}) by {result.method}",
             highlight=False,
             soft_wrap=True,
         )

@@ -1,3 +1,3 @@
 """Migration revisions; ``HEAD_REVISION`` is the newest (checked by the tests against Alembic)."""
 
-HEAD_REVISION = "0005_approval_binds_data"
+HEAD_REVISION = "0006_governance"
