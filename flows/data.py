@@ -9,10 +9,11 @@ import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pyarrow as pa
 
+from privrelease.datafiles import open_checked
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.flows import engines
 
@@ -35,42 +36,42 @@ from privrelease.flows.context import (
 # --------------------------------------------------------------------------- 3. fingerprint
 
 
-def _scan(path: Path) -> tuple[str, int, int, bytes]:
-    """One pass over a text file: its sha256, size, number of lines (a last line without a
-    newline counts) and its first line. Every fact of the fingerprint comes from the bytes
-    hashed, so no swap of the file between two reads can split them."""
+def _scan(handle: BinaryIO) -> tuple[str, int, int, bytes]:
+    """One pass over an open text file from its start: its sha256, size, number of lines (a
+    last line without a newline counts) and its first line. Every fact of the fingerprint comes
+    from the bytes hashed, so no swap of the file between two reads can split them."""
     digest = hashlib.sha256()
     size = lines = 0
     last = b"\n"
     kept = bytearray()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-            lines += chunk.count(b"\n")
-            last = chunk[-1:]
-            if b"\n" not in kept:
-                kept += chunk
+    handle.seek(0)
+    while chunk := handle.read(_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+        lines += chunk.count(b"\n")
+        last = chunk[-1:]
+        if b"\n" not in kept:
+            kept += chunk
     if last != b"\n":
         lines += 1
     return digest.hexdigest(), size, lines, bytes(kept).split(b"\n", 1)[0]
 
 
 def header_names(path: Path, dataset: Any) -> list[str] | None:
-    """The column names in a data file's CSV header or Parquet schema, read from the file (for
-    a quick check; None: a CSV without a header)."""
-    if dataset.format == "parquet":
-        import pyarrow.parquet as pq
-
+    """The column names in a data file's CSV header or Parquet schema, read from the file at
+    its checked real ``path`` (:func:`.datafiles.open_checked`; for a quick check; None: a CSV
+    without a header)."""
+    with open_checked(path) as handle:
         try:
-            return list(pq.read_schema(path).names)
-        except (pa.ArrowInvalid, OSError) as error:
-            raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
-    try:
-        with open(path, "rb") as handle:
+            if dataset.format == "parquet":
+                import pyarrow.parquet as pq
+
+                return list(pq.read_schema(handle).names)
             first_line = handle.readline()
-    except OSError as error:
-        raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
+        except pa.ArrowInvalid as error:
+            raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
+        except OSError as error:
+            raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
     return csv_header(first_line, path, dataset)
 
 
@@ -107,7 +108,7 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     if run.engine.scaled or path.is_dir():
         facts = _fingerprint_files(run, loaded, path)
     else:
-        facts = _fingerprint_file(path, dataset)
+        facts = _fingerprint_file(path, dataset, _data_handle(run))
     if run.production:  # approvals binding the bytes are checked against their fingerprint
         from privrelease.audit import approvals
 
@@ -131,33 +132,26 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
 
 
 def dataset_sha256(loaded: Any, path: Path) -> str:
-    """The fingerprint a run on ``path`` records, computed in this process: a file's sha256, or
-    a Parquet folder's combined one (:func:`.partitions.combined_sha256`); each file confined
-    (:func:`privrelease.policies.loader.confine`)."""
-    from privrelease.datasets import fingerprint
-    from privrelease.flows import partitions
-    from privrelease.policies.loader import confine
-
+    """The fingerprint a run of ``loaded`` on the data at ``path`` records (checked as a run
+    checks it), computed in this process: for what a production approval binds."""
     path = loaded.data_file(path)
-    if not path.is_dir():
-        return fingerprint(path)[0]
-    files = [confine(file, loaded.base_dir, what="dataset file") for file in partitions.dataset_files(path)]
-    return partitions.combined_sha256([partitions.scan_file(str(file)) for file in files])
+    if path.is_dir():
+        return _fingerprint_files(None, loaded, path).sha256
+    with open_checked(path) as handle:
+        return _fingerprint_file(path, loaded.policy.dataset, handle).sha256
 
 
-def _fingerprint_file(path: Path, dataset: Any) -> DatasetFacts:
-    """One file, in one pass over its bytes (CSV: :func:`_scan`; Parquet:
+def _fingerprint_file(path: Path, dataset: Any, handle: BinaryIO) -> DatasetFacts:
+    """One file, opened as ``handle``, in one pass over its bytes (CSV: :func:`_scan`; Parquet:
     :func:`.partitions.scan_file`, whose footer gives the columns and rows)."""
-    if not path.is_file():
-        raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
     if dataset.format == "parquet":
         from privrelease.flows.partitions import scan_file
 
-        file = scan_file(str(path))
+        file = scan_file(str(path), handle)
         _require_columns(path, dataset, file.columns)
         return DatasetFacts(str(path), file.sha256, file.bytes, file.rows)
     try:
-        sha256, size, lines, first_line = _scan(path)
+        sha256, size, lines, first_line = _scan(handle)
     except OSError as error:
         raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
     header = csv_header(first_line, path, dataset)
@@ -176,10 +170,10 @@ def _require_columns(path: Path, dataset: Any, header: Sequence[str]) -> None:
         )
 
 
-def _fingerprint_files(run: RunContext, loaded: Any, path: Path) -> DatasetFacts:
+def _fingerprint_files(run: RunContext | None, loaded: Any, path: Path) -> DatasetFacts:
     """A Parquet file or folder, file by file (on Dask, on the run's cluster, connected here:
-    an unreachable scheduler is refused before anything is reserved); the fingerprint combines
-    the files' (:func:`.partitions.combined_sha256`)."""
+    an unreachable scheduler is refused before anything is reserved; without a ``run``, in this
+    process); the fingerprint combines the files' (:func:`.partitions.combined_sha256`)."""
     from privrelease.flows import partitions
     from privrelease.policies.loader import confine
 
@@ -190,7 +184,7 @@ def _fingerprint_files(run: RunContext, loaded: Any, path: Path) -> DatasetFacts
             field="dataset.format",
         )
     paths = [str(confine(file, loaded.base_dir, what="dataset file")) for file in partitions.dataset_files(path)]
-    if run.engine.scaled:
+    if run is not None and run.engine.scaled:
         engines.connect(run.run_id, run.engine)
         files = engines.map_gather(run.run_id, partitions.scan_file, paths)
     else:
@@ -311,6 +305,11 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
 # --------------------------------------------------------------------------- 6. read
 
 
+_opened: dict[str, BinaryIO] = {}
+"""Run id -> its data file (one file), opened once at its checked real path
+(:func:`.datafiles.open_checked`): the fingerprint and the read in this process use it, never
+the path again, so a file swapped or relinked after the check is not what they see."""
+
 _tables: dict[str, pa.Table] = {}
 """Run id -> the checked table, kept in this process between the read and the mechanisms (it
 never passes through Prefect); a mechanism in another process reads the file again."""
@@ -348,7 +347,18 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
         missing_values=spec.missing_values,
         domains=dict(spec.domains),
         expected_sha256=expected_sha256,
+        handle=_data_handle(run),
     )
+
+
+def _data_handle(run: RunContext) -> BinaryIO:
+    """The run's data file as opened in this process (:data:`_opened`); opened now, by its
+    checked real path, in a process that has not (a task elsewhere: its bytes must still hash
+    to the run's fingerprint)."""
+    handle = _opened.get(run.run_id)
+    if handle is None:
+        handle = _opened[run.run_id] = open_checked(run.data_path)
+    return handle
 
 
 def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
@@ -401,7 +411,11 @@ def _table(run: RunContext) -> pa.Table:
 
 
 def forget_data(run_id: str) -> None:
-    """Drop the run's table or partial results from this process, and its Dask client."""
+    """Drop the run's open data file, table or partial results from this process, and its
+    Dask client."""
+    handle = _opened.pop(run_id, None)
+    if handle is not None:
+        handle.close()
     _tables.pop(run_id, None)
     _partials.pop(run_id, None)
     engines.disconnect(run_id)

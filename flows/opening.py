@@ -1,6 +1,6 @@
-"""Steps 1-2 of a release: open the run (load and verify the policy, approval in production
-mode, the engine, the run record and manifest) and prepare the staging folder (after settling
-runs a crash left behind)."""
+"""Steps 1-2 of a release: open the run (settle the runs a crash left behind, then load and
+verify the policy, approval in production mode, the engine, the run record and manifest) and
+prepare the staging folder."""
 
 from __future__ import annotations
 
@@ -100,7 +100,9 @@ def open_run(
     """Step 1 from the flow's parameters: the policy file, or (``rerun_of``) the stored policy
     of an earlier run, repeated on the same data (its fingerprint must match). ``engine``,
     ``dask_address`` and ``workers`` override the policy's ``engine:`` section (a rerun's
-    default is the engine its run used)."""
+    default is the engine its run used). Dead runs are settled first, whatever this run's
+    outcome (:func:`settle_crashed_runs`)."""
+    settle_crashed_runs()
     choice = {"engine": engine, "dask_address": dask_address, "workers": workers}
     if (policy_path is None) == (rerun_of is None):
         raise UserError("give either a policy file or the id of a run to repeat")
@@ -318,8 +320,8 @@ def _draft_refusal(session: Any, loaded: Any, policy: PolicySource, facts: Any) 
 
 
 def prepare_outputs(run: RunContext) -> str:
-    """Settle runs a crash left unfinished (:mod:`.recovery`), create the staging folder (with
-    a marker naming the run) and remove staging folders of runs no longer live. Returns its path."""
+    """Create the staging folder (with a marker naming the run) and remove staging folders of
+    runs no longer live (:func:`open_run` settled the dead ones). Returns its path."""
     from privrelease.audit import ledger
 
     root = Path(run.out_root)
@@ -337,22 +339,28 @@ def prepare_outputs(run: RunContext) -> str:
         raise UserError(f"staging folder {str(staging)!r} already exists") from None
     except OSError as error:
         raise UserError(f"cannot create the staging folder in {str(root)!r}: {error.strerror or error}") from None
-    settle_crashed_runs()
     with _session() as s:
         ledger.reap_expired(s)
     remove_stale_staging(root, keep=run.run_id)
     return str(staging)
 
 
-def settle_crashed_runs() -> list[recovery.Settled]:
-    """Settle the runs whose process died (:func:`.recovery.recover`); inside a Prefect flow,
-    also mark their flow runs crashed."""
+_unmarked: list[recovery.Settled] = []
+"""Runs settled in this process whose Prefect flow runs are not marked crashed yet."""
+
+
+def settle_crashed_runs(*, mark_flow_runs: bool = True) -> list[recovery.Settled]:
+    """Settle the runs whose process died (:func:`.recovery.recover`). With ``mark_flow_runs``,
+    inside a Prefect flow, also mark their flow runs crashed, and those of runs settled earlier
+    in this process without it (the pre-flight contacts no server)."""
     settled = recovery.recover(_engine())
     for done in settled:
         logger().warning("settled run %s left %s by a crash: %s (%s)", done.run_id, done.was, done.action, done.detail)
-    if settled and "prefect" in sys.modules:
+    _unmarked.extend(settled)
+    if mark_flow_runs and _unmarked and "prefect" in sys.modules:
         try:
-            recovery.crash_flow_runs(settled)
+            recovery.crash_flow_runs(_unmarked)
+            _unmarked.clear()
         except Exception as error:  # the release goes on; `privrelease audit recover` can retry
             logger().warning("could not mark the crashed runs' flow runs: %s", error)
     return settled

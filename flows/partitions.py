@@ -31,11 +31,12 @@ import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from privrelease.datafiles import open_checked
 from privrelease.errors import UserError
 from privrelease.flows.context import DataStepError, withholding
 
@@ -117,29 +118,32 @@ def dataset_files(path: Path) -> list[Path]:
     return [path]
 
 
-def scan_file(path: str) -> DataFile:
+def scan_file(path: str, handle: BinaryIO | None = None) -> DataFile:
     """Fingerprint one file in one streaming pass over its bytes (memory: one chunk), on a
     worker or in the flow: the footer is parsed first for the row groups' byte ranges, then the
     whole file is hashed, each range and the footer too; the footer parsed must be the footer
-    hashed (else the file changed while it was read)."""
+    hashed (else the file changed while it was read). ``path`` is the checked real path, read
+    through ``handle`` (the file the run opened) or opened by :func:`.datafiles.open_checked`."""
+    if handle is None:
+        with open_checked(path) as opened:
+            return scan_file(path, opened)
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            footer, metadata = _footer(handle, size, path)
-            ranges = tuple(_byte_range(metadata.row_group(i)) for i in range(metadata.num_row_groups))
-            if any(not 4 <= start <= end <= size - len(footer) for start, end in ranges):
-                raise UserError(f"dataset file {path!r} is not a readable Parquet file: row groups outside the file")
-            whole, digests, tail = hashlib.sha256(), [hashlib.sha256() for _ in ranges], hashlib.sha256()
-            spans = [*ranges, (size - len(footer), size)]
-            position = 0
-            handle.seek(0)
-            while chunk := handle.read(_CHUNK):
-                whole.update(chunk)
-                end = position + len(chunk)
-                for digest, (start, stop) in zip([*digests, tail], spans, strict=True):
-                    if start < end and stop > position:
-                        digest.update(chunk[max(start, position) - position : min(stop, end) - position])
-                position = end
+        size = os.fstat(handle.fileno()).st_size
+        footer, metadata = _footer(handle, size, path)
+        ranges = tuple(_byte_range(metadata.row_group(i)) for i in range(metadata.num_row_groups))
+        if any(not 4 <= start <= end <= size - len(footer) for start, end in ranges):
+            raise UserError(f"dataset file {path!r} is not a readable Parquet file: row groups outside the file")
+        whole, digests, tail = hashlib.sha256(), [hashlib.sha256() for _ in ranges], hashlib.sha256()
+        spans = [*ranges, (size - len(footer), size)]
+        position = 0
+        handle.seek(0)
+        while chunk := handle.read(_CHUNK):
+            whole.update(chunk)
+            end = position + len(chunk)
+            for digest, (start, stop) in zip([*digests, tail], spans, strict=True):
+                if start < end and stop > position:
+                    digest.update(chunk[max(start, position) - position : min(stop, end) - position])
+            position = end
     except OSError as error:
         raise UserError(f"cannot read dataset file {path!r}: {error.strerror or error}") from None
     if position != size or tail.hexdigest() != hashlib.sha256(footer).hexdigest():
@@ -275,15 +279,15 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
 
     file = partition.file
     path = Path(file.path)
-    try:
-        with open(path, "rb") as handle:
+    with open_checked(path) as handle:
+        try:
             tail = file.bytes - file.footer_bytes
             pieces = {tail: _verified(handle, file, tail, file.bytes, file.footer_sha256)}
             for group in partition.row_groups:
                 start, end = file.ranges[group]
                 pieces[start] = _verified(handle, file, start, end, file.range_sha256[group])
-    except OSError as error:
-        raise UserError(f"cannot read dataset file {file.path!r}: {error.strerror or error}") from None
+        except OSError as error:
+            raise UserError(f"cannot read dataset file {file.path!r}: {error.strerror or error}") from None
     try:
         metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + pieces[tail]))  # the verified footer
         raw = parse_parquet(

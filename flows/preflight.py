@@ -3,10 +3,11 @@
 ``privrelease run`` and the Python API call :func:`preflight` while the temporary server
 starts, so that a broken policy, a missed target, a missing approval, a missing or mismatched
 data file, an unreachable audit database or an exhausted budget answers at once instead of
-after the server's 20-30 s start. It reads the data file's header only, writes nothing, and
-raises the same :class:`UserError` / :class:`TargetNotMet` the run would. The run itself checks
-everything again (under the audit write lock for the budget): preflight is a fast answer, not
-the guarantee.
+after the server's 20-30 s start. It settles dead runs as every run's start does, reads the
+data file's header only, writes nothing else, contacts no Dask scheduler before every local
+check (approval included) has passed, and raises the same :class:`UserError` /
+:class:`TargetNotMet` the run would. The run itself checks everything again (under the audit
+write lock for the budget): preflight is a fast answer, not the guarantee.
 """
 
 from __future__ import annotations
@@ -29,25 +30,31 @@ def preflight(
     dask_address: str | None = None,
     workers: int | None = None,
 ) -> None:
-    """Check, in order: the policy (and ``dataset.id`` for a charged release), the engine (and
-    that its scheduler answers), the
-    output format, the data file (a Parquet folder: its first file) and its header, the plan's
-    targets, the audit database, the approval (production mode) and that the release fits its
-    dataset's lifetime budget (cheapest first)."""
+    """Settle the runs a crash left unfinished (:func:`.steps.settle_crashed_runs`, when the
+    audit database exists: whatever this run's outcome), then check, in order: the policy (and
+    ``dataset.id`` for a charged release), the output format, the data file (a Parquet folder:
+    its first file) and its header, the plan's targets, the audit database, the approval
+    (production mode) and that the release fits its dataset's lifetime budget (cheapest
+    first); last, once every local check has passed, that the engine's Dask scheduler answers
+    (no host a draft names is contacted before its approval)."""
+    from privrelease.audit import approvals
+    from privrelease.audit.database import exists, get_engine, open_database, session
+
+    if exists(get_engine()):
+        steps.settle_crashed_runs(mark_flow_runs=False)
     source = steps.PolicySource.from_file(policy_path)
     loaded = source.load()
     loaded.require_dataset_id()
-    engines.check_reachable(steps.engine_of(loaded, engine, dask_address, workers))
+    chosen = steps.engine_of(loaded, engine, dask_address, workers)
     if output_format not in steps.OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
     data = loaded.data_file(data_path)
     first = data
     if data.is_dir():
         from privrelease.flows.partitions import dataset_files
+        from privrelease.policies.loader import confine
 
-        first = dataset_files(data)[0]
-    if not first.is_file():
-        raise UserError(f"dataset file {str(first)!r} does not exist or is not a file")
+        first = confine(dataset_files(data)[0], loaded.base_dir, what="dataset file")
     header = steps.header_names(first, loaded.policy.dataset)
     if header is not None:
         absent = [name for name in loaded.policy.dataset.columns if name not in header]
@@ -58,10 +65,8 @@ def preflight(
             )
     plan = steps.plan_summary(source)
     require_targets(plan, f"{loaded.policy.name}@{loaded.policy.version}")
-    from privrelease.audit import approvals
-    from privrelease.audit.database import open_database, session
-
     with session(open_database(), readonly=True) as s:
         if production or get_settings().production or approvals.production_mode(s):
             approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval, data_path=str(data))
         require_budget(s, loaded, plan)
+    engines.check_reachable(chosen)

@@ -248,15 +248,23 @@ def dead_runs(session: Any, *, force: Iterable[str] = ()) -> list[str]:
 
 
 def recover(engine: Any, *, force: Iterable[str] = ()) -> list[Settled]:
-    """Settle every dead run (and the runs in ``force``), one transaction per run."""
+    """Settle every dead run (and the runs in ``force``), one transaction per run. An OSError
+    (a rename or fsync the system refuses) names the run; settling again resumes it."""
     from privrelease.audit.database import session
 
     with session(engine, readonly=True) as s:
         candidates = dead_runs(s, force=force)
     settled = []
     for run_id in candidates:
-        with session(engine) as s:
-            done = settle(s, run_id)
+        try:
+            with session(engine) as s:
+                done = settle(s, run_id)
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"cannot settle run {run_id}, left unfinished by a crash ({error.strerror or error}); "
+                "`privrelease audit recover` tries again",
+            ) from error
         if done is not None:
             settled.append(done)
     return settled

@@ -8,12 +8,12 @@ mechanisms depend on it (:mod:`.scaled`).
 
 A release, in order (each step's result is a small, picklable summary; no step returns data):
 
-1. :func:`verify_policy` - load the policy (a file, or for a rerun the stored canonical policy),
+1. :func:`open_run` - settle the runs a crash left unfinished; load the policy (a file, or for a rerun the stored canonical policy),
    register it, and in production mode refuse it unless its exact hash is approved; start the
    run (audit status ``pending``).
 2. :func:`prepare_outputs` - create the hidden staging folder ``OUT/.<release>.partial`` (an
    unwritable output folder fails here, before any budget is touched) and remove staging
-   folders of crashed runs.
+   folders of runs no longer live.
 3. :func:`fingerprint_dataset` - sha256 and size of the file's bytes and its row count (no
    contents), checked against the policy's declared ``rows`` and columns (header only), and
    for a rerun against the repeated run's fingerprint.
@@ -82,7 +82,13 @@ from privrelease.flows.data import (
     read_data,
     reserve_budget,
 )
-from privrelease.flows.opening import approval_binding, engine_of, open_run, prepare_outputs
+from privrelease.flows.opening import (
+    approval_binding,
+    engine_of,
+    open_run,
+    prepare_outputs,
+    settle_crashed_runs,
+)
 from privrelease.flows.outputs import run_mechanism, write_table
 from privrelease.flows.publishing import publish, record_failure
 from privrelease.flows.reporting import render_report
@@ -123,6 +129,7 @@ __all__ = [
     "reserve_budget",
     "run_mechanism",
     "safe_name",
+    "settle_crashed_runs",
     "set_progress",
     "write_table",
 ]

@@ -5,10 +5,16 @@ These are **not** differential-privacy guarantees. SPLU-Gen promises that the co
 (a sensitive value, possibly in conjunction with non-sensitive values) estimated from the
 published table is *inaccurate* when the true count is small and *accurate* when it is large:
 
-- **large-sum utility** (Definition 1, Theorem 3, Lemma 1): for a true count ``f >= T_f`` the
-  estimate is off by at least ``eps * f`` with probability at most ``T_E``, where
-  ``T_f = (1 / (gamma * eps^2 * T_E))^(1/2)`` (Chebyshev: ``Pr[|f' - f| >= eps f] <=
-  1 / (gamma eps^2 f^2)``, Inequality (3) as printed).
+- **large-sum utility** (Definition 1, Theorem 3, Lemma 1): for every true count ``f >= T_f``
+  the estimate is off by at least ``eps * f`` with probability at most ``T_E``. The paper's
+  Inequality (3) has an arithmetic error: the estimate ``f' ~ Binomial(gamma f, 1/gamma)`` has
+  variance ``f (1 - 1/gamma)``, so Chebyshev gives ``Pr[|f' - f| >= eps f] <= (1 - 1/gamma) /
+  (eps^2 f)``, not the printed ``1 / (gamma eps^2 f^2)``, and Lemma 1's
+  ``T_f = (gamma eps^2 T_E)^(-1/2)`` is far too small (gamma 5, eps 0.1, T_E 0.05: 20, where the
+  miss probability at f = 20 is 0.71). :func:`utility_threshold` computes T_f exactly from the
+  binomial model instead: every ``f`` below a Chernoff point F is checked exactly, and beyond F
+  ``exp(-eps^2 f / (2 + eps)) + exp(-min(eps, 1)^2 f / 2)``, decreasing in f, bounds the miss
+  probability by ``T_E`` (Mitzenmacher-Upfal, Theorems 4.4 and 4.5).
 - **small-sum privacy** (Definition 2, Lemma 2, Theorem 4): for every true count ``f <= alpha``
   the estimate is off by more than ``eps * f`` with probability at least
 
@@ -42,7 +48,7 @@ from fractions import Fraction
 import numpy as np
 
 from privrelease.errors import UserError
-from privrelease.mechanisms.binomial import lower_tail
+from privrelease.mechanisms.binomial import lower_tail, upper_tail
 
 
 def _check_gamma(gamma: int) -> int:
@@ -135,28 +141,68 @@ def privacy_threshold(gamma: int, eps: float, alpha: int) -> SmallSumPrivacy:
     )
 
 
-def utility_error_bound(gamma: int, eps: float, f: np.ndarray | float) -> np.ndarray:
-    """Right-hand side of Fu et al., Inequality (3) (Theorem 3, Chebyshev):
-    ``Pr[|f' - f| >= eps f] <= 1 / (gamma eps^2 f^2)`` (clipped at 1). Vectorized over ``f``."""
+def utility_miss_probability(gamma: int, eps: float, f: np.ndarray | int) -> np.ndarray:
+    """``Pr[|f' - f| >= eps f]`` for ``f' ~ Binomial(gamma f, 1/gamma)``, the estimate of a true
+    count ``f``: the exact probability that large-sum utility (Definition 1) misses at ``f``.
+    The limits ``floor((1 - eps) f)`` and ``ceil((1 + eps) f)`` are exact rationals. Vectorized."""
     gamma = _check_gamma(gamma)
-    _check_eps(eps)
-    counts = np.asarray(f, dtype=float)
-    if np.any(counts <= 0):
-        raise UserError("true counts f must be > 0")
-    return np.minimum(1.0, 1.0 / (gamma * float(eps) ** 2 * counts**2))
+    ratio = _check_eps(eps)
+    counts = np.atleast_1d(np.asarray(f))
+    if counts.size and (counts.min() < 1 or not np.all(counts == np.floor(counts))):
+        raise UserError(f"true counts f must be integers >= 1; got {counts.min()!r}")
+    exact = counts.astype(np.int64).astype(object)
+    p, q = ratio.numerator, ratio.denominator
+    low = ((q - p) * exact) // q  # floor((1 - eps) f): estimates at most this are misses
+    high = -((-(q + p) * exact) // q)  # ceil((1 + eps) f): estimates at least this are misses
+    n = gamma * counts.astype(np.int64)
+    below = lower_tail(low.astype(np.float64), n, 1.0 / gamma)
+    above = upper_tail(high.astype(np.float64), n, 1.0 / gamma)
+    return np.clip(below + above, 0.0, 1.0)
 
 
-def utility_threshold(gamma: int, eps: float, t_e: float) -> float:
-    """T_f of Fu et al., Lemma 1: ``T_f = (1 / (gamma eps^2 T_E))^(1/2)``; every value whose true
-    count is at least ``T_f`` has relative error at least ``eps`` with probability at most
-    ``T_E`` (the large-sum utility guarantee (eps, T_E, T_f) of Definition 1)."""
+_BLOCK = 1 << 20
+"""Counts checked per vectorized step of :func:`utility_threshold`."""
+
+_MAX_EXACT = 1 << 21
+"""Beyond this many counts to check, the Chernoff point itself is T_f (sound, less tight)."""
+
+_PROBABILITY_SLACK = 1e-9
+"""A computed miss probability counts as above T_E once within this relative amount of it
+(the binomial tails are accurate to far better than that)."""
+
+
+def chernoff_point(eps: float, t_e: float) -> int:
+    """The least integer F with ``exp(-eps^2 F / (2 + eps)) <= T_E / 2`` and
+    ``exp(-min(eps, 1)^2 F / 2) <= T_E / 2``: for every ``f >= F`` the miss probability is at
+    most T_E (multiplicative Chernoff bounds of the upper and lower tail, mean f)."""
+    e = float(eps)
+    log_ratio = math.log(2.0 / t_e)
+    return max(1, math.ceil(max((2 + e) / e**2, 2 / min(e, 1.0) ** 2) * log_ratio * (1 + 1e-12)))
+
+
+def utility_threshold(gamma: int, eps: float, t_e: float) -> int:
+    """T_f of large-sum utility, exact in the binomial model: the least integer T such that
+    every true count ``f >= T`` is estimated within relative error ``eps`` except with
+    probability at most ``t_e`` (:func:`utility_miss_probability`; the paper's Lemma 1 formula
+    is wrong, see the module docstring). Counts below the :func:`chernoff_point` are checked
+    exactly, from the top down."""
     gamma = _check_gamma(gamma)
     _check_eps(eps)
     if isinstance(t_e, bool) or not isinstance(t_e, (int, float, np.floating)):
         raise UserError(f"t_e must be a number in (0, 1]; got {t_e!r}")
     if not 0.0 < float(t_e) <= 1.0:
         raise UserError(f"t_e (utility error probability) must be in (0, 1]; got {t_e!r}")
-    return math.sqrt(1.0 / (gamma * float(eps) ** 2 * float(t_e)))
+    limit = chernoff_point(eps, float(t_e))
+    if limit > _MAX_EXACT:
+        return limit
+    top = limit - 1
+    while top >= 1:
+        counts = np.arange(max(1, top - _BLOCK + 1), top + 1, dtype=np.int64)
+        missed = utility_miss_probability(gamma, eps, counts) > float(t_e) * (1 - _PROBABILITY_SLACK)
+        if missed.any():
+            return int(counts[np.flatnonzero(missed)[-1]]) + 1
+        top = int(counts[0]) - 1
+    return 1
 
 
 @dataclass(frozen=True)
@@ -170,7 +216,7 @@ class SPLUCalibration:
     t_p: float
     argmin_f: int
     t_e: float | None
-    t_f: float | None
+    t_f: int | None
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready fields, with a note that this is not differential privacy."""
@@ -189,7 +235,8 @@ class SPLUCalibration:
 
 
 def calibrate(gamma: int, eps: float, alpha: int, t_e: float | None = None) -> SPLUCalibration:
-    """T_p (Theorem 4) for counts up to ``alpha`` and, when ``t_e`` is given, T_f (Lemma 1)."""
+    """T_p (Theorem 4) for counts up to ``alpha`` and, when ``t_e`` is given, T_f (large-sum
+    utility, exact in the binomial model: :func:`utility_threshold`)."""
     privacy = privacy_threshold(gamma, eps, alpha)
     t_f = None if t_e is None else utility_threshold(gamma, eps, t_e)
     return SPLUCalibration(

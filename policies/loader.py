@@ -72,9 +72,10 @@ class LoadedPolicy:
         return self.resolve(self.policy.dataset.path)
 
     def data_file(self, override: str | Path | None = None) -> Path:
-        """The data file a run reads: ``override`` (``--data``) or the policy's, confined to
-        the policy's folder and the data roots (:func:`confine`)."""
-        path = Path(override).expanduser().resolve() if override else self.dataset_path
+        """The real path of the data file a run reads: ``override`` (``--data``) or the
+        policy's, confined to the policy's folder and the data roots (:func:`confine`); the run
+        opens exactly that path (:func:`privrelease.datafiles.open_checked`)."""
+        path = resolved(Path(override).expanduser()) if override else self.dataset_path
         folder_ok = self.policy.dataset.format == "parquet"
         return confine(path, self.base_dir, what="dataset" if folder_ok else "dataset file", folder_ok=folder_ok)
 
@@ -105,7 +106,7 @@ class LoadedPolicy:
 
 def load_policy(path: str | Path) -> LoadedPolicy:
     """Read, validate and hash the policy file at ``path``."""
-    path = Path(path).resolve()
+    path = resolved(Path(path))
     try:
         if path.exists() and not path.is_dir() and not path.is_file():
             raise UserError(f"policy path is not a regular file (a device, pipe or socket): {path}")
@@ -128,21 +129,21 @@ def load_policy_text(text: str, base_dir: str | Path, *, source: str = "<policy>
 
     ``source`` names the text in error messages.
     """
-    return _load(text, Path(base_dir).resolve(), source=source, path=None)
+    return _load(text, resolved(Path(base_dir)), source=source, path=None)
 
 
 PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
 def confine(path: Path, policy_dir: Path, *, what: str, folder_ok: bool = False) -> Path:
-    """``path`` itself, once checked: through every symlink it must lead to a regular file
+    """The real path of ``path`` (every symlink resolved), once checked: it must be a regular file
     (or, ``folder_ok``, a folder: of Parquet files, each confined in turn when it is read)
     inside the policy's folder or a data root (``PRIVRELEASE_DATA_ROOTS``), never into a
     pseudo file system. The error names the path and the roots, never anything in the file."""
     from privrelease.settings import get_settings
 
-    real = path.resolve()
-    roots = (policy_dir.resolve(), *get_settings().roots)
+    real = resolved(path)
+    roots = (resolved(policy_dir), *get_settings().roots)
     if any(real.is_relative_to(pseudo) for pseudo in PSEUDO_FILE_SYSTEMS) or not any(
         real.is_relative_to(root) for root in roots
     ):
@@ -154,7 +155,7 @@ def confine(path: Path, policy_dir: Path, *, what: str, folder_ok: bool = False)
     if real.exists() and not real.is_file() and not (folder_ok and real.is_dir()):
         kind = "a folder" if real.is_dir() else "not a regular file (a device, pipe or socket)"
         raise UserError(f"{what} {str(path)!r} is {kind}")
-    return path
+    return real
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:
@@ -163,7 +164,20 @@ def resolve_path(path: str, base_dir: Path) -> Path:
         parsed = urlparse(path)
         return Path(url2pathname(parsed.path))
     candidate = Path(path).expanduser()
-    return candidate if candidate.is_absolute() else (base_dir / candidate).resolve()
+    return candidate if candidate.is_absolute() else resolved(base_dir / candidate)
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``: absolute, every symlink resolved. A symlink on it swapped for a file
+    while it is resolved makes ``resolve`` raise a bare ``OSError: [Errno 22]`` (``readlink`` of
+    what is no longer a link): a :class:`UserError` naming the path instead."""
+    try:
+        return path.resolve()
+    except OSError as error:
+        raise UserError(
+            f"{str(path)!r} changed while its symbolic links were resolved ({error.strerror or error}): "
+            "nothing was read from it; run again"
+        ) from None
 
 
 # --------------------------------------------------------------------------- the steps

@@ -748,8 +748,10 @@ class SpluPrivacyTarget(_Model):
 
 
 class SpluUtilityTarget(_Model):
-    """(eps, T_E, T_f) large-sum utility (Fu et al., Lemma 1): sums of at least t_f are estimated
-    with relative error >= epsilon with probability at most t_e."""
+    """(eps, T_E, T_f) large-sum utility (Fu et al., Definition 1): sums of at least t_f are
+    estimated with relative error >= epsilon with probability at most t_e. The plan computes
+    the smallest such T_f exactly (the paper's Lemma 1 formula understates it) and checks it is
+    at most t_f."""
 
     epsilon: PositiveEpsilon
     t_e: Annotated[float, _check("t_e", "in (0, 1)", lambda v: 0 < v < 1)]

@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from privrelease.datafiles import open_checked
 from privrelease.errors import UserError
 
 COLUMN_TYPES = ("integer", "float", "string")
@@ -93,15 +94,18 @@ def read_dataset(
     missing_values: tuple[str, ...] = ("", "?"),
     domains: dict[str, Sequence[Any]] | None = None,
     expected_sha256: str | None = None,
+    handle: BinaryIO | None = None,
 ) -> DatasetRead:
     """Read ``path`` into a :class:`DatasetRead` of exactly ``columns`` (name -> ``integer`` |
     ``float`` | ``string``), checked as described in the module docstring; a column named in
     ``domains`` (its declared ``values``) may hold those values only.
 
-    The file is read once into memory and parsed from there; with ``expected_sha256`` those
-    bytes must hash to it (the fingerprint taken before the budget was reserved), so what is
-    parsed is exactly what was fingerprinted, whatever happens to the path in between
-    (overwritten, renamed over, relinked).
+    The file is read once into memory and parsed from there: from ``handle`` (the file the run
+    opened once, :func:`privrelease.datafiles.open_checked`, read from its start) or else the
+    real path of ``path`` opened the same way; with ``expected_sha256`` those bytes must hash to
+    it (the fingerprint taken before the budget was reserved), so what is parsed is exactly what
+    was fingerprinted, whatever happens to the path in between (overwritten, renamed over,
+    relinked).
 
     CSV: ``delimiter`` None sniffs one of ``, ; TAB |`` from the first 64 KiB; ``quote`` None
     disables quoting; CRLF or LF line ends; ``header=False`` means the file has exactly the
@@ -109,7 +113,11 @@ def read_dataset(
     """
     path = Path(path)
     _check_arguments(format, columns, missing)
-    data = _read_bytes(path, expected_sha256)
+    if handle is None:
+        with open_checked(path.resolve()) as opened:
+            data = _read_bytes(opened, path, expected_sha256)
+    else:
+        data = _read_bytes(handle, path, expected_sha256)
     if format == "csv":
         raw = _read_csv(data, path, columns, delimiter, quote, header, encoding)
     else:
@@ -135,12 +143,11 @@ def check_dataset(
     return read
 
 
-def _read_bytes(path: Path, expected_sha256: str | None) -> pa.Buffer:
-    """The file's bytes, once; checked against ``expected_sha256`` when given."""
-    if not path.is_file():
-        raise UserError(f"dataset file {str(path)!r} does not exist or is not a file")
+def _read_bytes(handle: BinaryIO, path: Path, expected_sha256: str | None) -> pa.Buffer:
+    """The open file's bytes from its start, once; checked against ``expected_sha256`` when given."""
     try:
-        data = path.read_bytes()
+        handle.seek(0)
+        data = handle.read()
     except OSError as exc:
         raise UserError(f"cannot read dataset file {str(path)!r}: {exc.strerror or exc}") from None
     if not data:

@@ -664,9 +664,13 @@ def _relinked(path: Path) -> None:
 def test_data_swapped_after_the_fingerprint_is_never_released(demo_dir, work, monkeypatch, swap, when):
     """The file is changed between its fingerprint (which the reservation and the audit record
     name) and its read: edited in place with its size and mtime kept, another file renamed over
-    it, or the path relinked. The read hashes the very bytes it parses, so the run fails
-    before any mechanism sees the other data, and nothing is published or charged."""
+    it, or the path relinked. The run reads through the descriptor its fingerprint read
+    (:mod:`privrelease.datafiles`), and hashes the very bytes it parses: a file renamed over or
+    relinked is not seen at all (the checked file's bytes are released); an edit in place, or
+    any swap before another process opens the file again, fails the run before any mechanism
+    sees the other data, and nothing is published or charged."""
     data = demo_dir / demo.DATA_FILE
+    original_sha256 = chain.file_sha256(data)
     if when == "before the read":
         original = steps.reserve_budget
 
@@ -676,7 +680,7 @@ def test_data_swapped_after_the_fingerprint_is_never_released(demo_dir, work, mo
             return result
 
         monkeypatch.setattr(steps, "reserve_budget", then_swap)
-    else:  # a task in another process reads again (its table is not in this process)
+    else:  # a task in another process reads again (its table and open file are not in this process)
         original = steps.read_data
 
         def then_swap(run, dataset):
@@ -686,9 +690,16 @@ def test_data_swapped_after_the_fingerprint_is_never_released(demo_dir, work, mo
             return result
 
         monkeypatch.setattr(steps, "read_data", then_swap)
+    if when == "before the read" and swap is not _same_size_edit:
+        published = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+        (run,) = runs()
+        assert run.status == "succeeded" and run.dataset_fingerprint == original_sha256
+        verify_intact(Path(published.release_dir) / steps.CHAIN_HEAD_FILE)
+        return
     with pytest.raises(DataStepError) as caught:
         release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
-    assert "changed after it was fingerprinted" in caught.value.detail
+    expected = "became a symbolic link" if swap is _relinked else "changed after it was fingerprinted"
+    assert expected in caught.value.detail
     assert_nothing_published(work / "releases")
     (run,) = runs()
     assert run.status == "failed"

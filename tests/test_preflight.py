@@ -105,3 +105,41 @@ def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy:
     result, seconds = run(demo_policy, work)
     assert result.returncode == 1 and "would be exceeded" in result.stderr, result.stderr
     assert seconds < 10 and not list(work.rglob("prefect-server*.log"))
+
+
+def test_an_unapproved_policy_contacts_no_scheduler(demo_policy: Path, tmp_path: Path) -> None:
+    """Issue 15, item 9: in production, an unapproved draft whose `engine:` section names a Dask
+    scheduler is refused for its approval, and nothing connects to the scheduler's address (a
+    socket listening there): neither the pre-flight nor the run's opening, which checks the
+    approval before it fingerprints (where the run connects)."""
+    import socket
+
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    from privrelease.errors import UserError
+    from privrelease.flows.steps import release_plain
+
+    folder = demo_policy.parent
+    pq.write_table(pcsv.read_csv(folder / demo.DATA_FILE), folder / "demo.parquet")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        policy = folder / "dask.yaml"
+        text = demo_policy.read_text().replace(f"path: {demo.DATA_FILE}", "path: demo.parquet")
+        text = "\n".join(line for line in text.splitlines() if not line.strip().startswith("csv:")) + "\n"
+        policy.write_text(
+            text.replace("format: csv", "format: parquet")
+            + f"engine: {{name: dask, address: 'tcp://127.0.0.1:{port}'}}\n"
+        )
+        work = tmp_path / "work"
+        result, _ = run(policy, work, PRIVRELEASE_PRODUCTION="true")
+        assert result.returncode == 2 and "is not approved" in result.stderr, result.stderr
+        no_server_and_no_run(work)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PRIVRELEASE_WORK_DIR", str(work))
+            patch.setenv("PRIVRELEASE_PRODUCTION", "true")
+            with pytest.raises(UserError, match="is not approved"):
+                release_plain(policy_path=str(policy))
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # no connection is waiting: nothing contacted the scheduler

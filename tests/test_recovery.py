@@ -282,3 +282,104 @@ def test_the_checks_catch_a_folder_shown_before_its_charge(template, tmp_path, m
     (problem,) = json.loads(result.output)["problems"]
     assert problem["kind"] == "unrecorded_release" and "published by no succeeded run" in problem["message"]
     dispose_engines()
+
+
+@pytest.mark.parametrize("refused", ["pre-flight of `privrelease run`", "draft refused by the run's opening"])
+def test_a_run_refused_for_budget_settles_a_run_killed_in_the_publish_window(template, tmp_path, monkeypatch, refused):
+    """Issue 15, item 10: a release killed right after its folder became visible (its run still
+    ``publishing``) leaves `audit verify` BROKEN; the next run is refused for budget (the dead
+    run's charge exhausted it). Every run's start settles dead runs before any check, so the
+    refused run rolls the dead one forward and `audit verify` is intact after it."""
+    import subprocess
+    import sys
+
+    from privrelease.errors import TargetNotMet
+
+    policy = template / "demo" / demo.POLICY_FILE
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_PRODUCTION", raising=False)
+    work = tmp_path / "work"
+    shutil.copytree(template / "work", work)
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(work))
+    for _ in range(4):  # the demo's lifetime budget fits five releases
+        steps.release_plain(policy_path=str(policy))
+    dispose_engines()
+    shutil.copytree(work, tmp_path / "count")
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "count"))
+    log = tmp_path / "points.json"
+    _release_in_child(policy, None, log)
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(work))
+    assert _release_in_child(policy, json.loads(log.read_text()).index("after rename"), log) == signal.SIGKILL
+    runner = CliRunner()
+    assert runner.invoke(app, ["audit", "verify"]).exit_code == 1  # a visible folder of a run still publishing
+    if refused.startswith("pre-flight"):
+        result = subprocess.run(
+            [sys.executable, "-m", "privrelease", "run", str(policy)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PREFECT_API_URL": ""},
+        )
+        assert result.returncode == 1 and "would be exceeded" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    else:
+        draft = policy.with_name("draft.yaml")
+        draft.write_text(policy.read_text().replace('version: "1"', 'version: "draft"'))
+        with pytest.raises(TargetNotMet, match="would be exceeded"):
+            steps.release_plain(policy_path=str(draft))
+    dispose_engines()
+    assert [run.status for run in _state()[0].values()].count("succeeded") == 5
+    result = runner.invoke(app, ["audit", "verify"])
+    assert result.exit_code == 0, result.output
+    dispose_engines()
+
+
+@pytest.mark.parametrize("where", ["settling at the run's start", "publishing, in the Prefect flow"])
+def test_an_os_error_is_one_line_and_exit_1(template, tmp_path, monkeypatch, where):
+    """Issue 15, item 10: the system refusing an fsync (``OSError: [Errno 22]``, no file name)
+    while a run's start settles a run killed in the publish window, or a write while the flow
+    publishes: `privrelease run` prints one error line (naming the run to settle), exits 1, no
+    traceback; the next start settles what is left."""
+    import subprocess
+    import sys
+
+    policy = template / "demo" / demo.POLICY_FILE
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_PRODUCTION", raising=False)
+    shutil.copytree(template / "work", tmp_path / "count")
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "count"))
+    log = tmp_path / "points.json"
+    _release_in_child(policy, None, log)
+    work = tmp_path / "work"
+    shutil.copytree(template / "work", work)
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(work))
+    if where.startswith("settling"):
+        assert _release_in_child(policy, json.loads(log.read_text()).index("before rename"), log) == signal.SIGKILL
+        (dead,) = _state()[0].values()
+        target, expected = "os.fsync", f"cannot settle run {dead.id}"
+    else:
+        target, expected = "privrelease.audit.chain.write_head", "Errno 22"
+    dispose_engines()
+    owner, name = target.rsplit(".", 1)
+    injected = (
+        f"import errno, os, sys, importlib\n"
+        f"def refused(*args, **kwargs): raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))\n"
+        f"setattr(importlib.import_module({owner!r}), {name!r}, refused)\n"
+        "from privrelease.cli import main\n"
+        "sys.argv = ['privrelease', 'run', sys.argv[1]]\n"
+        "main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", injected, str(policy)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PREFECT_API_URL": ""},
+    )
+    assert result.returncode == 1, result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in result.stderr and "OSError" not in result.stderr, result.stderr
+    assert expected in error and "Errno 22" in error and result.stderr.count("Errno") == 1, result.stderr
+    recovery.recover(open_database())
+    assert _check_settled(work / "releases") in ("published", "rolled back")
+    dispose_engines()

@@ -142,7 +142,7 @@ def test_calibrate_splu_command(capsys: pytest.CaptureFixture[str]) -> None:
     calibrate_splu_command(10, 0.3, 3, 0.05, True)
     document = json.loads(capsys.readouterr().out)
     assert document["t_p"] == pytest.approx(0.6126, abs=1e-4) and document["argmin_f"] == 1
-    assert document["t_f"] == pytest.approx((1 / (10 * 0.09 * 0.05)) ** 0.5)
+    assert document["t_f"] == 41  # exact in the binomial model (Lemma 1 as printed: 4.7)
     calibrate_splu_command(10, 0.3, 3, None, True)
     assert "t_f" not in json.loads(capsys.readouterr().out)
     calibrate_splu_command(10, 0.3, 3, None, False)

@@ -13,11 +13,12 @@ import pytest
 from privrelease.errors import UserError
 from privrelease.mechanisms.splu_guarantees import (
     calibrate,
+    chernoff_point,
     privacy_curve,
     privacy_probability,
     privacy_threshold,
     summation_limits,
-    utility_error_bound,
+    utility_miss_probability,
     utility_threshold,
 )
 
@@ -102,19 +103,71 @@ def test_threshold_is_the_minimum_over_one_to_alpha() -> None:
     assert result.argmin_f == counts[np.argmin(probability)]
 
 
-def test_lemma_1_utility_threshold() -> None:
-    # T_f = (1 / (gamma eps^2 T_E))^(1/2)
-    assert utility_threshold(10, 0.1, 0.01) == pytest.approx(math.sqrt(1 / (10 * 0.01 * 0.01)))
-    t_f = utility_threshold(5, 0.2, 0.05)
-    # at f = T_f the Chebyshev bound of Theorem 3 equals T_E, above it is smaller
-    assert utility_error_bound(5, 0.2, t_f) == pytest.approx(0.05)
-    assert utility_error_bound(5, 0.2, 2 * t_f) < 0.05
+def _miss_mpmath(gamma: int, eps: str, f: int) -> float:
+    """Pr[|X - f| >= eps f], X ~ Binomial(gamma f, 1/gamma), summed term by term in 40 digits."""
+    import mpmath
+
+    with mpmath.workdps(40):
+        ratio, p, n = mpmath.mpf(eps), mpmath.mpf(1) / gamma, gamma * f
+        return float(
+            mpmath.fsum(
+                mpmath.binomial(n, x) * p**x * (1 - p) ** (n - x)
+                for x in range(n + 1)
+                if abs(x - f) >= ratio * f - mpmath.mpf(10) ** -30
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("gamma", "eps", "t_e"), [(5, "0.1", 0.05), (10, "0.3", 0.05), (2, "0.5", 0.1), (10, "0.2", 0.01)]
+)
+def test_utility_threshold_is_exact_in_the_binomial_model(gamma: int, eps: str, t_e: float) -> None:
+    """T_f is the least count from which every larger count misses with probability <= T_E:
+    the count below it misses more often (40-digit sum), every count from T_f up to the
+    Chernoff point misses at most T_E (scipy, an independent implementation), and beyond it the
+    Chernoff bound is at most T_E."""
+    from scipy.stats import binom
+
+    t_f = utility_threshold(gamma, float(eps), t_e)
+    assert t_f > 1 and _miss_mpmath(gamma, eps, t_f - 1) > t_e
+    assert _miss_mpmath(gamma, eps, t_f) <= t_e
+    limit = chernoff_point(float(eps), t_e)
+    f = np.arange(t_f, limit + 1)
+    low = np.floor(np.round((1 - float(eps)) * f, 9))
+    high = np.ceil(np.round((1 + float(eps)) * f, 9))
+    missed = binom.cdf(low, gamma * f, 1 / gamma) + binom.sf(high - 1, gamma * f, 1 / gamma)
+    assert missed.max() <= t_e
+    e = float(eps)
+    assert math.exp(-(e**2) * limit / (2 + e)) + math.exp(-(min(e, 1) ** 2) * limit / 2) <= t_e
+
+
+def test_the_papers_lemma_1_is_caught_understating_t_f() -> None:
+    """Lemma 1 as printed gives T_f = (gamma eps^2 T_E)^(-1/2) = 20 for the adult-splu setting
+    (gamma 5, eps 0.1, T_E 0.05); a count of 20 is missed with probability 0.708, not <= 0.05.
+    The exact T_f is 311: within 1.5x of the exact requirement by construction (it is it)."""
+    printed = math.sqrt(1 / (5 * 0.1**2 * 0.05))
+    assert printed == pytest.approx(20.0)
+    assert utility_miss_probability(5, 0.1, 20)[0] == pytest.approx(_miss_mpmath(5, "0.1", 20), rel=1e-12)
+    assert utility_miss_probability(5, 0.1, 20)[0] > 0.7
+    assert utility_threshold(5, 0.1, 0.05) == 311
+
+
+def test_utility_threshold_by_simulation() -> None:
+    """20,000 simulated estimates of a count of T_f (adult-splu setting): the share missing by
+    at least eps f is at most T_E, up to a binomial test at level 1e-6."""
+    from scipy.stats import binom
+
+    t_f = utility_threshold(5, 0.1, 0.05)
+    draws = np.random.default_rng().binomial(5 * t_f, 1 / 5, size=20_000)
+    misses = int(np.sum(np.abs(draws - t_f) >= 0.1 * t_f - 1e-9))
+    assert misses <= binom.ppf(1 - 1e-6, 20_000, 0.05)
+    assert misses >= binom.ppf(1e-6, 20_000, float(utility_miss_probability(5, 0.1, t_f)[0]))
 
 
 def test_calibrate_document() -> None:
     document = calibrate(10, 0.3, 3, t_e=0.05).as_dict()
     assert document["t_p"] == pytest.approx(0.6126, abs=1e-4)
-    assert document["t_f"] == pytest.approx(math.sqrt(1 / (10 * 0.09 * 0.05)))
+    assert document["t_f"] == utility_threshold(10, 0.3, 0.05) == 41
     assert "not differential privacy" in document["model"]
     assert "t_f" not in calibrate(10, 0.3, 3).as_dict()
 

@@ -2,7 +2,8 @@
 
 Each command group lives in its own module and is registered here. Commands that need no flow
 never import Prefect (they must answer in well under 2 s). Exit codes: 0 ok, 1 a target is not
-met, 2 invalid input; user mistakes print one clear message, never a traceback.
+met (or the operating system refused an operation), 2 invalid input; user mistakes and system
+errors print one clear message, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import sys
 
 import typer
 
+from privrelease.cli import accuracy, calculus, lifetime
 from privrelease.cli import audit as audit_commands
-from privrelease.cli import calculus, lifetime
 from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
@@ -34,6 +35,7 @@ splu_commands.register(app)
 run_commands.register(app)
 deploy_commands.register(app)
 lifetime.register(app)
+accuracy.register(app)
 
 
 def main() -> None:
@@ -47,6 +49,8 @@ def main() -> None:
         fail(str(error), error.exit_code, field=getattr(error, "field", None), allowed=getattr(error, "allowed", None))
     except FileNotFoundError as error:
         fail(f"file not found: {error.filename}", UserError.exit_code)
+    except OSError as error:  # the system refused an operation (file system, disk): failed, not invalid input
+        fail(f"the operating system refused an operation: {error}", TargetNotMet.exit_code)
     except Exception as error:
         if not _database_unreachable(error):
             raise

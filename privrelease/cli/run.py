@@ -254,13 +254,14 @@ def _startup_timeout() -> float:
 
 
 def _quiet_expected_errors() -> None:
-    """Keep Prefect's console handler from printing tracebacks of user mistakes and refused
-    releases (they are reported as one line by this command; Prefect's API still gets them)."""
+    """Keep Prefect's console handler from printing tracebacks of user mistakes, refused
+    releases and operations the system refused (they are reported as one line by this command;
+    Prefect's API still gets them)."""
     import logging
 
     from privrelease.flows.steps import DataStepError
 
-    expected = (UserError, TargetNotMet, DataStepError)
+    expected = (UserError, TargetNotMet, DataStepError, OSError)
 
     class _Filter(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:

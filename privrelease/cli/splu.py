@@ -175,7 +175,8 @@ def estimate(
 
 def calibrate_splu_command(gamma: int, eps: float, alpha: int, t_e: float | None, json_out: bool) -> None:
     """Print SPLU-Gen's small-sum privacy T_p (Theorem 4) and, given T_E, its large-sum utility
-    threshold T_f (Lemma 1): JSON ``{"t_p", "argmin_f", "gamma", "eps", "alpha"[, "t_e", "t_f"]}``
+    threshold T_f (exact in the binomial model of the estimate; the paper's Lemma 1 formula is
+    wrong, see :mod:`privrelease.mechanisms.splu_guarantees`): JSON ``{"t_p", "argmin_f", "gamma", "eps", "alpha"[, "t_e", "t_f"]}``
     or a table with the probability for every count up to alpha (at most 20 shown)."""
     from privrelease.mechanisms.splu_guarantees import calibrate, privacy_curve
 
@@ -196,7 +197,7 @@ def calibrate_splu_command(gamma: int, eps: float, alpha: int, t_e: float | None
     if result.t_f is not None:
         table.add_row(
             "T_f",
-            f"{result.t_f:.1f}",
+            f"{result.t_f}",
             f"every count >= T_f has relative error >= {result.eps:g} with probability <= {result.t_e:g}",
         )
     console.print(table)

@@ -1,0 +1,159 @@
+"""Data-free accuracy statements: what a published number is worth, from the policy alone.
+
+Privacy guarantees follow from the policy before any data is read; so do these error
+statements, which is why they can be published with the release and checked against accuracy
+targets at plan time. Each is exact for the mechanism as run (no normal approximation):
+
+* **SDGS counts and crowd-blending histograms** (Li, Qardaji, Su, Algorithm 4; Gehrke et al.).
+  A cell of N people yields X ~ Binomial(N, beta) sampled rows and is published when X >= k;
+  its count is estimated by X / beta. :func:`count_accuracy` gives the publication probability
+  ``P[X >= k]``, the relative standard error ``sqrt((1 - beta) / (N beta))`` of X / beta, the
+  relative bias that suppression adds to what is published (``E[X / beta | X >= k] / N - 1``,
+  from ``E[X 1{X >= k}] = N beta P[Bin(N - 1, beta) >= k - 1]``), a central interval of the
+  published estimate at confidence C, and the probability of the accuracy target "published and
+  within +-r N". The interval is *conditional on publication* (the distribution a user of the
+  published table faces: cells that were suppressed are not there to be read), built from exact
+  binomial quantiles with at most (1 - C) / 2 of the conditional mass in each tail, so its
+  coverage (also returned, exactly) is at least C; near k it is wider than a normal interval,
+  which undercovers there (tested).
+* **Laplace statistics** (rho-differential identifiability, Lee & Clifton): noise Lap(b) is
+  within ``b ln(1 / (1 - C))`` of 0 with probability exactly C (:func:`laplace_half_width`).
+  OpenDP samples the discrete Laplace on the 2^-1074 grid, whose tails match the continuous
+  ones to far below any printed digit. Clamping to [lower, upper] adds a bias that depends on
+  the data (how many values lie outside); its size is an internal fact of the run.
+* **Scheme selection** (the exponential mechanism with a monotone score, exponent
+  ``epsilon u / Delta``): the chosen scheme's score is within
+  ``(Delta / epsilon) (ln |candidates| + ln(1 / t))`` of the best with probability at least
+  1 - t (:func:`selection_gap`: each worse scheme is chosen with probability at most
+  ``e^(-epsilon gap / Delta)``; a union bound over the candidates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from privrelease.errors import UserError
+from privrelease.mechanisms import binomial
+
+_SPREAD = 12.0
+"""Binomial mass is searched within this many standard deviations of the mean (plus k): the
+rest is below 1e-30, far under any confidence a user can ask for."""
+
+
+def _check_confidence(confidence: float) -> float:
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise UserError(f"confidence must be a number in (0, 1); got {confidence!r}")
+    return float(confidence)
+
+
+def _check_count(count: int) -> int:
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise UserError(f"count (people in a cell) must be an integer >= 1; got {count!r}")
+    return int(count)
+
+
+@dataclass(frozen=True)
+class CountAccuracy:
+    """The accuracy of the published estimate X / beta of a cell of ``count`` people (module
+    docstring). ``interval``: the estimate lies in it with probability ``coverage`` >= C, given
+    the cell is published (None when it is never published). ``within``: the probability that
+    the cell is published and its estimate is within +-``relative_error`` of ``count``."""
+
+    count: int
+    k: int
+    beta: float
+    publish_probability: float
+    relative_standard_error: float
+    suppression_bias: float | None
+    confidence: float
+    interval: tuple[float, float] | None
+    coverage: float | None
+    relative_error: float | None = None
+    within: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        document = asdict(self)
+        document["interval"] = list(self.interval) if self.interval is not None else None
+        return document
+
+
+def count_accuracy(
+    k: int, beta: float, count: int, *, confidence: float = 0.95, relative_error: float | None = None
+) -> CountAccuracy:
+    """Accuracy of a (k, beta)-SDGS or crowd-blending histogram cell of ``count`` people
+    (module docstring); ``relative_error`` r also gives ``P[X >= k, |X / beta - N| <= r N]``."""
+    from privrelease.mechanisms.sdgs_math import check_parameters
+
+    check_parameters(k, beta, 0.0)
+    n, confidence = _check_count(count), _check_confidence(confidence)
+    published = float(binomial.upper_tail(k, n, beta))
+    rse = math.sqrt((1 - beta) / (n * beta))
+    bias = interval = coverage = None
+    if published > 0:
+        kept = float(binomial.upper_tail(k - 1, n - 1, beta))  # E[X 1{X >= k}] / (N beta)
+        bias = kept / published - 1
+        interval, coverage = _conditional_interval(k, beta, n, published, confidence)
+    within = None
+    if relative_error is not None:
+        if isinstance(relative_error, bool) or not isinstance(relative_error, (int, float)) or relative_error <= 0:
+            raise UserError(f"relative_error must be a number > 0; got {relative_error!r}")
+        within = _within(k, beta, n, relative_error)
+    return CountAccuracy(n, k, beta, published, rse, bias, confidence, interval, coverage, relative_error, within)
+
+
+def _support(k: int, beta: float, n: int) -> np.ndarray:
+    """Sampled-row counts x >= k holding all but a negligible part of Binomial(n, beta)."""
+    mean, sd = n * beta, math.sqrt(n * beta * (1 - beta))
+    low = max(k, math.floor(mean - _SPREAD * sd - 1))
+    high = min(n, math.ceil(mean + _SPREAD * sd + 1))
+    return np.arange(low, max(low, high) + 1, dtype=np.int64)
+
+
+def _conditional_interval(
+    k: int, beta: float, n: int, published: float, confidence: float
+) -> tuple[tuple[float, float], float]:
+    """The central interval [lo, hi] / beta of X / beta given X >= k: lo the least x with more
+    than (1 - C) / 2 of the conditional mass at or below it, hi the least x with at most
+    (1 - C) / 2 above it; and its exact conditional coverage."""
+    x = _support(k, beta, n)
+    tail = (1 - confidence) / 2
+    below = (binomial.upper_tail(k, n, beta) - binomial.upper_tail(x + 1, n, beta)) / published  # P[k<=X<=x | pub]
+    above = binomial.upper_tail(x + 1, n, beta) / published  # P[X > x | pub]
+    lo = int(x[np.argmax(below > tail)])
+    hi = int(x[np.argmax(above <= tail)])
+    inside = float(binomial.upper_tail(lo, n, beta) - binomial.upper_tail(hi + 1, n, beta)) / published
+    return (lo / beta, hi / beta), min(1.0, inside)
+
+
+def _within(k: int, beta: float, n: int, relative_error: float) -> float:
+    """P[X >= k and |X / beta - n| <= r n] with the limits in exact rational arithmetic."""
+    b, r = Fraction(str(float(beta))), Fraction(str(float(relative_error)))
+    low = max(k, math.ceil(b * n * (1 - r)))
+    high = min(n, math.floor(b * n * (1 + r)))
+    if high < low:
+        return 0.0
+    return float(binomial.upper_tail(low, n, beta) - binomial.upper_tail(high + 1, n, beta))
+
+
+def laplace_half_width(scale: float, confidence: float = 0.95) -> float:
+    """The h with P[|Lap(scale)| <= h] = C: ``scale * ln(1 / (1 - C))`` (as -log1p(-C))."""
+    confidence = _check_confidence(confidence)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+        raise UserError(f"scale must be a finite number > 0; got {scale!r}")
+    return float(scale) * -math.log1p(-confidence)
+
+
+def selection_gap(sensitivity: float, epsilon: float, candidates: int, failure: float = 0.05) -> float:
+    """With probability at least 1 - ``failure`` the exponential mechanism (monotone score,
+    exponent ``epsilon u / sensitivity``) chooses a candidate whose score is within this of the
+    best: ``(sensitivity / epsilon) (ln candidates + ln(1 / failure))``."""
+    if not 0 < failure < 1:
+        raise UserError(f"failure probability must be in (0, 1); got {failure!r}")
+    if candidates < 1:
+        raise UserError(f"candidates must be an integer >= 1; got {candidates!r}")
+    return sensitivity / epsilon * (math.log(candidates) - math.log(failure))

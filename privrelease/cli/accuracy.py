@@ -1,0 +1,122 @@
+"""``guarantee accuracy``: what a published number is worth, for given parameters; reads no data
+(:mod:`privrelease.mechanisms.accuracy`)."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from privrelease.cli.output import console, print_json
+
+accuracy_app = typer.Typer(
+    help="Accuracy of published numbers for given parameters (reads no data).", no_args_is_help=True
+)
+
+JSON = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
+CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in (0, 1).")
+
+
+def register(app: typer.Typer) -> None:
+    from privrelease.cli.calculus import guarantee_app
+
+    guarantee_app.add_typer(accuracy_app, name="accuracy")
+
+
+@accuracy_app.command("sdgs")
+def accuracy_sdgs(
+    k: int = typer.Option(..., "--k", help="Suppression threshold k >= 1."),
+    beta: float = typer.Option(..., "--beta", help="Sampling probability beta in (0, 1]."),
+    count: str = typer.Option(..., "--count", help="People in a cell, or a comma-separated list."),
+    confidence: float = CONFIDENCE,
+    relative_error: float | None = typer.Option(
+        None, "--relative-error", help="Also the probability of 'published and within +-r of the count'."
+    ),
+    json_out: bool = JSON,
+) -> None:
+    """For SDGS microdata and crowd-blending histograms: per cell size, the probability that the
+    cell is published, the relative standard error and suppression bias of its estimate
+    count/beta, and the interval holding the published estimate with probability >= C."""
+    from privrelease.cli.calculus import _numbers
+    from privrelease.mechanisms.accuracy import count_accuracy
+
+    rows = [
+        count_accuracy(k, beta, n, confidence=confidence, relative_error=relative_error)
+        for n in _numbers(count, "count", int)
+    ]
+    if json_out:
+        print_json({"k": k, "beta": beta, "confidence": confidence, "rows": [row.as_dict() for row in rows]})
+        return
+    table = Table(title=f"(k={k}, beta={beta:g})-SDGS: accuracy of a cell's estimate count/beta", title_justify="left")
+    columns = ["people", "P(published)", "RSE", "bias", f"{confidence:.0%} interval"]
+    if relative_error is not None:
+        columns.append(f"P(pub., +-{relative_error:.0%})")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        cells = [
+            str(row.count),
+            f"{row.publish_probability:.4g}",
+            f"{row.relative_standard_error:.2%}",
+            "-" if row.suppression_bias is None else f"{row.suppression_bias:+.2%}",
+            "never published" if row.interval is None else f"{row.interval[0]:.0f}-{row.interval[1]:.0f}",
+        ]
+        if row.within is not None:
+            cells.append(f"{row.within:.4g}")
+        table.add_row(*cells)
+    console.print(table)
+    console.print(
+        "RSE: relative standard error of count/beta; bias: of a published estimate, added by suppressing "
+        "cells below k; interval: holds a published estimate with at least the stated probability.",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@accuracy_app.command("laplace")
+def accuracy_laplace(
+    scale: float = typer.Option(..., "--scale", help="Laplace scale b > 0 (lambda in the report)."),
+    confidence: float = CONFIDENCE,
+    json_out: bool = JSON,
+) -> None:
+    """For rho-identifiable statistics: the noise is within +-b ln(1/(1-C)) with probability C."""
+    from privrelease.mechanisms.accuracy import laplace_half_width
+
+    half_width = laplace_half_width(scale, confidence)
+    if json_out:
+        print_json({"scale": scale, "confidence": confidence, "half_width": half_width})
+        return
+    console.print(
+        f"Laplace noise of scale {scale:g} is within +-{half_width:.6g} with probability {confidence:g}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@accuracy_app.command("selection")
+def accuracy_selection(
+    k: int = typer.Option(..., "--k", help="The SDGS k the candidates are scored for."),
+    beta: float = typer.Option(..., "--beta", help="The SDGS beta the candidates are scored for."),
+    epsilon: float = typer.Option(..., "--epsilon", help="The selection's epsilon > 0."),
+    candidates: int = typer.Option(..., "--candidates", help="How many candidate schemes."),
+    failure: float = typer.Option(0.05, "--failure", help="Probability t that the gap is exceeded, in (0, 1)."),
+    json_out: bool = JSON,
+) -> None:
+    """For scheme selection: the chosen scheme's score (expected published rows) is within the
+    gap of the best candidate's with probability at least 1 - t."""
+    from privrelease.errors import UserError
+    from privrelease.mechanisms.accuracy import selection_gap
+    from privrelease.mechanisms.selection import sensitivity
+
+    if not epsilon > 0:
+        raise UserError(f"--epsilon must be a number > 0; got {epsilon:g}")
+    bound = sensitivity(k, beta)
+    gap = selection_gap(bound, epsilon, candidates, failure)
+    if json_out:
+        print_json({"sensitivity": bound, "epsilon": epsilon, "candidates": candidates, "failure": failure, "gap": gap})
+        return
+    console.print(
+        f"the chosen scheme publishes, in expectation, at most {gap:.4g} rows fewer than the best of "
+        f"{candidates} candidates, with probability >= {1 - failure:g} (score sensitivity {bound:.4g})",
+        highlight=False,
+        soft_wrap=True,
+    )
