@@ -2,10 +2,12 @@
 
 A policy is content-addressed: its ``sha256`` is the hash of its canonical form
 (:mod:`privrelease.policies`). Approving records that hash with who approved it (``--by``), the
-operating-system user (``getpass.getuser()``), the time and a note. A name@version is bound to
+operating-system account (:func:`.bindings.os_account`: name and uid from the password
+database, never the environment), the time, a note and what it binds of the data
+(:mod:`.bindings`). A name@version is bound to
 one hash: a changed file under the same name and version is refused (bump ``version``). In
 production mode a run calls :func:`require_approved`, which refuses an unapproved or changed
-policy.
+policy, or data the approvals it counts do not bind.
 
 Production mode is a property of the audit database (:func:`set_production_mode`, a
 governance record, :mod:`.governance`), so whoever runs a release cannot switch it off: a run
@@ -21,7 +23,6 @@ names, if any, else unsigned approvals count as before).
 
 from __future__ import annotations
 
-import getpass
 import json
 import uuid
 from collections.abc import Iterable
@@ -30,7 +31,8 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from privrelease.audit import approvers, chain, governance, signing
+from privrelease.audit import approvers, bindings, chain, governance, signing
+from privrelease.audit.bindings import Account, Binding, os_account
 from privrelease.audit.models import Approval, AuditEvent, PolicyVersion, utcnow
 from privrelease.errors import UserError
 
@@ -83,8 +85,8 @@ def policy_facts(loaded: Any) -> PolicyFacts:
 
 
 def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool = False) -> PolicyVersion:
-    """Register a policy version (idempotent for the same hash). The record names the OS user
-    who registered it, its author (:func:`author_of`), unless an approval registered it
+    """Register a policy version (idempotent for the same hash). The record names the OS account
+    (name and uid) that registered it, its author (:func:`author_of`), unless an approval registered it
     (``by_approval``). Raises :class:`UserError` when name@version is already registered with
     another hash."""
     chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
@@ -100,6 +102,7 @@ def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool =
             f"{clash.sha256[:12]}; this file has {facts.sha256[:12]}: a changed policy needs a "
             "new `version`"
         )
+    account = os_account()
     version = PolicyVersion(
         name=facts.name,
         version=facts.version,
@@ -113,19 +116,22 @@ def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool =
         policy=facts.name,
         version=facts.version,
         sha256=facts.sha256,
-        os_user=getpass.getuser(),
+        os_user=account.name,
+        os_uid=account.uid,
         by_approval=by_approval,
     )
     return version
 
 
-def author_of(session: Session, sha256: str) -> str | None:
-    """The OS user who registered the policy hash (None: registered by its first approval, or
-    before registrations named the OS user)."""
+def author_of(session: Session, sha256: str) -> Account | None:
+    """The OS account that registered the policy hash (None: registered by its first approval,
+    or before registrations named the OS user; uid None before they recorded it)."""
     for record in session.exec(select(AuditEvent).where(AuditEvent.kind == "policy_registered")):
         payload = json.loads(record.payload_json)
         if payload.get("sha256") == sha256:
-            return None if payload.get("by_approval") else payload.get("os_user")
+            if payload.get("by_approval") or not payload.get("os_user"):
+                return None
+            return Account(payload["os_user"], payload.get("os_uid"))
     return None
 
 
@@ -135,13 +141,16 @@ def approve_policy(
     approved_by: str,
     *,
     note: str | None = None,
-    os_user: str | None = None,
+    binding: Binding | None = None,
+    account: Account | None = None,
     key: Any = None,
 ) -> Approval:
-    """Register the policy version if new and record an approval of its hash, signed with the
-    approver's private ``key`` when given (:func:`.approvers.sign`). When a registry is in
-    effect (:func:`effective_registry`) the approval must be signed by the key it declares for
-    ``approved_by``: anything else would not count, so it is refused."""
+    """Register the policy version if new and record an approval of its hash and of the data
+    ``binding`` (None: no data, which no production run counts), by ``account`` (default: this
+    process's, :func:`.bindings.os_account`), signed with the approver's private ``key`` when
+    given (:func:`.approvers.sign`). When a registry is in effect (:func:`effective_registry`)
+    the approval must be signed by the key it declares for ``approved_by``: anything else would
+    not count, so it is refused."""
     approved_by = approved_by.strip()
     if not approved_by:
         raise UserError("--by must name the person approving; got an empty name")
@@ -149,20 +158,25 @@ def approve_policy(
     approved_at, nonce = utcnow(), uuid.uuid4().hex
     signature = public = None
     if key is not None:
-        signature, public = approvers.sign(key, facts, approved_by, approved_at, note, nonce)
+        signature, public = approvers.sign(key, facts, approved_by, approved_at, note, nonce, binding)
     why = None if registry is None else _not_counting(registry, approved_by, public)
     if registry is not None and why is not None:
         raise UserError(f"the approver registry ({registry.source}, sha256 {registry.sha256[:12]}) is in effect: {why}")
     register_policy(session, facts, by_approval=True)
+    account = account or os_account()
     approval = Approval(
         policy_sha256=facts.sha256,
         approved_by=approved_by,
-        os_user=os_user or getpass.getuser(),
+        os_user=account.name,
+        os_uid=account.uid,
         note=note,
         approved_at=approved_at,
         signature=signature,
         public_key=public,
         nonce=nonce,
+        binds=None if binding is None else binding.binds,
+        data_path=None if binding is None else binding.path,
+        data_sha256=None if binding is None else binding.sha256,
     )
     chain.append(
         session,
@@ -222,32 +236,48 @@ def current_approvals(session: Session, sha256: str) -> list[Approval]:
     return [approval for approval in approvals_of(session, sha256) if approval.nonce not in revoked]
 
 
-def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, runner: str | None = None) -> Approval:
-    """The earliest counting approval of exactly this policy hash when the policy's approval
-    ``rule`` holds, or :class:`UserError` saying what is missing: a changed policy, no approval,
-    a revoked one, too few approvers. An approval counts when no revocation withdrew it, its
-    signature verifies against the registry in effect (:func:`effective_registry`, if any), and,
-    with ``independent``, it was not made by the OS user ``runner`` nor by the policy's author
-    (:func:`author_of`). ``approvers`` distinct people must approve (distinct registered keys
-    when a registry is in effect). A broken governance history refuses every run."""
+def require_approved(
+    session: Session,
+    facts: PolicyFacts,
+    rule: Any = None,
+    *,
+    data_path: str,
+    data_sha256: str | None = None,
+    runner: Account | None = None,
+) -> Approval:
+    """The earliest counting approval of exactly this policy hash for the data at ``data_path``
+    (fingerprint ``data_sha256``; None: not known yet) when the policy's approval ``rule``
+    holds, or :class:`UserError` saying what is missing: a changed policy, no approval, a
+    revoked one, too few approvers, data no approval binds. An approval counts when no
+    revocation withdrew it, its signature verifies against the registry in effect
+    (:func:`effective_registry`, if any), it binds this data (:meth:`.bindings.Binding.refusal`;
+    an approval binding nothing never counts, so call this again once the data is
+    fingerprinted) and, with ``independent``, it was made by neither the ``runner`` (default:
+    this process's account) nor the policy's author (:func:`author_of`), whether by account
+    name or uid. ``approvers`` distinct people must approve (distinct registered keys when a
+    registry is in effect). A broken governance history refuses every run."""
     broken = governance.state(session).broken
     if broken:
         raise UserError(broken)
     registry = effective_registry(session)
     independent = rule is not None and rule.independent
-    runner = runner or getpass.getuser()
+    runner = runner or os_account()
     author = author_of(session, facts.sha256) if independent else None
-    excluded = {runner, author} - {None} if independent else set()
+    excluded = [("the runner", runner), *([("the policy's author", author)] if author else [])] if independent else []
     counted, ignored = [], []
     for approval in current_approvals(session, facts.sha256):
         verdict = approvers.check(facts, approval, registry) if registry is not None else None
+        binding = Binding.of(approval)
         if verdict is not None and not verdict.verified:
-            ignored.append(f"approval {approval.id} by {approval.approved_by!r} ({verdict.reason})")
-        elif approval.os_user in excluded:
-            who = "the runner" if approval.os_user == runner else "the policy's author"
-            ignored.append(
-                f"approval {approval.id} by {approval.approved_by!r} (OS user {approval.os_user!r} is {who})"
-            )
+            why = verdict.reason
+        elif binding is None:
+            why = "it binds no data (made before approvals did): approve it again"
+        else:
+            why = binding.refusal(data_path, data_sha256)
+        who = next((role for role, account in excluded if account.same(approval.os_user, approval.os_uid)), None)
+        why = why or (who and f"OS user {approval.os_user!r} is {who}")
+        if why:
+            ignored.append(f"approval {approval.id} by {approval.approved_by!r} ({why})")
         else:
             counted.append(approval)
     people = {
@@ -257,8 +287,8 @@ def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, 
     if len(people) >= needed:
         return counted[0]
     if counted or ignored or approvals_of(session, facts.sha256):
-        besides = f" other than the runner's OS user {runner!r}" if independent else ""
-        besides += f" and the author's {author!r}" if author else ""
+        besides = f" other than the runner's OS user {runner.name!r}" if independent else ""
+        besides += f" and the author's {author.name!r}" if author else ""
         signed = " signed by their registered key" if registry is not None else ""
         why = f"; ignored: {', '.join(ignored)}" if ignored else ""
         raise UserError(
@@ -284,8 +314,9 @@ def require_approved(session: Session, facts: PolicyFacts, rule: Any = None, *, 
 
 def describe(session: Session, facts: Any, approval: Approval | None) -> dict[str, Any] | None:
     """What a report shows of the approvals of a run's policy: the ``approval`` the run went by
-    (approver, OS user, time, note) and every current approval with its approver, key
-    fingerprint and signature status against the registry in effect."""
+    (approver, OS user, time, note, what it binds) and every current approval with its
+    approver, what it binds, key fingerprint and signature status against the registry in
+    effect."""
     if approval is None:
         return None
     registry = effective_registry(session)
@@ -297,6 +328,7 @@ def describe(session: Session, facts: Any, approval: Approval | None) -> dict[st
                 "approved_by": current.approved_by,
                 "os_user": current.os_user,
                 "approved_at": current.approved_at,
+                "binds": bindings.bound(current),
                 "key": verdict.fingerprint,
                 "signature": verdict.status,
             }
@@ -306,6 +338,7 @@ def describe(session: Session, facts: Any, approval: Approval | None) -> dict[st
         "os_user": approval.os_user,
         "approved_at": approval.approved_at,
         "note": approval.note,
+        "binds": bindings.bound(approval),
         "approvals": listed,
     }
 

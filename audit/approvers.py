@@ -17,9 +17,11 @@ against the pinned key of the approver they name (:func:`check`), and governance
 An approval signs, with the approver's private key (``policy approve --key``), the message
 ``b"privrelease-approval-v1\\n"`` + canonical JSON of the policy's sha256, name and version, the
 dataset it binds (``dataset.id`` and the pinned vintage ``dataset.sha256``, as the policy
-states them), the approver's name, the approval time, the note and the approval's own random id (:func:`message`):
-a signature never passes for another policy, person, time or note, nor for a copy of the
-approval (a revocation names the id), an audit record or a release (other domains, :mod:`.signing`).
+states them), the approver's name, the approval time, the note, the approval's own random id
+and what it binds of the data (:class:`.bindings.Binding`: the resolved path and the data's
+sha256) (:func:`message`): a signature never passes for another policy, person, time, note or
+data, nor for a copy of the approval (a revocation names the id), an audit record or a release
+(other domains, :mod:`.signing`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from privrelease.audit import chain, signing
+from privrelease.audit.bindings import Binding
 from privrelease.errors import UserError
 
 __all__ = ["DOMAIN", "Check", "Registry", "check", "configured", "load", "message", "sign"]
@@ -120,9 +123,17 @@ def configured() -> Registry | None:
     return load(path) if path else None
 
 
-def message(policy: Any, approved_by: str, approved_at: Any, note: str | None, approval_id: str | None) -> bytes:
+def message(
+    policy: Any,
+    approved_by: str,
+    approved_at: Any,
+    note: str | None,
+    approval_id: str | None,
+    binding: Binding | None = None,
+) -> bytes:
     """What an approval of ``policy`` (a ``PolicyFacts`` or ``PolicyVersion``: ``sha256``,
-    ``name``, ``version``, ``canonical_json``) with the random ``approval_id`` signs."""
+    ``name``, ``version``, ``canonical_json``) with the random ``approval_id``, binding the data
+    ``binding``, signs (None: an approval binding nothing, as before revision 0005)."""
     dataset = json.loads(policy.canonical_json).get("policy", {}).get("dataset", {})
     body = {
         "policy_sha256": policy.sha256,
@@ -135,14 +146,22 @@ def message(policy: Any, approved_by: str, approved_at: Any, note: str | None, a
         "note": note,
         "approval_id": approval_id,
     }
+    if binding is not None:
+        body["data"] = binding.signed()
     return DOMAIN + chain.canonical_json(body).encode("utf-8")
 
 
 def sign(
-    key: Any, policy: Any, approved_by: str, approved_at: Any, note: str | None, approval_id: str
+    key: Any,
+    policy: Any,
+    approved_by: str,
+    approved_at: Any,
+    note: str | None,
+    approval_id: str,
+    binding: Binding | None = None,
 ) -> tuple[str, str]:
     """``(signature, public key)``, both base64, of an approval by the holder of ``key``."""
-    signed = message(policy, approved_by, approved_at, note, approval_id)
+    signed = message(policy, approved_by, approved_at, note, approval_id, binding)
     return signing.sign(key, signed), signing.public_text(key)
 
 
@@ -172,7 +191,9 @@ def check(policy: Any, approval: Any, registry: Registry | None) -> Check:
     if expected is None:
         return Check(False, f"{approval.approved_by!r} is not in the approver registry", printed)
     key = signing.decode_public(expected)
-    signed = message(policy, approval.approved_by, approval.approved_at, approval.note, approval.nonce)
+    signed = message(
+        policy, approval.approved_by, approval.approved_at, approval.note, approval.nonce, Binding.of(approval)
+    )
     if key is None or not signing.valid(key, signed, approval.signature):
         whose = (
             "the key it names" if registry is None else f"the key the registry declares for {approval.approved_by!r}"

@@ -92,8 +92,11 @@ class Approval(ApprovalBase, table=True):
     """Who approved which policy hash, when (``approved_by`` as given, ``os_user`` as logged in).
     A signed approval (revision 0004) holds the approver's Ed25519 ``signature`` of
     :func:`privrelease.audit.approvers.message` and the ``public_key`` it was made with (base64);
-    both are None for an unsigned one. ``nonce`` (revision 0006) is the approval's own random id:
-    signed with it and named by revocations, so a copied row is the same approval."""
+    both are None for an unsigned one. Revision 0005: what it binds of the data (``binds``,
+    ``data_path``, ``data_sha256``: :class:`privrelease.audit.bindings.Binding`; None: nothing,
+    as every earlier approval) and the approving account's ``os_uid``. ``nonce`` (revision 0006)
+    is the approval's own random id: signed with it and named by revocations, so a copied row is
+    the same approval."""
 
     __tablename__ = "approval"
 
@@ -101,6 +104,10 @@ class Approval(ApprovalBase, table=True):
     approved_at: datetime = _when(default_factory=utcnow)
     signature: str | None = Field(default=None, max_length=128)
     public_key: str | None = Field(default=None, max_length=64)
+    binds: str | None = Field(default=None, max_length=10)
+    data_path: str | None = _text(default=None)
+    data_sha256: str | None = Field(default=None, max_length=64)
+    os_uid: int | None = Field(default=None)
     nonce: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=32)
 
 

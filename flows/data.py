@@ -109,6 +109,13 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
         facts = _fingerprint_files(run, loaded, path)
     else:
         facts = _fingerprint_file(path, dataset, _data_handle(run))
+    if run.production:  # approvals binding the bytes are checked against their fingerprint
+        from privrelease.audit import approvals
+
+        with _session() as s:
+            approvals.require_approved(
+                s, approvals.policy_facts(loaded), loaded.policy.approval, data_path=str(path), data_sha256=facts.sha256
+            )
     pinned = dataset.sha256
     if pinned is not None and facts.sha256 != pinned:
         raise UserError(
@@ -122,6 +129,16 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
             "repeats a release on the same data"
         )
     return facts
+
+
+def dataset_sha256(loaded: Any, path: Path) -> str:
+    """The fingerprint a run of ``loaded`` on the data at ``path`` records (checked as a run
+    checks it), computed in this process: for what a production approval binds."""
+    path = loaded.data_file(path)
+    if path.is_dir():
+        return _fingerprint_files(None, loaded, path).sha256
+    with open_checked(path) as handle:
+        return _fingerprint_file(path, loaded.policy.dataset, handle).sha256
 
 
 def _fingerprint_file(path: Path, dataset: Any, handle: BinaryIO) -> DatasetFacts:
@@ -153,10 +170,10 @@ def _require_columns(path: Path, dataset: Any, header: Sequence[str]) -> None:
         )
 
 
-def _fingerprint_files(run: RunContext, loaded: Any, path: Path) -> DatasetFacts:
+def _fingerprint_files(run: RunContext | None, loaded: Any, path: Path) -> DatasetFacts:
     """A Parquet file or folder, file by file (on Dask, on the run's cluster, connected here:
-    an unreachable scheduler is refused before anything is reserved); the fingerprint combines
-    the files' (:func:`.partitions.combined_sha256`)."""
+    an unreachable scheduler is refused before anything is reserved; without a ``run``, in this
+    process); the fingerprint combines the files' (:func:`.partitions.combined_sha256`)."""
     from privrelease.flows import partitions
     from privrelease.policies.loader import confine
 
@@ -167,7 +184,7 @@ def _fingerprint_files(run: RunContext, loaded: Any, path: Path) -> DatasetFacts
             field="dataset.format",
         )
     paths = [str(confine(file, loaded.base_dir, what="dataset file")) for file in partitions.dataset_files(path)]
-    if run.engine.scaled:
+    if run is not None and run.engine.scaled:
         engines.connect(run.run_id, run.engine)
         files = engines.map_gather(run.run_id, partitions.scan_file, paths)
     else:

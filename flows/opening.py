@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from privrelease.audit import bindings
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.flows import recovery
 from privrelease.flows.context import (
@@ -173,7 +174,8 @@ def verify_policy(
 
     In production mode (the audit database's mode, the ``PRIVRELEASE_PRODUCTION`` setting or
     ``production=True``; nothing here switches it off) the policy's exact hash must be approved
-    (:func:`privrelease.audit.approvals.require_approved`). A refusal never registers a version:
+    for the data the run reads (:func:`privrelease.audit.approvals.require_approved`: here its
+    path; the bytes when step 3 fingerprints them). A refusal never registers a version:
     a draft (a hash not registered yet) that is refused (unapproved in production, a missed
     target, a budget it would not fit) leaves a ``release_refused`` audit record and nothing
     else, so it can be edited under the same version; a registered version that is refused gets
@@ -199,8 +201,7 @@ def verify_policy(
         production = bool(production) or settings.production or approvals.production_mode(s)
         if production:
             try:
-                approval = approvals.require_approved(s, facts, loaded.policy.approval)
-                require_approved_data(loaded, data)
+                approval = approvals.require_approved(s, facts, loaded.policy.approval, data_path=data)
             except UserError as error:
                 refusal = error
         else:
@@ -265,17 +266,31 @@ def verify_policy(
     return run
 
 
-def require_approved_data(loaded: Any, data: str) -> None:
-    """Production mode: the file read must be one the approval saw. The approved policy names
-    it (``dataset.path``), or pins its content (``dataset.sha256``, checked when it is
-    fingerprinted), which any path may then hold; ``--data`` naming another file is refused."""
-    if loaded.policy.dataset.sha256 is None and Path(data).resolve() != loaded.dataset_path.resolve():
-        raise UserError(
-            f"production mode: --data {data!r} is not the file the approved policy names "
-            f"(dataset.path {str(loaded.dataset_path)!r}); approve a policy naming it, or pinning its "
-            "content (dataset.sha256)",
-            field="--data",
-        )
+def approval_binding(loaded: Any, binds: str = bindings.DATA) -> bindings.Binding:
+    """What an approval of ``loaded`` binds (``binds``: :data:`.bindings.DATA` or
+    :data:`.bindings.PATH`): its ``dataset.path`` resolved here against the policy's folder, and
+    the fingerprint of the data there (:func:`.data.dataset_sha256`) when it can be read (inside
+    the policy's folder or a data root) or, binding the data, the vintage ``dataset.sha256``
+    pins. Binding the data without either is refused (:class:`UserError`)."""
+    from privrelease.flows.data import dataset_sha256
+
+    if binds not in bindings.KINDS:
+        raise UserError(f"--binds must be one of {', '.join(bindings.KINDS)}; got {binds!r}", field="--binds")
+    path = str(loaded.dataset_path.resolve())
+    pinned = loaded.policy.dataset.sha256
+    if binds == bindings.DATA and pinned is not None:
+        return bindings.Binding(binds, path, pinned)
+    try:
+        sha256 = dataset_sha256(loaded, Path(path))
+    except UserError as error:
+        if binds == bindings.DATA:
+            raise UserError(
+                f"cannot bind the approval to the data: {error}; make the data readable here, pin it in the "
+                "policy (dataset.sha256) or approve with --binds path (whatever is at that path)",
+                field="--binds",
+            ) from None
+        sha256 = None
+    return bindings.Binding(binds, path, sha256)
 
 
 def _registered(session: Any, facts: Any) -> bool:

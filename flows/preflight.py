@@ -67,7 +67,6 @@ def preflight(
     require_targets(plan, f"{loaded.policy.name}@{loaded.policy.version}")
     with session(open_database(), readonly=True) as s:
         if production or get_settings().production or approvals.production_mode(s):
-            approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval)
-            steps.require_approved_data(loaded, str(data))
+            approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval, data_path=str(data))
         require_budget(s, loaded, plan)
     engines.check_reachable(chosen)

@@ -83,10 +83,10 @@ from privrelease.flows.data import (
     reserve_budget,
 )
 from privrelease.flows.opening import (
+    approval_binding,
     engine_of,
     open_run,
     prepare_outputs,
-    require_approved_data,
     settle_crashed_runs,
 )
 from privrelease.flows.outputs import run_mechanism, write_table
@@ -108,6 +108,7 @@ __all__ = [
     "ReportFacts",
     "ReservationFacts",
     "RunContext",
+    "approval_binding",
     "call_plain",
     "code_version",
     "engine_of",
@@ -125,7 +126,6 @@ __all__ = [
     "record_failure",
     "release_plain",
     "render_report",
-    "require_approved_data",
     "reserve_budget",
     "run_mechanism",
     "safe_name",

@@ -115,6 +115,8 @@ class ApprovalRow:
     """Fingerprint of the key that signed it (None: unsigned)."""
     signature: str
     """Its signature checked against the approver registry in effect (:func:`.approvers.check`)."""
+    binds: str
+    """What it binds of the data (:func:`.bindings.bound`)."""
 
 
 @dataclass
@@ -303,7 +305,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
     from sqlmodel import col, select
 
     from privrelease.audit import approvals as approval_records
-    from privrelease.audit import approvers, chain
+    from privrelease.audit import approvers, bindings, chain
     from privrelease.audit.models import Approval, Guarantee, PolicyVersion, Run
 
     policies = {p.sha256: p for p in session.exec(select(PolicyVersion)).all()}
@@ -364,7 +366,15 @@ def collect(session: Any, *, database: str = "") -> IndexData:
             accounting=(targets[p.sha256] or {}).get("accounting"),
             targets=_target_rows(targets[p.sha256]),
             approvals=[
-                ApprovalRow(a.approved_by, a.os_user, a.approved_at, a.note, verdict.fingerprint, verdict.status)
+                ApprovalRow(
+                    a.approved_by,
+                    a.os_user,
+                    a.approved_at,
+                    a.note,
+                    verdict.fingerprint,
+                    verdict.status,
+                    bindings.bound(a),
+                )
                 for a in approvals.get(p.sha256, [])
                 for verdict in [approvers.check(p, a, registry)]
             ],

@@ -3,8 +3,9 @@ refusing unapproved or changed policies; lifetime budgets from the policy or the
 
 from __future__ import annotations
 
-import getpass
 import hashlib
+import os
+import pwd
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +14,14 @@ from typing import Any
 import pytest
 from test_audit_chain import BACKENDS, audit_database, check
 
-from privrelease.audit import approvals, database, ledger
+from privrelease.audit import approvals, bindings, database, ledger
+from privrelease.audit.bindings import Account, Binding
 from privrelease.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
+DATA = "/data/census.csv"
+BOUND = Binding(bindings.DATA, DATA, "ab" * 32)
+"""What the approvals of these tests bind: the bytes with that sha256, first seen at ``DATA``."""
 
 
 def facts(version: str = "1", content: str = "a") -> approvals.PolicyFacts:
@@ -34,12 +39,13 @@ def test_approve_and_require(engine: Any) -> None:
     first = facts()
     with database.session(engine) as s:
         with pytest.raises(UserError, match="is not approved"):
-            approvals.require_approved(s, first)
-        approval = approvals.approve_policy(s, first, "  Ada  ", note="ok")
-        assert approval.approved_by == "Ada" and approval.os_user == getpass.getuser()
-        approvals.approve_policy(s, first, "Grace", os_user="grace")
+            approvals.require_approved(s, first, data_path=DATA)
+        approval = approvals.approve_policy(s, first, "  Ada  ", note="ok", binding=BOUND)
+        assert approval.approved_by == "Ada" and approval.os_user == pwd.getpwuid(os.geteuid()).pw_name
+        assert approval.os_uid == os.geteuid()
+        approvals.approve_policy(s, first, "Grace", binding=BOUND, account=Account("grace"))
     with database.session(engine, readonly=True) as s:
-        assert approvals.require_approved(s, first).approved_by == "Ada"  # the earliest
+        assert approvals.require_approved(s, first, data_path=DATA).approved_by == "Ada"  # the earliest
         assert [a.approved_by for a in approvals.approvals_of(s, first.sha256)] == [
             "Ada",
             "Grace",
@@ -54,7 +60,7 @@ def test_a_changed_policy_is_refused(engine: Any) -> None:
     edited = facts(content="b")
     with database.session(engine) as s:
         with pytest.raises(UserError, match="was changed"):
-            approvals.require_approved(s, edited)
+            approvals.require_approved(s, edited, data_path=DATA)
         with pytest.raises(UserError, match="new `version`"):
             approvals.approve_policy(s, edited, "Mallory")
     with database.session(engine) as s:
@@ -70,6 +76,54 @@ def test_a_changed_policy_is_refused(engine: Any) -> None:
 def test_an_empty_approver_is_refused(engine: Any) -> None:
     with database.session(engine) as s, pytest.raises(UserError, match="--by"):
         approvals.approve_policy(s, facts(), "   ")
+
+
+def test_an_approval_counts_only_for_the_data_it_binds(engine: Any, tmp_path: Path) -> None:
+    """Issue 15 item 1: binding the data, any path holding the approved bytes counts (and, before
+    they are fingerprinted, provisionally); other bytes do not. Binding the path, only that
+    resolved path counts, whatever it holds. An approval binding nothing (made before revision
+    0005) never counts: the refusal says which approval bound what."""
+    folder = os.path.realpath(tmp_path)
+    monthly, elsewhere = f"{folder}/monthly.csv", f"{folder}/other/monthly.csv"
+    with database.session(engine) as s:
+        approvals.approve_policy(s, facts(), "Ada", binding=BOUND)
+        approvals.approve_policy(s, facts("2"), "Ada", binding=Binding(bindings.PATH, monthly, None))
+        approvals.approve_policy(s, facts("3"), "Ada")  # binds nothing
+    with database.session(engine, readonly=True) as s:
+        for path, sha256 in ((DATA, None), (elsewhere, None), (elsewhere, "ab" * 32)):
+            assert approvals.require_approved(s, facts(), data_path=path, data_sha256=sha256).approved_by == "Ada"
+        with pytest.raises(UserError, match=rf"\(it binds the data with sha256 {'ab' * 6}, but {DATA} has sha256 "):
+            approvals.require_approved(s, facts(), data_path=DATA, data_sha256="cd" * 32)
+        for sha256 in (None, "cd" * 32):
+            assert approvals.require_approved(s, facts("2"), data_path=monthly, data_sha256=sha256)
+        with pytest.raises(UserError, match=f"it binds the path {monthly}, not {elsewhere}"):
+            approvals.require_approved(s, facts("2"), data_path=elsewhere)
+        with pytest.raises(UserError, match=r"approval 3 by 'Ada' \(it binds no data .*approve it again"):
+            approvals.require_approved(s, facts("3"), data_path=DATA)
+
+
+def test_independence_goes_by_the_account_not_the_environment(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15 item 3: with LOGNAME and USER naming someone else at approval and at run time,
+    an approval made by the runner's own account (by name, or by uid under another name) still
+    does not count towards an independent approval; another account's does."""
+    me = Account(pwd.getpwuid(os.geteuid()).pw_name, os.geteuid())
+    assert bindings.os_account() == me
+    independent = SimpleNamespace(approvers=1, independent=True)
+    for variable in ("LOGNAME", "USER", "USERNAME", "LNAME"):
+        monkeypatch.setenv(variable, "someone-else")
+    with database.session(engine) as s:
+        approval = approvals.approve_policy(s, facts(), "Ada", binding=BOUND)  # spoofed at approval
+        approvals.approve_policy(s, facts(), "Ada Alias", binding=BOUND, account=Account("alias", me.uid))
+    assert (approval.os_user, approval.os_uid) == (me.name, me.uid)
+    with database.session(engine, readonly=True) as s:
+        with pytest.raises(UserError, match=rf"other than the runner's OS user '{me.name}'.*"
+                           rf"'Ada' \(OS user '{me.name}' is the runner\).*'alias' is the runner"):  # fmt: skip
+            approvals.require_approved(s, facts(), independent, data_path=DATA)  # spoofed at run time
+        assert approvals.require_approved(s, facts(), data_path=DATA).approved_by == "Ada"  # not independent
+    with database.session(engine) as s:
+        approvals.approve_policy(s, facts(), "Grace", binding=BOUND, account=Account("grace", me.uid + 1))
+    with database.session(engine, readonly=True) as s:
+        assert approvals.require_approved(s, facts(), independent, data_path=DATA).approved_by == "Grace"
 
 
 def test_policy_facts_of_a_loaded_policy() -> None:

@@ -3,8 +3,9 @@ and without ``--json``; they never import Prefect and answer quickly."""
 
 from __future__ import annotations
 
-import getpass
 import json
+import os
+import pwd
 import resource
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def run_json(*args: str, code: int = 0) -> Any:
 
 
 def approve(*extra: str) -> Any:
-    return run_json("policy", "approve", str(DEMO_POLICY), "--by", "Ada Lovelace", *extra)
+    """Approve the demo policy, binding its path (the example has no data beside it)."""
+    return run_json("policy", "approve", str(DEMO_POLICY), "--by", "Ada Lovelace", "--binds", "path", *extra)
 
 
 def test_policy_approve_list_show(db: Any) -> None:
@@ -69,11 +71,12 @@ def test_policy_approve_list_show(db: Any) -> None:
     assert approval["policy"] == "demo-census" and approval["version"] == "1"
     assert approval["sha256"] == loaded.sha256
     assert approval["approved_by"] == "Ada Lovelace"
-    assert approval["os_user"] == getpass.getuser()
+    assert (approval["os_user"], approval["binds"]["binds"]) == (pwd.getpwuid(os.geteuid()).pw_name, "path")
+    assert approval["binds"]["path"] == str(loaded.dataset_path.resolve())
     assert approval["note"] == "first review"
     assert approval["chain_head"]["seq"] == 2  # policy registered, approval
 
-    assert "approved" in run("policy", "approve", str(DEMO_POLICY), "--by", "Grace Hopper")
+    assert "approved" in run("policy", "approve", str(DEMO_POLICY), "--by", "Grace Hopper", "--binds", "path")
     (listed,) = run_json("policy", "list")["policies"]
     assert listed["sha256"] == loaded.sha256
     assert [a["approved_by"] for a in listed["approvals"]] == [
@@ -87,7 +90,7 @@ def test_policy_approve_list_show(db: Any) -> None:
         assert shown["sha256"] == loaded.sha256 and shown["approved"] is True
         assert shown["policy"]["policy"]["name"] == "demo-census"
     human = run("policy", "show", "demo-census@1")
-    assert "Grace Hopper" in human and "first review" in human
+    assert "Grace Hopper" in human and "first review" in human and "binds whatever is at the path" in human
     with pytest.raises(UserError, match="no registered policy"):
         run("policy", "show", "demo-census@2")
 
@@ -98,7 +101,7 @@ def test_a_changed_policy_under_the_same_version_is_refused(db: Any, tmp_path: P
     text = DEMO_POLICY.read_text(encoding="utf-8")
     changed.write_text(text.replace("description: ", "description: edited "), encoding="utf-8")
     with pytest.raises(UserError, match="new `version`"):
-        run("policy", "approve", str(changed), "--by", "Mallory")
+        run("policy", "approve", str(changed), "--by", "Mallory", "--binds", "path")
 
 
 def test_empty_lists(db: Any) -> None:

@@ -117,10 +117,12 @@ def verify_intact(head_file: Path | None = None) -> None:
     assert result.ok, result.problems
 
 
-def approve(path: Path) -> None:
-    facts = approvals.policy_facts(load_policy(path))
+def approve(path: Path, binds: str = "data", **kwargs) -> None:
+    """Approve the policy file at ``path`` as ``policy approve --binds BINDS`` does."""
+    loaded = load_policy(path)
+    binding = steps.approval_binding(loaded, binds)
     with session(open_database()) as s:
-        approvals.approve_policy(s, facts, "test reviewer")
+        approvals.approve_policy(s, approvals.policy_facts(loaded), "test reviewer", binding=binding, **kwargs)
 
 
 # --------------------------------------------------------------------------- whole releases
@@ -278,9 +280,9 @@ def test_production_mode_of_the_database_cannot_be_switched_off_by_the_runner(de
 
 
 def test_an_approval_binds_the_data(demo_dir, work, monkeypatch):
-    """Production mode: `--data` naming a file the approved policy does not name is refused
-    before anything is read or charged; a policy pinning the vintage (dataset.sha256) runs on
-    that content from any path and refuses any other content."""
+    """Production mode: an approval binds the bytes it saw (its default), so `--data` naming a
+    copy of them runs and other bytes are refused, before anything is charged; a policy pinning
+    the vintage (dataset.sha256) binds it without the file at hand."""
     import hashlib
 
     monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
@@ -288,47 +290,127 @@ def test_an_approval_binds_the_data(demo_dir, work, monkeypatch):
     approve(policy)
     copy = demo_dir / "copy.csv"
     shutil.copy(demo_dir / demo.DATA_FILE, copy)
-    with pytest.raises(UserError, match="is not the file the approved policy names"):
-        release_plain(policy_path=str(policy), data_path=str(copy))
-    assert ledger_entries() == [] and runs()[0].error.startswith("refused:")
-
-    digest = hashlib.sha256((demo_dir / demo.DATA_FILE).read_bytes()).hexdigest()
-    pinned = variant(demo_dir, "pinned", ("  path: ", f"  sha256: {digest}\n  path: "))
-    approve(pinned)
-    published = release_plain(policy_path=str(pinned), data_path=str(copy))  # same bytes, other path
+    published = release_plain(policy_path=str(policy), data_path=str(copy))  # the approved bytes, other path
     assert Path(published.release_dir).is_dir()
     _same_size_edit(copy)
-    with pytest.raises(UserError, match="pins dataset.sha256"):
+    with pytest.raises(UserError, match=r"approval 1 by 'test reviewer' \(it binds the data with sha256 .* but "):
+        release_plain(policy_path=str(policy), data_path=str(copy))
+    assert [e.state for e in ledger_entries()] == ["committed"]  # nothing reserved
+    assert (runs()[-1].status, runs()[-1].dataset_fingerprint) == ("failed", None)
+
+    digest = hashlib.sha256((demo_dir / demo.DATA_FILE).read_bytes()).hexdigest()
+    pinned = variant(demo_dir, "pinned", ("  path: ", f"  sha256: {digest}\n  path: "), ("path: demo", "path: gone"))
+    approve(pinned)  # no file at its path: the pinned vintage is what it binds
+    published = release_plain(policy_path=str(pinned), data_path=str(demo_dir / demo.DATA_FILE))
+    assert Path(published.release_dir).is_dir()
+    with pytest.raises(UserError, match="binds the data with sha256"):
         release_plain(policy_path=str(pinned), data_path=str(copy))
-    assert [e.state for e in ledger_entries()] == ["committed"]
+    assert [e.state for e in ledger_entries()] == ["committed", "committed"]
     verify_intact()
+
+
+def test_an_approved_policy_copied_beside_other_data_is_refused(demo_dir, work, tmp_path, monkeypatch):
+    """Issue 15 item 1: the approved policy (relative `dataset.path`) copied into another folder
+    beside another file of the same name, header and row count, run in production mode: refused
+    whether the approval binds the data or the path, naming what it bound; nothing is charged
+    and the original still runs."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    policy = demo_dir / demo.POLICY_FILE
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(policy, elsewhere / demo.POLICY_FILE)
+    demo.write_csv(elsewhere / demo.DATA_FILE, seed=99)
+    original, other = (folder / demo.DATA_FILE for folder in (demo_dir, elsewhere))
+    assert original.read_text().splitlines()[0] == other.read_text().splitlines()[0]  # same header
+    assert len(original.read_text().splitlines()) == len(other.read_text().splitlines())
+    assert original.read_bytes() != other.read_bytes()
+    result = CliRunner().invoke(app, ["policy", "approve", str(policy), "--by", "Ada"])
+    assert result.exit_code == 0, result.output
+    assert f"the data with sha256 {data.dataset_sha256(load_policy(policy), original)}" in result.output
+    assert f"from any path (dataset.path was {original.resolve()} when approved)" in result.output
+    with pytest.raises(UserError, match=r"approval 1 by 'Ada' \(it binds the data with sha256 \w{12}, but "):
+        release_plain(policy_path=str(elsewhere / demo.POLICY_FILE))
+
+    result = CliRunner().invoke(app, ["policy", "approve", str(policy), "--by", "Ada", "--binds", "path"])
+    assert result.exit_code == 0 and f"whatever is at the path {original.resolve()}" in result.output, result.output
+    with pytest.raises(UserError, match=f"approval 2 by 'Ada' \\(it binds the path {original.resolve()}, not {other}"):
+        release_plain(policy_path=str(elsewhere / demo.POLICY_FILE))
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", str(elsewhere))  # a folder the runner may read
+    with pytest.raises(UserError, match=f"it binds the path {original.resolve()}, not {other}"):
+        release_plain(policy_path=str(policy), data_path=str(other))  # --data elsewhere: refused at once
+    assert ledger_entries() == []
+    assert Path(release_plain(policy_path=str(policy)).release_dir).is_dir()
+    verify_intact()
+
+
+def test_an_approval_binding_the_path_runs_next_months_extract(demo_dir, work, monkeypatch):
+    """`--binds path` (scheduled releases): a new extract at the approved path runs without a
+    new approval; the same bytes at another path do not."""
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    policy = demo_dir / demo.POLICY_FILE
+    approve(policy, "path")
+    release_plain(policy_path=str(policy))
+    extract = demo_dir / demo.DATA_FILE
+    demo.write_csv(extract, seed=11)  # next month's extract, same path
+    release_plain(policy_path=str(policy))
+    copy = demo_dir / "copy.csv"
+    shutil.copy(extract, copy)
+    with pytest.raises(UserError, match=f"it binds the path {extract.resolve()}, not {copy.resolve()}"):
+        release_plain(policy_path=str(policy), data_path=str(copy))
+    assert len({run.dataset_fingerprint for run in runs() if run.status == "succeeded"}) == 2
+
+
+def test_approving_unreadable_data_is_refused_unless_the_path_is_bound(demo_dir, work):
+    """Binding the data needs its fingerprint: with the file missing, `policy approve` is
+    refused (a UserError: one line, exit 2) saying so and what to do; `--binds path` approves the path alone."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    (demo_dir / demo.DATA_FILE).unlink()
+    policy = str(demo_dir / demo.POLICY_FILE)
+    result = CliRunner().invoke(app, ["policy", "approve", policy, "--by", "Ada"])
+    assert isinstance(result.exception, UserError)  # exit 2 from the command line
+    assert "cannot bind the approval to the data" in str(result.exception) and "--binds path" in str(result.exception)
+    bad = CliRunner().invoke(app, ["policy", "approve", policy, "--by", "Ada", "--binds", "bytes"])
+    assert "--binds must be one of data, path; got 'bytes'" in str(bad.exception)
+    result = CliRunner().invoke(app, ["policy", "approve", policy, "--by", "Ada", "--binds", "path", "--json"])
+    assert result.exit_code == 0, result.output
+    binds = json.loads(result.output)["binds"]
+    assert (binds["binds"], binds["sha256"]) == ("path", None) and "not readable when approved" in binds["description"]
 
 
 def test_approvals_need_distinct_independent_approvers_and_can_be_revoked(demo_dir, work, monkeypatch):
     """A policy requiring two approvers, neither the OS user who runs it: one approval, or
     approvals by the runner's own OS user, are refused; two independent ones run; a revocation
     (an audit record) refuses it again."""
-    import getpass
-
     from typer.testing import CliRunner
 
+    from privrelease.audit.bindings import Account, os_account
     from privrelease.cli import app
 
     monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
     policy = variant(demo_dir, "two", ("targets:", "approval: {approvers: 2, independent: true}\ntargets:"))
     facts = approvals.policy_facts(load_policy(policy))
 
-    def approve_as(name: str, os_user: str) -> None:
+    def approve_as(name: str, account: Account) -> None:
+        binding = steps.approval_binding(load_policy(policy))
         with session(open_database()) as s:
-            approvals.approve_policy(s, facts, name, os_user=os_user)
+            approvals.approve_policy(s, facts, name, binding=binding, account=account)
 
-    approve_as("Me Myself", getpass.getuser())  # the runner approving their own release
+    monkeypatch.setenv("LOGNAME", "someone-else")  # the environment does not make the runner someone else
+    monkeypatch.setenv("USER", "someone-else")
+    approve_as("Me Myself", os_account())  # the runner approving their own release
     with pytest.raises(UserError, match=r"has 0 current approver\(s\) other than the runner's OS user"):
         release_plain(policy_path=str(policy))
-    approve_as("Alice Auditor", "alice")
+    approve_as("Alice Auditor", Account("alice", 5001))
     with pytest.raises(UserError, match="has 1 current approver.*needs 2 distinct"):
         release_plain(policy_path=str(policy))
-    approve_as("Bob Board", "bob")
+    approve_as("Bob Board", Account("bob", 5002))
     published = release_plain(policy_path=str(policy))
     assert Path(published.release_dir).is_dir()
 

@@ -188,6 +188,7 @@ def revoked_demo(
     """The demo policy in a production database with Ada's registry pinned, approved by Ada and
     revoked by her: a production run is refused. Returns the policy file and the engine."""
     from privrelease import demo
+    from privrelease.flows.opening import approval_binding
     from privrelease.policies import load_policy
 
     monkeypatch.delenv("PRIVRELEASE_APPROVERS", raising=False)
@@ -198,7 +199,7 @@ def revoked_demo(
     audit = database.open_database()
     with database.session(audit) as s:
         approvals.set_production_mode(s, True, by="CPO", registry=registry)
-        approvals.approve_policy(s, policy_facts, "Ada", key=keys["Ada"])
+        approvals.approve_policy(s, policy_facts, "Ada", key=keys["Ada"], binding=approval_binding(load_policy(policy)))
     release_plain(policy_path=str(policy))  # approved: it runs
     with database.session(audit) as s:
         approvals.revoke(s, policy_facts, by="Ada", reason="scheme leaks", keys=[keys["Ada"]])

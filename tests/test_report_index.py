@@ -32,6 +32,7 @@ from test_report_browser import ARGS, CHROMIUM
 from typer.testing import CliRunner
 
 from privrelease.audit import approvals, database, records
+from privrelease.audit.bindings import Account
 from privrelease.cli import report as report_cli
 from privrelease.planning import plan_policy
 from privrelease.policies import load_policy_text
@@ -179,10 +180,10 @@ def build(root: Path, engine: Any) -> Built:
     evil = load_policy_text(EVIL, EXAMPLES_DIR)
     with database.session(built.engine) as s:
         approvals.approve_policy(
-            s, approvals.policy_facts(demo), "Ada Lovelace", os_user="ada", note="board minutes 12"
+            s, approvals.policy_facts(demo), "Ada Lovelace", account=Account("ada"), note="board minutes 12"
         )
-        approvals.approve_policy(s, approvals.policy_facts(demo), "Grace Hopper", os_user="grace")
-        approvals.approve_policy(s, approvals.policy_facts(evil), EVIL_BY, os_user="mallory", note="<u>ok</u>")
+        approvals.approve_policy(s, approvals.policy_facts(demo), "Grace Hopper", account=Account("grace"))
+        approvals.approve_policy(s, approvals.policy_facts(evil), EVIL_BY, account=Account("mallory"), note="<u>ok</u>")
     demo_html = rendered(DEMO_TEXT)
     first = add_run(built, DEMO_TEXT, html=demo_html)
     rerun_html = demo_html.replace("</body>", "<!-- rerun --></body>")
@@ -428,6 +429,7 @@ def test_policy_versions_with_approvals_and_os_users(built: Built, page: tuple[s
     demo = text(" ".join(parsed.cards[f"policy-{built.facts[built.runs[4]]['policy'].sha256}"]))
     assert "Ada Lovelace ada" in demo and "Grace Hopper grace" in demo and "board minutes 12" in demo
     assert demo.index("Ada Lovelace") < demo.index("Grace Hopper")  # oldest approval first
+    assert "no data (approved before approvals bound it)" in demo  # what each approval binds
     assert "runs 3" in demo and "ε ≤ 4.5; δ ≤ 1e-09; ρ ≤ 0.05" in demo
     draft = text(" ".join(parsed.cards[f"policy-{built.facts[built.runs[1]]['policy'].sha256}"]))
     assert "not approved" in draft and "runs 1" in draft

@@ -206,7 +206,9 @@ def test_same_release_as_in_process(cluster, work):
 def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
     """A folder of three files: the same combined fingerprint in-process and on Dask, which
     changes when a file is renamed; the release counts every file's rows once."""
+    from privrelease.flows.opening import approval_binding
     from privrelease.flows.partitions import combined_sha256, scan_file
+    from privrelease.policies import load_policy
 
     folder = work / "parts"
     folder.mkdir()
@@ -219,6 +221,7 @@ def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
     second, _ = run_record(on_dask.run_id)
     files = [scan_file(str(path)) for path in sorted(folder.iterdir())]
     assert first.dataset_fingerprint == second.dataset_fingerprint == combined_sha256(files)
+    assert approval_binding(load_policy(policy)).sha256 == first.dataset_fingerprint  # what `policy approve` binds
     assert outputs(on_dask)["people-by-sex"].num_rows == outputs(in_process)["people-by-sex"].num_rows == 2
     assert "3 Parquet files" in Path(on_dask.report).read_text()
     again = release_plain(rerun_of=on_dask.run_id, out_dir=str(work / "c"))  # the engine comes from the manifest

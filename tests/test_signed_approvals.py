@@ -19,12 +19,14 @@ from sqlmodel import select
 from test_audit_chain import BACKENDS, audit_database, check, fresh_engine
 from test_migration_identity import Writer0001
 
-from privrelease.audit import approvals, approvers, chain, database, signing
+from privrelease.audit import approvals, approvers, bindings, chain, database, signing
+from privrelease.audit.bindings import Account, Binding
 from privrelease.audit.models import Approval
 from privrelease.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 PEOPLE = ("Ada", "Grace", "Mallory")
+BOUND = Binding(bindings.DATA, "/data/census.csv", "ab" * 32)
 
 
 def facts(version: str = "1", vintage: str | None = None) -> approvals.PolicyFacts:
@@ -64,13 +66,21 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: dict[str, Any]
 
 
 def approve(engine: Any, name: str, key: Any, policy: approvals.PolicyFacts | None = None, **kwargs: Any) -> Approval:
+    """An approval by ``name`` binding :data:`BOUND` unless ``binding`` says otherwise."""
     with database.session(engine) as s:
-        return approvals.approve_policy(s, policy or facts(), name, key=key, **kwargs)
+        return approvals.approve_policy(s, policy or facts(), name, key=key, **{"binding": BOUND, **kwargs})
 
 
 def require(engine: Any, rule: Any = None, policy: approvals.PolicyFacts | None = None, **kwargs: Any) -> Approval:
+    """What a production run reading :data:`BOUND`'s data counts (unless ``data_path`` / ``data_sha256``)."""
     with database.session(engine, readonly=True) as s:
-        return approvals.require_approved(s, policy or facts(), rule, **kwargs)
+        data = {"data_path": BOUND.path, "data_sha256": BOUND.sha256, **kwargs}
+        return approvals.require_approved(s, policy or facts(), rule, **data)
+
+
+def bound_row(**columns: Any) -> Approval:
+    """An approval row binding :data:`BOUND`, as a database writer would insert it."""
+    return Approval(binds=BOUND.binds, data_path=BOUND.path, data_sha256=BOUND.sha256, **columns)
 
 
 def forge(engine: Any, approval: Approval) -> None:
@@ -94,19 +104,41 @@ def test_a_signed_approval_verifies_and_counts(engine: Any, keys: dict[str, Any]
         == hashlib.sha256(signing.decode_public(approval.public_key).public_bytes_raw()).hexdigest()[:16]
     )
     assert check(engine).ok
-    # the message binds every field: another note, time, person, policy, vintage or id does not verify
+    # the message binds every field: another note, time, person, policy, vintage, id or data does not verify
     key, nonce = signing.decode_public(approval.public_key), approval.nonce
-    signed = approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce)
+    signed = approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce, BOUND)
     assert signing.valid(key, signed, approval.signature)
     for other in (
-        approvers.message(facts(), "Ada", approval.approved_at, "other note", nonce),
-        approvers.message(facts(), "Grace", approval.approved_at, "reviewed", nonce),
-        approvers.message(facts(version="2"), "Ada", approval.approved_at, "reviewed", nonce),
-        approvers.message(facts(vintage="ab" * 32), "Ada", approval.approved_at, "reviewed", nonce),
-        approvers.message(facts(), "Ada", approval.approved_at, "reviewed", "0" * 32),
+        approvers.message(facts(), "Ada", approval.approved_at, "other note", nonce, BOUND),
+        approvers.message(facts(), "Grace", approval.approved_at, "reviewed", nonce, BOUND),
+        approvers.message(facts(version="2"), "Ada", approval.approved_at, "reviewed", nonce, BOUND),
+        approvers.message(facts(vintage="ab" * 32), "Ada", approval.approved_at, "reviewed", nonce, BOUND),
+        approvers.message(facts(), "Ada", approval.approved_at, "reviewed", "0" * 32, BOUND),
+        approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce),
+        *(
+            approvers.message(facts(), "Ada", approval.approved_at, "reviewed", nonce, binding)
+            for binding in (
+                Binding(bindings.PATH, BOUND.path, BOUND.sha256),
+                Binding(bindings.DATA, "/data/other.csv", BOUND.sha256),
+                Binding(bindings.DATA, BOUND.path, "cd" * 32),
+            )
+        ),
     ):
         assert not signing.valid(key, other, approval.signature)
     assert signed.startswith(b"privrelease-approval-v1\n")
+
+
+def test_a_signed_approval_binding_no_data_verifies_but_never_counts(engine: Any, keys: dict[str, Any]) -> None:
+    """A signed approval made before revision 0005 (its message has no ``data``) still verifies,
+    so `audit verify` does not call it forged, but it binds no data: no production run counts it."""
+    old = approve(engine, "Ada", keys["Ada"], binding=None)
+    with database.session(engine, readonly=True) as s:
+        assert approvers.check(facts(), old, approvals.effective_registry(s)).verified
+    assert check(engine).ok
+    with pytest.raises(UserError, match=rf"approval {old.id} by 'Ada' \(it binds no data .*approve it again"):
+        require(engine)
+    approve(engine, "Ada", keys["Ada"])  # approved again, binding the data
+    assert require(engine).approved_by == "Ada"
 
 
 def test_approving_against_the_registry_needs_the_declared_key(engine: Any, keys: dict[str, Any]) -> None:
@@ -130,17 +162,17 @@ def test_forged_approvals_do_not_count_and_audit_verify_flags_them(
     genuine = approve(engine, "Ada", keys["Ada"], policy=other)  # Ada approved version 2 only
     now = genuine.approved_at
     if how == "wrong key":  # Mallory signs in Ada's name
-        signature, public = approvers.sign(keys["Mallory"], target, "Ada", now, None, "1" * 32)
-        forged = Approval(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
+        signature, public = approvers.sign(keys["Mallory"], target, "Ada", now, None, "1" * 32, BOUND)
+        forged = bound_row(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
         forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     elif how == "tampered policy hash":  # Ada's real signature moved to another policy
         forged = genuine.model_copy(update={"policy_sha256": target.sha256})
     elif how == "name not in registry":  # a valid signature, by a key nobody registered
-        signature, public = approvers.sign(keys["Mallory"], target, "Mallory", now, None, "1" * 32)
-        forged = Approval(policy_sha256=target.sha256, approved_by="Mallory", os_user="m", approved_at=now)
+        signature, public = approvers.sign(keys["Mallory"], target, "Mallory", now, None, "1" * 32, BOUND)
+        forged = bound_row(policy_sha256=target.sha256, approved_by="Mallory", os_user="m", approved_at=now)
         forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     else:  # an unsigned approval inserted after the registry was pinned
-        forged = Approval(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
+        forged = bound_row(policy_sha256=target.sha256, approved_by="Ada", os_user="ada", approved_at=now)
     forge(engine, forged)
     reason = {
         "wrong key": "does not verify against the key the registry declares for 'Ada'",
@@ -182,7 +214,7 @@ def test_revoked_signed_approvals_do_not_count(engine: Any, keys: dict[str, Any]
 def test_n_distinct_registered_approvers(tmp_path: Path, engine: Any, keys: dict[str, Any]) -> None:
     two = SimpleNamespace(approvers=2, independent=False)
     approve(engine, "Ada", keys["Ada"])
-    approve(engine, "ada ", keys["Ada"], os_user="someone-else")  # the same person again
+    approve(engine, "ada ", keys["Ada"], account=Account("someone-else"))  # the same person again
     with pytest.raises(UserError, match="has 1 current approver.*needs 2 distinct"):
         require(engine, two)
     approve(engine, "Grace", keys["Grace"])
@@ -205,22 +237,26 @@ def test_independent_excludes_the_runner_and_the_author(
     engine: Any, keys: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     independent = SimpleNamespace(approvers=1, independent=True)
-    monkeypatch.setattr(approvals.getpass, "getuser", lambda: "author")
+    author, runner = Account("author", 4001), Account("runner", 4002)
+    monkeypatch.setattr(approvals, "os_account", lambda: author)
     with database.session(engine) as s:
         approvals.register_policy(s, facts())  # the author registers the policy (a dev run)
-        assert approvals.author_of(s, facts().sha256) == "author"
-    approve(engine, "Ada", keys["Ada"], os_user="author")
-    approve(engine, "Grace", keys["Grace"], os_user="runner")
+        assert approvals.author_of(s, facts().sha256) == author
+    approve(engine, "Ada", keys["Ada"], account=author)
+    approve(engine, "Grace", keys["Grace"], account=runner)
     assert require(engine).approved_by == "Ada"  # without `independent` both count
     with pytest.raises(UserError, match="other than the runner's OS user 'runner' and the author's 'author'.*"
                        "'author' is the policy's author.*'runner' is the runner"):  # fmt: skip
-        require(engine, independent, runner="runner")
-    assert require(engine, independent, runner="someone").approved_by == "Grace"
+        require(engine, independent, runner=runner)
+    assert require(engine, independent, runner=Account("someone", 4003)).approved_by == "Grace"
+    # the account's uid is the account, whatever name it goes by
+    with pytest.raises(UserError, match="'runner' is the runner"):
+        require(engine, independent, runner=Account("renamed", runner.uid))
     # a policy first registered by its approval has no known author: only the runner is excluded
-    approve(engine, "Ada", keys["Ada"], policy=facts("2"), os_user="author")
+    approve(engine, "Ada", keys["Ada"], policy=facts("2"), account=author)
     with database.session(engine, readonly=True) as s:
         assert approvals.author_of(s, facts("2").sha256) is None
-    assert require(engine, independent, policy=facts("2"), runner="runner").approved_by == "Ada"
+    assert require(engine, independent, policy=facts("2"), runner=runner).approved_by == "Ada"
 
 
 def test_unsigned_approvals_count_without_a_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,7 +294,7 @@ def test_a_malformed_registry_is_one_line_and_exit_2(tmp_path: Path, name: str) 
     env["PRIVRELEASE_APPROVERS"] = str(registry)
     for args in (
         ["audit", "mode", "production", "--by", "CPO"],
-        ["policy", "approve", str(REPO / "policies" / "examples" / "demo.yaml"), "--by", "Ada"],
+        ["policy", "approve", str(REPO / "policies" / "examples" / "demo.yaml"), "--by", "Ada", "--binds", "path"],
     ):
         result = subprocess.run(
             [sys.executable, "-m", "privrelease", *args], capture_output=True, text=True, env=env, timeout=60
@@ -277,9 +313,9 @@ def test_registry_form_is_named_for_a_missing_file(tmp_path: Path) -> None:
 def test_upgrade_from_0003_keeps_old_approvals_verifying(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 0003 database with an (unsigned) approval, upgraded: the chain verifies (with the
-    signing key too: the migration's records are signed) and the approval still counts without
-    a registry, as unsigned."""
+    """A 0003 database with an (unsigned) approval, upgraded through 0004 and 0005: the chain
+    verifies (with the signing key too: the migrations' records are signed); the approval binds
+    no data, so no production run counts it (fail closed: approve again)."""
     key_file = tmp_path / "agency.key"
     public = signing.generate(key_file)
     monkeypatch.setenv("PRIVRELEASE_SIGNING_KEY", str(key_file))
@@ -304,16 +340,18 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     database.migrate(engine)
     with engine.connect() as connection:
         kinds = [row.kind for row in connection.execute(sa.text("SELECT kind FROM audit_event ORDER BY seq"))]
-    assert kinds[-2:] == ["schema_migrated", "approval_migrated"]
+    assert kinds[-6:] == ["schema_migrated", "approval_migrated"] * 3  # 0004, 0005, 0006
     result = check(engine, public_key=signing.public_key(public))
     assert [p.seq for p in result.problems] == [1, 2]  # only the two records written without the key
     assert all(p.kind == "unsigned" for p in result.problems)
     assert check(engine).ok
-    old = require(engine)
-    assert (old.approved_by, old.signature, old.public_key) == ("Ada", None, None)
-    assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
+    with pytest.raises(UserError, match=r"approval 1 by 'Ada' \(it binds no data .*approve it again"):
+        require(engine)
     with database.session(engine, readonly=True) as s:
-        assert approvers.check(policy, s.exec(select(Approval)).one(), None).status == "unsigned"
+        old = s.exec(select(Approval)).one()
+        assert approvers.check(policy, old, None).status == "unsigned"
+    assert (old.approved_by, old.binds, old.data_path, old.data_sha256, old.os_uid) == ("Ada", None, None, None, None)
+    assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
 
 
 work, demo_source, demo_dir = flow_steps.work, flow_steps.demo_source, flow_steps.demo_dir
@@ -347,11 +385,15 @@ def test_a_production_release_shows_who_approved_with_which_key(
     approved = cli("policy", "approve", str(policy), "--by", "Ada", "--key", str(tmp_path / "ada.key"))
     fingerprint = signing.fingerprint(keys["public"]["Ada"])
     assert (approved["key"], approved["signature"], approved["verified"]) == (fingerprint, "verified", True)
+    data = demo_dir / demo.DATA_FILE
+    assert approved["binds"]["binds"] == "data" and approved["binds"]["path"] == str(data.resolve())
+    assert approved["binds"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
 
     report = Path(release_plain(policy_path=str(policy)).report).read_text()
     row = report[report.index('<table id="approvals">') :]
     row = row[: row.index("</table>")]
     assert "Ada" in row and fingerprint in row and "verified" in row
+    assert f"the data with sha256 {approved['binds']['sha256']}" in row
 
     with database.session(database.open_database(), readonly=True) as s:
         sha256 = approvals.find_policy(s, "demo-census").sha256
@@ -388,8 +430,8 @@ def test_the_report_index_shows_each_approvals_key_and_signature(engine: Any, ke
     with database.session(engine) as s:
         approvals.register_policy(s, target)
     genuine = approve(engine, "Ada", keys["Ada"], policy=target)
-    signature, public = approvers.sign(keys["Mallory"], target, "Grace", genuine.approved_at, None, "1" * 32)
-    forged = Approval(policy_sha256=target.sha256, approved_by="Grace", os_user="m", approved_at=genuine.approved_at)
+    signature, public = approvers.sign(keys["Mallory"], target, "Grace", genuine.approved_at, None, "1" * 32, BOUND)
+    forged = bound_row(policy_sha256=target.sha256, approved_by="Grace", os_user="m", approved_at=genuine.approved_at)
     forged.signature, forged.public_key, forged.nonce = signature, public, "1" * 32
     forge(engine, forged)
     with database.session(engine, readonly=True) as s:

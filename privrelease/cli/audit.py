@@ -63,7 +63,7 @@ def _short(digest: str) -> str:
 def _approval_dict(approval: Any, policy: Any = None, registry: Any = None) -> dict[str, Any]:
     """An approval for people and scripts; given its ``policy``, with its key fingerprint and
     signature status against ``registry`` (:func:`privrelease.audit.approvers.check`)."""
-    from privrelease.audit import approvers
+    from privrelease.audit import approvers, bindings
 
     document = {
         "id": approval.id,
@@ -72,6 +72,12 @@ def _approval_dict(approval: Any, policy: Any = None, registry: Any = None) -> d
         "os_user": approval.os_user,
         "approved_at": _when(approval.approved_at),
         "note": approval.note,
+        "binds": {
+            "binds": approval.binds,
+            "path": approval.data_path,
+            "sha256": approval.data_sha256,
+            "description": bindings.bound(approval),
+        },
     }
     if policy is not None:
         verdict = approvers.check(policy, approval, registry)
@@ -129,32 +135,39 @@ def policy_approve(
         Path | None,
         typer.Option("--key", help="The approver's private key file (privrelease audit keygen): signs the approval."),
     ] = None,
+    binds: Annotated[
+        str,
+        typer.Option(
+            "--binds",
+            help="What of the data the approval binds: 'data' (the bytes at dataset.path now, or the pinned "
+            "dataset.sha256, from any path) or 'path' (whatever is at the resolved dataset.path when a run "
+            "reads it, e.g. a monthly extract).",
+        ),
+    ] = "data",
     json_output: JsonFlag = False,
 ) -> None:
-    """Record an approval of the policy's exact content (its canonical sha256), signed with the
-    approver's key when --key is given (required once an approver registry is in effect)."""
+    """Record an approval of the policy's exact content (its canonical sha256) and of its data
+    (--binds), signed with the approver's key when --key is given (required once an approver
+    registry is in effect)."""
     from privrelease.audit import approvals, chain, signing
     from privrelease.audit.database import session
+    from privrelease.flows.opening import approval_binding
     from privrelease.policies import load_policy
 
     loaded = load_policy(policy)
     facts = approvals.policy_facts(loaded)
+    binding = approval_binding(loaded, binds)
     private = None if key is None else signing.private_key(str(key), "--key")
     with session(_engine()) as s:
-        approval = approvals.approve_policy(s, facts, by, note=note, key=private)
+        approval = approvals.approve_policy(s, facts, by, note=note, binding=binding, key=private)
         registry = approvals.effective_registry(s)
         head = chain.head(s)
     dataset = loaded.policy.dataset
-    binds = {
-        "dataset_id": dataset.id,
-        "file": None if dataset.sha256 else str(loaded.dataset_path),
-        "vintage_sha256": dataset.sha256,
-    }
     document = {
         "policy": facts.name,
         "version": facts.version,
         **_approval_dict(approval, facts, registry),
-        "binds": binds,
+        "dataset_id": dataset.id,
         "chain_head": {"seq": head.seq, "hash": head.hash},
     }
     if json_output:
@@ -173,8 +186,11 @@ def policy_approve(
         highlight=False,
         soft_wrap=True,
     )
-    data = f"the vintage with sha256 {dataset.sha256}" if dataset.sha256 else f"the file at {binds['file']}"
-    console.print(f"binds: dataset {dataset.id or '(no dataset.id)'}; data: {data}", highlight=False, soft_wrap=True)
+    console.print(
+        f"binds: dataset {dataset.id or '(no dataset.id)'}; data: {document['binds']['description']}",
+        highlight=False,
+        soft_wrap=True,
+    )
     if document["key"]:
         console.print(f"signed with key {document['key']}: {document['signature']}", highlight=False, soft_wrap=True)
 
@@ -298,7 +314,8 @@ def policy_show(
         key = f"key {approval['key']}, " if approval["key"] else ""
         console.print(
             f"approved    {approval['approved_at']} UTC by {approval['approved_by']} "
-            f"(OS user {approval['os_user']}; {key}{approval['signature']}){note}{revoked}",
+            f"(OS user {approval['os_user']}; {key}{approval['signature']}); binds "
+            f"{approval['binds']['description']}{note}{revoked}",
             highlight=False,
             markup=False,
             soft_wrap=True,

@@ -664,6 +664,7 @@ def demo_command(
         from privrelease import demo
         from privrelease.audit import approvals
         from privrelease.audit.database import open_database, session
+        from privrelease.flows.opening import approval_binding
         from privrelease.policies import load_policy
         from privrelease.settings import get_settings
 
@@ -674,9 +675,12 @@ def demo_command(
             highlight=False,
             soft_wrap=True,
         )
-        facts = approvals.policy_facts(load_policy(policy_path))
+        loaded = load_policy(policy_path)
+        facts = approvals.policy_facts(loaded)
         with session(open_database(create=True)) as s:  # the demo makes its own audit database
-            approvals.approve_policy(s, facts, "privrelease demo", note="demo policy on synthetic data")
+            approvals.approve_policy(
+                s, facts, "privrelease demo", note="demo policy on synthetic data", binding=approval_binding(loaded)
+            )
         error_console.print(
             styled(
                 "  [green]✓[/] approved {}@{} (sha256 {}) as 'privrelease demo'",

@@ -7,7 +7,7 @@ when ``PRIVRELEASE_SIGNING_KEY`` is set; no existing record is touched. Approval
 this revision do not verify any more (their message had no id): approve again.
 
 Revision ID: 0006_governance
-Revises: 0004_signed_approvals
+Revises: 0005_approval_binds_data
 Create Date: 2026-11-25 15:00:00
 """
 
@@ -22,7 +22,7 @@ from alembic import op
 from privrelease.audit.migrations.history import Row, append_records
 
 revision: str = "0006_governance"
-down_revision: str | None = "0004_signed_approvals"
+down_revision: str | None = "0005_approval_binds_data"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -37,6 +37,10 @@ APPROVAL = sa.table(
     sa.column("approved_at", sa.DateTime),
     sa.column("signature", sa.String),
     sa.column("public_key", sa.String),
+    sa.column("binds", sa.String),
+    sa.column("data_path", sa.Text),
+    sa.column("data_sha256", sa.String),
+    sa.column("os_uid", sa.Integer),
     sa.column("nonce", sa.String),
 )
 
