@@ -177,7 +177,8 @@ def _settle_publishing(session: Any, run: Any, release: Path | None) -> tuple[st
             for leftover in release.glob(".*.tmp"):  # of a chain-head write cut short
                 leftover.unlink()
             records.finish_run(session, run, "succeeded")
-            chain.write_head(release / CHAIN_HEAD_FILE, chain.head(session), files=dict(expected))
+            binding = records.release_binding(session, run, release)
+            chain.write_head(release / CHAIN_HEAD_FILE, chain.head(session), files=dict(expected), release=binding)
             return "rolled forward", f"published {release.name} (the charge was already committed)"
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -204,23 +204,23 @@ def test_release_folders_verify_offline(attacked, tmp_path):
     assert json.loads((second / "chain-head.json").read_text())["public_key"] == public
     assert f'<code class="hash">{public}</code>' in (second / "report.html").read_text()  # the report names it
 
-    changed = tmp_path / "changed"
+    changed = tmp_path / "changed" / second.name  # the folder keeps its signed name
     shutil.copytree(second, changed)
     (changed / "mean-hours.parquet").write_bytes((changed / "mean-hours.parquet").read_bytes() + b"\0")
     result = check(changed)
     assert result.exit_code == 1 and "was changed" in result.output
 
-    added = tmp_path / "added"
+    added = tmp_path / "added" / second.name  # the folder keeps its signed name
     shutil.copytree(second, added)
     (added / "extra.csv").write_text("x\n")
     assert "not among the signed files" in check(added).output
 
-    swapped = tmp_path / "swapped"
+    swapped = tmp_path / "swapped" / second.name  # the folder keeps its signed name
     shutil.copytree(second, swapped)
     shutil.copy(first / "chain-head.json", swapped / "chain-head.json")
     assert check(swapped).exit_code == 1  # the first release's files differ in their bytes
 
-    resigned = tmp_path / "resigned"
+    resigned = tmp_path / "resigned" / second.name  # the folder keeps its signed name
     shutil.copytree(second, resigned)
     other = signing.generate(tmp_path / "mallory.key")
     key = signing._load_private(str(tmp_path / "mallory.key"), 0)
