@@ -169,12 +169,15 @@ def check_before_spending(session: Session) -> None:
     public = key.public_key() if key is not None else None
     engine = session.get_bind()
     path = path_for(engine)
-    witness = read(path, public) if path is not None else None
-    starts = [GENESIS, _verified.get(engine, GENESIS), witness.verified if witness else GENESIS]
-    problems = chain.verify_tail(session, max(starts, key=lambda h: h.seq), public)
-    if witness is not None and path is not None:
-        problems += _witnessed(session, witness.head, path)
-    problems += _ledger_problems(session)
+    try:
+        witness = read(path, public) if path is not None else None
+    except AuditRefused as error:
+        problems = [chain.Problem(None, "witness", str(error))]
+    else:
+        problems = _witnessed(session, witness.head, path) if witness is not None and path is not None else []
+        starts = [GENESIS, _verified.get(engine, GENESIS), witness.verified if witness else GENESIS]
+        problems = problems or chain.verify_tail(session, max(starts, key=lambda h: h.seq), public)
+        problems += _ledger_problems(session)
     if problems:
         raise AuditRefused(
             f"refused before spending: {problems[0].message}; nothing was charged or published "

@@ -230,3 +230,41 @@ def test_release_folders_verify_offline(attacked, tmp_path):
     (resigned / "chain-head.json").write_text(json.dumps(body))
     assert "no valid signature of this key" in check(resigned).output
     assert check(resigned, other).exit_code == 0  # Mallory's key vouches for it: use the agency's
+
+
+def test_release_folders_swapped_on_the_share_fail(attacked, tmp_path):
+    """Two complete signed releases swapped by renaming: each folder's signed head names the
+    release it belongs to (folder, run, policy), so both fail; `--run`/`--policy` check it."""
+    _, public, first, second = attacked
+    share = tmp_path / "share"
+    shutil.copytree(first, share / second.name)
+    shutil.copytree(second, share / first.name)
+    check = lambda folder, *more: runner.invoke(
+        app, ["audit", "verify-release", str(folder), "--public-key", public, *more]
+    )  # noqa: E731
+    for folder in share.iterdir():
+        result = check(folder)
+        assert result.exit_code == 1 and "renamed or swapped" in result.output
+    release = chain.read_head(second / "chain-head.json").release
+    assert release is not None and release["folder"] == second.name
+    policy = release["policy"]
+    assert check(second, "--run", release["run"][:8], "--policy", policy).exit_code == 0
+    assert f"run {release['run']}, policy {policy}" in check(second).output
+    other_run = chain.read_head(first / "chain-head.json").release["run"]
+    result = check(second, "--run", other_run)
+    assert result.exit_code == 1 and f"not of --run {other_run}" in result.output
+    assert check(second, "--policy", "another@1").exit_code == 1
+
+
+def test_a_record_signature_is_not_a_head_file(attacked, tmp_path):
+    """A record's own signature presented as a signed `--head` file (the old head format signed
+    the record message) is refused: head files are signed in their own domain."""
+    engine, public, _, _ = attacked
+    with session(engine) as s:
+        record = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq).desc())).first()
+    forged = tmp_path / "head.json"
+    forged.write_text(json.dumps({"seq": record.seq, "hash": record.hash, "signature": record.signature}))
+    result = runner.invoke(app, ["audit", "verify", "--no-files", "--head", str(forged), "--public-key", public])
+    assert result.exit_code == 1 and "signed in the old format" in result.output
+    message = chain.Head(record.seq, record.hash).message()
+    assert message != signing.record_message(record.seq, record.hash) and message.startswith(b"privrelease-head:")
