@@ -146,6 +146,9 @@ def _primary_key(row: SQLModel) -> Any:
 
 # --- appending ----------------------------------------------------------------------------------
 
+RELEASE_HEAD_FILE = "chain-head.json"
+"""The signed head file in every release folder."""
+
 APPENDED = "privrelease_appended_head"
 """``session.info`` key: the head after this session's last :func:`append` (:mod:`.witness`)."""
 

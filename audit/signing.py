@@ -185,9 +185,9 @@ def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: st
     id or a prefix of 8+ characters) and ``policy`` (``name@version`` or a sha256 prefix of 12+)
     when given, each listed file has its sha256, and no file is there that the signature does
     not list. Returns the problems."""
-    from privrelease.audit.chain import file_sha256, read_head
+    from privrelease.audit.chain import RELEASE_HEAD_FILE, file_sha256, read_head
 
-    head_file = folder / "chain-head.json"
+    head_file = folder / RELEASE_HEAD_FILE
     try:
         head = read_head(head_file)
     except FileNotFoundError:

@@ -14,7 +14,8 @@ check verified, or one written on top of it in the same locked transaction.
 :func:`check_before_spending` (called when a run opens and by every reservation, under the
 audit write lock) verifies the records after ``verified`` only (links, hashes and, with a
 signing key, their signatures: :func:`.chain.verify_tail`), that the database still holds
-the witnessed ``head``, and that every ledger entry is as its newest record describes it. A
+the witnessed ``head`` and, with a signing key, every signed release head it finds in the
+release folders, and that every ledger entry is as its newest record describes it. A
 database that fails is refused with :class:`~privrelease.errors.AuditRefused` (exit 1)
 before anything is charged. What it cannot see is stated in SECURITY.md ("Known limits").
 """
@@ -34,8 +35,9 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from privrelease.audit import chain, signing
-from privrelease.audit.models import GENESIS_HASH, AuditEvent, LedgerEntry
-from privrelease.errors import AuditRefused
+from privrelease.audit.models import GENESIS_HASH, AuditEvent, LedgerEntry, Run
+from privrelease.errors import AuditRefused, UserError
+from privrelease.settings import get_settings
 
 __all__ = ["Witness", "check_before_spending", "path_for", "prepare", "read"]
 
@@ -70,7 +72,6 @@ class Witness:
 def path_for(engine: Any) -> Path | None:
     """The witness file of the database of ``engine`` (None: an in-memory database)."""
     from privrelease.audit.database import _sqlite_file
-    from privrelease.settings import get_settings
 
     settings = get_settings()
     if settings.witness:
@@ -157,11 +158,45 @@ def _ledger_problems(session: Session) -> list[chain.Problem]:
     return problems
 
 
-def check_before_spending(session: Session) -> None:
+def _released(session: Session, roots: list[Path], public_key: Any) -> list[chain.Problem]:
+    """A release head in ``roots`` signed by the service key that the database does not hold
+    (a rollback or cut-off the witness cannot show, e.g. the witness was rolled back too),
+    unless its run is still publishing (a crash between the head and the commit)."""
+    heads = []
+    for root in roots:
+        for file in sorted(root.glob(f"[!.]*/{chain.RELEASE_HEAD_FILE}")):
+            try:
+                heads.append((file, chain.read_head(file)))
+            except (OSError, UserError):
+                continue  # not a head: `audit verify-release` names it
+    held = dict(
+        session.exec(
+            select(AuditEvent.seq, AuditEvent.hash).where(col(AuditEvent.seq).in_({h.seq for _, h in heads}))
+        ).all()
+    )
+    for file, head in heads:
+        if held.get(head.seq) == head.hash or not signing.valid(public_key, head.message(), head.signature):
+            continue
+        run = session.get(Run, (head.release or {}).get("run", ""))
+        if run is not None and run.status == "publishing":
+            continue
+        return [
+            chain.Problem(
+                head.seq,
+                "rolled_back",
+                f"the signed head of release {str(file.parent)!r} names record {head.seq}, which the database "
+                f"{'holds with another hash' if head.seq in held else 'does not hold'}: it was rolled back or cut short",
+            )
+        ]
+    return []
+
+
+def check_before_spending(session: Session, release_root: Path | None = None) -> None:
     """Refuse (:class:`AuditRefused`) a database that is tampered with, cut short or rolled
     back, before a run spends anything; once per session, under the audit write lock. Verifies
     the records after the newest verified head (the witness's, or this process's), with their
-    signatures when a signing key is set."""
+    signatures when a signing key is set, and then the signed release heads under
+    ``<work_dir>/releases`` and ``release_root``."""
     if session.info.get(VERIFIED):
         return
     chain.lock(session)
@@ -178,6 +213,9 @@ def check_before_spending(session: Session) -> None:
         starts = [GENESIS, _verified.get(engine, GENESIS), witness.verified if witness else GENESIS]
         problems = problems or chain.verify_tail(session, max(starts, key=lambda h: h.seq), public)
         problems += _ledger_problems(session)
+        if public is not None and not problems:
+            roots = {get_settings().work_dir / "releases", *([release_root] if release_root else [])}
+            problems = _released(session, sorted(roots), public)
     if problems:
         raise AuditRefused(
             f"refused before spending: {problems[0].message}; nothing was charged or published "

@@ -193,7 +193,7 @@ def verify_policy(
     version = code_version()
     refusal: UserError | TargetNotMet | None = None
     with _session() as s:
-        witness.check_before_spending(s)  # the approvals and revocations read next are the chain's
+        witness.check_before_spending(s, out_root)  # the approvals and revocations read next are the chain's
         approval = None
         production = bool(production) or settings.production or approvals.production_mode(s)
         if production:

@@ -2,8 +2,9 @@
 rechaining or by editing the ledger row, cuts off the newest run, or puts back an older copy
 of the database file; the next run (which holds the service key) must refuse before it
 charges anything (exit 1, one line, nothing recorded, nothing published). The witness beside
-the database (:mod:`privrelease.audit.witness`) is what shows a cut-off or a rollback, and a
-witness forged to skip the check fails its signature. An intact database runs."""
+the database (:mod:`privrelease.audit.witness`) is what shows a cut-off or a rollback, the
+newest release's signed head shows one when the witness was rolled back too, and a witness
+forged to skip the check fails its signature. An intact database runs."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def history(tmp_path_factory):
             before_second = chain.head(s)
         with sqlite3.connect(base / "work" / "audit.db") as source, sqlite3.connect(base / "older.db") as copy:
             source.backup(copy)
+        shutil.copy(base / "work" / "audit.db.witness.json", base / "older.witness.json")
         release_plain(policy_path=str(policy))
     dispose_engines()
     return base, policy, before_second
@@ -95,6 +97,13 @@ def _roll_back(work: Path, base: Path) -> None:
     shutil.copy(base / "older.db", work / "audit.db")
 
 
+def _roll_back_both(work: Path, base: Path) -> None:
+    """An insider who can write the witness too puts back both older copies: the newest
+    release's signed head (on the share) names records the database lost."""
+    _roll_back(work, base)
+    shutil.copy(base / "older.witness.json", work / "audit.db.witness.json")
+
+
 def _forge_witness(work: Path) -> None:
     """Claim the whole chain verified (so a rechain after the checkpoint would go unchecked)."""
     path = work / "audit.db.witness.json"
@@ -108,6 +117,10 @@ ATTACKS = {
     "refund in the row": ("ledger entry 1 was edited", lambda engine, work, base, keep: _refund(engine)),
     "tail cut off": ("witness", lambda engine, work, base, keep: _cut_off(engine, keep)),
     "rolled back to an older copy": ("witness", lambda engine, work, base, keep: _roll_back(work, base)),
+    "rolled back with its witness": (
+        "signed head of release",
+        lambda engine, work, base, keep: _roll_back_both(work, base),
+    ),
     "witness forged": ("no valid signature", lambda engine, work, base, keep: _forge_witness(work)),
 }
 
