@@ -131,9 +131,10 @@ def _witnessed(session: Session, head: chain.Head, path: Path) -> list[chain.Pro
     return [chain.Problem(head.seq, "rolled_back", message)]
 
 
-def _ledger_problems(session: Session) -> list[chain.Problem]:
+def _ledger_problems(session: Session, public_key: Any | None) -> list[chain.Problem]:
     """Ledger entries not as their newest record describes them (a refund written into a row,
-    a deleted or inserted entry); each such record must hash to its contents."""
+    a deleted or inserted entry); each such record must hash to its contents and, with
+    ``public_key``, carry its valid signature, however old it is."""
     rows = {e.id: e for e in session.exec(select(LedgerEntry).execution_options(populate_existing=True))}
     described: dict[Any, tuple[AuditEvent, dict[str, Any]]] = {}
     statement = select(AuditEvent).where(col(AuditEvent.payload_json).contains('"table":"ledger_entry"'))
@@ -144,7 +145,10 @@ def _ledger_problems(session: Session) -> list[chain.Problem]:
     problems = []
     for key, (record, payload) in described.items():
         row = rows.pop(key, None)
-        if chain.record_hash(record.prev_hash, record.seq, record.time, record.kind, payload) != record.hash:
+        if chain.record_hash(record.prev_hash, record.seq, record.time, record.kind, payload) != record.hash or (
+            public_key is not None
+            and not signing.valid(public_key, signing.record_message(record.seq, record.hash), record.signature)
+        ):
             problems.append(
                 chain.Problem(record.seq, "record_edited", f"record {record.seq} ({record.kind}) was edited")
             )
@@ -212,7 +216,7 @@ def check_before_spending(session: Session, release_root: Path | None = None) ->
         problems = _witnessed(session, witness.head, path) if witness is not None and path is not None else []
         starts = [GENESIS, _verified.get(engine, GENESIS), witness.verified if witness else GENESIS]
         problems = problems or chain.verify_tail(session, max(starts, key=lambda h: h.seq), public)
-        problems += _ledger_problems(session)
+        problems += _ledger_problems(session, public)
         if public is not None and not problems:
             roots = {get_settings().work_dir / "releases", *([release_root] if release_root else [])}
             problems = _released(session, sorted(roots), public)

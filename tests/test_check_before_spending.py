@@ -89,6 +89,26 @@ def _cut_off(engine: Any, keep: chain.Head) -> None:
         s.add(head)
 
 
+def _refund_rehashed(engine: Any) -> None:
+    """A refund whose ledger entry's newest record (older than the verified head) is rewritten
+    to describe it, rehashed, and linked from the next record: the chain up to the verified
+    head is not rewritten, so only the record's signature shows it."""
+    _refund(engine)
+    with session(engine) as s:
+        entry = s.exec(select(LedgerEntry).order_by(col(LedgerEntry.id))).first()
+        records = list(s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))))
+        index, record = [
+            (i, r)
+            for i, r in enumerate(records)
+            if '"table":"ledger_entry"' in r.payload_json and f'"key":{entry.id},' in r.payload_json
+        ][-1]
+        payload = json.loads(record.payload_json) | {"row_sha256": chain.row_sha256(entry)}
+        record.payload_json = chain.canonical_json(payload)
+        record.hash = chain.record_hash(record.prev_hash, record.seq, record.time, record.kind, payload)
+        records[index + 1].prev_hash = record.hash
+        s.add_all([record, records[index + 1]])
+
+
 def _roll_back(work: Path, base: Path) -> None:
     """Put the copy taken before the second release in place of the database file."""
     dispose_engines()
@@ -115,6 +135,7 @@ def _forge_witness(work: Path) -> None:
 ATTACKS = {
     "refund rechained": ("rewritten", lambda engine, work, base, keep: (_refund(engine), rechain(engine))),
     "refund in the row": ("ledger entry 1 was edited", lambda engine, work, base, keep: _refund(engine)),
+    "refund, its record rehashed": ("was edited", lambda engine, work, base, keep: _refund_rehashed(engine)),
     "tail cut off": ("witness", lambda engine, work, base, keep: _cut_off(engine, keep)),
     "rolled back to an older copy": ("witness", lambda engine, work, base, keep: _roll_back(work, base)),
     "rolled back with its witness": (
