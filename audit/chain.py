@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import event
 from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.audit import signing
@@ -151,6 +152,16 @@ RELEASE_HEAD_FILE = "chain-head.json"
 
 APPENDED = "privrelease_appended_head"
 """``session.info`` key: the head after this session's last :func:`append` (:mod:`.witness`)."""
+
+VERIFIED = "privrelease_chain_verified"
+"""``session.info`` key: this transaction's check before spending passed (:mod:`.witness`)."""
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget_transaction(session: Session) -> None:
+    """A rolled-back transaction appended nothing and its check vouches for nothing after it."""
+    session.info.pop(APPENDED, None)
+    session.info.pop(VERIFIED, None)
 
 
 @dataclass(frozen=True)

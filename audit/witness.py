@@ -41,9 +41,6 @@ from privrelease.settings import get_settings
 
 __all__ = ["Witness", "check_before_spending", "path_for", "prepare", "read"]
 
-VERIFIED = "privrelease_chain_verified"
-"""``session.info`` key: this session's check passed (what it appends is ours)."""
-
 GENESIS = chain.Head(0, GENESIS_HASH)
 
 _verified: weakref.WeakKeyDictionary[Any, chain.Head] = weakref.WeakKeyDictionary()
@@ -201,7 +198,7 @@ def check_before_spending(session: Session, release_root: Path | None = None) ->
     the records after the newest verified head (the witness's, or this process's), with their
     signatures when a signing key is set, and then the signed release heads under
     ``<work_dir>/releases`` and ``release_root``."""
-    if session.info.get(VERIFIED):
+    if session.info.get(chain.VERIFIED):
         return
     chain.lock(session)
     key = signing.signing_key()
@@ -225,7 +222,7 @@ def check_before_spending(session: Session, release_root: Path | None = None) ->
             f"refused before spending: {problems[0].message}; nothing was charged or published "
             "(`privrelease audit verify` names every problem)"
         )
-    session.info[VERIFIED] = True
+    session.info[chain.VERIFIED] = True
 
 
 def prepare(session: Session) -> Callable[[], None] | None:
@@ -233,7 +230,7 @@ def prepare(session: Session) -> Callable[[], None] | None:
     (None: nothing). The head moves forward only when this database extends the witnessed one;
     ``verified`` moves with it when this session's check passed."""
     appended = session.info.get(chain.APPENDED)
-    verified = bool(session.info.get(VERIFIED))
+    verified = bool(session.info.get(chain.VERIFIED))
     if appended is None and not verified:
         return None
     engine = session.get_bind()
