@@ -167,9 +167,11 @@ def _released(session: Session, roots: list[Path], public_key: Any) -> list[chai
     for root in roots:
         for file in sorted(root.glob(f"[!.]*/{chain.RELEASE_HEAD_FILE}")):
             try:
-                heads.append((file, chain.read_head(file)))
+                head = chain.read_head(file)
             except (OSError, UserError):
                 continue  # not a head: `audit verify-release` names it
+            if head.files is not None:  # a release's, not a copy of `audit head`
+                heads.append((file, head))
     held = dict(
         session.exec(
             select(AuditEvent.seq, AuditEvent.hash).where(col(AuditEvent.seq).in_({h.seq for _, h in heads}))
