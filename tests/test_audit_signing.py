@@ -239,9 +239,10 @@ def test_release_folders_swapped_on_the_share_fail(attacked, tmp_path):
     share = tmp_path / "share"
     shutil.copytree(first, share / second.name)
     shutil.copytree(second, share / first.name)
-    check = lambda folder, *more: runner.invoke(
-        app, ["audit", "verify-release", str(folder), "--public-key", public, *more]
-    )  # noqa: E731
+
+    def check(folder: Path, *more: str) -> Any:
+        return runner.invoke(app, ["audit", "verify-release", str(folder), "--public-key", public, *more])
+
     for folder in share.iterdir():
         result = check(folder)
         assert result.exit_code == 1 and "renamed or swapped" in result.output
@@ -268,3 +269,21 @@ def test_a_record_signature_is_not_a_head_file(attacked, tmp_path):
     assert result.exit_code == 1 and "signed in the old format" in result.output
     message = chain.Head(record.seq, record.hash).message()
     assert message != signing.record_message(record.seq, record.hash) and message.startswith(b"privrelease-head:")
+
+
+def test_a_release_head_from_before_the_run_binding_verifies_with_a_warning(attacked, signed_history, tmp_path):
+    """A head written before the binding (no `release`) keeps verifying, with a warning, but
+    `--run` cannot be checked on it."""
+    _, public, _, second = attacked
+    old = tmp_path / "old" / second.name
+    shutil.copytree(second, old)
+    body = json.loads((old / "chain-head.json").read_text())
+    del body["release"]
+    key = signing.private_key(str(signed_history[0] / "agency.key"), "key")
+    body["signature"] = signing.sign(key, signing.release_message(body["seq"], body["hash"], body["files"]))
+    (old / "chain-head.json").write_text(json.dumps(body))
+    check = lambda *more: runner.invoke(app, ["audit", "verify-release", str(old), "--public-key", public, *more])  # noqa: E731
+    result = check()
+    assert result.exit_code == 0 and "predates the run" in result.output
+    result = check("--run", "0123456789")
+    assert result.exit_code == 1 and "cannot be checked" in result.output
