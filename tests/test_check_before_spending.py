@@ -186,3 +186,27 @@ def test_without_a_witness_the_whole_chain_is_checked(work):
     rechain(open_database())
     with pytest.raises(AuditRefused, match="refused before spending: .* no valid signature"):
         release_plain(policy_path=str(policy))
+
+
+def test_a_revocation_deleted_and_rechained_is_refused(work, monkeypatch):
+    """An approval is revoked; an insider deletes the revocation record and rechains, so the
+    approval counts again: the next production run is refused before it charges anything."""
+    from privrelease.audit import approvals
+    from privrelease.policies import load_policy
+
+    work_dir, base, policy, _ = work
+    facts = approvals.policy_facts(load_policy(policy))
+    with session(open_database()) as s:
+        approvals.approve_policy(s, facts, "Reviewer")
+        approvals.revoke(s, facts, by="CPO", reason="the scheme leaks")
+    monkeypatch.delenv("PRIVRELEASE_SIGNING_KEY")
+    with session(open_database()) as s:
+        s.delete(s.exec(select(AuditEvent).where(AuditEvent.kind == approvals.REVOKED_RECORD)).one())
+    rechain(open_database())
+    dispose_engines()
+    monkeypatch.setenv("PRIVRELEASE_SIGNING_KEY", str(base / "agency.key"))
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    before = _state(work_dir)
+    with pytest.raises(AuditRefused, match="refused before spending"):
+        release_plain(policy_path=str(policy))
+    assert _state(work_dir) == before
