@@ -21,7 +21,9 @@ still verifies and each row's newest record describes it as it now is.
 Cutting off the newest records (and the rows they describe) leaves a shorter chain that is
 consistent in itself; an externally kept head (:func:`write_head`, a small JSON file
 ``{"seq", "hash"}`` written beside the outputs and printed in the report) detects it:
-``verify(session, head=read_head(path))``.
+``verify(session, head=read_head(path))``; so does the witness every run checks before it
+spends (:mod:`.witness`), which verifies only the records after its last verified head
+(:func:`verify_tail`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import event
 from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.audit import signing
@@ -68,7 +71,9 @@ __all__ = [
     "records",
     "row_sha256",
     "verify",
+    "verify_tail",
     "write_head",
+    "write_json",
 ]
 
 
@@ -142,24 +147,42 @@ def _primary_key(row: SQLModel) -> Any:
 
 # --- appending ----------------------------------------------------------------------------------
 
+RELEASE_HEAD_FILE = "chain-head.json"
+"""The signed head file in every release folder."""
+
+APPENDED = "privrelease_appended_head"
+"""``session.info`` key: the head after this session's last :func:`append` (:mod:`.witness`)."""
+
+VERIFIED = "privrelease_chain_verified"
+"""``session.info`` key: this transaction's check before spending passed (:mod:`.witness`)."""
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget_transaction(session: Session) -> None:
+    """A rolled-back transaction appended nothing and its check vouches for nothing after it."""
+    session.info.pop(APPENDED, None)
+    session.info.pop(VERIFIED, None)
+
 
 @dataclass(frozen=True)
 class Head:
     """The newest record of a chain: its ``seq`` and ``hash`` (seq 0: the empty chain). A head
-    file beside a release also lists its ``files`` (name -> sha256) and, when a signing key is
-    set, carries the key holder's ``signature`` (:mod:`.signing`; the file also names the
-    public key, for people)."""
+    file beside a release also lists its ``files`` (name -> sha256) and the ``release`` it
+    belongs to (``folder``, ``run``, ``policy`` name@version, ``policy_sha256``;
+    :func:`.records.release_binding`) and, when a signing key is set, carries the key holder's
+    ``signature`` (:mod:`.signing`; the file also names the public key, for people)."""
 
     seq: int
     hash: str
     files: dict[str, str] | None = None
     signature: str | None = None
+    release: dict[str, str] | None = None
 
     def message(self) -> bytes:
-        """What :attr:`signature` signs."""
+        """What :attr:`signature` signs (each kind in its own domain, never a record's)."""
         if self.files is None:
-            return signing.record_message(self.seq, self.hash)
-        return signing.release_message(self.seq, self.hash, self.files)
+            return signing.head_message(self.seq, self.hash)
+        return signing.release_message(self.seq, self.hash, self.files, self.release)
 
 
 def lock(session: Session) -> ChainHead:
@@ -203,6 +226,7 @@ def append(session: Session, kind: str, row: SQLModel | None = None, **facts: An
     head_row.seq, head_row.hash = seq, record.hash
     session.add(head_row)
     session.flush()
+    session.info[APPENDED] = Head(seq, digest)
     return record
 
 
@@ -222,18 +246,31 @@ def head(session: Session) -> Head:
     return Head(seq=row.seq, hash=row.hash)
 
 
-def write_head(path: Path | str, chain_head: Head, *, files: dict[str, str] | None = None) -> Path:
-    """Write ``{"seq", "hash"}`` to ``path`` atomically (temp file + rename), with ``files``
-    (name -> sha256 of each file of a release) when given, signed when a signing key is set;
-    returns the path."""
-    path = Path(path)
+def write_head(
+    path: Path | str,
+    chain_head: Head,
+    *,
+    files: dict[str, str] | None = None,
+    release: dict[str, str] | None = None,
+) -> Path:
+    """Write ``{"seq", "hash"}`` to ``path`` atomically, with ``files`` (name -> sha256 of each
+    file of a release) and the ``release`` binding when given, signed when a signing key is
+    set; returns the path."""
     body: dict[str, Any] = {"seq": chain_head.seq, "hash": chain_head.hash}
     if files is not None:
         body["files"] = dict(sorted(files.items()))
+    if release is not None:
+        body["release"] = release
     key = signing.signing_key()
     if key is not None:
-        unsigned = Head(chain_head.seq, chain_head.hash, body.get("files"))
+        unsigned = Head(chain_head.seq, chain_head.hash, body.get("files"), release=release)
         body.update(signature=signing.sign(key, unsigned.message()), public_key=signing.public_text(key))
+    return write_json(path, body)
+
+
+def write_json(path: Path | str, body: dict[str, Any]) -> Path:
+    """Write ``body`` as JSON to ``path`` atomically (temp file, fsync, rename); returns the path."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -266,7 +303,12 @@ def read_head(path: Path | str) -> Head:
         isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
     ):
         raise UserError(f"chain head file {path}: files must map file names to sha256 hex digests")
-    return Head(seq, digest, files, body.get("signature"))
+    release = body.get("release")
+    if release is not None and not (
+        isinstance(release, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in release.items())
+    ):
+        raise UserError(f"chain head file {path}: release must map folder, run and policy to strings")
+    return Head(seq, digest, files, body.get("signature"), release)
 
 
 # --- verification -------------------------------------------------------------------------------
@@ -318,11 +360,12 @@ def _describe(record: AuditEvent) -> str:
 
 
 def _check_chain(
-    records: list[AuditEvent], problems: list[Problem]
+    records: list[AuditEvent], problems: list[Problem], start: Head | None = None
 ) -> dict[tuple[str, Any], tuple[AuditEvent, dict[str, Any]]]:
-    """Walk the records in seq order; return the newest record (and payload) of every row."""
+    """Walk the records in seq order, the first following ``start`` (default: the genesis);
+    return the newest record (and payload) of every row."""
     newest: dict[tuple[str, Any], tuple[AuditEvent, dict[str, Any]]] = {}
-    previous_hash, expected = GENESIS_HASH, 1
+    previous_hash, expected = (start.hash, start.seq + 1) if start else (GENESIS_HASH, 1)
     for record in records:
         if record.seq != expected:
             problems.append(
@@ -584,11 +627,48 @@ def _signature_problems(records: list[AuditEvent], head: Head | None, key: Any) 
             Problem(bad[20].seq, "unsigned", f"... and {len(bad) - 20} more records without a valid signature")
         )
     if head is not None and not signing.valid(key, head.message(), head.signature):
+        legacy = head.files is None and signing.valid(key, signing.record_message(head.seq, head.hash), head.signature)
         found.append(
             Problem(
                 head.seq,
                 "head_unsigned",
-                f"the external head (record {head.seq}) carries no valid signature of the signing key: forged or swapped",
+                f"the external head (record {head.seq}) is signed in the old format, which record {head.seq}'s "
+                "own signature also satisfies, so it proves nothing: write a new one (privrelease audit head --write)"
+                if legacy
+                else f"the external head (record {head.seq}) carries no valid signature of the signing key: "
+                "forged or swapped",
             )
         )
     return found
+
+
+def verify_tail(session: Session, start: Head, public_key: Any | None = None) -> list[Problem]:
+    """Verify only what follows ``start`` (a head verified earlier): record ``start.seq`` still
+    has hash ``start.hash``, every later record links to the one before and hashes to its
+    contents (with ``public_key``: carries its valid signature), and the chain-head row names
+    the last one. The records up to ``start`` are vouched for by its hash (the chain)."""
+    tail = list(session.exec(select(AuditEvent).where(AuditEvent.seq >= start.seq).order_by(col(AuditEvent.seq))))
+    problems: list[Problem] = []
+    if start.seq > 0:
+        first = tail.pop(0) if tail and tail[0].seq == start.seq else None
+        if first is None or first.hash != start.hash:
+            found = "is missing" if first is None else f"has hash {first.hash[:16]}..."
+            problems.append(
+                Problem(
+                    start.seq,
+                    "head_mismatch",
+                    f"record {start.seq} {found}, not {start.hash[:16]}... as verified before: the database was "
+                    "rolled back, truncated or rewritten",
+                )
+            )
+            return problems
+    _check_chain(tail, problems, start)
+    last = Head(tail[-1].seq, tail[-1].hash) if tail else start
+    stored = session.get(ChainHead, 1, populate_existing=True)
+    if stored is None or (stored.seq, stored.hash) != (last.seq, last.hash):
+        problems.append(
+            Problem(last.seq, "head_mismatch", f"the chain_head row does not name the log's last record {last.seq}")
+        )
+    if public_key is not None:
+        problems += _signature_problems(tail, None, public_key)
+    return problems

@@ -164,7 +164,12 @@ def session(engine: sa.Engine | None = None, *, readonly: bool = False) -> Itera
             s.rollback()
             raise
         if not readonly:
+            from privrelease.audit import witness
+
+            update = witness.prepare(s)
             s.commit()
+            if update is not None:
+                update()
         # closing ends a read-only transaction without expiring the objects read
 
 

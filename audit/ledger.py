@@ -13,8 +13,8 @@ releases and of live reservations count; a reservation not committed within its 
 
 Protocol (a run, in order): :func:`reserve` in its own transaction, committed **before** the data
 is read; then :func:`commit` after the outputs are published, or :func:`release` on failure.
-:func:`reserve` takes the audit write lock first (:func:`privrelease.audit.chain.lock`), then
-reads the stored trees, checks the budget and inserts the reservation, all in one transaction,
+:func:`reserve` takes the audit write lock first (:func:`privrelease.audit.chain.lock`), checks
+the audit database (:func:`privrelease.audit.witness.check_before_spending`), then reads the stored trees, checks the budget and inserts the reservation, all in one transaction,
 so two runs racing for the last budget cannot both get it.
 
 Budget comparisons allow a relative slack of ``1e-9`` for floating-point rounding of sums
@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from privrelease.audit import chain
+from privrelease.audit import chain, witness
 from privrelease.audit.models import Dataset, DatasetIdentity, LedgerEntry, Run, utcnow
 from privrelease.audit.records import attach_dataset, finish_run
 from privrelease.errors import TargetNotMet, UserError
@@ -244,7 +244,9 @@ def reserve(
     the lifetime budget of ``dataset`` (a registered identity or its id; or a vintage or its
     fingerprint, which names its identity and is attached to the run), under ``notion``.
 
-    In one transaction, under the audit write lock: expired reservations are released, the
+    In one transaction, under the audit write lock: the audit database is checked
+    (:func:`.witness.check_before_spending`: a tampered, cut-short or rolled-back one is refused
+    with :class:`~privrelease.errors.AuditRefused`), expired reservations are released, the
     stored trees that count plus the new one are composed, and if they fit the budget the
     reservation is recorded (expiring after ``ttl_seconds``, default the
     ``reservation_ttl_seconds`` setting). ``budget``, when given, must equal the dataset's
@@ -260,7 +262,7 @@ def reserve(
     now = now or utcnow()
     event = event_from_json(event_tree) if isinstance(event_tree, str) else event_tree
     event_json = event_to_json(event)
-    chain.lock(session)
+    witness.check_before_spending(session)  # locks the chain first
     reap_expired(session, now=now)
     ds, vintage = _dataset(session, dataset)
     limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)

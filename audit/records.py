@@ -49,6 +49,7 @@ __all__ = [
     "record_guarantee",
     "record_output",
     "register_dataset",
+    "release_binding",
     "reports_of",
     "start_publishing",
     "start_run",
@@ -172,6 +173,20 @@ def _run(session: Session, run: Run | str) -> Run:
     if found is None:
         raise UserError(f"no run with id {run!r} in the audit database")
     return found
+
+
+def release_binding(session: Session, run: Run | str, folder: Path | str) -> dict[str, str]:
+    """What a release folder's signed head binds it to: the folder's name, the run id and the
+    policy (``name@version`` and sha256), so a folder renamed or swapped on the share fails
+    ``audit verify-release``."""
+    run = _run(session, run)
+    version = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == run.policy_sha256)).one()
+    return {
+        "folder": Path(folder).name,
+        "run": run.id,
+        "policy": f"{version.name}@{version.version}",
+        "policy_sha256": run.policy_sha256,
+    }
 
 
 def attach_dataset(session: Session, run: Run | str, fingerprint: str) -> Run:

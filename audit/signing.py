@@ -4,12 +4,20 @@ The signing key is a file outside the database (``PRIVRELEASE_SIGNING_KEY``: a P
 file, made by ``privrelease audit keygen``); its public key is published (the ``.pub`` file,
 every release's ``chain-head.json`` and report). When the key is set, every audit record is
 signed as it is appended and every release's head file signs the chain head together with the
-sha256 of each file of the release. Messages carry a domain prefix, so a record signature can
-never pass for a release signature:
+sha256 of each file of the release. Every kind of signed object has its own domain prefix, so
+a signature of one kind never passes for another:
 
 * a record:  ``privrelease-record:<seq>:<hash>`` (the record hash covers its content and, by
   the chain, everything before it);
-* a release: ``privrelease-release:`` + canonical JSON of ``{seq, hash, files}``.
+* a head file (``audit head --write``): ``privrelease-head:<seq>:<hash>``;
+* a release: ``privrelease-release:`` + canonical JSON of ``{seq, hash, files, release}``,
+  ``release`` binding the folder's name, the run id and the policy (name@version and sha256);
+  a release head written before that binding lacks ``release`` and is reported as such;
+* the witness (:mod:`.witness`): ``privrelease-witness:`` + canonical JSON of its heads;
+* an approval (:mod:`.approvers`): ``privrelease-approval-v1`` and a newline, then its JSON.
+
+A head file signed before heads had their own domain (with the record message) is refused:
+the record's own signature would pass for it.
 
 What it proves: a record or release signed with the key was written by a key holder. A writer
 of the database without the key can still edit or delete rows, but every record it changes,
@@ -30,7 +38,9 @@ from typing import Any
 from privrelease.errors import UserError
 
 RECORD_DOMAIN = "privrelease-record"
+HEAD_DOMAIN = "privrelease-head"
 RELEASE_DOMAIN = "privrelease-release"
+WITNESS_DOMAIN = "privrelease-witness"
 
 
 def generate(path: Path) -> str:
@@ -131,9 +141,24 @@ def record_message(seq: int, digest: str) -> bytes:
     return f"{RECORD_DOMAIN}:{seq}:{digest}".encode("ascii")
 
 
-def release_message(seq: int, digest: str, files: dict[str, str]) -> bytes:
-    body = json.dumps({"seq": seq, "hash": digest, "files": files}, sort_keys=True, separators=(",", ":"))
-    return f"{RELEASE_DOMAIN}:{body}".encode()
+def head_message(seq: int, digest: str) -> bytes:
+    return f"{HEAD_DOMAIN}:{seq}:{digest}".encode("ascii")
+
+
+def _json(body: dict[str, Any]) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def release_message(seq: int, digest: str, files: dict[str, str], release: dict[str, str] | None = None) -> bytes:
+    """``release`` None: the message of a release head written before the run binding."""
+    body: dict[str, Any] = {"seq": seq, "hash": digest, "files": files}
+    if release is not None:
+        body["release"] = release
+    return f"{RELEASE_DOMAIN}:{_json(body)}".encode()
+
+
+def witness_message(body: dict[str, Any]) -> bytes:
+    return f"{WITNESS_DOMAIN}:{_json(body)}".encode()
 
 
 def sign(key: Any, message: bytes) -> str:
@@ -153,13 +178,16 @@ def valid(key: Any, message: bytes, signature: str | None) -> bool:
     return True
 
 
-def verify_release(folder: Path, key: Any) -> list[str]:
+def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: str | None = None) -> list[str]:
     """Check a release folder offline, from its files alone: its head file carries a valid
-    signature of ``key`` over the chain head and every file's sha256, each listed file has
-    that sha256, and no file is there that the signature does not list. Returns the problems."""
-    from privrelease.audit.chain import file_sha256, read_head
+    signature of ``key`` over the chain head, every file's sha256 and the release it belongs
+    to (folder name, run id, policy), the folder has that name, the release is of ``run`` (an
+    id or a prefix of 8+ characters) and ``policy`` (``name@version`` or a sha256 prefix of 12+)
+    when given, each listed file has its sha256, and no file is there that the signature does
+    not list. Returns the problems."""
+    from privrelease.audit.chain import RELEASE_HEAD_FILE, file_sha256, read_head
 
-    head_file = folder / "chain-head.json"
+    head_file = folder / RELEASE_HEAD_FILE
     try:
         head = read_head(head_file)
     except FileNotFoundError:
@@ -171,6 +199,7 @@ def verify_release(folder: Path, key: Any) -> list[str]:
         problems.append(
             f"{str(head_file)!r} carries no valid signature of this key: forged, altered or signed by another"
         )
+    problems += _binding_problems(folder, head.release, run, policy)
     for name, digest in head.files.items():
         path = folder / name
         if Path(name).name != name or not path.is_file():
@@ -180,4 +209,29 @@ def verify_release(folder: Path, key: Any) -> list[str]:
     for path in sorted(folder.iterdir()):
         if path.name != head_file.name and path.name not in head.files:
             problems.append(f"{path.name!r} is in the folder but not among the signed files")
+    return problems
+
+
+def _binding_problems(folder: Path, release: dict[str, str] | None, run: str | None, policy: str | None) -> list[str]:
+    """The signed release binding against the folder's name and the expected run and policy."""
+    if release is None:
+        if run is None and policy is None:
+            return []
+        return ["its head file predates the run binding (it signs no run or policy): --run/--policy cannot be checked"]
+    problems = []
+    name = folder.resolve().name
+    if release.get("folder") != name:
+        problems.append(
+            f"the folder is named {name!r} but its signed head is for release {release.get('folder')!r}: "
+            "renamed or swapped with another release"
+        )
+    if run is not None and (len(run) < 8 or not release.get("run", "").startswith(run.lower())):
+        problems.append(f"the release is of run {release.get('run')}, not of --run {run}")
+    if policy is not None and not (
+        policy == release.get("policy") or (len(policy) >= 12 and release.get("policy_sha256", "").startswith(policy))
+    ):
+        problems.append(
+            f"the release is of policy {release.get('policy')} (sha256 {release.get('policy_sha256', '')[:12]}), "
+            f"not of --policy {policy}"
+        )
     return problems

@@ -180,7 +180,7 @@ def verify_policy(
     target, a budget it would not fit) leaves a ``release_refused`` audit record and nothing
     else, so it can be edited under the same version; a registered version that is refused gets
     a failed run recording the refusal. Registration happens at approval or the first release."""
-    from privrelease.audit import approvals, chain, records
+    from privrelease.audit import approvals, chain, records, witness
 
     if output_format not in OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
@@ -197,6 +197,7 @@ def verify_policy(
     version = code_version()
     refusal: UserError | TargetNotMet | None = None
     with _session() as s:
+        witness.check_before_spending(s, out_root)  # the approvals and revocations read next are the chain's
         approval = None
         production = bool(production) or settings.production or approvals.production_mode(s)
         if production:

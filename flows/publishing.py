@@ -100,7 +100,10 @@ def publish(
         files |= {report.file: report.sha256, report.statement_file: report.statement_sha256}
         if report.release_file:
             files[report.release_file] = report.release_sha256
-        chain.write_head(final / CHAIN_HEAD_FILE, head, files=files)  # before the commit: see .recovery
+        binding = records.release_binding(s, run.run_id, final)
+        chain.write_head(
+            final / CHAIN_HEAD_FILE, head, files=files, release=binding
+        )  # before the commit: see .recovery
     _PUBLISHING.discard(run.run_id)
     recovery.ACTIVE.discard(run.run_id)
     return Published(

@@ -46,8 +46,10 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from privrelease.audit import chain
+
 STAGING_SUFFIX = ".partial"
-CHAIN_HEAD_FILE = "chain-head.json"
+CHAIN_HEAD_FILE = chain.RELEASE_HEAD_FILE
 RUN_MARKER = ".privrelease-run"
 UNSETTLED = ("pending", "running", "publishing")
 ACTIVE: set[str] = set()  # the runs this process is running now (its other unfinished runs are dead)
@@ -166,7 +168,7 @@ def _reservations(session: Any, run_id: str) -> list[Any]:
 
 
 def _settle_publishing(session: Any, run: Any, release: Path | None) -> tuple[str, str]:
-    from privrelease.audit import chain, records
+    from privrelease.audit import records
 
     expected = _expected_files(session, run.id)
     if release is not None:
@@ -177,7 +179,8 @@ def _settle_publishing(session: Any, run: Any, release: Path | None) -> tuple[st
             for leftover in release.glob(".*.tmp"):  # of a chain-head write cut short
                 leftover.unlink()
             records.finish_run(session, run, "succeeded")
-            chain.write_head(release / CHAIN_HEAD_FILE, chain.head(session), files=dict(expected))
+            binding = records.release_binding(session, run, release)
+            chain.write_head(release / CHAIN_HEAD_FILE, chain.head(session), files=dict(expected), release=binding)
             return "rolled forward", f"published {release.name} (the charge was already committed)"
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -216,7 +219,6 @@ def _settle_unpublished(session: Any, run: Any, release: Path | None) -> tuple[s
 def settle(session: Any, run_id: str) -> Settled | None:
     """Settle run ``run_id`` if it is unsettled (the caller vouches it is dead). Call inside a
     writing session; the chain lock serializes it with every other writer."""
-    from privrelease.audit import chain
     from privrelease.audit.models import Run
 
     chain.lock(session)

@@ -3,7 +3,8 @@
 User mistakes raise :class:`UserError` (exit 2): the message names the field or column, the
 value and what is allowed. A release whose guarantees miss the policy's targets raises
 :class:`TargetNotMet` (exit 1); a Dask cluster that loses the work, :class:`ClusterFailure`
-(exit 1). Anything else is a bug and keeps its traceback.
+(exit 1); an audit database that fails the check a run makes before it spends,
+:class:`AuditRefused` (exit 1). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -34,5 +35,12 @@ class TargetNotMet(RuntimeError):
 class ClusterFailure(RuntimeError):
     """The compute cluster lost the work (workers died more often than it retries, or the
     scheduler went away): nothing is published and the run is recorded as failed (exit 1)."""
+
+    exit_code = EXIT_TARGET_NOT_MET
+
+
+class AuditRefused(UserError):
+    """The audit database fails the check a run makes before it spends (tampered, truncated or
+    rolled back): the run is refused, nothing is charged or published (exit 1)."""
 
     exit_code = EXIT_TARGET_NOT_MET

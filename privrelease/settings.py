@@ -7,6 +7,10 @@
 ``PRIVRELEASE_PRODUCTION``         ``true``: a run refuses a policy whose hash is not approved
 ``PRIVRELEASE_SIGNING_KEY``        Ed25519 private key file (``privrelease audit keygen``): audit
                                    records and release folders are signed with it
+``PRIVRELEASE_WITNESS``            the witness file: the newest chain head, signed, kept outside the
+                                   database; every run checks the database against it before it
+                                   spends (default: beside a SQLite file, ``<file>.witness.json``;
+                                   else ``<work_dir>/audit-witness-<url digest>.json``)
 ``PRIVRELEASE_APPROVERS``          approver registry (YAML: approver name -> Ed25519 public key);
                                    ``audit mode production`` pins it and production runs then
                                    count only approvals signed by a registered key
@@ -44,6 +48,7 @@ class Settings(BaseSettings):
     reservation_ttl_seconds: float = Field(default=3600.0, gt=0)
     data_roots: str = ""
     signing_key: str = ""
+    witness: str = ""
     approvers: str = ""
     auto_init: bool = False
 
@@ -80,6 +85,7 @@ EXPECTED = {
     "data_roots": "folder paths separated by ':'",
     "auto_init": "true or false",
     "signing_key": "the path of an Ed25519 PEM key file (privrelease audit keygen)",
+    "witness": "the path of the witness file (a place database writers cannot write)",
     "approvers": "the path of an approver registry YAML file (README: Signed approvals)",
 }
 

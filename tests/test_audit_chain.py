@@ -84,7 +84,9 @@ def audit_database(backend: str, folder: Path, *, migrated: bool = True) -> Iter
         connection.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     try:
         url = _postgres_url(name)
-        yield database.open_database(url) if migrated else database.get_engine(url)
+        with pytest.MonkeyPatch.context() as patch:  # its witness in the test's folder, not the working directory's
+            patch.setenv("PRIVRELEASE_WITNESS", str(folder / f"{name}.witness.json"))
+            yield database.open_database(url) if migrated else database.get_engine(url)
     finally:
         database.dispose_engines()
         _drop_postgres_database(name)

@@ -204,23 +204,23 @@ def test_release_folders_verify_offline(attacked, tmp_path):
     assert json.loads((second / "chain-head.json").read_text())["public_key"] == public
     assert f'<code class="hash">{public}</code>' in (second / "report.html").read_text()  # the report names it
 
-    changed = tmp_path / "changed"
+    changed = tmp_path / "changed" / second.name  # the folder keeps its signed name
     shutil.copytree(second, changed)
     (changed / "mean-hours.parquet").write_bytes((changed / "mean-hours.parquet").read_bytes() + b"\0")
     result = check(changed)
     assert result.exit_code == 1 and "was changed" in result.output
 
-    added = tmp_path / "added"
+    added = tmp_path / "added" / second.name  # the folder keeps its signed name
     shutil.copytree(second, added)
     (added / "extra.csv").write_text("x\n")
     assert "not among the signed files" in check(added).output
 
-    swapped = tmp_path / "swapped"
+    swapped = tmp_path / "swapped" / second.name  # the folder keeps its signed name
     shutil.copytree(second, swapped)
     shutil.copy(first / "chain-head.json", swapped / "chain-head.json")
     assert check(swapped).exit_code == 1  # the first release's files differ in their bytes
 
-    resigned = tmp_path / "resigned"
+    resigned = tmp_path / "resigned" / second.name  # the folder keeps its signed name
     shutil.copytree(second, resigned)
     other = signing.generate(tmp_path / "mallory.key")
     key = signing._load_private(str(tmp_path / "mallory.key"), 0)
@@ -230,3 +230,60 @@ def test_release_folders_verify_offline(attacked, tmp_path):
     (resigned / "chain-head.json").write_text(json.dumps(body))
     assert "no valid signature of this key" in check(resigned).output
     assert check(resigned, other).exit_code == 0  # Mallory's key vouches for it: use the agency's
+
+
+def test_release_folders_swapped_on_the_share_fail(attacked, tmp_path):
+    """Two complete signed releases swapped by renaming: each folder's signed head names the
+    release it belongs to (folder, run, policy), so both fail; `--run`/`--policy` check it."""
+    _, public, first, second = attacked
+    share = tmp_path / "share"
+    shutil.copytree(first, share / second.name)
+    shutil.copytree(second, share / first.name)
+
+    def check(folder: Path, *more: str) -> Any:
+        return runner.invoke(app, ["audit", "verify-release", str(folder), "--public-key", public, *more])
+
+    for folder in share.iterdir():
+        result = check(folder)
+        assert result.exit_code == 1 and "renamed or swapped" in result.output
+    release = chain.read_head(second / "chain-head.json").release
+    assert release is not None and release["folder"] == second.name
+    policy = release["policy"]
+    assert check(second, "--run", release["run"][:8], "--policy", policy).exit_code == 0
+    assert f"run {release['run']}, policy {policy}" in check(second).output
+    other_run = chain.read_head(first / "chain-head.json").release["run"]
+    result = check(second, "--run", other_run)
+    assert result.exit_code == 1 and f"not of --run {other_run}" in result.output
+    assert check(second, "--policy", "another@1").exit_code == 1
+
+
+def test_a_record_signature_is_not_a_head_file(attacked, tmp_path):
+    """A record's own signature presented as a signed `--head` file (the old head format signed
+    the record message) is refused: head files are signed in their own domain."""
+    engine, public, _, _ = attacked
+    with session(engine) as s:
+        record = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq).desc())).first()
+    forged = tmp_path / "head.json"
+    forged.write_text(json.dumps({"seq": record.seq, "hash": record.hash, "signature": record.signature}))
+    result = runner.invoke(app, ["audit", "verify", "--no-files", "--head", str(forged), "--public-key", public])
+    assert result.exit_code == 1 and "signed in the old format" in result.output
+    message = chain.Head(record.seq, record.hash).message()
+    assert message != signing.record_message(record.seq, record.hash) and message.startswith(b"privrelease-head:")
+
+
+def test_a_release_head_from_before_the_run_binding_verifies_with_a_warning(attacked, signed_history, tmp_path):
+    """A head written before the binding (no `release`) keeps verifying, with a warning, but
+    `--run` cannot be checked on it."""
+    _, public, _, second = attacked
+    old = tmp_path / "old" / second.name
+    shutil.copytree(second, old)
+    body = json.loads((old / "chain-head.json").read_text())
+    del body["release"]
+    key = signing.private_key(str(signed_history[0] / "agency.key"), "key")
+    body["signature"] = signing.sign(key, signing.release_message(body["seq"], body["hash"], body["files"]))
+    (old / "chain-head.json").write_text(json.dumps(body))
+    check = lambda *more: runner.invoke(app, ["audit", "verify-release", str(old), "--public-key", public, *more])  # noqa: E731
+    result = check()
+    assert result.exit_code == 0 and "predates the run" in result.output
+    result = check("--run", "0123456789")
+    assert result.exit_code == 1 and "cannot be checked" in result.output

@@ -241,14 +241,10 @@ def test_a_production_run_refuses_after_a_deleted_revocation(revoked_demo: tuple
         assert "does not follow the governance record before it" in (governance.state(s).broken or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the run-start chain verification with signatures (helper 'chain', issue 15 item 5): "
-    "the deleted revocation is the newest governance record, so no later one names it; remove this mark at merge",
-)
 def test_deleting_the_newest_revocation_is_refused_by_the_next_run(revoked_demo: tuple[Path, Any]) -> None:
     """The revocation deleted and the chain recomputed, nothing governed since: the production run
-    must refuse (the rechained records carry no valid service signature)."""
+    refuses before spending (the run-start chain check: the rechained records carry no valid
+    service signature)."""
     policy, audit = revoked_demo
     _delete_revocation(audit)
     with pytest.raises(UserError):

@@ -412,25 +412,55 @@ def audit_verify_release(
     public_key: Annotated[
         str, typer.Option("--public-key", help="The agency's published public key (base64, or its .pub file).")
     ],
+    run: Annotated[
+        str | None, typer.Option("--run", help="The run the folder must be a release of (its id, or 8+ characters).")
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy", help="The policy it must be a release of (name@version, or 12+ digits of its sha256)."
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Check a release offline, from its folder alone: the head file's signature by the agency's
-    key over the chain head and every file's sha256, and each file's bytes. Exit 0 when intact,
-    1 naming what is not."""
-    from privrelease.audit import signing
+    key over the chain head, every file's sha256 and the release it belongs to (folder name, run,
+    policy), the folder's name, the expected run and policy, and each file's bytes. Exit 0 when
+    intact, 1 naming what is not."""
+    from privrelease.audit import chain, signing
     from privrelease.errors import UserError
 
     if not folder.is_dir():
         raise UserError(f"release folder {str(folder)!r} does not exist or is not a folder")
-    problems = signing.verify_release(folder, signing.public_key(public_key))
+    problems = signing.verify_release(folder, signing.public_key(public_key), run=run, policy=policy)
+    release = None if problems else chain.read_head(folder / "chain-head.json").release
     if json_output:
-        print_json({"ok": not problems, "folder": str(folder), "problems": problems})
+        print_json({"ok": not problems, "folder": str(folder), "release": release, "problems": problems})
     elif problems:
         console.print(styled("[bold red]BROKEN[/]: {}", problems[0]), highlight=False, soft_wrap=True)
         for problem in problems[1:]:
             console.print(f"  also: {problem}", highlight=False, soft_wrap=True)
+    elif release is None:
+        console.print(
+            styled(
+                "[green]intact[/]: {} signed by this key; [yellow]warning[/]: its head file predates the run "
+                "binding, so which run and policy it belongs to is not signed",
+                folder,
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
     else:
-        console.print(styled("[green]intact[/]: {} signed by this key", folder), highlight=False, soft_wrap=True)
+        console.print(
+            styled(
+                "[green]intact[/]: {} signed by this key: run {}, policy {}",
+                folder,
+                release.get("run", ""),
+                release.get("policy", ""),
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
     if problems:
         raise typer.Exit(1)
 
