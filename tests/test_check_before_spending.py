@@ -191,17 +191,19 @@ def test_without_a_witness_the_whole_chain_is_checked(work):
 def test_a_revocation_deleted_and_rechained_is_refused(work, monkeypatch):
     """An approval is revoked; an insider deletes the revocation record and rechains, so the
     approval counts again: the next production run is refused before it charges anything."""
-    from privrelease.audit import approvals
+    from privrelease.audit import approvals, governance
+    from privrelease.flows import steps
     from privrelease.policies import load_policy
 
     work_dir, base, policy, _ = work
-    facts = approvals.policy_facts(load_policy(policy))
+    loaded = load_policy(policy)
+    facts = approvals.policy_facts(loaded)
     with session(open_database()) as s:
-        approvals.approve_policy(s, facts, "Reviewer")
+        approvals.approve_policy(s, facts, "Reviewer", binding=steps.approval_binding(loaded, "data"))
         approvals.revoke(s, facts, by="CPO", reason="the scheme leaks")
     monkeypatch.delenv("PRIVRELEASE_SIGNING_KEY")
     with session(open_database()) as s:
-        s.delete(s.exec(select(AuditEvent).where(AuditEvent.kind == approvals.REVOKED_RECORD)).one())
+        s.delete(s.exec(select(AuditEvent).where(AuditEvent.kind == governance.KINDS["revoke"])).one())
     rechain(open_database())
     dispose_engines()
     monkeypatch.setenv("PRIVRELEASE_SIGNING_KEY", str(base / "agency.key"))
