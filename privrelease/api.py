@@ -7,8 +7,8 @@ function imports what it needs.
 >>> plan.passed, plan.notion
 (True, 'probabilistic')
 >>> twelve = privrelease.compose("policies/examples/demo.yaml", times=12, delta=1e-6)
->>> twelve.method, twelve.epsilon < 12 * plan.guarantee.epsilon
-('privacy loss distribution', True)
+>>> twelve.method, twelve.epsilon == 12 * plan.guarantee.epsilon  # the demo's notion: stated points add up
+('sequential composition (Theorem 2)', True)
 
 User mistakes raise :class:`privrelease.errors.UserError` (a bad policy, file or setting) or
 :class:`privrelease.errors.TargetNotMet` (a target or the budget would be exceeded), with the
