@@ -3,7 +3,9 @@ user's clone may not): tests that need it skip with the reason."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +65,36 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield PREFECT_API_URL.value()
+
+
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def find_chromium() -> str:
+    """The Chromium executable on ``PATH`` (Debian's ``/usr/bin/chromium``), looked up when a
+    test needs it, not when the tests are collected (a browser installed after the session
+    started is found); skips the test without one."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    """Headless Chromium driven by Playwright, one per test module (or skip)."""
+    executable = find_chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 import typer
 from test_audit_chain import BACKENDS, audit_database
-from test_report_browser import ARGS, CHROMIUM
 from typer.testing import CliRunner
 
 from privrelease.audit import approvals, database, records
@@ -538,17 +537,6 @@ def test_index_never_imports_prefect_or_the_calculus_and_is_quick(built: Built) 
 
 
 # --- in a real browser --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 def test_index_in_chromium_every_link_resolves(built: Built, browser: Any, tmp_path: Path) -> None:
