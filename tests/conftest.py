@@ -3,7 +3,10 @@ user's clone may not): tests that need it skip with the reason."""
 
 from __future__ import annotations
 
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +101,26 @@ def browser() -> Any:
         chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+CLI_IMPORTS = "from privrelease.cli import app\nimport privrelease.audit.database\n"
+"""What every command on the audit database loads: the baseline of :func:`child_cpu_seconds`."""
+
+
+def child_cpu_seconds(script: str, cwd: Path | None = None) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Run ``python -c script`` (CPU time, not wall time: a busy machine slows it less); its
+    result, the CPU seconds it used and those of a fresh process importing
+    :data:`CLI_IMPORTS` (measured now: a slower machine is slower at both)."""
+
+    def measured(code: str) -> tuple[subprocess.CompletedProcess[str], float]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+        )
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+    done, seconds = measured(script)
+    imported, baseline = measured(CLI_IMPORTS)
+    assert imported.returncode == 0, imported.stderr
+    return done, seconds, baseline
