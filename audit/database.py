@@ -234,9 +234,9 @@ def open_database(url: str | None = None, *, create: bool = False) -> sa.Engine:
         return engine
     from privrelease.audit.migrations.versions import HEAD_REVISION
 
-    create = create or get_settings().auto_init
-    _check_folder(engine, create)
-    if not (create or exists(engine)):
+    creating = create or get_settings().auto_init
+    _check_folder(engine, creating)
+    if not (creating or exists(engine)):
         shown = engine.url.render_as_string(hide_password=True)
         raise UserError(
             f"there is no audit database at {shown}: `privrelease audit init` creates it (`privrelease demo` "
