@@ -103,6 +103,15 @@ def test_malformed_database_url_is_one_line_naming_it(url, shown, reason, tmp_pa
     assert not work.exists()
 
 
+def test_database_url_error_in_json_masks_the_password() -> None:
+    url = "postgresql+psycopg://ada:hunter2@db.example:70000/audit"
+    result = cli("ledger", "list", "--json", PRIVRELEASE_DB_URL=url)
+    assert result.returncode == 2 and result.stderr == "" and "hunter2" not in result.stdout
+    document = json.loads(result.stdout)
+    assert document["field"] == "PRIVRELEASE_DB_URL" and document["allowed"].startswith("sqlite:///PATH/audit.db")
+    assert "'postgresql+psycopg://ada:***@db.example:70000/audit' is not valid (port 70000" in document["error"]
+
+
 COMMANDS = {
     "plan": ["plan", "policies/examples/demo.yaml"],
     "run": ["run", "policies/examples/demo.yaml"],
