@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
 PREFIX = "PRIVRELEASE_"
-DEPLOY_VARIABLES = (  # read by deploy/*.sh (deploy/README.md), not by privrelease itself
+DEPLOY_VARIABLES = (  # read by deploy/*.sh, which `privrelease deploy` runs (deploy/README.md)
     "PRIVRELEASE_REPO",
     "PRIVRELEASE_PREFECT_PORT",
     "PRIVRELEASE_WORK_POOL",
