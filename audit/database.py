@@ -36,7 +36,7 @@ from sqlmodel import Session
 
 from privrelease.audit.models import ChainHead  # noqa: F401  (doctest)
 from privrelease.errors import UserError
-from privrelease.settings import get_settings
+from privrelease.settings import get_settings, sqlite_file
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 60.0
@@ -83,26 +83,16 @@ def _sqlite_begin(connection: sa.Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _sqlite_file(url: sa.URL) -> Path | None:
-    """The file of a SQLite URL (None: an in-memory database)."""
-    database = url.database or ""
-    if database in ("", ":memory:") or database.startswith("file::memory:"):
-        return None
-    return Path(database).expanduser()
-
-
 def create_engine(url: str) -> sa.Engine:
     """A new engine for ``url`` (SQLite: WAL, busy timeout, foreign keys, ``BEGIN IMMEDIATE`` for
-    writing sessions; the file's folder is created). Prefer :func:`get_engine`, which caches."""
+    writing sessions; no file or folder is made before a connection). Prefer :func:`get_engine`,
+    which caches."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        file = _sqlite_file(parsed)
         kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
-        if file is None:
+        if sqlite_file(parsed) is None:
             kwargs["connect_args"]["check_same_thread"] = False
             kwargs["poolclass"] = StaticPool
-        else:
-            file.parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
@@ -241,14 +231,17 @@ def open_database(url: str | None = None, *, create: bool = False) -> sa.Engine:
     checked once per process). A database that does not exist yet (no SQLite file, or no
     schema) is created only when ``create`` (``privrelease audit init``, ``demo``) or the
     ``PRIVRELEASE_AUTO_INIT`` setting says so; otherwise a UserError names the URL: a typo in
-    the URL or another working folder must not start a fresh, empty history and ledger."""
+    the URL or another working folder must not start a fresh, empty history and ledger.
+    Creating makes no folder but the working folder (:func:`_check_folder`)."""
     engine = get_engine(url)
     key = engine.url.render_as_string(hide_password=False)
     if key in _migrated:
         return engine
     from privrelease.audit.migrations.versions import HEAD_REVISION
 
-    if not (create or get_settings().auto_init or exists(engine)):
+    creating = create or get_settings().auto_init
+    _check_folder(engine, creating)
+    if not (creating or exists(engine)):
         shown = engine.url.render_as_string(hide_password=True)
         raise UserError(
             f"there is no audit database at {shown}: `privrelease audit init` creates it (`privrelease demo` "
@@ -260,10 +253,29 @@ def open_database(url: str | None = None, *, create: bool = False) -> sa.Engine:
     return engine
 
 
+def _check_folder(engine: sa.Engine, create: bool) -> None:
+    """A SQLite file's folder must exist: only the working folder is made (when ``create``); any
+    other (a typo in ``PRIVRELEASE_DB_URL``) is a UserError naming it, and nothing is made."""
+    file = sqlite_file(engine.url)
+    if file is None or file.parent.is_dir():
+        return
+    folder, work_dir = file.parent.resolve(), get_settings().work_dir
+    if folder != work_dir:
+        shown = engine.url.render_as_string(hide_password=True)
+        raise UserError(
+            f"PRIVRELEASE_DB_URL={shown!r} is not valid: its folder {folder} does not exist (nothing was "
+            "created); create that folder, or correct the URL",
+            field="PRIVRELEASE_DB_URL",
+            allowed="a SQLite file in an existing folder, or the working folder (PRIVRELEASE_WORK_DIR)",
+        )
+    if create:
+        work_dir.mkdir(parents=True, exist_ok=True)
+
+
 def exists(engine: sa.Engine) -> bool:
     """True when the database holds a privrelease schema (SQLite: checked without creating the file)."""
     if engine.url.get_backend_name() == "sqlite":
-        file = _sqlite_file(engine.url)
+        file = sqlite_file(engine.url)
         if file is None:
             return True
         if not file.is_file():

@@ -3,7 +3,8 @@
 =================================  ===============================================================
 ``PRIVRELEASE_WORK_DIR``           working folder (default ``<cwd>/privrelease-work``)
 ``PRIVRELEASE_DB_URL``             audit database URL (default ``sqlite:///<work_dir>/audit.db``;
-                                   PostgreSQL: ``postgresql+psycopg://user:pw@host/db``)
+                                   PostgreSQL: ``postgresql+psycopg://user:pw@host/db``), checked
+                                   when read: a SQLite file or a PostgreSQL host and database
 ``PRIVRELEASE_PRODUCTION``         ``true``: a run refuses a policy whose hash is not approved
 ``PRIVRELEASE_SIGNING_KEY``        Ed25519 private key file (``privrelease audit keygen``): audit
                                    records and release folders are signed with it
@@ -23,23 +24,47 @@
                                    seconds (a crashed run) expires and stops counting
 =================================  ===============================================================
 
+Other ``PRIVRELEASE_*`` names are read by the deploy scripts (:data:`DEPLOY_VARIABLES`) or the
+test suite (``PRIVRELEASE_TEST_*``); any other is a mistake that :func:`unknown_variables` names.
+
 >>> Settings(work_dir="/tmp/w").db_url
 'sqlite:////tmp/w/audit.db'
+>>> unknown_variables({"PRIVRELEASE_DB_ULR": "sqlite:///a.db", "PRIVRELEASE_REPO": "."})
+['PRIVRELEASE_DB_ULR is not a privrelease setting (ignored); did you mean PRIVRELEASE_DB_URL?']
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+PREFIX = "PRIVRELEASE_"
+DEPLOY_VARIABLES = (  # read by deploy/*.sh, which `privrelease deploy` runs (deploy/README.md)
+    "PRIVRELEASE_REPO",
+    "PRIVRELEASE_PREFECT_PORT",
+    "PRIVRELEASE_WORK_POOL",
+    "PRIVRELEASE_PREFECT_FILE",
+    "PRIVRELEASE_PREFECT_START_TIMEOUT",
+)
+TEST_PREFIX = "PRIVRELEASE_TEST_"
+DATABASE_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
 
 
 class Settings(BaseSettings):
     """Every knob of privrelease that is not part of a policy."""
 
-    model_config = SettingsConfigDict(env_prefix="PRIVRELEASE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
 
     work_dir: Path = Field(default_factory=lambda: Path.cwd() / "privrelease-work")
     db_url: str = ""
@@ -56,6 +81,15 @@ class Settings(BaseSettings):
     def roots(self) -> tuple[Path, ...]:
         """``data_roots`` as resolved folders."""
         return tuple(Path(part).expanduser().resolve() for part in self.data_roots.split(os.pathsep) if part.strip())
+
+    @field_validator("db_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        if value:
+            problem = database_url_problem(value)
+            if problem:
+                raise PydanticCustomError("database_url", "{reason}", {"reason": problem, "shown": masked_url(value)})
+        return value
 
     @field_validator("default_lifetime_budget")
     @classmethod
@@ -78,7 +112,8 @@ class Settings(BaseSettings):
 
 EXPECTED = {
     "work_dir": "a folder path",
-    "db_url": "a database URL such as sqlite:///path/audit.db or postgresql+psycopg://user:pw@host/db",
+    "db_url": "sqlite:///PATH/audit.db (a file; sqlite:////abs/path/audit.db for an absolute path) or "
+    "postgresql+psycopg://USER:PASSWORD@HOST[:PORT]/DATABASE",
     "production": "true or false",
     "default_lifetime_budget": "a JSON pair '[epsilon, delta]', e.g. '[10, 1e-6]', epsilon >= 0, delta in [0, 1)",
     "reservation_ttl_seconds": "a number of seconds > 0, e.g. 3600",
@@ -88,6 +123,80 @@ EXPECTED = {
     "witness": "the path of the witness file (a place database writers cannot write)",
     "approvers": "the path of an approver registry YAML file (README: Signed approvals)",
 }
+
+
+def database_url_problem(value: str) -> str | None:
+    """Why ``value`` cannot be an audit database URL (None: it can), as SQLAlchemy parses it.
+
+    >>> database_url_problem("sqlite://x.db")
+    "'x.db' is read as a host: a SQLite file follows three slashes, e.g. sqlite:///x.db"
+    >>> database_url_problem("postgresql+psycopg://u:pw@db.example:5432/audit") is None
+    True
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(value)
+    except ArgumentError:
+        return "not a URL"
+    except ValueError:  # SQLAlchemy's int() of the port
+        return "its port is not a number"
+    try:
+        driver = url.get_driver_name()  # loads the dialect when the URL names no driver
+    except NoSuchModuleError:
+        driver = None
+    if driver is None or DATABASE_DRIVERS.get(url.get_backend_name()) != driver:
+        return f"{url.drivername!r} is not a supported database"
+    if not 0 < (url.port or 1) < 65536:
+        return f"port {url.port} is not in 1-65535"
+    if url.get_backend_name() == "sqlite":
+        if url.host:
+            return f"{url.host!r} is read as a host: a SQLite file follows three slashes, e.g. sqlite:///{url.host}"
+        if sqlite_file(url) is None:
+            return "an in-memory SQLite database keeps no audit history"
+    elif not (url.host or url.query.get("host")):
+        return "it names no host"
+    elif not url.database:
+        return "it names no database"
+    return None
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file of a SQLite URL (None: an in-memory database)."""
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:") or url.query.get("mode") == "memory":
+        return None
+    return Path(database).expanduser()
+
+
+def masked_url(value: str) -> str:
+    """``value`` as written, with its password (if any) shown as ``***``."""
+    try:
+        parts = urlsplit(value)
+        password = parts.password
+    except ValueError:
+        return "<not shown: an unparseable URL>"
+    if password is None:
+        return value
+    host = parts.netloc.rpartition("@")[2]
+    return value.replace(parts.netloc, f"{parts.username}:***@{host}", 1)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``PRIVRELEASE_*`` name in ``environ`` that nothing reads (a typo is
+    otherwise silently ignored), with the closest known name."""
+    fields = [name.upper() for name in Settings.model_fields]
+    known = [PREFIX + field for field in fields]
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(PREFIX) or upper.startswith(TEST_PREFIX) or upper in (*known, *DEPLOY_VARIABLES):
+            continue
+        close = difflib.get_close_matches(upper.removeprefix(PREFIX), fields, n=1)
+        hint = f"did you mean {PREFIX}{close[0]}?" if close else f"the settings are {', '.join(known)}"
+        warnings.append(f"{name} is not a privrelease setting (ignored); {hint}")
+    return warnings
 
 
 def get_settings() -> Settings:
@@ -105,12 +214,13 @@ def get_settings() -> Settings:
         for item in error.errors():
             field = str(item["loc"][0]) if item["loc"] else ""
             expected = EXPECTED.get(field, item["msg"])
-            problems.append(
-                (f"PRIVRELEASE_{field.upper()}", f"{item.get('input')!r} is not valid: expected {expected}")
-            )
+            ours = item["type"] == "database_url"  # its value shown masked, with the reason
+            shown = item["ctx"]["shown"] if ours else item.get("input")
+            reason = f" ({item['msg']})" if ours else ""
+            problems.append((f"{PREFIX}{field.upper()}", f"{shown!r} is not valid{reason}: expected {expected}"))
         variable, _ = problems[0]
         raise UserError(
             "; ".join(f"{name}={text}" for name, text in problems),
             field=variable,
-            allowed=EXPECTED.get(variable[12:].lower()),
+            allowed=EXPECTED.get(variable.removeprefix(PREFIX).lower()),
         ) from None

@@ -3,7 +3,12 @@ user's clone may not): tests that need it skip with the reason."""
 
 from __future__ import annotations
 
+import resource
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +68,59 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield PREFECT_API_URL.value()
+
+
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def find_chromium() -> str:
+    """The Chromium executable on ``PATH`` (Debian's ``/usr/bin/chromium``), looked up when a
+    test needs it, not when the tests are collected (a browser installed after the session
+    started is found); skips the test without one."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    """Headless Chromium driven by Playwright, one per test module (or skip)."""
+    executable = find_chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+CLI_IMPORTS = "from privrelease.cli import app\nimport privrelease.audit.database\n"
+"""What every command on the audit database loads: the baseline of :func:`child_cpu_seconds`."""
+
+
+def child_cpu_seconds(script: str, cwd: Path | None = None) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Run ``python -c script`` (CPU time, not wall time: a busy machine slows it less); its
+    result, the CPU seconds it used and those of a fresh process importing
+    :data:`CLI_IMPORTS` (measured now: a slower machine is slower at both)."""
+
+    def measured(code: str) -> tuple[subprocess.CompletedProcess[str], float]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+        )
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+    done, seconds = measured(script)
+    imported, baseline = measured(CLI_IMPORTS)
+    assert imported.returncode == 0, imported.stderr
+    return done, seconds, baseline

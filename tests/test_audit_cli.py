@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import resource
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 import typer
+from conftest import child_cpu_seconds
 from test_audit_chain import FINGERPRINT, fresh_engine
 from typer.testing import CliRunner
 
@@ -191,7 +189,7 @@ def test_ledger_show(db: Any) -> None:
 
 
 def test_commands_never_import_prefect_and_are_quick(db: Any) -> None:
-    """CPU time, not wall time: the limit holds on a busy machine too."""
+    """Within 3x of merely importing the CLI and the audit database (CPU time, measured now)."""
     script = (
         "import sys, typer\n"
         "from privrelease.cli.audit import register\n"
@@ -200,18 +198,9 @@ def test_commands_never_import_prefect_and_are_quick(db: Any) -> None:
         "    app(args, standalone_mode=False)\n"
         "assert 'prefect' not in sys.modules, 'prefect was imported'\n"
     )
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done, cpu, baseline = child_cpu_seconds(script)
     assert done.returncode == 0, done.stderr
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu < 2.0, f"two audit commands took {cpu:.2f} s of CPU"
+    assert cpu < 3 * baseline, f"two audit commands took {cpu:.2f} s of CPU; importing them {baseline:.2f} s"
 
 
 def test_the_audit_database_is_never_created_by_accident(tmp_path, monkeypatch) -> None:

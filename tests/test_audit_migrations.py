@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_migrations_create_the_schema_of_the_models_on_a_fresh_sqlite_file(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'new' / 'audit.db'}"
-    engine = database.create_engine(url)  # creates the folder
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    engine = database.create_engine(url)
     assert database.current_revision(engine) is None
     database.migrate(engine)
     assert database.current_revision(engine) == HEAD_REVISION == database.head_revision()

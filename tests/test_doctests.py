@@ -14,6 +14,7 @@ MODULES = [
     "privrelease.mechanisms.sdgs_math",
     "privrelease.mechanisms.identifiability",
     "privrelease.api",
+    "privrelease.settings",
 ]
 
 

@@ -28,9 +28,22 @@ def demo_policy(tmp_path: Path) -> Path:
 
 
 def run(policy: Path, work: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    return privrelease("run", str(policy), *args, work=work, **env)
+
+
+def quick(seconds: float, policy: Path, work: Path) -> bool:
+    """``seconds`` is within 8x of `privrelease plan` on ``policy`` (measured now, under the same
+    load; it reads no data and starts nothing): a run that waited for Prefect's start (20-30 s)
+    takes 15-30x."""
+    planned, baseline = privrelease("plan", str(policy), work=work)
+    assert planned.returncode == 0, planned.stderr
+    return seconds < 8 * baseline
+
+
+def privrelease(*args: str, work: Path, **env: str) -> tuple[subprocess.CompletedProcess, float]:
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "privrelease", "run", str(policy), *args],
+        [sys.executable, "-m", "privrelease", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -77,7 +90,7 @@ def test_refused_before_prefect_starts(demo_policy: Path, tmp_path: Path, how: s
         policy.write_text(demo_policy.read_text().replace("max_epsilon: 4.5", "max_epsilon: 0.5"))
     result, seconds = run(policy, tmp_path / "work", *args)
     assert result.returncode in (1, 2) and message in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr and seconds < 10
+    assert "Traceback" not in result.stderr and quick(seconds, demo_policy, tmp_path / "work")
     no_server_and_no_run(tmp_path / "work")
 
 
@@ -104,7 +117,7 @@ def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy:
             ledger.commit(s, ledger.reserve(s, loaded.policy.dataset.id, run_id, plan.event, plan.notion))
     result, seconds = run(demo_policy, work)
     assert result.returncode == 1 and "would be exceeded" in result.stderr, result.stderr
-    assert seconds < 10 and not list(work.rglob("prefect-server*.log"))
+    assert quick(seconds, demo_policy, work) and not list(work.rglob("prefect-server*.log"))
 
 
 def test_an_unapproved_policy_contacts_no_scheduler(demo_policy: Path, tmp_path: Path) -> None:

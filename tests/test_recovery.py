@@ -104,6 +104,7 @@ def template(tmp_path_factory):
     base = tmp_path_factory.mktemp("crash")
     demo.write_demo(base / "demo", seed=7)
     work = base / "work"
+    work.mkdir()
     open_database(f"sqlite:///{work / 'audit.db'}")
     dispose_engines()
     shutil.copytree(work, base / "warm-up")

@@ -1,7 +1,8 @@
-"""The disclosure report in a real browser: headless Chromium (Debian's ``/usr/bin/chromium``)
-driven by Playwright opens the rendered file offline, the charts are visible, nothing is logged
-to the console, nothing is fetched but the file itself, no script runs, and it prints to PDF.
-A full-page screenshot is saved under pytest's ``tmp_path``."""
+"""The disclosure report in a real browser: headless Chromium (``chromium`` on PATH: Debian's
+``/usr/bin/chromium``; conftest's ``browser`` fixture) driven by Playwright opens the rendered
+file offline, the charts are visible, nothing is logged to the console, nothing is fetched but
+the file itself, no script runs, and it prints to PDF. A full-page screenshot is saved under
+pytest's ``tmp_path``."""
 
 from __future__ import annotations
 
@@ -10,28 +11,17 @@ from typing import Any
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+def test_chromium_is_looked_up_when_a_test_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed after the session started (here: put on PATH now), it is found."""
+    from conftest import find_chromium
 
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield chromium
-        chromium.close()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pytest.skip.Exception):
+        find_chromium()
+    (tmp_path / "chromium").write_text("#!/bin/sh\n")
+    (tmp_path / "chromium").chmod(0o755)
+    assert find_chromium() == str(tmp_path / "chromium")
 
 
 def render(policy_text: str, folder: Path, **changes: Any) -> Path:

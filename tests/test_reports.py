@@ -11,9 +11,6 @@ import hashlib
 import json
 import math
 import re
-import resource
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -24,6 +21,7 @@ from typing import Any
 
 import pytest
 import typer
+from conftest import child_cpu_seconds
 from scipy.stats import binom
 from typer.testing import CliRunner
 
@@ -644,7 +642,7 @@ def test_report_open_uses_the_default_browser(db: Any, tmp_path: Path, monkeypat
 
 
 def test_report_commands_never_import_prefect_and_are_quick(db: Any, tmp_path: Path) -> None:
-    """CPU time of the whole CLI (not wall time: the limit holds on a busy machine too)."""
+    """CPU time of the whole CLI, within 3x of merely importing it (measured now)."""
     path = tmp_path / "out" / "report.html"
     run_id = store(db, HTML, path)
     path.unlink()  # show writes it out again
@@ -656,10 +654,7 @@ def test_report_commands_never_import_prefect_and_are_quick(db: Any, tmp_path: P
         "assert 'prefect' not in sys.modules, 'prefect was imported'\n"
         "assert 'jinja2' not in sys.modules, 'the renderer was imported'\n"
     )
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done, cpu, baseline = child_cpu_seconds(script)
     assert done.returncode == 0, done.stderr
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu < 2.0, f"report list + show took {cpu:.2f} s of CPU"
+    assert cpu < 3 * baseline, f"report list + show took {cpu:.2f} s of CPU; importing the CLI {baseline:.2f} s"
     assert (tmp_path / "work" / "reports" / f"{run_id}.html").read_text(encoding="utf-8") == HTML

@@ -8,6 +8,7 @@ errors print one clear message, never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -18,7 +19,7 @@ from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
 from privrelease.cli import splu as splu_commands
-from privrelease.cli.output import fail
+from privrelease.cli.output import error_console, fail, styled
 from privrelease.errors import TargetNotMet, UserError
 
 app = typer.Typer(
@@ -41,8 +42,10 @@ accuracy.register(app)
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into exit codes."""
     try:
-        from privrelease.settings import get_settings
+        from privrelease.settings import get_settings, unknown_variables
 
+        for warning in unknown_variables(os.environ):  # a misspelt setting would be ignored silently
+            error_console.print(styled("[bold yellow]warning:[/] {}", warning), highlight=False, soft_wrap=True)
         get_settings()  # a malformed PRIVRELEASE_* variable fails every command the same way, first
         app()
     except (UserError, TargetNotMet) as error:

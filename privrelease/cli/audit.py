@@ -711,10 +711,9 @@ def audit_init(json_output: JsonFlag = False) -> None:
 @audit_app.command("migrate")
 def audit_migrate(json_output: JsonFlag = False) -> None:
     """Create or upgrade the audit database schema (Alembic ``upgrade head``)."""
-    from privrelease.audit.database import current_revision, get_engine, migrate
+    from privrelease.audit.database import current_revision, open_database
 
-    engine = get_engine()
-    migrate(engine)
+    engine = open_database(create=True)
     shown = engine.url.render_as_string(hide_password=True)
     revision = current_revision(engine)
     if json_output:

@@ -658,12 +658,14 @@ def demo_command(
     Writes 50,000 synthetic rows and the demo policy (policies/examples/demo.yaml) to --dir,
     approves the policy as "privrelease demo", runs the release flow in production mode and
     prints where the outputs and the report are."""
+    from privrelease.audit.database import open_database, session
+
     started = time.perf_counter()
+    open_database(create=True)  # the demo makes its own audit database, before any other work
     server = start_temporary_server()
     try:
         from privrelease import demo
         from privrelease.audit import approvals
-        from privrelease.audit.database import open_database, session
         from privrelease.flows.opening import approval_binding
         from privrelease.policies import load_policy
         from privrelease.settings import get_settings
@@ -677,7 +679,7 @@ def demo_command(
         )
         loaded = load_policy(policy_path)
         facts = approvals.policy_facts(loaded)
-        with session(open_database(create=True)) as s:  # the demo makes its own audit database
+        with session(open_database()) as s:
             approvals.approve_policy(
                 s, facts, "privrelease demo", note="demo policy on synthetic data", binding=approval_binding(loaded)
             )
