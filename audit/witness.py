@@ -38,7 +38,7 @@ from sqlmodel import Session, col, select
 from privrelease.audit import chain, signing
 from privrelease.audit.models import GENESIS_HASH, AuditEvent, LedgerEntry, Run
 from privrelease.errors import AuditRefused, UserError
-from privrelease.settings import get_settings
+from privrelease.settings import get_settings, sqlite_file
 
 __all__ = ["Witness", "check_before_spending", "path_for", "prepare", "read"]
 
@@ -69,14 +69,12 @@ class Witness:
 
 def path_for(engine: Any) -> Path | None:
     """The witness file of the database of ``engine`` (None: an in-memory database)."""
-    from privrelease.audit.database import _sqlite_file
-
     settings = get_settings()
     if settings.witness:
         return Path(settings.witness).expanduser()
     url = engine.url
     if url.get_backend_name() == "sqlite":
-        file = _sqlite_file(url)
+        file = sqlite_file(url)
         return None if file is None else file.with_name(f"{file.name}.witness.json")
     digest = hashlib.sha256(url.render_as_string(hide_password=True).encode("utf-8")).hexdigest()[:16]
     return settings.work_dir / f"audit-witness-{digest}.json"
