@@ -6,6 +6,7 @@ pytest's ``tmp_path``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def test_report_renders_with_visible_charts(browser: Any, tmp_path: Path) -> Non
         assert page.locator("h2#public-title").is_visible()
         assert page.locator("h2#internal-title").is_visible()
         charts = page.locator("svg.chart")
-        assert charts.count() == 4  # two (k, beta) delta charts, f-smooth, SPLU
+        assert charts.count() == 6  # two (k, beta) delta charts, f-smooth, two publication curves, SPLU
         for i in range(charts.count()):
             chart = charts.nth(i)
             chart.scroll_into_view_if_needed()
@@ -69,10 +70,11 @@ def test_report_renders_with_visible_charts(browser: Any, tmp_path: Path) -> Non
             curve = chart.locator("path.series").first.bounding_box()
             assert curve is not None and curve["width"] > 50, "a curve is drawn inside the chart"
             assert chart.get_attribute("aria-label")
+        assert page.locator("table.accuracy-cells").first.is_visible()  # each SDGS card's accuracy
         # the values tables open on demand
         page.locator("#chart-splu-1-figure summary").click()
         assert page.locator('table[data-chart="chart-splu-1"]').is_visible()
-        screenshot = tmp_path / "report.png"
+        screenshot = Path(os.environ.get("PRIVRELEASE_TEST_SCREENSHOT", tmp_path / "report.png"))
         page.screenshot(path=str(screenshot), full_page=True)
         assert screenshot.stat().st_size > 50_000
         pdf = page.pdf(path=str(tmp_path / "report.pdf"))
@@ -92,7 +94,7 @@ def test_hostile_names_stay_text_in_the_browser(browser: Any, tmp_path: Path) ->
         assert page.locator("h1").inner_text().startswith(EVIL_NAME)
         assert page.locator("script, iframe, img").count() == 0
         assert page.get_by_text(EVIL_MECHANISM, exact=False).first.is_visible()
-        assert page.locator("svg.chart").count() == 3
+        assert page.locator("svg.chart").count() == 4
         page.screenshot(path=str(tmp_path / "hostile.png"), full_page=True)
         assert seen["dialogs"] == [], "injected script ran"
         assert seen["console"] == [] and seen["errors"] == []
