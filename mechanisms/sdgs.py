@@ -131,6 +131,28 @@ def _count(codes: list[np.ndarray], radices: list[int]) -> tuple[list[np.ndarray
     return [column[first] for column in codes], counts
 
 
+def utility_delivered(
+    counts: np.ndarray, published: np.ndarray, *, k: int, beta: float, rows_in: int
+) -> dict[str, float | int | None]:
+    """What the release delivered, for internal review only (it describes the data): the share
+    of sampled rows published, the estimated share of the people whose cell was published
+    (``rows published / (beta rows in)``), and two information-loss measures of the
+    generalization and suppression as ARX reports them: the discernibility metric
+    ``sum over published cells of n_c^2 + (rows suppressed) (rows sampled)`` (Bayardo &
+    Agrawal, ICDE 2005) and the normalized average class size
+    ``rows published / (cells published k)`` (C_AVG, LeFevre, DeWitt & Ramakrishnan, ICDE 2006;
+    1 is the ideal: every class just k rows)."""
+    sampled = int(counts.sum())
+    kept = int(counts[published].sum())
+    cells_kept = int(published.sum())
+    return {
+        "share_of_sampled_rows_published": kept / sampled if sampled else None,
+        "share_of_people_in_published_cells_estimated": min(1.0, kept / (beta * rows_in)) if rows_in else None,
+        "discernibility": int(np.sum(counts[published].astype(np.int64) ** 2)) + (sampled - kept) * sampled,
+        "average_class_size_normalized": kept / (cells_kept * k) if cells_kept else None,
+    }
+
+
 def release(
     cells: CellCounts,
     table: pa.Table,
@@ -158,6 +180,7 @@ def release(
         "rows_sampled": cells.rows_sampled,
         "rows_suppressed": int(cells.counts[~published].sum()),
         "cells_suppressed": int((~published).sum()),
+        **utility_delivered(cells.counts, published, k=k, beta=beta, rows_in=cells.rows_in),
     }
     event = SDGS(k=k, beta=beta, epsilon=epsilon, output=output)
     return MechanismResult(table=table, event=event, public_facts=public, internal_facts=internal)
@@ -178,7 +201,7 @@ def sdgs(
 
     ``public_facts``: k, beta, epsilon, columns, rows_published, cells_published (all derivable
     from the output). ``internal_facts``: rows_in, rows_sampled, rows_suppressed,
-    cells_suppressed (they describe the input)."""
+    cells_suppressed and :func:`utility_delivered` (they describe the input)."""
     check_parameters(k, beta, epsilon)
     cells = count_cells(table, schemes, beta=beta)
     published = np.flatnonzero(cells.counts >= k)

@@ -240,6 +240,10 @@ def test_result_event_and_facts() -> None:
         "rows_sampled": 33,
         "rows_suppressed": 3,
         "cells_suppressed": 1,
+        "share_of_sampled_rows_published": 30 / 33,
+        "share_of_people_in_published_cells_estimated": 30 / 33,
+        "discernibility": 30**2 + 3 * 33,  # Bayardo-Agrawal: a class of 30, 3 suppressed rows charged 33 each
+        "average_class_size_normalized": 30 / (1 * 5),  # C_AVG: one class of 30 rows for k = 5
     }
     assert result.table.column("v").chunk(0).dictionary.to_pylist() == ["x"]  # 'y' does not leak
     histogram = crowd_blending_histogram(table, {"v": Keep()}, k=5, epsilon=0.7)
