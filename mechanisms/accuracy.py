@@ -149,6 +149,35 @@ def cell_sizes(k: int, beta: float, extra: tuple[int, ...] = ()) -> list[int]:
     return sorted({reach, 2 * reach, 5 * reach, 10 * reach, 50 * reach, *extra})
 
 
+BETA_STEP = Fraction(1, 10_000)
+"""The grid :func:`smallest_beta` searches (every beta it names is checked exactly)."""
+
+
+def smallest_beta(k: int, count: int, relative_error: float, confidence: float) -> float | None:
+    """The smallest beta on the grid of :data:`BETA_STEP` at which a cell of ``count`` people
+    is published and within +-``relative_error`` with probability at least ``confidence``
+    (every grid point evaluated, vectorized: the probability is not monotone in beta, the limits
+    being integers); None when even beta = 1 does not reach it."""
+    n, confidence = _check_count(count), _check_confidence(confidence)
+    if isinstance(relative_error, bool) or not isinstance(relative_error, (int, float)) or relative_error <= 0:
+        raise UserError(f"relative_error must be a number > 0; got {relative_error!r}")
+    steps = np.arange(1, int(1 / BETA_STEP) + 1).astype(object)  # exact integers whatever the count
+    r = Fraction(str(float(relative_error)))
+    scale = BETA_STEP.denominator
+    # exact integer limits: ceil(b N (1 - r)) and floor(b N (1 + r)) with b = step / scale
+    low = np.maximum(k, -((-steps * n * (r.denominator - r.numerator)) // (scale * r.denominator)))
+    high = np.minimum(n, (steps * n * (r.denominator + r.numerator)) // (scale * r.denominator))
+    low, high = low.astype(np.float64), high.astype(np.float64)
+    betas = steps.astype(np.float64) / scale
+    within = np.where(high >= low, binomial.upper_tail(low, n, betas) - binomial.upper_tail(high + 1, n, betas), 0.0)
+    reached = np.flatnonzero(within >= confidence)
+    if not len(reached):
+        return None
+    beta = float(betas[reached[0]])
+    assert _within(k, beta, n, relative_error) >= confidence
+    return beta
+
+
 CONFIDENCES = (0.9, 0.95, 0.99)
 """The confidence levels a statistic's noise half-width is stated at."""
 

@@ -166,3 +166,37 @@ def test_guarantee_accuracy_commands() -> None:
     assert laplace["half_width"] == laplace_half_width(2.0, 0.95)
     bad = cli("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--count", "0")
     assert bad.returncode == 2 and "count" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(("k", "count", "r", "confidence"), [(20, 1000, 0.1, 0.95), (10, 200, 0.2, 0.9)])
+def test_smallest_beta_is_the_first_grid_point_meeting_the_target(k, count, r, confidence) -> None:
+    """Every grid beta below the answer misses the target and the answer meets it, each judged
+    by scipy with the limits decided in exact rationals (an independent evaluation)."""
+    from privrelease.mechanisms.accuracy import BETA_STEP, smallest_beta
+
+    beta = smallest_beta(k, count, r, confidence)
+    steps = round(beta / float(BETA_STEP))
+    ratio = Fraction(str(r))
+
+    def within(step: int) -> float:
+        b = step * BETA_STEP
+        low, high = max(k, math.ceil(b * count * (1 - ratio))), min(count, math.floor(b * count * (1 + ratio)))
+        return 0.0 if high < low else binom.cdf(high, count, float(b)) - binom.cdf(low - 1, count, float(b))
+
+    assert within(steps) >= confidence
+    assert all(within(step) < confidence for step in range(1, steps))
+
+
+def test_calibrate_accuracy_reports_the_privacy_cost() -> None:
+    from privrelease.mechanisms.accuracy import smallest_beta
+    from privrelease.mechanisms.sdgs_calibration import smallest_epsilon
+
+    result = cli(
+        "calibrate", "accuracy", "--k", "20", "--count", "1000", "--relative-error", "0.1", "--delta", "1e-6", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["beta"] == smallest_beta(20, 1000, 0.1, 0.95) and document["within"] >= 0.95
+    assert document["epsilon"] == smallest_epsilon(20, document["beta"], 1e-6, "approximate").epsilon
+    unreachable = cli("calibrate", "accuracy", "--k", "200", "--count", "100", "--relative-error", "0.1")
+    assert unreachable.returncode == 1 and "no beta reaches it" in unreachable.stderr

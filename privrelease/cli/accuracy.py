@@ -17,9 +17,10 @@ CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in (0, 
 
 
 def register(app: typer.Typer) -> None:
-    from privrelease.cli.calculus import guarantee_app
+    from privrelease.cli.calculus import calibrate_app, guarantee_app
 
     guarantee_app.add_typer(accuracy_app, name="accuracy")
+    calibrate_app.command("accuracy")(calibrate_accuracy)
 
 
 @accuracy_app.command("sdgs")
@@ -117,6 +118,61 @@ def accuracy_selection(
     console.print(
         f"the chosen scheme publishes, in expectation, at most {gap:.4g} rows fewer than the best of "
         f"{candidates} candidates, with probability >= {1 - failure:g} (score sensitivity {bound:.4g})",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def calibrate_accuracy(
+    k: int = typer.Option(..., "--k", help="Suppression threshold k >= 1."),
+    count: int = typer.Option(..., "--count", help="People in the cells that must be accurate."),
+    relative_error: float = typer.Option(..., "--relative-error", help="Allowed relative error r > 0."),
+    confidence: float = CONFIDENCE,
+    delta: float = typer.Option(1e-9, "--delta", help="The delta at which the privacy cost is stated, in (0, 1)."),
+    accounting: str = typer.Option("approximate", "--accounting", help="probabilistic or approximate."),
+    json_out: bool = JSON,
+) -> None:
+    """The smallest beta (to 1e-4) at which a cell of COUNT people is published and within
+    +-r with probability >= C, and what it costs in privacy: the smallest epsilon at DELTA."""
+    from privrelease.errors import TargetNotMet, UserError
+    from privrelease.mechanisms import sdgs_calibration as cal
+    from privrelease.mechanisms.accuracy import count_accuracy, smallest_beta
+
+    if accounting not in ("probabilistic", "approximate"):
+        raise UserError(f"--accounting must be probabilistic or approximate; got {accounting!r}")
+    if not 0 < delta < 1:
+        raise UserError(f"--delta must be in (0, 1); got {delta:g}")
+    beta = smallest_beta(k, count, relative_error, confidence)
+    if beta is None:
+        raise TargetNotMet(
+            f"no beta reaches it: even without sampling a cell of {count} people is published and within "
+            f"+-{relative_error:g} with probability {count_accuracy(k, 1.0, count, relative_error=relative_error).within:.4g}"
+            f" < {confidence:g} (a smaller k or a larger error)"
+        )
+    statement = count_accuracy(k, beta, count, confidence=confidence, relative_error=relative_error)
+    epsilon = None if beta >= 1 else cal.smallest_epsilon(k, beta, delta, accounting).epsilon
+    document = {
+        "k": k,
+        "beta": beta,
+        "count": count,
+        "relative_error": relative_error,
+        "confidence": confidence,
+        "within": statement.within,
+        "epsilon": epsilon,
+        "delta": delta,
+        "accounting": accounting,
+    }
+    if json_out:
+        print_json(document)
+        return
+    cost = (
+        "no (epsilon, delta)-DP without sampling"
+        if epsilon is None
+        else f"epsilon {epsilon:.4g} at delta {delta:g} ({accounting})"
+    )
+    console.print(
+        f"beta = {beta:g}: a cell of {count} people is published and within +-{relative_error:g} with probability "
+        f"{statement.within:.4g} (>= {confidence:g}); privacy cost with k = {k}: {cost}",
         highlight=False,
         soft_wrap=True,
     )
