@@ -16,6 +16,7 @@ from privrelease.cli import calculus, lifetime
 from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
+from privrelease.cli import server as server_commands
 from privrelease.cli import splu as splu_commands
 from privrelease.cli.output import fail
 from privrelease.errors import TargetNotMet, UserError
@@ -32,6 +33,7 @@ audit_commands.register(app)
 report_commands.register(app)
 splu_commands.register(app)
 run_commands.register(app)
+server_commands.register(app)
 deploy_commands.register(app)
 lifetime.register(app)
 
