@@ -5,11 +5,12 @@ production-mode audit database: the first run (no Prefect server yet: it starts 
 it), a warm run (server up), a rerun, a run with `--no-server-reuse` (a temporary server per
 run, as before the kept server), and runs refused before Prefect (not approved, wrong data
 path, budget exhausted). The median of 5 runs each (2 for server starts). With
-`--before PYTHON` (another checkout's interpreter, e.g. main's `.venv/bin/python`), the first
-run and the refusals are also measured with that code, in the same work folder.
+`--before CHECKOUT` (a checkout of older code, e.g. `git worktree add --detach /tmp/before
+COMMIT`), plan, run and the refusals are also measured with that checkout's `privrelease/`
+package (`python -m privrelease` run from there), in the same work folder.
 Last line: one JSON object of the figures (seconds).
 
-    python bench/cli.py [--before ../main/.venv/bin/python]
+    python bench/cli.py [--before /tmp/before]
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ REPEATS = 5
 SERVER_STARTS = 2
 
 
-def wall(args: list[str], env: dict[str, str], expect: int = 0, repeats: int = REPEATS, before=None) -> float:
+def wall(
+    args: list[str], env: dict[str, str], expect: int = 0, repeats: int = REPEATS, before=None, cwd: Path = REPO
+) -> float:
     """Median wall seconds of ``args`` in a fresh process (the exit code must be ``expect``);
     ``before()`` runs ahead of each repetition, untimed."""
     times = []
@@ -37,10 +40,11 @@ def wall(args: list[str], env: dict[str, str], expect: int = 0, repeats: int = R
         if before is not None:
             before()
         start = time.perf_counter()
-        done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO)
+        done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd)
         times.append(time.perf_counter() - start)
         if done.returncode != expect:
             raise SystemExit(f"{' '.join(args)}: exit {done.returncode}, expected {expect}\n{done.stderr[-800:]}")
+    print(f"  {' '.join(args[3:5])}: {statistics.median(times):.3f} s", file=sys.stderr, flush=True)
     return statistics.median(times)
 
 
@@ -65,7 +69,7 @@ def policies(folder: Path) -> dict[str, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", help="another checkout's python, measured on the same commands")
+    parser.add_argument("--before", type=Path, help="a checkout of older code, measured on the same commands")
     arguments = parser.parse_args()
     python = sys.executable
     with tempfile.TemporaryDirectory() as temp:
@@ -112,11 +116,11 @@ def main() -> None:
         }
         stop_server()
         if arguments.before:
-            before = [arguments.before, "-m", "privrelease"]
-            figures["before_plan"] = wall([*before, "plan", policy], env)
-            figures["before_run"] = wall([*before, "run", policy], env, repeats=SERVER_STARTS)
+            old = arguments.before.resolve()
+            figures["before_plan"] = wall([*cli, "plan", policy], env, cwd=old)
+            figures["before_run"] = wall([*cli, "run", policy], env, repeats=SERVER_STARTS, cwd=old)
             for name, (args, expect) in refusals.items():
-                figures[f"before_{name}"] = wall([*before, *args[3:]], env, expect)
+                figures[f"before_{name}"] = wall(args, env, expect, cwd=old)
     plan = figures["plan"]
     width = max(map(len, figures))
     print(f"fresh process per command, median of {REPEATS} ({SERVER_STARTS} for server starts); seconds, x plan")

@@ -418,7 +418,7 @@ def _watch_idle(server: Any, folder: Path, idle: float, token: str) -> None:
         state = read_state(folder)
         if state is None or state.token != token:
             print("privrelease: state file no longer names this server; stopping", flush=True)
-        elif time.time() - last_used(folder) < idle or _lease_holders(folder):
+        elif _lease_holders(folder) or time.time() - last_used(folder) < idle:
             continue
         else:
             print(f"privrelease: idle for {idle:g} s; stopping", flush=True)
