@@ -210,13 +210,23 @@ def _run_flow(
     steps.set_progress(progress)
     start = time.perf_counter()
     try:
-        summary = release(**parameters)
+        with _no_heartbeats() if server is not None else contextlib.nullcontext():
+            summary = release(**parameters)
     finally:
         timings["flow"] = time.perf_counter() - start
         steps.set_progress(None)
         if progress is not None:
             progress.close()
     return summary, timings
+
+
+def _no_heartbeats() -> contextlib.AbstractContextManager[None]:
+    """No flow-run heartbeats on privrelease's own server: it runs none of Prefect's services
+    that read them (crashed runs are marked by :mod:`privrelease.flows.recovery`), and ending
+    the heartbeat thread costs each run up to a second."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def _fail_release(error: BaseException) -> None:
