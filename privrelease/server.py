@@ -277,6 +277,7 @@ def _spawn(folder: Path, idle_seconds: float, *, detached: bool, env: dict[str, 
         process = subprocess.Popen(
             command,
             env=environment,
+            cwd=folder,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -410,9 +411,12 @@ def stop_server(work_dir: Path | None = None) -> ServerState | None:
 
 
 def _watch_idle(server: Any, folder: Path, idle: float, token: str) -> None:
-    """Ask uvicorn to exit once no run holds a lease and ``last-used`` is ``idle`` seconds old,
-    or when the state file no longer names this server."""
+    """Once uvicorn has started, ask it to exit when no run holds a lease and ``last-used`` is
+    ``idle`` seconds old, or when the state file no longer names this server."""
     period = min(5.0, max(idle / 4, 0.2))
+    while not server.started:
+        time.sleep(0.1)
+    _touch(folder)  # idle from the moment it answers
     while not server.should_exit:
         time.sleep(period)
         state = read_state(folder)

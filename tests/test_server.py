@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,12 +86,13 @@ def gone(pid: int, within: float) -> bool:
     return False
 
 
-def flow_run_state(api_url: str, flow_run_id: str) -> str:
+def flow_run(api_url: str, flow_run_id: str) -> Any:
+    """The flow run as the Prefect server at ``api_url`` recorded it."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        return client.read_flow_run(uuid.UUID(flow_run_id)).state.type.value
+        return client.read_flow_run(uuid.UUID(flow_run_id))
 
 
 def audit_flow_run(work: Work, run_id: str) -> str:
@@ -134,13 +136,15 @@ def test_server_is_started_once_and_reused(work, tmp_path):
     for _ in range(2):
         summary = json.loads(work.cli("run", str(policy), "--json"))
         assert "prefect_start" not in summary["timings"]  # no server started by the run
-        assert flow_run_state(api_url, audit_flow_run(work, summary["run_id"])) == "COMPLETED"
+        recorded = flow_run(api_url, audit_flow_run(work, summary["run_id"]))
+        assert recorded.state.type.value == "COMPLETED"
+        assert recorded.parameters["policy_path"] == str(policy) and recorded.parameters["production"] is False
     status = work.status()
     assert status["pid"] == pid and status["idle_seconds"] < 60 and status["uptime_seconds"] > 0
 
     other = Work(tmp_path / "other")  # the user's PREFECT_API_URL: that server, none started
     summary = json.loads(other.cli("run", str(policy), "--json", PREFECT_API_URL=api_url))
-    assert flow_run_state(api_url, audit_flow_run(other, summary["run_id"])) == "COMPLETED"
+    assert flow_run(api_url, audit_flow_run(other, summary["run_id"])).state.type.value == "COMPLETED"
     assert not other.folder.exists()
     other.cli("server", "start", expect=2, PREFECT_API_URL=api_url)
 

@@ -1,14 +1,13 @@
 """``privrelease run``, ``rerun``, ``reissue`` and ``demo``: the commands that release data.
 
 ``run`` and ``rerun`` (and ``demo``, which ends in a run) execute the Prefect flow
-:func:`privrelease.flows.release.release` in this process. Without ``PREFECT_API_URL`` Prefect
-needs a temporary local server, whose start (20-30 s here) dominates a small release; this
-module starts it as the very first thing, in the background (the same ``uvicorn`` command
-Prefect itself runs for its temporary server, with UI and block registration off), and does
-everything else meanwhile: loading the policy, generating the demo data, importing Prefect and
-the mechanisms, migrating the audit database. Before importing Prefect it sets defaults (unless
-the user set them): ``PREFECT_LOGGING_LEVEL=WARNING``, ``PREFECT_SERVER_ANALYTICS_ENABLED=false``,
-``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90``, ``PREFECT_TASKS_DEFAULT_NO_CACHE=true``.
+:func:`privrelease.flows.release.release` in this process. First every check that needs no
+Prefect (:func:`privrelease.flows.preflight.preflight`; for a rerun, its run id and stored
+policy): a refusal imports no Prefect and starts no server. Then the run records to the
+configured ``PREFECT_API_URL``, else to the Prefect server kept in the work folder
+(:mod:`privrelease.server`: found, or started in the background while this process imports
+Prefect and the mechanisms and migrates the audit database). Prefect's environment defaults
+(unless the user set them): :data:`privrelease.server.PREFECT_DEFAULTS`.
 
 ``reissue`` needs no flow and never imports Prefect: it checks the stored outputs of an earlier
 run against their recorded sha256 and hands them back (optionally copied), without a new

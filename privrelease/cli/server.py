@@ -69,7 +69,8 @@ def start_command(json_output: JsonFlag = False) -> None:
         )
     prefect_server.prefect_defaults()
     server = prefect_server.kept_server()
-    server.wait(prefect_server.startup_timeout())
+    with server.lease():
+        server.wait(prefect_server.startup_timeout())
     status = _status()
     if json_output:
         print_json(status)
