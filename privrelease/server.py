@@ -199,8 +199,10 @@ class LocalServer:
     """A server of the work folder (kept: found or started in the background) or of this
     process (temporary). :meth:`wait` blocks until it answers; :meth:`lease` marks it in use."""
 
-    def __init__(self, folder: Path, state: ServerState, process: subprocess.Popen[bytes] | None) -> None:
-        self.folder, self.state, self.process = folder, state, process
+    def __init__(
+        self, folder: Path, state: ServerState, process: subprocess.Popen[bytes] | None, *, temporary: bool = False
+    ) -> None:
+        self.folder, self.state, self.process, self.temporary = folder, state, process, temporary
         self.started_here = process is not None
         self.ready_after: float | None = None
 
@@ -250,7 +252,7 @@ class LocalServer:
 
     def stop(self) -> None:
         """Stop a temporary server and remove its folder (a kept server stays)."""
-        if self.process is None or self.state.idle_seconds > 0:
+        if self.process is None or not self.temporary:
             return
         _terminate(self.state.pid, group=False)
         self.process.wait()
@@ -286,7 +288,7 @@ def _spawn(folder: Path, idle_seconds: float, *, detached: bool, env: dict[str, 
         )
     state = ServerState(process.pid, port, f"http://127.0.0.1:{port}/api", time.time(), token, idle_seconds)
     _write_state(folder, state)
-    return LocalServer(folder, state, process)
+    return LocalServer(folder, state, process, temporary=not detached)
 
 
 def find_server(folder: Path) -> ServerState | None:

@@ -194,7 +194,7 @@ def _run_flow(
     finally:
         status.stop()
     if server is not None and server.started_here:
-        kept = "" if server.state.idle_seconds == 0 else f"kept {server.state.idle_seconds:g} s idle; "
+        kept = "" if server.temporary else f"kept {server.state.idle_seconds:g} s idle; "
         error_console.print(
             styled(
                 "  [green]✓[/] Prefect server ready [dim]{}[/]",
