@@ -109,18 +109,28 @@ def audit_flow_run(work: Work, run_id: str) -> str:
     return flow_run_id
 
 
-def test_refused_run_touches_no_prefect(tmp_path):
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["missing.yaml"], "policy file not found"),
+        (["demo/demo.yaml", "--production"], "is not approved"),
+        (["demo/demo.yaml", "--data", "demo/missing.csv"], "does not exist"),
+    ],
+)
+def test_refused_run_touches_no_prefect(tmp_path, arguments, message):
     """A run refused by the pre-flight imports no Prefect and starts or records no server."""
     work = Work(tmp_path)
+    demo.write_demo(tmp_path / "demo", seed=1, rows=100)
+    argv = ["privrelease", "run", *(str(tmp_path / a) if "." in a and not a.startswith("-") else a for a in arguments)]
     code = (
         "import sys\nfrom privrelease.cli import main\n"
-        f"sys.argv = ['privrelease', 'run', {str(tmp_path / 'missing.yaml')!r}]\n"
+        f"sys.argv = {argv!r}\n"
         "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code == 2, exit.code\n"
         "assert 'prefect' not in sys.modules and 'uvicorn' not in sys.modules\n"
     )
     done = subprocess.run([sys.executable, "-c", code], env=work.env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert "policy file not found" in done.stderr
+    assert message in done.stderr
     assert not work.folder.exists()
 
 
