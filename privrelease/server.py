@@ -357,7 +357,10 @@ def _prefect_configured_elsewhere() -> bool:
 
 
 def user_configured() -> bool:
-    """True when the user named a Prefect API (``PREFECT_API_URL``, a profile or config file)."""
+    """True when the user named a Prefect API (``PREFECT_API_URL``, a profile or config file) or
+    turned local servers off (``PREFECT_SERVER_EPHEMERAL_ENABLED=false``)."""
+    if os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "").lower() in ("false", "0"):
+        return True
     return bool(os.environ.get("PREFECT_API_URL")) or _prefect_configured_elsewhere()
 
 
