@@ -1,12 +1,13 @@
 """Benchmark of the command line as a user feels it (not a test): the wall time of each command
 in a fresh process, against a bare `python -c pass`, `python -c "import privrelease.cli"` and
 `privrelease plan` measured in the same run. Releases run on the demo's SYNTHETIC data in a
-production-mode audit database: the first run (no Prefect server yet: it starts one and keeps
-it), a warm run (server up), a rerun, a run with `--no-server-reuse` (a temporary server per
-run, as before the kept server), and runs refused before Prefect (not approved, wrong data
+production-mode audit database: the first run (no Prefect server yet: it starts one and
+keeps it; once on a fresh Prefect database, then with the server stopped before each run), a
+warm run (server up), a rerun, a run with `--no-server-reuse` (a temporary server per run, as
+before the kept server), and runs refused before Prefect (not approved, wrong data
 path, budget exhausted). The median of 5 runs each (2 for server starts). With
 `--before CHECKOUT` (a checkout of older code, e.g. `git worktree add --detach /tmp/before
-COMMIT`), plan, run and the refusals are also measured with that checkout's `privrelease/`
+COMMIT`), plan, run, rerun and the refusals are also measured with that checkout's `privrelease/`
 package (`python -m privrelease` run from there), in the same work folder.
 Last line: one JSON object of the figures (seconds).
 
@@ -95,7 +96,9 @@ def main() -> None:
         def stop_server() -> None:
             setup("server", "stop")
 
-        first_run_id = json.loads(setup("run", policy, "--json"))["run_id"]  # also Prefect's database
+        began = time.perf_counter()
+        first_run_id = json.loads(setup("run", policy, "--json"))["run_id"]  # creates Prefect's database
+        fresh = time.perf_counter() - began
         refusals = {
             "run_refused_unapproved": ([*cli, "run", str(files["unapproved"])], 2),
             "run_refused_data_path": ([*cli, "run", policy, "--data", str(folder / "missing.csv")], 2),
@@ -108,6 +111,7 @@ def main() -> None:
             "policy_list": wall([*cli, "policy", "list"], env),
             "audit_verify": wall([*cli, "audit", "verify"], env),
             "server_status": wall([*cli, "server", "status"], env),
+            "run_first_fresh_home": fresh,  # once: a new server on a new Prefect database
             "run_first": wall([*cli, "run", policy], env, repeats=SERVER_STARTS, before=stop_server),
             "run_warm": wall([*cli, "run", policy], env),
             "rerun_warm": wall([*cli, "rerun", first_run_id], env),
@@ -119,6 +123,7 @@ def main() -> None:
             old = arguments.before.resolve()
             figures["before_plan"] = wall([*cli, "plan", policy], env, cwd=old)
             figures["before_run"] = wall([*cli, "run", policy], env, repeats=SERVER_STARTS, cwd=old)
+            figures["before_rerun"] = wall([*cli, "rerun", first_run_id], env, repeats=SERVER_STARTS, cwd=old)
             for name, (args, expect) in refusals.items():
                 figures[f"before_{name}"] = wall(args, env, expect, cwd=old)
     plan = figures["plan"]
