@@ -6,9 +6,9 @@ keeps it; once on a fresh Prefect database, then with the server stopped before 
 warm run (server up), a rerun, a run with `--no-server-reuse` (a temporary server per run, as
 before the kept server), and runs refused before Prefect (not approved, wrong data
 path, budget exhausted). The median of 5 runs each (2 for server starts). With
-`--before CHECKOUT` (a checkout of older code, e.g. `git worktree add --detach /tmp/before
-COMMIT`), plan, run, rerun and the refusals are also measured with that checkout's `privrelease/`
-package (`python -m privrelease` run from there), in the same work folder.
+`--before CHECKOUT` (older code: `git worktree add --detach /tmp/before COMMIT && make -C
+/tmp/before setup`), plan, run, rerun and the refusals are also measured with that checkout's
+own `.venv`, in the same work folder.
 Last line: one JSON object of the figures (seconds).
 
     python bench/cli.py [--before /tmp/before]
@@ -70,7 +70,7 @@ def policies(folder: Path) -> dict[str, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", type=Path, help="a checkout of older code, measured on the same commands")
+    parser.add_argument("--before", type=Path, help="a checkout of older code (with its .venv) to measure too")
     arguments = parser.parse_args()
     python = sys.executable
     with tempfile.TemporaryDirectory() as temp:
@@ -121,11 +121,15 @@ def main() -> None:
         stop_server()
         if arguments.before:
             old = arguments.before.resolve()
-            figures["before_plan"] = wall([*cli, "plan", policy], env, cwd=old)
-            figures["before_run"] = wall([*cli, "run", policy], env, repeats=SERVER_STARTS, cwd=old)
-            figures["before_rerun"] = wall([*cli, "rerun", first_run_id], env, repeats=SERVER_STARTS, cwd=old)
+            interpreter = old / ".venv" / "bin" / "python"
+            if not interpreter.is_file():
+                raise SystemExit(f"{interpreter} is missing: run make setup in {old}")
+            cli_before = [str(interpreter), "-m", "privrelease"]
+            figures["before_plan"] = wall([*cli_before, "plan", policy], env, cwd=old)
+            figures["before_run"] = wall([*cli_before, "run", policy], env, repeats=SERVER_STARTS, cwd=old)
+            figures["before_rerun"] = wall([*cli_before, "rerun", first_run_id], env, repeats=SERVER_STARTS, cwd=old)
             for name, (args, expect) in refusals.items():
-                figures[f"before_{name}"] = wall(args, env, expect, cwd=old)
+                figures[f"before_{name}"] = wall([*cli_before, *args[3:]], env, expect, cwd=old)
     plan = figures["plan"]
     width = max(map(len, figures))
     print(f"fresh process per command, median of {REPEATS} ({SERVER_STARTS} for server starts); seconds, x plan")
