@@ -303,20 +303,20 @@ def find_server(folder: Path) -> ServerState | None:
     return None
 
 
-def kept_server(work_dir: Path | None = None, idle_seconds: float | None = None) -> LocalServer:
+def kept_server() -> LocalServer:
     """The work folder's kept server: the one recorded there, or a new one started now in the
     background (not waited for: call :meth:`LocalServer.wait`)."""
     from privrelease.settings import get_settings
 
     settings = get_settings()
-    folder = server_folder(work_dir or settings.work_dir)
+    folder = server_folder(settings.work_dir)
     with _locked(folder):
         state = find_server(folder)
         if state is not None:
             _touch(folder)
             return LocalServer(folder, state, None)
-        idle = settings.server_idle_seconds if idle_seconds is None else idle_seconds
-        return _spawn(folder, idle, detached=True, env={"PREFECT_HOME": str(folder / "home")})
+        home = {"PREFECT_HOME": str(folder / "home")}
+        return _spawn(folder, settings.server_idle_seconds, detached=True, env=home)
 
 
 def temporary_server() -> LocalServer:
@@ -392,8 +392,9 @@ def _terminate(pid: int, *, group: bool, grace: float = 15.0) -> None:
             os.kill(pid, 0)
         except ProcessLookupError:
             return
-        if Path(f"/proc/{pid}/stat").is_file() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-            return  # exited; its parent has not reaped it yet
+        with contextlib.suppress(OSError, IndexError):
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return  # exited; its parent has not reaped it yet
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         kill(pid, signal.SIGKILL)
@@ -403,6 +404,8 @@ def stop_server(work_dir: Path | None = None) -> ServerState | None:
     """Stop the work folder's kept server (its process group) and remove its state file; the
     state it had, or None when none was running."""
     folder = server_folder(work_dir)
+    if not folder.is_dir():
+        return None
     with _locked(folder):
         state = find_server(folder)
         if state is None:
