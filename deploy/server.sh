@@ -2,7 +2,8 @@
 # A local Prefect server on 127.0.0.1 (loopback only), its SQLite database under PREFECT_HOME.
 #
 #   deploy/server.sh [start]    start it in the background and wait until it answers (idempotent:
-#                               a server already answering at the URL is left alone)
+#                               a server these scripts started is left alone; any other server
+#                               answering at the URL is refused, not reused)
 #   deploy/server.sh stop       stop the server this script started
 #   deploy/server.sh status     exit 0 when the API answers
 #   deploy/server.sh foreground run it in the foreground (for systemd or a terminal)
@@ -37,7 +38,9 @@ case "$action" in
 start)
   local_url_only
   if api_healthy; then
-    say "Prefect server already answering at $PREFECT_API_URL"
+    alive "$PIDFILE" ||
+      die "a Prefect server that these scripts did not start answers at $PREFECT_API_URL (another user's, or privrelease's own kept server: privrelease server status); not reusing it: stop it, choose another PRIVRELEASE_PREFECT_PORT, or export PREFECT_API_URL=$PREFECT_API_URL to deploy onto it on purpose"
+    say "Prefect server already answering at $PREFECT_API_URL (pid $(cat "$PIDFILE"), started by these scripts)"
     exit 0
   fi
   if ! alive "$PIDFILE"; then

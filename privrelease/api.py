@@ -93,16 +93,26 @@ def verify(head: PathLike | None = None) -> Any:
         return chain.verify(s, head=None if head is None else chain.read_head(head))
 
 
-def run(policy: PathLike, *, data: PathLike | None = None, out: PathLike | None = None, **options: Any) -> Any:
+def run(
+    policy: PathLike,
+    *,
+    data: PathLike | None = None,
+    out: PathLike | None = None,
+    server_reuse: bool | None = None,
+    **options: Any,
+) -> Any:
     """Run the audited release flow (Prefect) for the policy, quietly; returns the flow's
-    summary (``release_dir``, ``outputs``, ``report``, ``chain_head``, ``run_id``). Starts a
-    temporary Prefect server when none is configured. ``options``: ``output_format``,
-    ``production``, ``engine``, ``dask_address``, ``workers`` as for ``privrelease run``."""
-    from privrelease.cli.run import run_flow, start_temporary_server
+    summary (``release_dir``, ``outputs``, ``report``, ``chain_head``, ``run_id``). Records the
+    run on the configured Prefect API, else on the work folder's kept server
+    (:mod:`privrelease.server`; ``server_reuse=False``: a temporary one). ``options``:
+    ``output_format``, ``production``, ``engine``, ``dask_address``, ``workers`` as for
+    ``privrelease run``."""
+    from privrelease.cli.run import run_flow
     from privrelease.flows.preflight import preflight
+    from privrelease.server import connect
 
     preflight(policy, data_path=data, **options)
-    server = start_temporary_server()
+    server = connect(server_reuse)
     try:
         summary, _timings = run_flow(
             server=server,

@@ -22,6 +22,10 @@
 ``PRIVRELEASE_DEFAULT_LIFETIME_BUDGET``  ``[epsilon, delta]`` for datasets whose policy names none
 ``PRIVRELEASE_RESERVATION_TTL_SECONDS``  a budget reservation not committed within this many
                                    seconds (a crashed run) expires and stops counting
+``PRIVRELEASE_SERVER_REUSE``       ``false``: each run starts a temporary Prefect server of its own
+                                   instead of keeping one in the work folder (:mod:`privrelease.server`)
+``PRIVRELEASE_SERVER_IDLE_SECONDS``  the kept Prefect server stops after this many seconds without
+                                   a run (default 1800)
 =================================  ===============================================================
 
 Other ``PRIVRELEASE_*`` names are read by the deploy scripts (:data:`DEPLOY_VARIABLES`) or the
@@ -76,6 +80,8 @@ class Settings(BaseSettings):
     witness: str = ""
     approvers: str = ""
     auto_init: bool = False
+    server_reuse: bool = True
+    server_idle_seconds: float = Field(default=1800.0, ge=0)
 
     @property
     def roots(self) -> tuple[Path, ...]:
@@ -122,6 +128,8 @@ EXPECTED = {
     "signing_key": "the path of an Ed25519 PEM key file (privrelease audit keygen)",
     "witness": "the path of the witness file (a place database writers cannot write)",
     "approvers": "the path of an approver registry YAML file (README: Signed approvals)",
+    "server_reuse": "true or false",
+    "server_idle_seconds": "a number of seconds >= 0, e.g. 1800",
 }
 
 

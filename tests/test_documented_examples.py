@@ -2,8 +2,9 @@
 tour runs as written (placeholders filled with the examples' own names and runs) with exit 0.
 
 The Prefect commands (`run`, `rerun`, `reissue`) are run through the same release steps without
-Prefect here (their Prefect path is tested in test_flow.py), and `report open` would start a
-browser: those lines are skipped and named."""
+Prefect here (their Prefect path is tested in test_flow.py), `report open` would start a
+browser and `server start` a Prefect server (tested in test_server.py, marked system): those
+lines are skipped and named."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ from privrelease.flows.steps import release_plain
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "policies" / "examples"
 ADULT_POLICIES = sorted(p.name for p in EXAMPLES.glob("adult-*.yaml"))
-SKIPPED = ("privrelease run ", "privrelease rerun ", "privrelease reissue ", "privrelease report open ")
+SKIPPED = (
+    "privrelease run ",
+    "privrelease rerun ",
+    "privrelease reissue ",
+    "privrelease report open ",
+    "privrelease server start",
+)
 
 work = shared.work
 

@@ -18,6 +18,7 @@ from privrelease.cli import audit as audit_commands
 from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
+from privrelease.cli import server as server_commands
 from privrelease.cli import splu as splu_commands
 from privrelease.cli.output import error_console, fail, styled
 from privrelease.errors import TargetNotMet, UserError
@@ -34,6 +35,7 @@ audit_commands.register(app)
 report_commands.register(app)
 splu_commands.register(app)
 run_commands.register(app)
+server_commands.register(app)
 deploy_commands.register(app)
 lifetime.register(app)
 accuracy.register(app)

@@ -170,7 +170,8 @@ def worker_command(
 def up_command() -> None:
     """Server, work pool, deployments and a background worker, each idempotent.
 
-    The local server is started only when PREFECT_API_URL is not set (else that server is used)."""
+    The local server is started only when PREFECT_API_URL is not set (else that server is used);
+    a server on its port that deploy/server.sh did not start is refused, never reused."""
     if not os.environ.get("PREFECT_API_URL"):
         _script("server.sh", "start")
     _script("work-pool.sh")

@@ -1,14 +1,13 @@
 """``privrelease run``, ``rerun``, ``reissue`` and ``demo``: the commands that release data.
 
 ``run`` and ``rerun`` (and ``demo``, which ends in a run) execute the Prefect flow
-:func:`privrelease.flows.release.release` in this process. Without ``PREFECT_API_URL`` Prefect
-needs a temporary local server, whose start (20-30 s here) dominates a small release; this
-module starts it as the very first thing, in the background (the same ``uvicorn`` command
-Prefect itself runs for its temporary server, with UI and block registration off), and does
-everything else meanwhile: loading the policy, generating the demo data, importing Prefect and
-the mechanisms, migrating the audit database. Before importing Prefect it sets defaults (unless
-the user set them): ``PREFECT_LOGGING_LEVEL=WARNING``, ``PREFECT_SERVER_ANALYTICS_ENABLED=false``,
-``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90``, ``PREFECT_TASKS_DEFAULT_NO_CACHE=true``.
+:func:`privrelease.flows.release.release` in this process. First every check that needs no
+Prefect (:func:`privrelease.flows.preflight.preflight`; for a rerun, its run id and stored
+policy): a refusal imports no Prefect and starts no server. Then the run records to the
+configured ``PREFECT_API_URL``, else to the Prefect server kept in the work folder
+(:mod:`privrelease.server`: found, or started in the background while this process imports
+Prefect and the mechanisms and migrates the audit database). Prefect's environment defaults
+(unless the user set them): :data:`privrelease.server.PREFECT_DEFAULTS`.
 
 ``reissue`` needs no flow and never imports Prefect: it checks the stored outputs of an earlier
 run against their recorded sha256 and hands them back (optionally copied), without a new
@@ -17,18 +16,11 @@ charge. Progress goes to stderr (Rich); the result to stdout (``--json``: one JS
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,16 +28,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from privrelease import server as prefect_server
 from privrelease.cli.output import console, error_console, fail, print_json, styled
 from privrelease.errors import ClusterFailure, TargetNotMet, UserError
-
-PREFECT_DEFAULTS = {
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
-}
-SERVER_LOG = "prefect-server.log"
+from privrelease.server import LocalServer
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 DataOption = Annotated[
@@ -79,6 +65,15 @@ WorkersOption = Annotated[
     int | None,
     typer.Option("--workers", help="Worker processes of the local Dask cluster started for the run (default 2)."),
 ]
+ServerReuseOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--server-reuse/--no-server-reuse",
+        help="Record the run on the Prefect server kept in the work folder (started on first use, stops "
+        "after PRIVRELEASE_SERVER_IDLE_SECONDS idle), or on a temporary one of this run. Default: "
+        "PRIVRELEASE_SERVER_REUSE (true). A PREFECT_API_URL you set wins.",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -89,168 +84,7 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo_command)
 
 
-# --------------------------------------------------------------------------- Prefect start
-
-
-def prefect_defaults() -> None:
-    """Set Prefect's environment defaults for this process (the user's values win)."""
-    for key, value in PREFECT_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-
-
-def _prefect_configured_elsewhere() -> bool:
-    """True when an API URL may come from somewhere else than the environment: the active
-    profile, or a ``prefect.toml`` / ``.env`` / ``pyproject.toml [tool.prefect]`` here."""
-    cwd = Path.cwd()
-    if (cwd / "prefect.toml").is_file() or (cwd / ".env").is_file():
-        return True
-    pyproject = cwd / "pyproject.toml"
-    try:
-        if pyproject.is_file() and "prefect" in tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}):
-            return True
-    except (OSError, tomllib.TOMLDecodeError):
-        return True
-    home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
-    profiles = Path(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml"))
-    if not profiles.is_file():
-        return False
-    try:
-        document = tomllib.loads(profiles.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return True
-    active = os.environ.get("PREFECT_PROFILE") or document.get("active", "ephemeral")
-    profile = document.get("profiles", {}).get(active, {})
-    return bool(profile.get("PREFECT_API_URL"))
-
-
-class TemporaryServer:
-    """A temporary local Prefect server for this process: ``uvicorn`` on
-    ``prefect.server.api.server:create_app`` (what Prefect runs in its own temporary-server
-    mode), started at once in a child process; its log goes to ``<work_dir>/prefect-server.log``.
-    It stops when this process exits (and, on Linux, when it dies)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.port = _free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = log_dir / SERVER_LOG
-        self.started = time.perf_counter()
-        self.ready_after: float | None = None
-
-    @property
-    def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api"
-
-    def wait(self, timeout: float) -> float:
-        """Block until the server answers its health check; returns the seconds since start."""
-        assert self.process is not None
-        deadline = self.started + timeout
-        while time.perf_counter() < deadline:
-            if self.process.poll() is not None:
-                raise UserError(
-                    f"Prefect's temporary server exited (code {self.process.returncode}); see {self.log_path}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        self.ready_after = time.perf_counter() - self.started
-                        return self.ready_after
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise UserError(
-            f"Prefect's temporary server did not answer within {timeout:g} s (raise "
-            f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); see {self.log_path}"
-        )
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the server gets SIGTERM when this process dies (even by SIGKILL)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def start_temporary_server() -> TemporaryServer | None:
-    """Start Prefect's temporary server now, in the background, unless Prefect is configured
-    with an API URL (environment or profile/config file): then None. Sets ``PREFECT_API_URL``
-    for this process, so Prefect uses this server instead of starting its own."""
-    prefect_defaults()
-    if os.environ.get("PREFECT_API_URL") or _prefect_configured_elsewhere():
-        return None
-    if os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "").lower() in ("false", "0"):
-        return None
-    from privrelease.settings import get_settings
-
-    log_dir = get_settings().work_dir
-    log_dir.mkdir(parents=True, exist_ok=True)
-    server = TemporaryServer(log_dir)
-    import importlib.util
-
-    spec = importlib.util.find_spec("prefect")
-    if spec is None or spec.origin is None:
-        return None
-    environment = {
-        **os.environ,
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-        "PREFECT_API_BLOCKS_REGISTER_ON_START": os.environ.get("PREFECT_API_BLOCKS_REGISTER_ON_START", "false"),
-    }
-    with open(server.log_path, "ab") as log:
-        server.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "--app-dir",
-                str(Path(spec.origin).parent.parent),
-                "--factory",
-                "prefect.server.api.server:create_app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(server.port),
-                "--log-level",
-                "error",
-                "--lifespan",
-                "on",
-            ],
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-    atexit.register(server.stop)
-    os.environ["PREFECT_API_URL"] = server.api_url
-    return server
-
-
-def _startup_timeout() -> float:
-    try:
-        return float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))
-    except ValueError:
-        return 90.0
+# --------------------------------------------------------------------------- Prefect
 
 
 def _quiet_expected_errors() -> None:
@@ -309,7 +143,7 @@ class RichProgress:
 
 def _warm_up() -> None:
     """Import what the flow needs and migrate the audit database (while the server starts)."""
-    prefect_defaults()
+    prefect_server.prefect_defaults()
     import opendp.prelude  # noqa: F401  (the statistics' Laplace sampler)
 
     import privrelease.flows.release  # noqa: F401  (imports Prefect)
@@ -326,12 +160,19 @@ def _warm_up() -> None:
 
 
 def run_flow(
-    *, server: TemporaryServer | None, progress: RichProgress | None, **parameters: Any
+    *, server: LocalServer | None, progress: RichProgress | None, **parameters: Any
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Run the release flow in this process; returns its summary and timings in seconds:
-    ``warm_up`` (imports, database migration), ``prefect_start`` (the server's start to its
-    first healthy answer), ``prefect_wait`` (of that, the time spent waiting after the warm-up)
-    and ``flow`` (the flow call, server up)."""
+    """Run the release flow in this process, holding ``server`` in use; returns its summary and
+    timings in seconds: ``warm_up`` (imports, database migration), ``prefect_wait`` (waiting for
+    the server after the warm-up), ``prefect_start`` (a server started by this run: its start
+    to its first answer) and ``flow`` (the flow call, server up)."""
+    with server.lease() if server is not None else contextlib.nullcontext():
+        return _run_flow(server, progress, parameters)
+
+
+def _run_flow(
+    server: LocalServer | None, progress: RichProgress | None, parameters: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, float]]:
     timings: dict[str, float] = {}
     status = error_console.status("importing Prefect and the mechanisms…")
     status.start()
@@ -344,18 +185,21 @@ def run_flow(
 
             check_prefect_api()  # an unreachable PREFECT_API_URL: one line naming it, before any step
         else:
-            status.update("waiting for Prefect's temporary server (20-30 s on a fresh machine)…")
+            if server.started_here:
+                status.update("waiting for the Prefect server to start (8-30 s; later runs reuse it)…")
             waited = time.perf_counter()
-            server.wait(_startup_timeout())
+            server.wait(prefect_server.startup_timeout())
             timings["prefect_wait"] = time.perf_counter() - waited
-            timings["prefect_start"] = server.ready_after or 0.0
+            if server.started_here:
+                timings["prefect_start"] = server.ready_after or 0.0
     finally:
         status.stop()
-    if server is not None:
+    if server is not None and server.started_here:
+        kept = "" if server.temporary else f"kept {server.state.idle_seconds:g} s idle; "
         error_console.print(
             styled(
                 "  [green]✓[/] Prefect server ready [dim]{}[/]",
-                f"{timings['prefect_start']:.1f} s (log {server.log_path})",
+                f"{timings['prefect_start']:.1f} s ({kept}log {server.log_path})",
             ),
             highlight=False,
         )
@@ -366,13 +210,23 @@ def run_flow(
     steps.set_progress(progress)
     start = time.perf_counter()
     try:
-        summary = release(**parameters)
+        with _no_heartbeats() if server is not None else contextlib.nullcontext():
+            summary = release(**parameters)
     finally:
         timings["flow"] = time.perf_counter() - start
         steps.set_progress(None)
         if progress is not None:
             progress.close()
     return summary, timings
+
+
+def _no_heartbeats() -> contextlib.AbstractContextManager[None]:
+    """No flow-run heartbeats on privrelease's own server: it runs none of Prefect's services
+    that read them (crashed runs are marked by :mod:`privrelease.flows.recovery`), and ending
+    the heartbeat thread costs each run up to a second."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def _fail_release(error: BaseException) -> None:
@@ -419,7 +273,7 @@ def _print_summary(summary: dict[str, Any], timings: dict[str, float], json_outp
         error_console.print(styled("[bold yellow]warning:[/] {}", warning), highlight=False, soft_wrap=True)
 
 
-def _release(json_output: bool, server: TemporaryServer | None, **parameters: Any) -> None:
+def _release(json_output: bool, server: LocalServer | None, **parameters: Any) -> None:
     progress = RichProgress()
     try:
         summary, timings = run_flow(server=server, progress=progress, **parameters)
@@ -448,6 +302,7 @@ def run_command(
     engine: EngineOption = None,
     dask_address: DaskAddressOption = None,
     workers: WorkersOption = None,
+    server_reuse: ServerReuseOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Release what a policy says, as a Prefect flow run.
@@ -471,7 +326,8 @@ def run_command(
                 dask_address=dask_address,
                 workers=workers,
             ),
-        )
+        ),
+        server_reuse,
     )
     _release(
         json_output,
@@ -495,13 +351,16 @@ def rerun_command(
     engine: EngineOption = None,
     dask_address: DaskAddressOption = None,
     workers: WorkersOption = None,
+    server_reuse: ServerReuseOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Repeat a run: same approved policy version and data, fresh randomness, new charge.
 
     The stored canonical policy is used (its hierarchy files are found through the run's
     manifest and checked against the recorded hash); the data must have the same sha256."""
-    server = _start_checked(lambda: _check_format(output_format))
+    from privrelease.flows.opening import rerun_source
+
+    server = _start_checked(lambda: (_check_format(output_format), rerun_source(run_id)), server_reuse)
     _release(
         json_output,
         server,
@@ -515,11 +374,11 @@ def rerun_command(
     )
 
 
-def _start_checked(check: Callable[[], object]) -> TemporaryServer | None:
-    """Run the quick ``check`` of the user's input (about a second), then start the temporary
-    server: a refused release never waits for, or competes with, Prefect's start."""
+def _start_checked(check: Callable[[], object], reuse: bool | None) -> LocalServer | None:
+    """Run the quick ``check`` of the user's input (about a second; no Prefect), then find or
+    start the Prefect server: a refused release never starts, waits for or imports Prefect."""
     check()
-    return start_temporary_server()
+    return prefect_server.connect(reuse)
 
 
 def _check_format(output_format: str) -> None:
@@ -651,6 +510,7 @@ def demo_command(
         int | None,
         typer.Option("--seed", help="Fixed seed for the synthetic data (default: OS CSPRNG)."),
     ] = None,
+    server_reuse: ServerReuseOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Try it end to end on SYNTHETIC census-like data: generate, approve, release.
@@ -662,7 +522,7 @@ def demo_command(
 
     started = time.perf_counter()
     open_database(create=True)  # the demo makes its own audit database, before any other work
-    server = start_temporary_server()
+    server = prefect_server.connect(server_reuse)
     try:
         from privrelease import demo
         from privrelease.audit import approvals

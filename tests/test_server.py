@@ -1,0 +1,210 @@
+"""The Prefect server kept between runs (privrelease/server.py, ``privrelease server``), through
+the command line in subprocesses, each test in its own work folder. Every server a test starts
+is stopped by the fixture (its process group killed if ``server stop`` could not)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from privrelease import demo
+from privrelease import server as prefect_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Work:
+    """A work folder and the environment its commands run with (no PREFECT_API_URL)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVRELEASE_"))}
+        self.env.update(
+            PRIVRELEASE_WORK_DIR=str(root / "work"),
+            PRIVRELEASE_AUTO_INIT="true",
+            PREFECT_HOME=str(root / "prefect-home"),
+        )
+
+    @property
+    def folder(self) -> Path:
+        return prefect_server.server_folder(self.root / "work")
+
+    def cli(self, *args: str, expect: int = 0, **env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "privrelease", *args],
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == expect, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.stdout
+
+    def status(self) -> dict:
+        return json.loads(self.cli("server", "status", "--json"))
+
+    def kill_all(self) -> None:
+        """Stop the kept server; kill its process group if it is still there."""
+        state = prefect_server.read_state(self.folder)
+        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+            self.cli("server", "stop")
+        if state is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(state.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def work(tmp_path) -> Iterator[Work]:
+    made = Work(tmp_path)
+    try:
+        yield made
+    finally:
+        made.kill_all()
+
+
+def gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def flow_run(api_url: str, flow_run_id: str) -> Any:
+    """The flow run as the Prefect server at ``api_url`` recorded it."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        return client.read_flow_run(uuid.UUID(flow_run_id))
+
+
+def audit_flow_run(work: Work, run_id: str) -> str:
+    from privrelease.audit.database import dispose_engines, open_database, session
+    from privrelease.audit.models import Run
+
+    os.environ["PRIVRELEASE_WORK_DIR"] = work.env["PRIVRELEASE_WORK_DIR"]
+    try:
+        with session(open_database(), readonly=True) as s:
+            flow_run_id = s.get(Run, run_id).flow_run_id
+    finally:
+        dispose_engines()
+    assert flow_run_id
+    return flow_run_id
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["missing.yaml"], "policy file not found"),
+        (["demo/demo.yaml", "--production"], "is not approved"),
+        (["demo/demo.yaml", "--data", "demo/missing.csv"], "does not exist"),
+    ],
+)
+def test_refused_run_touches_no_prefect(tmp_path, arguments, message):
+    """A run refused by the pre-flight imports no Prefect and starts or records no server."""
+    work = Work(tmp_path)
+    demo.write_demo(tmp_path / "demo", seed=1, rows=100)
+    argv = ["privrelease", "run", *(str(tmp_path / a) if "." in a and not a.startswith("-") else a for a in arguments)]
+    code = (
+        "import sys\nfrom privrelease.cli import main\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code == 2, exit.code\n"
+        "assert 'prefect' not in sys.modules and 'uvicorn' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=work.env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert message in done.stderr
+    assert not work.folder.exists()
+
+
+@pytest.mark.system
+def test_server_is_started_once_and_reused(work, tmp_path):
+    """``server start`` starts one; two runs use it (same pid, each flow run recorded there);
+    a PREFECT_API_URL the user set wins (no server of its own); ``server stop`` ends it."""
+    assert work.status() == {"running": False, "folder": str(work.folder)}
+    started = json.loads(work.cli("server", "start", "--json"))
+    assert started["running"] and started["answering"]
+    pid, api_url = started["pid"], started["api_url"]
+    policy, _ = demo.write_demo(tmp_path / "demo", seed=2)
+    for _ in range(2):
+        summary = json.loads(work.cli("run", str(policy), "--json"))
+        assert "prefect_start" not in summary["timings"]  # no server started by the run
+        recorded = flow_run(api_url, audit_flow_run(work, summary["run_id"]))
+        assert recorded.state.type.value == "COMPLETED"
+        assert recorded.parameters["policy_path"] == str(policy) and recorded.parameters["production"] is False
+    status = work.status()
+    assert status["pid"] == pid and status["idle_seconds"] < 60 and status["uptime_seconds"] > 0
+
+    other = Work(tmp_path / "other")  # the user's PREFECT_API_URL: that server, none started
+    summary = json.loads(other.cli("run", str(policy), "--json", PREFECT_API_URL=api_url))
+    assert flow_run(api_url, audit_flow_run(other, summary["run_id"])).state.type.value == "COMPLETED"
+    assert not other.folder.exists()
+    other.cli("server", "start", expect=2, PREFECT_API_URL=api_url)
+
+    deploy = subprocess.run(  # deploy/server.sh does not adopt a server it did not start
+        ["bash", str(REPO / "deploy" / "server.sh"), "start"],
+        env={**other.env, "PRIVRELEASE_PREFECT_PORT": api_url.split(":")[-1].split("/")[0]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert deploy.returncode == 1 and "did not start answers at" in deploy.stderr, deploy.stderr
+
+    assert "stopped the Prefect server" in work.cli("server", "stop")
+    assert gone(pid, 5) and not work.status()["running"]
+
+
+@pytest.mark.system
+def test_stale_state_is_replaced_and_idle_server_stops(work):
+    """A state file naming a dead process is removed and a new server started; a server idle
+    for PRIVRELEASE_SERVER_IDLE_SECONDS stops by itself and removes its state file."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    work.folder.mkdir(parents=True)
+    stale = prefect_server.ServerState(dead.pid, 9, "http://127.0.0.1:9/api", time.time(), "x", 1800)
+    prefect_server._write_state(work.folder, stale)
+    started = json.loads(work.cli("server", "start", "--json", PRIVRELEASE_SERVER_IDLE_SECONDS="2"))
+    assert started["pid"] != dead.pid and started["answering"]
+    assert prefect_server.read_state(work.folder).idle_seconds == 2
+    assert gone(started["pid"], 30), "the idle server did not stop"
+    assert not (work.folder / prefect_server.STATE_FILE).exists()
+    assert "idle for 2 s; stopping" in (work.folder / prefect_server.LOG_FILE).read_text()
+
+
+def server_processes(folder: Path) -> list[int]:
+    """Pids of the privrelease servers whose command line names a folder under ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"privrelease.server" in words and any(str(folder).encode() in word for word in words):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.system
+def test_no_server_reuse_leaves_no_process(work, tmp_path):
+    """``--no-server-reuse``: a temporary server for the run, gone with it, nothing kept."""
+    policy, _ = demo.write_demo(tmp_path / "demo", seed=3)
+    summary = json.loads(work.cli("run", str(policy), "--json", "--no-server-reuse"))
+    assert summary["timings"]["prefect_start"] > 0
+    assert server_processes(work.folder) == []
+    assert prefect_server.read_state(work.folder) is None and not list(work.folder.glob("temporary-*"))
