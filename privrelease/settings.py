@@ -28,8 +28,9 @@
                                    a run (default 1800)
 =================================  ===============================================================
 
-Other ``PRIVRELEASE_*`` names are read by the deploy scripts (:data:`DEPLOY_VARIABLES`) or the
-test suite (``PRIVRELEASE_TEST_*``); any other is a mistake that :func:`unknown_variables` names.
+Other ``PRIVRELEASE_*`` names are read by the deploy scripts (:data:`DEPLOY_VARIABLES`), set by
+privrelease for its own child processes (:data:`CHILD_VARIABLES`) or read by the test suite
+(``PRIVRELEASE_TEST_*``); any other is a mistake that :func:`unknown_variables` names.
 
 >>> Settings(work_dir="/tmp/w").db_url
 'sqlite:////tmp/w/audit.db'
@@ -61,6 +62,7 @@ DEPLOY_VARIABLES = (  # read by deploy/*.sh, which `privrelease deploy` runs (de
     "PRIVRELEASE_PREFECT_FILE",
     "PRIVRELEASE_PREFECT_START_TIMEOUT",
 )
+CHILD_VARIABLES = ("PRIVRELEASE_SERVER_TOKEN",)  # set by privrelease for its own child processes (the kept server)
 TEST_PREFIX = "PRIVRELEASE_TEST_"
 DATABASE_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
 
@@ -199,7 +201,11 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     warnings = []
     for name in sorted(environ):
         upper = name.upper()
-        if not upper.startswith(PREFIX) or upper.startswith(TEST_PREFIX) or upper in (*known, *DEPLOY_VARIABLES):
+        if (
+            not upper.startswith(PREFIX)
+            or upper.startswith(TEST_PREFIX)
+            or upper in (*known, *DEPLOY_VARIABLES, *CHILD_VARIABLES)
+        ):
             continue
         close = difflib.get_close_matches(upper.removeprefix(PREFIX), fields, n=1)
         hint = f"did you mean {PREFIX}{close[0]}?" if close else f"the settings are {', '.join(known)}"
