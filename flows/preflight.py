@@ -31,13 +31,14 @@ def preflight(
     workers: int | None = None,
 ) -> None:
     """Settle the runs a crash left unfinished (:func:`.steps.settle_crashed_runs`, when the
-    audit database exists: whatever this run's outcome), then check, in order: the policy (and
-    ``dataset.id`` for a charged release), the output format, the data file (a Parquet folder:
-    its first file) and its header, the plan's targets, the audit database, the approval
-    (production mode) and that the release fits its dataset's lifetime budget (cheapest
-    first); last, once every local check has passed, that the engine's Dask scheduler answers
-    (no host a draft names is contacted before its approval)."""
-    from privrelease.audit import approvals
+        audit database exists: whatever this run's outcome), then check, in order: the policy (and
+        ``dataset.id`` for a charged release), the output format, the data file (a Parquet folder:
+        its first file) and its header, the plan's targets, the audit database (its chain, as every run checks it before
+    spending: :func:`~privrelease.audit.witness.check_before_spending`), the approval
+        (production mode) and that the release fits its dataset's lifetime budget (cheapest
+        first); last, once every local check has passed, that the engine's Dask scheduler answers
+        (no host a draft names is contacted before its approval)."""
+    from privrelease.audit import approvals, witness
     from privrelease.audit.database import exists, get_engine, open_database, session
 
     if exists(get_engine()):
@@ -65,6 +66,8 @@ def preflight(
             )
     plan = steps.plan_summary(source)
     require_targets(plan, f"{loaded.policy.name}@{loaded.policy.version}")
+    with session(open_database()) as s:  # a tampered, cut-short or rolled-back database: before Prefect
+        witness.check_before_spending(s)
     with session(open_database(), readonly=True) as s:
         if production or get_settings().production or approvals.production_mode(s):
             approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval, data_path=str(data))

@@ -212,3 +212,20 @@ def test_a_revocation_deleted_and_rechained_is_refused(work, monkeypatch):
     with pytest.raises(AuditRefused, match="refused before spending"):
         release_plain(policy_path=str(policy))
     assert _state(work_dir) == before
+
+
+def test_the_pre_flight_refuses_a_tampered_database_before_prefect(work):
+    """`privrelease run` checks the chain in its pre-flight, before any Prefect server starts:
+    a refund rechained by an insider is refused there with the run's own message."""
+    from privrelease.flows.preflight import preflight
+
+    work_dir, _, policy, _ = work
+    (work_dir / "audit.db.witness.json").unlink()
+    with session(open_database()) as s:
+        entry = s.exec(select(LedgerEntry)).first()
+        entry.state = "released"
+        s.add(entry)
+    rechain(open_database())
+    with pytest.raises(AuditRefused, match="refused before spending"):
+        preflight(policy)
+    assert not list(work_dir.rglob("prefect-server*"))
