@@ -36,7 +36,8 @@ def adult_uci_dir() -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Declare ``../shared/data`` a data root (``PRIVRELEASE_DATA_ROOTS``), create audit
-    databases on first use (``PRIVRELEASE_AUTO_INIT``), set Prefect's quiet
+    databases on first use (``PRIVRELEASE_AUTO_INIT``), keep no Prefect server between runs
+    (``PRIVRELEASE_SERVER_REUSE``), set Prefect's quiet
     test defaults before any module imports it, and start a throwaway
     PostgreSQL server on 127.0.0.1 for the session when the binaries exist
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
@@ -49,6 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
     # Tests start from fresh work folders; the refusal itself is tested with this unset.
     os.environ["PRIVRELEASE_AUTO_INIT"] = "true"
+    # A run from the command line leaves no Prefect server behind (the kept server is tested in
+    # test_server.py, whose commands run with an environment of their own).
+    os.environ.setdefault("PRIVRELEASE_SERVER_REUSE", "false")
     for key, value in {  # before any test module imports Prefect
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
