@@ -75,6 +75,12 @@ def header_names(path: Path, dataset: Any) -> list[str] | None:
     return csv_header(first_line, path, dataset)
 
 
+def sniff_delimiter(header: str) -> str:
+    """The delimiter of a CSV header line: the most frequent of ``, ; TAB |`` (``,`` if none)."""
+    counts = {d: header.count(d) for d in ",;\t|"}
+    return max(counts, key=counts.__getitem__) if any(counts.values()) else ","
+
+
 def csv_header(first_line: bytes, path: Path, dataset: Any) -> list[str] | None:
     """The column names of a CSV header line (None: a CSV without a header)."""
     options = dataset.csv
@@ -87,8 +93,7 @@ def csv_header(first_line: bytes, path: Path, dataset: Any) -> list[str] | None:
         raise UserError(f"dataset file {str(path)!r} is not {encoding} text (its header cannot be decoded)") from None
     delimiter = options.delimiter if options is not None else None
     if delimiter is None:
-        counts = {d: first.count(d) for d in ",;\t|"}
-        delimiter = max(counts, key=counts.__getitem__) if any(counts.values()) else ","
+        delimiter = sniff_delimiter(first)
     quote = options.quote if options is not None else '"'
     return next(csv.reader([first.rstrip("\r\n")], delimiter=delimiter, quotechar=quote))
 

@@ -13,6 +13,7 @@ YAML line. The rules that need files (hierarchy CSVs) live in :mod:`.loader`.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import difflib
 import math
 import re
@@ -133,6 +134,18 @@ def _num(value: float) -> str:
 # --------------------------------------------------------------------------- field types
 
 
+@dataclasses.dataclass(frozen=True)
+class _Allowed(BeforeValidator):
+    """A before-validator that also says what it allows in the JSON Schema (``description``)."""
+
+    allowed: str = ""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> Any:
+        schema = handler(core_schema)
+        schema["description"] = f"{self.allowed}"
+        return schema
+
+
 def _check(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool = False) -> BeforeValidator:
     """A validator raising "``name`` must be ``allowed``; got ``value``" for a wrong type or range.
 
@@ -147,7 +160,7 @@ def _check(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool 
             raise ValueError(f"{name} must be {allowed}; got {show(value)}")
         return value
 
-    return BeforeValidator(check)
+    return _Allowed(check, allowed=allowed)
 
 
 def _number_as_text(value: Any) -> Any:
@@ -396,6 +409,19 @@ class _Scheme(_Model):
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
         """The compiled, data-independent scheme (``hierarchy``: the parsed rows, hierarchies only)."""
         raise NotImplementedError
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
+        """In the JSON Schema too, a scheme is its object form with ``type`` (the other keys
+        tell the YAML forms apart), and ``keep`` / ``suppress`` may be the bare word."""
+        json_schema = handler(core_schema)
+        target = handler.resolve_ref_schema(json_schema)
+        word = cls.model_fields["type"].default
+        if word in ("keep", "suppress"):
+            form = {**target, "required": ["type"]}
+            target.clear()
+            target.update(title=form.pop("title"), description=form.pop("description"), anyOf=[{"const": word}, form])
+        return json_schema
 
 
 class KeepScheme(_Scheme):

@@ -94,6 +94,7 @@ def test_every_readme_command_runs_as_written(released) -> None:
         "NAME": "'Disclosure Review Board'",
         "RUN_ID": run_id,
         "DATASET_ID": "adult-census",
+        "DATA.csv": str(REPO.parent / "shared" / "data" / "adult" / "adult.csv"),
         "PUBLISHED.csv": splu_output["path"],
         "RELEASE_DIR": published["adult-sdgs.yaml"].release_dir,
         "KEY.pub": str(work_dir.parent / "agency.key.pub"),

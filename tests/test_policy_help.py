@@ -1,0 +1,105 @@
+"""Help writing policies (issue 18, item 4): the JSON Schema editors read, the generated field
+reference, and `policy init`, which drafts a policy from a data file's header and types only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from privrelease import demo
+from privrelease.policies import reference
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "policies" / "examples"
+
+
+def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "privrelease", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+def test_the_generated_files_are_in_sync_with_the_schema() -> None:
+    """docs/policy.schema.json and docs/policy-reference.md are what the schema generates now
+    (`python -m privrelease.policies.reference` rewrites both)."""
+    assert (REPO / reference.SCHEMA_FILE).read_text(encoding="utf-8") == reference.schema_text()
+    assert (REPO / reference.REFERENCE_FILE).read_text(encoding="utf-8") == reference.reference_markdown()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_example_validates_against_the_json_schema(name: str) -> None:
+    """What an editor checks: every example policy is valid under the published JSON Schema, and
+    the adult examples name it in the language server's comment."""
+    text = (EXAMPLES / name).read_text(encoding="utf-8")
+    jsonschema.validate(yaml.safe_load(text), reference.json_schema())
+    if name != "demo.yaml":  # `privrelease demo` copies the demo policy elsewhere
+        first = text.splitlines()[0]
+        assert first == "# yaml-language-server: $schema=../../docs/policy.schema.json"
+        assert (EXAMPLES / "../../docs/policy.schema.json").resolve() == (REPO / reference.SCHEMA_FILE)
+
+
+def test_the_schema_rejects_what_the_policy_rejects() -> None:
+    """Misspelt fields and unknown mechanism types are flagged by the editor too."""
+    policy = yaml.safe_load((EXAMPLES / "demo.yaml").read_text(encoding="utf-8"))
+    for broken in ({**policy, "mechanims": []}, {**policy, "mechanisms": [{"name": "x", "type": "magic"}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, reference.json_schema())
+
+
+def test_policy_schema_command() -> None:
+    result = cli("policy", "schema")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == reference.json_schema()
+
+
+def test_policy_init_drafts_a_plannable_policy_from_a_csv_header_only(tmp_path: Path) -> None:
+    """The draft of the demo CSV plans (every target met). Only the header line is read: the
+    file's second line is not even valid text, and the draft is the same."""
+    policy_path, data_path = demo.write_demo(tmp_path / "data", seed=3)
+    draft = tmp_path / "draft.yaml"
+    made = cli("policy", "init", str(data_path), "--id", "synthetic-census", "--out", str(draft))
+    assert made.returncode == 0, made.stderr
+    text = draft.read_text(encoding="utf-8")
+    header = data_path.read_text(encoding="utf-8").splitlines()[0].replace('"', "").split(",")
+    assert list(yaml.safe_load(text)["dataset"]["columns"]) == header
+    planned = cli("plan", str(draft), "--json")
+    assert planned.returncode == 0, planned.stderr + planned.stdout
+    assert json.loads(planned.stdout)["passed"]
+    garbled = tmp_path / "garbled.csv"
+    garbled.write_bytes(data_path.read_bytes().split(b"\n", 1)[0] + b"\n\xff\xfe not text\n")
+    again = cli("policy", "init", str(garbled), "--id", "synthetic-census")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.replace("garbled.csv", "X") == cli(
+        "policy", "init", str(data_path), "--id", "synthetic-census"
+    ).stdout.replace(data_path.name, "X").replace("data/X", "X")
+
+
+def test_policy_init_takes_parquet_types_from_the_schema(tmp_path: Path) -> None:
+    table = pa.table({"age": pa.array([30], pa.int16()), "income": pa.array([1.5]), "city": pa.array(["x"])})
+    pq.write_table(table, tmp_path / "people.parquet")
+    result = cli("policy", "init", "people.parquet", "--id", "people", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    columns = yaml.safe_load(result.stdout)["dataset"]["columns"]
+    assert columns == {"age": {"type": "integer"}, "income": {"type": "float"}, "city": {"type": "string"}}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nowhere.csv", "--id", "x"], "does not exist"),
+        (["data.csv", "--id", "Bad Id"], "--id must be a short slug"),
+        (["data.csv", "--id", "x", "--out", "data.csv"], "exists: the draft never overwrites"),
+    ],
+)
+def test_policy_init_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n", encoding="utf-8")
+    result = cli("policy", "init", *args, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
