@@ -102,9 +102,8 @@ def count_accuracy(
         interval, coverage = _conditional_interval(k, beta, n, published, confidence)
     within = None
     if relative_error is not None:
-        if isinstance(relative_error, bool) or not isinstance(relative_error, (int, float)) or relative_error <= 0:
-            raise UserError(f"relative_error must be a number > 0; got {relative_error!r}")
-        within = _within(k, beta, n, relative_error)
+        exact = Fraction(str(float(beta)))
+        within = float(_within(k, n, [exact.numerator], exact.denominator, _check_relative_error(relative_error))[0])
     return CountAccuracy(n, k, beta, published, rse, bias, confidence, interval, coverage, relative_error, within)
 
 
@@ -132,14 +131,26 @@ def _conditional_interval(
     return (lo / beta, hi / beta), min(1.0, inside)
 
 
-def _within(k: int, beta: float, n: int, relative_error: float) -> float:
-    """P[X >= k and |X / beta - n| <= r n] with the limits in exact rational arithmetic."""
-    b, r = Fraction(str(float(beta))), Fraction(str(float(relative_error)))
-    low = max(k, math.ceil(b * n * (1 - r)))
-    high = min(n, math.floor(b * n * (1 + r)))
-    if high < low:
-        return 0.0
-    return float(binomial.upper_tail(low, n, beta) - binomial.upper_tail(high + 1, n, beta))
+def _check_relative_error(relative_error: float) -> Fraction:
+    """``relative_error`` as the exact decimal it prints as (0.1 is 1/10), once it is > 0."""
+    if isinstance(relative_error, bool) or not isinstance(relative_error, (int, float)) or not relative_error > 0:
+        raise UserError(f"relative_error must be a number > 0; got {relative_error!r}")
+    return Fraction(str(float(relative_error)))
+
+
+def _within(k: int, n: int, numerators: Any, denominator: int, relative_error: Fraction) -> np.ndarray:
+    """``P[X >= k and |X / beta - n| <= r n]``, X ~ Binomial(n, beta), for each
+    ``beta = numerator / denominator``: the limits ``ceil(beta n (1 - r))`` and
+    ``floor(beta n (1 + r))`` in exact integer arithmetic (Python integers: no overflow
+    whatever the count)."""
+    r = relative_error
+    steps = np.asarray(numerators, dtype=object)
+    scale = denominator * r.denominator
+    low = np.maximum(k, -((-steps * n * (r.denominator - r.numerator)) // scale)).astype(np.float64)
+    high = np.minimum(n, (steps * n * (r.denominator + r.numerator)) // scale).astype(np.float64)
+    betas = steps.astype(np.float64) / denominator
+    inside = binomial.upper_tail(low, n, betas) - binomial.upper_tail(high + 1, n, betas)
+    return np.where(high >= low, inside, 0.0)
 
 
 def cell_sizes(k: int, beta: float, extra: tuple[int, ...] = ()) -> list[int]:
@@ -159,23 +170,10 @@ def smallest_beta(k: int, count: int, relative_error: float, confidence: float) 
     (every grid point evaluated, vectorized: the probability is not monotone in beta, the limits
     being integers); None when even beta = 1 does not reach it."""
     n, confidence = _check_count(count), _check_confidence(confidence)
-    if isinstance(relative_error, bool) or not isinstance(relative_error, (int, float)) or relative_error <= 0:
-        raise UserError(f"relative_error must be a number > 0; got {relative_error!r}")
-    steps = np.arange(1, int(1 / BETA_STEP) + 1).astype(object)  # exact integers whatever the count
-    r = Fraction(str(float(relative_error)))
-    scale = BETA_STEP.denominator
-    # exact integer limits: ceil(b N (1 - r)) and floor(b N (1 + r)) with b = step / scale
-    low = np.maximum(k, -((-steps * n * (r.denominator - r.numerator)) // (scale * r.denominator)))
-    high = np.minimum(n, (steps * n * (r.denominator + r.numerator)) // (scale * r.denominator))
-    low, high = low.astype(np.float64), high.astype(np.float64)
-    betas = steps.astype(np.float64) / scale
-    within = np.where(high >= low, binomial.upper_tail(low, n, betas) - binomial.upper_tail(high + 1, n, betas), 0.0)
+    steps = np.arange(1, int(1 / BETA_STEP) + 1)
+    within = _within(k, n, steps.tolist(), BETA_STEP.denominator, _check_relative_error(relative_error))
     reached = np.flatnonzero(within >= confidence)
-    if not len(reached):
-        return None
-    beta = float(betas[reached[0]])
-    assert _within(k, beta, n, relative_error) >= confidence
-    return beta
+    return float(steps[reached[0]] / BETA_STEP.denominator) if len(reached) else None
 
 
 CONFIDENCES = (0.9, 0.95, 0.99)
