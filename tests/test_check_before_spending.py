@@ -179,10 +179,7 @@ def test_without_a_witness_the_whole_chain_is_checked(work):
     insider's rechained refund is still refused by its signatures."""
     work_dir, base, policy, _ = work
     (work_dir / "audit.db.witness.json").unlink()
-    with session(open_database()) as s:
-        entry = s.exec(select(LedgerEntry)).first()
-        entry.state = "released"
-        s.add(entry)
+    _refund(open_database())
     rechain(open_database())
     with pytest.raises(AuditRefused, match="refused before spending: .* no valid signature"):
         release_plain(policy_path=str(policy))
@@ -221,10 +218,7 @@ def test_the_pre_flight_refuses_a_tampered_database_before_prefect(work):
 
     work_dir, _, policy, _ = work
     (work_dir / "audit.db.witness.json").unlink()
-    with session(open_database()) as s:
-        entry = s.exec(select(LedgerEntry)).first()
-        entry.state = "released"
-        s.add(entry)
+    _refund(open_database())
     rechain(open_database())
     with pytest.raises(AuditRefused, match="refused before spending"):
         preflight(policy)
