@@ -138,6 +138,14 @@ def _each(points: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
     return [(e, d) for e, d, n in points for _ in range(n)]
 
 
+def _kov_terms(points: list[tuple[float, float, int]]) -> tuple[float, float, float]:
+    """Of :func:`_advanced_epsilon`'s bound: A = sum eps_i tanh(eps_i / 2), B = sum eps_i^2, and
+    ln prod(1 - delta_i), with multiplicities."""
+    a = math.fsum(n * e * math.tanh(e / 2) for e, _, n in points)
+    b = math.fsum(n * e * e for e, _, n in points)
+    return a, b, math.fsum(n * math.log1p(-d) for _, d, n in points)
+
+
 def _advanced_epsilon(points: list[tuple[float, float, int]], delta: float) -> float:
     """Kairouz-Oh-Viswanath Theorem 3.5: the releases compose to
     (eps~, 1 - (1 - d~) prod(1 - delta_i))-DP for every d~ in (0, 1], with
@@ -145,11 +153,10 @@ def _advanced_epsilon(points: list[tuple[float, float, int]], delta: float) -> f
     A = sum eps_i tanh(eps_i / 2) (= (e^eps_i - 1) eps_i / (e^eps_i + 1)), B = sum eps_i^2.
     The epsilon at ``delta`` takes d~ = 1 - (1 - delta) / prod(1 - delta_i); inf when the
     stated deltas alone exceed ``delta``. Rounded up."""
-    spare = -math.expm1(math.log1p(-delta) - math.fsum(n * math.log1p(-d) for _, d, n in points))
+    a, b, log_keep = _kov_terms(points)
+    spare = -math.expm1(math.log1p(-delta) - log_keep)
     if spare <= 0:
         return math.inf
-    a = math.fsum(n * e * math.tanh(e / 2) for e, _, n in points)
-    b = math.fsum(n * e * e for e, _, n in points)
     second = a + math.sqrt(2 * b * math.log(math.e + math.sqrt(b) / spare))
     third = a + math.sqrt(2 * b * -math.log(spare))
     return min(_basic(points)[0], second * (1 + 1e-12), third * (1 + 1e-12))
@@ -159,9 +166,7 @@ def _advanced_delta(points: list[tuple[float, float, int]], epsilon: float) -> f
     """The smallest delta of :func:`_advanced_epsilon`'s family at ``epsilon``: the smallest
     d~ whose eps~ is at most ``epsilon`` (each of the three forms solved for d~), then
     1 - (1 - d~) prod(1 - delta_i). Rounded up; 1 when no d~ reaches ``epsilon``."""
-    a = math.fsum(n * e * math.tanh(e / 2) for e, _, n in points)
-    b = math.fsum(n * e * e for e, _, n in points)
-    log_keep = math.fsum(n * math.log1p(-d) for _, d, n in points)
+    a, b, log_keep = _kov_terms(points)
     candidates = [1.0]
     if _basic(points)[0] <= epsilon:
         candidates.append(0.0)
@@ -172,6 +177,11 @@ def _advanced_delta(points: list[tuple[float, float, int]], epsilon: float) -> f
             candidates.append(math.sqrt(b) / math.expm1(exponent - 1) / math.e)
     spare = min(1.0, min(candidates) * (1 + 1e-12))
     return min(1.0, (-math.expm1(log_keep) + math.exp(log_keep) * spare) * (1 + 1e-12))
+
+
+def _by_pld(total: int) -> bool:
+    """Whether ``total`` releases are composed by their PLD (several, and not too many)."""
+    return 1 < total <= PLD_MAX_RELEASES
 
 
 def _only_sdgs(releases: Releases) -> SDGS | None:
@@ -208,7 +218,7 @@ def _candidates_epsilon(releases: Releases, delta: float) -> dict[str, tuple[flo
     if (sdgs := _only_sdgs(releases)) is not None:
         k, beta = sdgs.k, sdgs.beta
         found[EXACT] = (_bisect_epsilon(lambda e: delta_exact(k, beta, e).delta, delta, _MAX_EPSILON), delta)
-    if 1 < total <= PLD_MAX_RELEASES:
+    if _by_pld(total):
         found[PLD] = (pld.epsilon_for_delta(pld.composed_pld(releases), delta), delta)
     if 1 < total <= OPTIMAL_RELEASES:
         each = _each(points)
@@ -226,7 +236,7 @@ def _candidates_delta(releases: Releases, epsilon: float, composed: Any = None) 
     found: dict[str, tuple[float, float]] = {}
     if (sdgs := _only_sdgs(releases)) is not None:
         found[EXACT] = (epsilon, float(delta_exact(sdgs.k, sdgs.beta, epsilon).delta))
-    if 1 < total <= PLD_MAX_RELEASES:
+    if _by_pld(total):
         composed = composed if composed is not None else pld.composed_pld(releases)
         found[PLD] = (epsilon, pld.delta_for_epsilon(composed, epsilon))
     if 1 < total <= OPTIMAL_RELEASES:
@@ -242,8 +252,8 @@ def _sequential(releases: Releases, epsilon: float | None, delta: float | None) 
     """The probabilistic notion's one rule: the stated points add up (Theorem 2); asked for the
     epsilon at ``delta`` (or the delta at ``epsilon``), that sum when it meets the question,
     else (inf, delta) (or (epsilon, 1))."""
-    total_eps, total_delta = _basic(_points(releases, "probabilistic"))
-    total_delta = min(1.0, total_delta)
+    total = summed(releases, "probabilistic")
+    total_eps, total_delta = total.epsilon, total.delta
     if delta is not None:
         return {SEQUENTIAL: (total_eps if total_delta <= delta else math.inf, delta)}
     assert epsilon is not None
@@ -317,5 +327,5 @@ def delta_curve(events: Sequence[Event], epsilons: Sequence[float]) -> list[floa
     releases = releases_of(events)
     if _unsupported(releases, "approximate") is not None:
         return [1.0] * len(epsilons)
-    composed = pld.composed_pld(releases) if 1 < sum(releases.values()) <= PLD_MAX_RELEASES else None
+    composed = pld.composed_pld(releases) if _by_pld(sum(releases.values())) else None
     return [min(d for _, d in _candidates_delta(releases, e, composed).values()) for e in epsilons]
