@@ -72,7 +72,7 @@ def header_names(path: Path, dataset: Any) -> list[str] | None:
             raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
         except OSError as error:
             raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
-    return csv_header(first_line, path, dataset)
+    return csv_header(first_line, path, dataset.csv)
 
 
 def sniff_delimiter(header: str) -> str:
@@ -81,9 +81,9 @@ def sniff_delimiter(header: str) -> str:
     return max(counts, key=counts.__getitem__) if any(counts.values()) else ","
 
 
-def csv_header(first_line: bytes, path: Path, dataset: Any) -> list[str] | None:
-    """The column names of a CSV header line (None: a CSV without a header)."""
-    options = dataset.csv
+def csv_header(first_line: bytes, path: Path, options: Any) -> list[str] | None:
+    """The column names of a CSV header line read with ``options`` (a policy's ``dataset.csv``;
+    None: the defaults, delimiter sniffed) (None: a CSV without a header)."""
     if options is not None and not options.header:
         return None
     encoding = options.encoding if options is not None else "utf-8"
@@ -159,7 +159,7 @@ def _fingerprint_file(path: Path, dataset: Any, handle: BinaryIO) -> DatasetFact
         sha256, size, lines, first_line = _scan(handle)
     except OSError as error:
         raise UserError(f"cannot read dataset file {str(path)!r}: {error.strerror or error}") from None
-    header = csv_header(first_line, path, dataset)
+    header = csv_header(first_line, path, dataset.csv)
     if header is not None:
         _require_columns(path, dataset, header)
     return DatasetFacts(str(path), sha256, size, lines - (1 if header is not None else 0))

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from privrelease.errors import UserError
-
-_PARQUET_TYPES = {"int": "integer", "uint": "integer", "float": "float", "double": "float", "halffloat": "float"}
 
 
 def _parquet_columns(path: Path) -> list[tuple[str, str]]:
@@ -28,30 +27,32 @@ def _parquet_columns(path: Path) -> list[tuple[str, str]]:
             schema = pq.read_schema(handle)
     except pa.ArrowInvalid as error:
         raise UserError(f"{str(path)!r} is not a readable Parquet file: {error}") from None
-    columns = []
-    for field in schema:
-        kind = str(field.type).rstrip("0123456789")
-        columns.append((field.name, _PARQUET_TYPES.get(kind, "string")))
-    return columns
+    return [(field.name, _parquet_type(field.type)) for field in schema]
+
+
+def _parquet_type(kind: Any) -> str:
+    """The policy's column type of a Parquet (Arrow) type."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(kind):
+        return "integer"
+    return "float" if pa.types.is_floating(kind) else "string"
 
 
 def _csv_columns(path: Path) -> tuple[list[tuple[str, str]], str]:
-    import csv
-
+    """The header's names, read by the pre-flight's own parser with the options the draft
+    writes (UTF-8, the delimiter sniffed from the header line), and that delimiter."""
     from privrelease.datafiles import open_checked
-    from privrelease.flows.data import sniff_delimiter
+    from privrelease.flows.data import csv_header, sniff_delimiter
+    from privrelease.policies import CsvOptions
 
     with open_checked(path) as handle:
         first = handle.readline()
-    try:
-        header = first.decode("utf-8").removeprefix("\ufeff").rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise UserError(f"{str(path)!r} is not UTF-8 text: write csv.encoding in the draft by hand") from None
-    if not header:
+    if not first.strip():
         raise UserError(f"{str(path)!r} has no header line: the draft names its columns from it")
-    delimiter = sniff_delimiter(header)
-    names = next(csv.reader([header], delimiter=delimiter))
-    return [(name, "string") for name in names], delimiter
+    options = CsvOptions(delimiter=sniff_delimiter(first.decode("utf-8", errors="replace")))
+    names = csv_header(first, path, options) or []
+    return [(name, "string") for name in names], str(options.delimiter)
 
 
 def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = ".") -> str:
