@@ -268,14 +268,14 @@ def write_head(
     return write_json(path, body)
 
 
-def write_json(path: Path | str, body: dict[str, Any]) -> Path:
+def write_json(path: Path | str, body: dict[str, Any], *, indent: int | None = None) -> Path:
     """Write ``body`` as JSON to ``path`` atomically (temp file, fsync, rename); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(body, handle, sort_keys=True)
+            json.dump(body, handle, sort_keys=True, indent=indent)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())

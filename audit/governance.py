@@ -25,10 +25,10 @@ With quorum > 1 the request travels as a file (:func:`dump`, :func:`load`): prop
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -211,17 +211,11 @@ def apply(session: Session, document: dict[str, Any]) -> AuditEvent:
 def dump(document: dict[str, Any], path: Path) -> None:
     """Write a request document to ``path`` atomically; a :class:`UserError` names the file."""
     try:
-        descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        if not path.parent.is_dir():  # write_json would make it; a request goes where it is asked
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+        chain.write_json(path, document, indent=1)
     except OSError as error:
         raise UserError(f"cannot write the governance request {str(path)!r}: {error.strerror or error}") from None
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def load(path: Path) -> dict[str, Any]:
