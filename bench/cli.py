@@ -85,24 +85,27 @@ def main() -> None:
         files = policies(folder / "demo")
         policy = str(files["policy"])
 
-        def setup(*args: str) -> str:
-            return subprocess.run([*cli, *args], check=True, capture_output=True, text=True, env=env, cwd=REPO).stdout
+        def setup(cli: list[str], env: dict[str, str], *args: str, cwd: Path = REPO) -> str:
+            return subprocess.run([*cli, *args], check=True, capture_output=True, text=True, env=env, cwd=cwd).stdout
 
-        setup("audit", "init")
-        setup("audit", "mode", "production", "--by", "bench")
-        for name in ("policy", "poor"):
-            setup("policy", "approve", str(files[name]), "--by", "bench")
+        def prepare(cli: list[str], env: dict[str, str], cwd: Path = REPO) -> str:
+            """A production audit database with the policies approved; its first run's id."""
+            setup(cli, env, "audit", "init", cwd=cwd)
+            setup(cli, env, "audit", "mode", "production", "--by", "bench", cwd=cwd)
+            for name in ("policy", "poor"):
+                setup(cli, env, "policy", "approve", str(files[name]), "--by", "bench", cwd=cwd)
+            return json.loads(setup(cli, env, "run", policy, "--json", cwd=cwd))["run_id"]
 
         def stop_server() -> None:
-            setup("server", "stop")
+            setup(cli, env, "server", "stop")
 
         began = time.perf_counter()
-        first_run_id = json.loads(setup("run", policy, "--json"))["run_id"]  # creates Prefect's database
+        first_run_id = prepare(cli, env)  # its run creates Prefect's database
         fresh = time.perf_counter() - began
         refusals = {
-            "run_refused_unapproved": ([*cli, "run", str(files["unapproved"])], 2),
-            "run_refused_data_path": ([*cli, "run", policy, "--data", str(folder / "missing.csv")], 2),
-            "run_refused_budget": ([*cli, "run", str(files["poor"])], 1),
+            "run_refused_unapproved": (["run", str(files["unapproved"])], 2),
+            "run_refused_data_path": (["run", policy, "--data", str(folder / "missing.csv")], 2),
+            "run_refused_budget": (["run", str(files["poor"])], 1),
         }
         figures = {
             "python_pass": wall([python, "-c", "pass"], env),
@@ -111,12 +114,12 @@ def main() -> None:
             "policy_list": wall([*cli, "policy", "list"], env),
             "audit_verify": wall([*cli, "audit", "verify"], env),
             "server_status": wall([*cli, "server", "status"], env),
-            "run_first_fresh_home": fresh,  # once: a new server on a new Prefect database
+            "run_first_fresh_home": fresh,  # once: a new server on a new Prefect database (with the setup)
             "run_first": wall([*cli, "run", policy], env, repeats=SERVER_STARTS, before=stop_server),
             "run_warm": wall([*cli, "run", policy], env),
             "rerun_warm": wall([*cli, "rerun", first_run_id], env),
             "run_no_server_reuse": wall([*cli, "run", policy, "--no-server-reuse"], env, repeats=SERVER_STARTS),
-            **{name: wall(args, env, expect) for name, (args, expect) in refusals.items()},
+            **{name: wall([*cli, *args], env, expect) for name, (args, expect) in refusals.items()},
         }
         stop_server()
         if arguments.before:
@@ -125,11 +128,16 @@ def main() -> None:
             if not interpreter.is_file():
                 raise SystemExit(f"{interpreter} is missing: run make setup in {old}")
             cli_before = [str(interpreter), "-m", "privrelease"]
-            figures["before_plan"] = wall([*cli_before, "plan", policy], env, cwd=old)
-            figures["before_run"] = wall([*cli_before, "run", policy], env, repeats=SERVER_STARTS, cwd=old)
-            figures["before_rerun"] = wall([*cli_before, "rerun", first_run_id], env, repeats=SERVER_STARTS, cwd=old)
+            # its own work folder: an older schema cannot open the newer code's database
+            env_before = {**env, "PRIVRELEASE_WORK_DIR": str(folder / "work-before")}
+            before_run_id = prepare(cli_before, env_before, cwd=old)
+            figures["before_plan"] = wall([*cli_before, "plan", policy], env_before, cwd=old)
+            figures["before_run"] = wall([*cli_before, "run", policy], env_before, repeats=SERVER_STARTS, cwd=old)
+            figures["before_rerun"] = wall(
+                [*cli_before, "rerun", before_run_id], env_before, repeats=SERVER_STARTS, cwd=old
+            )
             for name, (args, expect) in refusals.items():
-                figures[f"before_{name}"] = wall([*cli_before, *args[3:]], env, expect, cwd=old)
+                figures[f"before_{name}"] = wall([*cli_before, *args], env_before, expect, cwd=old)
     plan = figures["plan"]
     width = max(map(len, figures))
     print(f"fresh process per command, median of {REPEATS} ({SERVER_STARTS} for server starts); seconds, x plan")
