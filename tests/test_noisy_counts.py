@@ -102,6 +102,22 @@ def test_laplace_deltas_match_mpmath(references: dict, scale: float, epsilon: fl
         assert nc.approximate_delta("laplace", scale, epsilon) == 0 == nc.probabilistic_delta("laplace", scale, epsilon)
 
 
+@pytest.mark.parametrize(("sigma", "epsilon"), [(1.0, 0.5), (3.0, 0.05), (7.5, 0.5), (20.0, 0.05)])
+def test_canonne_kamath_steinke_theorem_7(references: dict, sigma: float, epsilon: float) -> None:
+    """CKS Theorem 7 (sensitivity 1): delta = P[X > eps sigma^2 - 1/2] - e^eps P[X > eps sigma^2 + 1/2],
+    X ~ N_Z(0, sigma^2), equals the hockey-stick sum by definition (50 digits) and our value."""
+    _, table = mp_table("gaussian", sigma)
+    s2 = mpmath.mpf(sigma) ** 2
+
+    def above(a: mpmath.mpf) -> mpmath.mpf:
+        return mpmath.fsum(prob for z, prob in table.items() if z > a)
+
+    theorem = above(epsilon * s2 - mpmath.mpf(1) / 2) - mpmath.exp(epsilon) * above(epsilon * s2 + mpmath.mpf(1) / 2)
+    hockey, _ = references["gaussian", sigma, epsilon]
+    assert abs(theorem - hockey) <= hockey * mpmath.mpf(10) ** -30
+    assert_upper(nc.approximate_delta("gaussian", sigma, epsilon), theorem)
+
+
 def test_probabilistic_delta_bounds_approximate_delta() -> None:
     """E[(1 - e^(eps - L))_+] <= P[L > eps]: the papers' notion is the weaker bound."""
     for distribution, parameter in (("gaussian", 0.7), ("gaussian", 4.0), ("gaussian", 50.0), ("laplace", 3.0)):
@@ -196,7 +212,7 @@ def test_near_the_continuous_gaussian(sigma: float) -> None:
 )
 def test_half_width_against_the_exact_pmf(distribution: str, parameter: float) -> None:
     n, p = mp_pmf(distribution, parameter)
-    for confidence in (0.5, 0.9, 0.95, 0.99, 0.999999):
+    for confidence in (0.01, 0.5, 0.9, 0.95, 0.99, 0.999999, 1 - 1e-12):
         w = nc.half_width(distribution, parameter, confidence)
 
         def central(width: int) -> mpmath.mpf:
