@@ -6,15 +6,26 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
 import time
+from pathlib import Path
 
 import mpmath
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
+from privrelease import demo
 from privrelease.errors import UserError
+from privrelease.flows.steps import release_plain
+from privrelease.mechanisms import composition
+from privrelease.mechanisms.events import Composed, event_from_json, event_to_json
+from privrelease.mechanisms.kinds import noisy_counts
 from privrelease.mechanisms.kinds import noisy_counts as nc
+from privrelease.mechanisms.kinds.noisy_counts import approximate_delta, half_width, probabilistic_delta
+from privrelease.planning import plan_policy
+from privrelease.policies import load_policy
 
 mpmath.mp.dps = 50
 
@@ -353,3 +364,164 @@ def test_nonnegative() -> None:
     assert clipped.tolist() == [[0, 0, 2], [7, 0, 0]]
     assert clipped.dtype == np.int64 and clipped.shape == noisy.shape
     assert noisy[0, 0] == -3  # the input is left alone
+
+
+# --------------------------------------------------------------------------- the kind, end to end
+
+TABLE = """  - name: table
+    type: noisy_counts
+    columns: [sex, race, salary-class]
+    noise: NOISE
+"""
+
+
+def _policy(folder: Path, noise: str, extra: str = "", version: str = "nc") -> Path:
+    """The demo policy with its mechanisms replaced by one noisy_counts table."""
+    text = (folder / demo.POLICY_FILE).read_text()
+    start, end = text.index("mechanisms:\n"), text.index("targets:\n")
+    text = text[: start + len("mechanisms:\n")] + TABLE.replace("NOISE", noise) + extra + text[end:]
+    text = text.replace('version: "1"', f'version: "{version}"')
+    path = folder / f"{version}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("demo-source")
+    demo.write_demo(folder, seed=11)
+    return folder
+
+
+@pytest.fixture
+def demo_dir(demo_source, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET"):
+        monkeypatch.delenv(name, raising=False)
+    folder = tmp_path / "demo"
+    shutil.copytree(demo_source, folder)
+    return folder
+
+
+def test_the_kind_is_one_module_found_by_the_registry():
+    """noisy_counts is this module's KINDS, in the policy schema's union and type list, and its
+    events parse from JSON by their kind tags (nothing else of the package names it)."""
+    from privrelease.mechanisms.kinds import all_kinds
+    from privrelease.policies.schema import MECHANISM_TYPES
+
+    assert all_kinds()["noisy_counts"] is noisy_counts.NoisyCountsMechanism
+    assert "noisy_counts" in MECHANISM_TYPES
+    for event in (noisy_counts.DiscreteGaussian(sigma=20, epsilon=0.5), noisy_counts.DiscreteLaplace(scale=5)):
+        assert event_from_json(event_to_json(Composed(events=(event,)))) == Composed(events=(event,))
+    package = Path(noisy_counts.__file__).parents[2]
+    mentions = [
+        path.relative_to(package)
+        for folder in ("privrelease", "policies", "mechanisms", "flows", "reports", "audit")
+        for path in (package / folder).rglob("*.py")
+        if "noisy_counts" in path.read_text() and path.name != "noisy_counts.py"
+    ]
+    assert mentions == []
+
+
+def test_plan_states_the_exact_guarantees(demo_dir):
+    """Gaussian: the stated epsilon is the smallest reaching targets.delta under the policy's
+    notion (probabilistic for the demo), delta from the exact curves; Laplace: pure 1/scale."""
+    gaussian = plan_policy(load_policy(_policy(demo_dir, "{distribution: gaussian, sigma: 20}")))
+    (table,) = gaussian.mechanisms
+    assert gaussian.passed, gaussian.checks
+    stated = table.guarantees["probabilistic"]
+    assert stated.delta <= 1e-9 < probabilistic_delta("gaussian", 20, stated.epsilon * (1 - 1e-6))
+    assert table.guarantees["approximate"].delta == approximate_delta("gaussian", 20, stated.epsilon)
+    assert table.facts["cells"] == 2 * 3 * 2  # race maps to White, Black, Other
+    assert gaussian.accuracy["table"]["half_width"]["0.95"] == half_width("gaussian", 20, 0.95)
+
+    laplace = plan_policy(load_policy(_policy(demo_dir, "{distribution: laplace, scale: 4}", version="nl")))
+    assert laplace.mechanisms[0].guarantees["approximate"].epsilon == 0.25
+    assert laplace.mechanisms[0].guarantees["approximate"].delta == 0.0
+    times = composition.epsilon_at([laplace.event], 1e-6, times=10)
+    assert composition.PLD in times.candidates and times.epsilon < 2.5  # tighter than adding 10 x 0.25
+
+
+def test_release_publishes_every_cell_with_noise(demo_dir):
+    """An in-process release: all 12 cells of the declared domain, zeros included (a declared
+    value the data never has), integer counts near the truth; the event realized is the plan's."""
+    path = _policy(
+        demo_dir,
+        "{distribution: laplace, scale: 2}\n    nonnegative: true",
+        extra="",
+        version="run",
+    )
+    published = release_plain(policy_path=str(path))
+    table = pq.read_table(Path(published.release_dir) / "table.parquet")
+    assert table.num_rows == 12 and table.column_names == ["sex", "race", "salary-class", "count"]
+    cells = set(zip(*(table.column(c).to_pylist() for c in ("sex", "race", "salary-class")), strict=True))
+    assert len(cells) == 12
+    counts = table.column("count").to_numpy()
+    assert counts.dtype == np.int64 and (counts >= 0).all()
+    # 50,000 rows; 12 independent Laplace(2) draws: |sum of noise| <= 12 x 2 x ln(1 / 1e-9) / ... generously 500
+    assert abs(int(counts.sum()) - 50_000) < 500
+
+
+def test_a_column_without_a_declared_domain_is_refused(demo_dir):
+    path = _policy(demo_dir, "{distribution: laplace, scale: 2}", version="bad")
+    text = path.read_text().replace("columns: [sex, race, salary-class]", "columns: [sex, hours-per-week]")
+    path.write_text(text)
+    with pytest.raises(
+        UserError, match=r"line \d+, mechanisms\[0\]\.columns\[1\]: column 'hours-per-week' needs declared values"
+    ):
+        load_policy(path)
+
+
+def test_gaussian_needs_a_delta_target(demo_dir):
+    path = _policy(demo_dir, "{distribution: gaussian, sigma: 20}", version="nodelta")
+    path.write_text(path.read_text().replace("  delta: 1.0e-9\n", ""))
+    with pytest.raises(UserError, match="targets.delta is required.*Gaussian noise"):
+        load_policy(path)
+
+
+def test_finish_adds_noise_of_the_stated_distribution(demo_dir):
+    """The table's noise (published minus exact counts) over 40,000 cells: a chi-square fit to
+    the exact discrete Gaussian pmf (rejects a correct sampler with probability < 1e-6)."""
+    loaded = load_policy(_policy(demo_dir, "{distribution: gaussian, sigma: 3}", version="chi"))
+    spec = loaded.policy.mechanisms[0]
+    noise = np.concatenate(
+        [spec.finish(loaded, np.zeros(12, dtype=np.int64)).table.column("count").to_numpy() for _ in range(3334)]
+    )
+    support = np.arange(-15, 16)
+    weights = np.exp(-(support.astype(float) ** 2) / (2 * 9.0))
+    expected = weights / weights.sum() * noise.size
+    observed = np.array([(noise == z).sum() for z in support])
+    keep = expected >= 5
+    statistic = (((observed - expected) ** 2 / expected)[keep]).sum()
+    assert stats.chi2.sf(statistic, keep.sum() - 1) > 1e-6
+
+
+def test_an_entry_point_kind_is_found(monkeypatch):
+    """A kind shipped in another package is found through the privrelease.mechanisms entry
+    points (a module with KINDS, or one class); a type defined twice is refused, never replaced."""
+    from typing import Literal
+
+    from privrelease.mechanisms import kinds
+
+    class AgencyCounts(kinds.MechanismKind):
+        type: Literal["agency_counts"]
+
+    class Impostor(kinds.MechanismKind):
+        type: Literal["noisy_counts"]
+
+    def points(*classes):
+        return [type("Point", (), {"value": f"agency:{c.__name__}", "load": lambda self, c=c: c})() for c in classes]
+
+    try:
+        monkeypatch.setattr(kinds, "entry_points", lambda group: points(AgencyCounts))
+        kinds.all_kinds.cache_clear()
+        found = kinds.all_kinds()
+        assert found["agency_counts"] is AgencyCounts and list(found)[-1] == "agency_counts"
+        monkeypatch.setattr(kinds, "entry_points", lambda group: points(Impostor))
+        kinds.all_kinds.cache_clear()
+        with pytest.raises(TypeError, match="'noisy_counts' is defined twice"):
+            kinds.all_kinds()
+    finally:
+        monkeypatch.undo()
+        kinds.all_kinds.cache_clear()
+    assert "agency_counts" not in kinds.all_kinds()

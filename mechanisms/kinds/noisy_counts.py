@@ -53,12 +53,27 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
+import pyarrow as pa
+from pydantic import Field, StrictBool
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.events import Event
+from privrelease.mechanisms.guarantees import Guarantee, Notion, pure
+from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.mechanisms.schemes import Keep
+from privrelease.policies.fields import ColumnRef, Epsilon, Issue, Loc, Model, Names, at_least, checked
+
+if TYPE_CHECKING:
+    from privrelease.mechanisms.results import MechanismResult
+    from privrelease.mechanisms.schemes import ColumnScheme
+    from privrelease.policies.loader import LoadedPolicy
+    from privrelease.policies.schema import AccuracyTarget, Policy
 
 Distribution = Literal["gaussian", "laplace"]
 DISTRIBUTIONS: tuple[Distribution, ...] = ("gaussian", "laplace")
@@ -376,3 +391,243 @@ def nonnegative(noisy: np.ndarray) -> np.ndarray:
     it biases small cells upward (a true zero's clamped noise has a positive mean) and can only
     shrink each cell's error, never move it outside its ``±w`` interval."""
     return np.maximum(np.asarray(noisy, dtype=np.int64), 0)
+
+
+# --- the kind: policy section, events, accuracy, engines, report -------------------------------
+
+MAX_CELLS = 1_000_000
+"""The largest declared domain a table may have (every cell is published, with noise)."""
+
+MAX_NOISE = 1e6
+
+
+class DiscreteGaussian(Event):
+    """A table of counts of sensitivity 1 with discrete Gaussian noise ``sigma``, its guarantee
+    stated at ``epsilon`` (delta from the exact curve; the module docstring)."""
+
+    kind: Literal["discrete_gaussian"] = "discrete_gaussian"
+    sigma: float = Field(gt=0)
+    epsilon: float = Field(ge=0)
+
+    def guarantee(self, notion: Notion) -> Guarantee:
+        if notion == "probabilistic":
+            delta, how = probabilistic_delta("gaussian", self.sigma, self.epsilon), "P[loss > eps]"
+        else:
+            delta, how = approximate_delta("gaussian", self.sigma, self.epsilon), "exact hockey-stick delta"
+        return Guarantee(notion, self.epsilon, delta, True, f"discrete Gaussian (sigma {self.sigma:g}), {how}")
+
+    def pld(self, discretization: float) -> Any:
+        return noise_pld("gaussian", self.sigma, discretization)
+
+    def exact_curve(self) -> Callable[[float], float] | None:
+        sigma = self.sigma
+        return lambda epsilon: approximate_delta("gaussian", sigma, epsilon)
+
+
+class DiscreteLaplace(Event):
+    """A table of counts of sensitivity 1 with discrete Laplace noise of scale ``scale``:
+    pure (1/scale)-DP."""
+
+    kind: Literal["discrete_laplace"] = "discrete_laplace"
+    scale: float = Field(gt=0)
+
+    def guarantee(self, notion: Notion) -> Guarantee:
+        return pure(notion, 1 / self.scale, f"discrete Laplace (scale {self.scale:g})")
+
+    def pld(self, discretization: float) -> Any:
+        return noise_pld("laplace", self.scale, discretization)
+
+
+NoiseParameter = Annotated[float, checked("noise", f"a number in (0, {MAX_NOISE:g}]", lambda v: 0 < v <= MAX_NOISE)]
+
+
+class GaussianNoise(Model):
+    """Discrete Gaussian noise N_Z(0, sigma^2) on every cell."""
+
+    distribution: Literal["gaussian"]
+    sigma: NoiseParameter
+
+
+class LaplaceNoise(Model):
+    """Discrete Laplace noise of scale ``scale`` on every cell: (1/scale)-DP."""
+
+    distribution: Literal["laplace"]
+    scale: NoiseParameter
+
+
+class NoisyCountsMechanism(MechanismKind):
+    """Counts of every cell of the declared domain of ``columns`` (each column's declared
+    values, generalized by its scheme; a hierarchy column's labels at its level), zeros
+    included, nothing suppressed, each with discrete Gaussian or discrete Laplace noise; a
+    person changes one cell by one (sensitivity 1). ``nonnegative``: negative noisy counts
+    published as 0 (post-processing). ``epsilon``: where a Gaussian table states its delta
+    (default: the smallest epsilon reaching ``targets.delta``)."""
+
+    type: Literal["noisy_counts"]
+    columns: Annotated[Names, at_least(1, "column")]
+    noise: Annotated[GaussianNoise | LaplaceNoise, Field(discriminator="distribution")]
+    epsilon: Epsilon | None = None
+    nonnegative: StrictBool = False
+
+    label: ClassVar[str] = "noisy counts (discrete noise on every cell)"
+    accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
+
+    @property
+    def _distribution(self) -> tuple[Distribution, float]:
+        if isinstance(self.noise, GaussianNoise):
+            return "gaussian", self.noise.sigma
+        return "laplace", self.noise.scale
+
+    def column_refs(self) -> list[ColumnRef]:
+        return [ColumnRef(("columns", i), c) for i, c in enumerate(self.columns)]
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """Every column's domain is declared (values, or a hierarchy's labels): a domain read
+        from the data would disclose which values occur."""
+        from privrelease.policies.schema import HierarchyScheme
+
+        for i, column in enumerate(self.columns):
+            spec = policy.dataset.columns.get(column)
+            if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
+                yield Issue(
+                    (*here, "columns", i),
+                    f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
+                    "every cell of the table is published, so its domain is fixed before the data is read",
+                )
+
+    def delta_reason(self) -> str | None:
+        return "has Gaussian noise" if isinstance(self.noise, GaussianNoise) else None
+
+    def _event(self, loaded: LoadedPolicy) -> Event:
+        distribution, parameter = self._distribution
+        if distribution == "laplace":
+            return DiscreteLaplace(scale=parameter)
+        epsilon = self.epsilon
+        if epsilon is None:
+            targets = loaded.policy.targets
+            assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
+            delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
+            epsilon = _smallest_epsilon(lambda e: delta_of("gaussian", parameter, e), targets.delta)
+        return DiscreteGaussian(sigma=parameter, epsilon=epsilon)
+
+    def plan(self, loaded: LoadedPolicy) -> Planned:
+        distribution, parameter = self._distribution
+        cells = math.prod(len(labels) for labels in loaded.labels(self.columns).values())
+        facts: dict[str, Any] = {
+            "cells": cells,
+            "noise": f"discrete {distribution.capitalize()}, {_parameter_name(distribution)} {parameter:g}",
+            "sensitivity": "1 (one person changes one cell by one)",
+        }
+        if distribution == "gaussian":
+            facts["zcdp_rho"] = 1 / (2 * parameter**2)
+        if cells > MAX_CELLS:
+            return Planned(None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; it has {cells:,}"))
+        return Planned(self._event(loaded), facts)
+
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+        """Every published count is within +-w of its true count with probability >= C, w the
+        exact half-width of the discrete noise (:func:`half_width`)."""
+        from privrelease.mechanisms.accuracy import CONFIDENCES
+
+        distribution, parameter = self._distribution
+        return {
+            "estimate": "the published count" + (" (negative counts published as 0)" if self.nonnegative else ""),
+            "noise_scale": parameter,
+            "half_width": {f"{c:g}": half_width(distribution, parameter, c) for c in CONFIDENCES},
+            "clamping": "negative counts are published as 0: small cells are biased upwards"
+            if self.nonnegative
+            else None,
+        }
+
+    def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
+        """Every cell within +-absolute_error with probability >= confidence."""
+        assert target.absolute_error is not None
+        distribution, parameter = self._distribution
+        return AccuracyCheck(
+            "noise half-width", "<=", target.absolute_error, half_width(distribution, parameter, target.confidence)
+        )
+
+    def job(self, loaded: LoadedPolicy) -> CountJob:
+        domain = loaded.labels(self.columns)
+        schemes = {
+            column: loaded.scheme(column) if loaded.policy.scheme_for(column) is not None else Keep()
+            for column in self.columns
+        }
+        return CountJob(schemes, {column: tuple(labels) for column, labels in domain.items()})
+
+    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
+        job = self.job(loaded)
+        return self.finish(loaded, job.partial(table))
+
+    def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
+        """Noise added once to the exact counts of every cell (merged over partitions on Dask)."""
+        from privrelease.mechanisms.results import MechanismResult
+
+        job = self.job(loaded)
+        distribution, parameter = self._distribution
+        noisy = add_noise(np.asarray(merged, dtype=np.int64), distribution, parameter)
+        if self.nonnegative:
+            noisy = nonnegative(noisy)
+        shape = tuple(len(labels) for labels in job.domain.values())
+        position = np.unravel_index(np.arange(noisy.size), shape)
+        columns = {
+            column: pa.array(labels).take(pa.array(index))
+            for (column, labels), index in zip(job.domain.items(), position, strict=True)
+        }
+        columns["count"] = pa.array(noisy)
+        public = {"cells": int(noisy.size), "noise": f"discrete {distribution}", "nonnegative": self.nonnegative}
+        return MechanismResult(pa.table(columns), self._event(loaded), public, {"rows_counted": int(np.sum(merged))})
+
+    def explanations(self) -> tuple[str, ...]:
+        return (EXPLANATION,)
+
+
+KINDS = (NoisyCountsMechanism,)
+
+
+def _smallest_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
+    """The smallest epsilon in [0, 100] with delta_of(epsilon) <= delta (nonincreasing), to a
+    relative 1e-9 and rounded up."""
+    low, high = 0.0, 100.0
+    if delta_of(low) <= delta:
+        return 0.0
+    while high - low > 1e-9 * high:
+        middle = (low + high) / 2
+        low, high = (low, middle) if delta_of(middle) <= delta else (middle, high)
+    return high
+
+
+@dataclass(frozen=True)
+class CountJob:
+    """The exact count of every cell of ``domain`` (row-major over its columns)."""
+
+    schemes: dict[str, ColumnScheme]
+    domain: dict[str, tuple[Any, ...]]
+
+    def partial(self, table: pa.Table) -> np.ndarray:
+        import pyarrow.compute as pc
+
+        from privrelease.mechanisms.generalization import generalize
+
+        generalized = generalize(table.select(list(self.schemes)), self.schemes)
+        shape = tuple(len(labels) for labels in self.domain.values())
+        codes = []
+        for column, labels in self.domain.items():
+            values = generalized.column(column)
+            if pa.types.is_dictionary(values.type):
+                values = values.cast(values.type.value_type)
+            index = pc.index_in(values, value_set=pa.array(labels, type=values.type))
+            if index.null_count:
+                raise UserError(
+                    f"column {column!r} has a value outside its declared domain"
+                )  # data checks refuse earlier
+            codes.append(index.to_numpy(zero_copy_only=False).astype(np.int64))
+        flat = np.ravel_multi_index(tuple(codes), shape) if codes[0].size else np.zeros(0, dtype=np.int64)
+        return np.bincount(flat, minlength=math.prod(shape)).astype(np.int64)
+
+    def merge(self, parts: list[np.ndarray]) -> np.ndarray:
+        return np.sum(parts, axis=0, dtype=np.int64)
+
+
+EXPLANATION = """<dt>Noisy counts</dt>
+<dd>Every cell of the table's declared domain is published, empty ones included, so which cells are empty is never revealed; each count has independent noise added, drawn from a discrete Gaussian or discrete Laplace distribution (OpenDP's exact samplers). Adding or removing one person changes one cell by one, so the table is ε-differentially private (Laplace, ε = 1/scale) or (ε, δ)-differentially private at the ε and δ shown (Gaussian, exact δ; Canonne, Kamath, Steinke 2020). Negative published counts, where the policy asks for them to be shown as 0, are post-processing and cost no privacy.</dd>"""
