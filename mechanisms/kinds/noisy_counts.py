@@ -1,7 +1,13 @@
-"""Noisy counts: every cell of a declared domain with discrete Gaussian or discrete Laplace noise.
+"""Noisy counts (the ``noisy_counts`` kind): every cell of a declared domain with discrete
+Gaussian or discrete Laplace noise, the standard DP table of statistical agencies.
 
-The release is a contingency table over a domain declared in the policy (zeros included, nothing
-suppressed). Under add/remove-one-row neighbours, one row changes one cell by 1 (at most one, if
+The release is a contingency table over a domain declared in the policy (each column's declared
+values generalized by its scheme, or a hierarchy's labels at its level; zeros included, nothing
+suppressed): ``columns``, ``noise: {distribution: gaussian, sigma: S}`` or
+``{distribution: laplace, scale: T}``, optional ``nonnegative`` (post-processing) and
+``epsilon`` (where a Gaussian table states its delta; default: the smallest epsilon reaching
+``targets.delta``). On Dask each partition counts its cells exactly and the noise is added once,
+to the merged counts. Under add/remove-one-row neighbours, one row changes one cell by 1 (at most one, if
 rows outside the domain are dropped), so the table is ONE release of sensitivity 1 in both L1
 and L2; the cells not touched have identical, independent noise on both sides and cancel out of
 every divergence. Every privacy statement below is therefore the one of the scalar pair
