@@ -106,9 +106,25 @@ def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool =
     names the OS account (name and uid) that registered it, its author (:func:`author_of`)
     unless it is an approval's. Raises :class:`UserError` (:class:`VersionClash`) when
     name@version is already registered with another hash."""
+    return _record(session, facts, draft=False, by_approval=by_approval)
+
+
+def record_draft(session: Session, facts: PolicyFacts) -> PolicyVersion:
+    """The row of a policy's content for a run that has not published (yet): its registered
+    version, or a ``draft`` row that claims no name@version (recorded once, with the OS account
+    recording it: the draft's author, :func:`author_of`), so a refused or failed run of a draft
+    leaves its content on record without freezing the version. Raises :class:`UserError` when
+    name@version is registered with another hash (no run of it could ever publish)."""
+    return _record(session, facts, draft=True)
+
+
+def _record(session: Session, facts: PolicyFacts, *, draft: bool, **recorded: Any) -> PolicyVersion:
+    """The row of ``facts.sha256``: returned as it is when it is registered (or a draft is
+    wanted), else made or turned into a ``draft`` or registered row with a ``policy_drafted`` or
+    ``policy_registered`` record naming the OS account and ``recorded`` facts."""
     chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
     existing = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)).first()
-    if existing is not None and not existing.draft:
+    if existing is not None and (draft or not existing.draft):
         return existing
     clash = version_clash(session, facts)
     if clash is not None:
@@ -120,51 +136,17 @@ def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool =
         sha256=facts.sha256,
         canonical_json=facts.canonical_json,
     )
-    version.draft, version.registered_at = False, utcnow()
+    version.draft, version.registered_at = draft, utcnow()
     chain.append(
         session,
-        "policy_registered",
+        "policy_drafted" if draft else "policy_registered",
         version,
         policy=facts.name,
         version=facts.version,
         sha256=facts.sha256,
         os_user=account.name,
         os_uid=account.uid,
-        by_approval=by_approval,
-    )
-    return version
-
-
-def record_draft(session: Session, facts: PolicyFacts) -> PolicyVersion:
-    """The row of a policy's content for a run that has not published (yet): its registered
-    version, or a ``draft`` row that claims no name@version (recorded once, with the OS account
-    recording it: the draft's author, :func:`author_of`), so a refused or failed run of a draft
-    leaves its content on record without freezing the version. Raises :class:`UserError` when
-    name@version is registered with another hash (no run of it could ever publish)."""
-    chain.lock(session)
-    existing = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)).first()
-    if existing is not None:
-        return existing
-    clash = version_clash(session, facts)
-    if clash is not None:
-        raise UserError(clash.message)
-    account = os_account()
-    version = PolicyVersion(
-        name=facts.name,
-        version=facts.version,
-        sha256=facts.sha256,
-        canonical_json=facts.canonical_json,
-        draft=True,
-    )
-    chain.append(
-        session,
-        "policy_drafted",
-        version,
-        policy=facts.name,
-        version=facts.version,
-        sha256=facts.sha256,
-        os_user=account.name,
-        os_uid=account.uid,
+        **recorded,
     )
     return version
 

@@ -149,10 +149,7 @@ def test_upgrade_to_0007_keeps_registered_versions_registered(backend: str, tmp_
         now = chain.utcnow().replace(tzinfo=None)
         with engine.begin() as connection:
             writer = Writer0001(connection)
-            writer.write("policy_version", "policy_registered", "id",
-                         {"name": "census", "version": "3", "sha256": old.sha256,
-                          "canonical_json": old.canonical_json, "registered_at": now},
-                         sha256=old.sha256)  # fmt: skip
+            writer.policy(old, now)
             writer.write("run", "run_started", "id",
                          {"id": "f" * 32, "policy_sha256": old.sha256, "code_version": "0006", "kind": "release",
                           "status": "failed", "started_at": now, "timings_json": "{}", "error": "refused"},

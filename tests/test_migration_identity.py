@@ -69,6 +69,12 @@ class Writer0001:
         )
         return values[key]
 
+    def policy(self, facts: Any, when: Any) -> None:
+        """Register the policy ``facts`` (a ``PolicyFacts``) as every revision before 0007 did."""
+        values = {"name": facts.name, "version": facts.version, "sha256": facts.sha256}
+        values |= {"canonical_json": facts.canonical_json, "registered_at": when}
+        self.write("policy_version", "policy_registered", "id", values, sha256=facts.sha256)
+
 
 def write_0001_history(engine: Any) -> dict[str, str]:
     """A policy, two fingerprints (10 and 11 rows) with budget (2.0, 1e-6), four runs and their

@@ -329,10 +329,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     policy, now = facts(), chain.utcnow().replace(tzinfo=None)
     with engine.begin() as connection:
         writer = Writer0001(connection)
-        writer.write("policy_version", "policy_registered", "id",
-                     {"name": "census", "version": "1", "sha256": policy.sha256,
-                      "canonical_json": policy.canonical_json, "registered_at": now},
-                     sha256=policy.sha256)  # fmt: skip
+        writer.policy(policy, now)
         writer.write("approval", "policy_approved", "id",
                      {"policy_sha256": policy.sha256, "approved_by": "Ada", "os_user": "ada",
                       "note": None, "approved_at": now},
