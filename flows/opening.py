@@ -170,7 +170,7 @@ def verify_policy(
     dask_address: str | None = None,
     workers: int | None = None,
 ) -> RunContext:
-    """Load and validate the policy, register its version, and start the run.
+    """Load and validate the policy, and start the run on its registered version or its draft.
 
     In production mode (the audit database's mode, the ``PRIVRELEASE_PRODUCTION`` setting or
     ``production=True``; nothing here switches it off) the policy's exact hash must be approved

@@ -579,6 +579,8 @@ def test_a_draft_refused_by_a_data_check_is_fixed_under_the_same_version(demo_di
     declare) registers no version: its failed run stands on a draft row that claims nothing,
     the policy fixed under the same name@version runs and publishes, and only the published
     content is registered."""
+    from privrelease.reports.index import collect
+
     data_file = demo_dir / demo.DATA_FILE
     if check == "pinned sha256":
         digest = chain.file_sha256(data_file)
@@ -607,6 +609,8 @@ def test_a_draft_refused_by_a_data_check_is_fixed_under_the_same_version(demo_di
     with session(open_database(), readonly=True) as s:
         assert approvals.find_policy(s, "demo-census@7").sha256 == second.policy_sha256
         assert approvals.author_of(s, first.policy_sha256) is not None  # the draft's runner
+        cards = {p.sha256: p.draft for p in collect(s).policies}  # the compliance index tells them apart
+    assert cards == {first.policy_sha256: True, second.policy_sha256: False}
     verify_intact(Path(published.release_dir) / steps.CHAIN_HEAD_FILE)
 
 
