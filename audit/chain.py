@@ -465,7 +465,7 @@ def verify(
     made after a registry was pinned (:func:`.approvers.problems`).
     """
     root = Path(output_root) if output_root is not None else None
-    records = list(session.exec(select(AuditEvent).order_by(AuditEvent.seq)).all())
+    records = list(session.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all())
     problems: list[Problem] = []
     newest = _check_chain(records, problems)
     last = Head(records[-1].seq, records[-1].hash) if records else Head(0, GENESIS_HASH)

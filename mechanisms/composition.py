@@ -235,7 +235,9 @@ def _candidates_delta(releases: Releases, epsilon: float, composed: Any = None) 
     points, total = _points(releases), sum(releases.values())
     found: dict[str, tuple[float, float]] = {}
     if (sdgs := _only_sdgs(releases)) is not None:
-        found[EXACT] = (epsilon, float(delta_exact(sdgs.k, sdgs.beta, epsilon).delta))
+        exact = delta_exact(sdgs.k, sdgs.beta, epsilon).delta
+        assert exact is not None, "the exact delta is defined for every eps >= 0"
+        found[EXACT] = (epsilon, float(exact))
     if _by_pld(total):
         composed = composed if composed is not None else pld.composed_pld(releases)
         found[PLD] = (epsilon, pld.delta_for_epsilon(composed, epsilon))

@@ -116,18 +116,18 @@ def event_from_json(text: str) -> Event:
     return _ADAPTER.validate_python(body["event"])
 
 
-def leaves(event: _Event) -> list[_Event]:
+def leaves(event: Event) -> list[Event]:
     """The non-composed events of a tree, in order."""
     if isinstance(event, Composed):
         return [leaf for child in event.events for leaf in leaves(child)]
     return [event]
 
 
-def leaf_counts(events: Iterable[_Event] | Mapping[_Event, int]) -> Counter[_Event]:
+def leaf_counts(events: Iterable[Event] | Mapping[Event, int]) -> Counter[Event]:
     """How many times each non-composed event occurs in ``events``: event trees, or trees with
     a multiplicity each (identical trees are flattened once)."""
     trees = Counter(events) if not isinstance(events, Mapping) else events
-    found: Counter[_Event] = Counter()
+    found: Counter[Event] = Counter()
     for tree, count in trees.items():
         for leaf in leaves(tree):
             found[leaf] += count
