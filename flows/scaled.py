@@ -191,7 +191,12 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     from privrelease.flows.partitions import PartitionError, ReadSpec, partials, plan_partitions
     from privrelease.flows.registry import MECHANISMS
 
-    jobs = tuple(MECHANISMS[spec.type].job(loaded, spec) for spec in loaded.policy.mechanisms)
+    made = []
+    for spec in loaded.policy.mechanisms:
+        make = MECHANISMS[spec.type].job
+        assert make is not None, f"{spec.type} runs in-process only (refused on Dask before anything runs)"
+        made.append(make(loaded, spec))
+    jobs = tuple(made)
     parts = plan_partitions(files, engine.rows_per_partition)
     try:
         results = engines.map_gather(run_id, partials, parts, spec=ReadSpec.of(loaded.policy.dataset), jobs=jobs)

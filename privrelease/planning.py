@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -77,7 +77,7 @@ class Plan:
     """Per mechanism name, its data-free accuracy statements (:func:`mechanism_accuracy`)."""
 
     @property
-    def notion(self) -> str:
+    def notion(self) -> accountants.Notion:
         return self.loaded.policy.targets.accounting
 
     @property
@@ -146,7 +146,7 @@ def mechanism_event(loaded: LoadedPolicy, mechanism) -> tuple[Event | None, dict
     policy-derived facts about it."""
     kind = mechanism.type
     if kind in ("sdgs", "histogram"):
-        output = "microdata" if kind == "sdgs" else "histogram"
+        output: Literal["microdata", "histogram"] = "microdata" if kind == "sdgs" else "histogram"
         event: Event = SDGS(k=mechanism.k, beta=mechanism.beta, epsilon=mechanism.epsilon or 0.0, output=output)
         facts: dict[str, Any] = {
             "k_anonymity": mechanism.k,
@@ -220,6 +220,7 @@ def mechanism_accuracy(loaded: LoadedPolicy, mechanism, facts: dict[str, Any]) -
         }
     if kind == "splu_gen" and "t_f" in facts:
         utility = loaded.policy.targets.splu_utility
+        assert utility is not None, "t_f is only computed for a utility target"
         return {"estimate": "privrelease estimate", "t_f": facts["t_f"], "epsilon": utility.epsilon, "t_e": utility.t_e}
     return {}
 
@@ -244,7 +245,9 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
         if event is None:
             infeasible.append(f"{mechanism.name}: {facts['reason']}")
             continue
-        guarantees = {notion: accountants.account(event, notion) for notion in accountants.NOTIONS}
+        guarantees: dict[str, accountants.Guarantee] = {
+            notion: accountants.account(event, notion) for notion in accountants.NOTIONS
+        }
         fsmooth = accountants.fsmooth(event)
         if fsmooth is not None and all(eps0 >= min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
             facts["fsmooth"] = {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}
@@ -253,7 +256,9 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
             facts["rho_achieved"] = rho
         mechanisms.append(MechanismPlan(mechanism.name, mechanism.type, event, guarantees, facts))
     tree = mechanisms_tree(mechanisms)
-    composed = {notion: accountants.account(tree, notion) for notion in accountants.NOTIONS}
+    composed: dict[str, accountants.Guarantee] = {
+        notion: accountants.account(tree, notion) for notion in accountants.NOTIONS
+    }
     composed["approximate"], facts = _approximate(loaded, tree, composed["approximate"])
     facts.update(_composed_facts(loaded, tree))
     checks = _checks(loaded, mechanisms, composed, facts, infeasible)

@@ -242,7 +242,7 @@ def policy_list(json_output: JsonFlag = False) -> None:
     from privrelease.audit.database import session
 
     with session(_engine(), readonly=True) as s:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for version in approvals.list_policies(s):
             approved = approvals.current_approvals(s, version.sha256)
             rows.append(
@@ -662,7 +662,7 @@ def audit_recover(
             if run.status not in recovery.UNSETTLED:
                 raise UserError(f"--run {ref}: run {run.id} is {run.status}; only an unfinished run can be settled")
             owner = recovery.started_facts(s, run.id).get("owner")
-            if recovery.owner_alive(owner):
+            if owner is not None and recovery.owner_alive(owner):
                 raise UserError(f"--run {ref}: run {run.id} is still running (pid {owner['pid']} on this host)")
             forced.append(run.id)
     settled = recovery.recover(engine, force=forced)
@@ -842,7 +842,7 @@ def ledger_list(json_output: JsonFlag = False) -> None:
     from privrelease.audit import identities, ledger
     from privrelease.audit.database import session
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     with session(_engine(), readonly=True) as s:
         for ds in identities.list_identities(s):
             status = ledger.ledger_status(s, ds)
