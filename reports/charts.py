@@ -585,8 +585,8 @@ def splu_charts(plan: Plan) -> list[Chart]:
     alpha = privacy.alpha if privacy is not None else None
     f_max = min(max(SPLU_F_MAX, alpha or 0), 200)
     charts = []
-    for index, mechanism in enumerate(m for m in plan.mechanisms if isinstance(m.event, SPLUGen)):
-        gamma = mechanism.event.gamma  # type: ignore[union-attr]
+    for index, (mechanism, event) in enumerate((m, m.event) for m in plan.mechanisms if isinstance(m.event, SPLUGen)):
+        gamma = event.gamma
         counts, probability = splu_guarantees.privacy_curve(gamma, eps, f_max)
         curve = list(zip(counts.tolist(), probability.tolist(), strict=True))
         rules = []

@@ -783,7 +783,11 @@ def ledger_show(
             "delta": status.remaining.delta,
         },
         "counting_entries": len(status.counting),
-        "runway": None if ahead is None else {"runs": ahead.runs, "capped": ahead.capped, "like_run": latest.run_id},  # type: ignore[union-attr]
+        "runway": (
+            None
+            if ahead is None or latest is None
+            else {"runs": ahead.runs, "capped": ahead.capped, "like_run": latest.run_id}
+        ),
         "vintages": vintages,
         "entries": [_entry_dict(status, entry) for entry in status.entries],
     }
@@ -801,10 +805,10 @@ def ledger_show(
         how = f"the smallest epsilon at the lifetime delta; {how}"
     console.print(f"spent            {status.spent}  ({how})", highlight=False, soft_wrap=True)
     console.print(f"remaining        {status.remaining}", highlight=False, soft_wrap=True)
-    if ahead is not None:
+    if ahead is not None and latest is not None:
         more = f"{ahead.runs}{'+' if ahead.capped else ''} more run{'s' if ahead.runs != 1 else ''}"
         console.print(
-            f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget",  # type: ignore[union-attr]
+            f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget",
             highlight=False,
             soft_wrap=True,
         )

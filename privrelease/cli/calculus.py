@@ -28,11 +28,12 @@ ACCOUNTING = typer.Option(
 
 def accounting_notion(accounting: str) -> Notion:
     """The ``--accounting`` value as a notion; UserError for any other value."""
-    notions: tuple[Notion, ...] = ("probabilistic", "approximate")
-    for notion in notions:
-        if accounting == notion:
-            return notion
-    raise UserError(f"--accounting must be probabilistic or approximate; got {accounting!r}")
+    from privrelease.mechanisms.composition import as_notion
+
+    try:
+        return as_notion(accounting)
+    except ValueError:
+        raise UserError(f"--accounting must be probabilistic or approximate; got {accounting!r}") from None
 
 
 def register(app: typer.Typer) -> None:
