@@ -210,11 +210,10 @@ def _fingerprint_files(run: RunContext | None, loaded: Any, path: Path) -> Datas
 
 def plan_summary(policy: PolicySource) -> PlanSummary:
     """The plan of ``policy`` as a small summary (no exception when a target is missed)."""
-    from privrelease.mechanisms.events import SPLUGen, event_to_json, leaves
+    from privrelease.mechanisms.events import Composed, event_to_json, is_dp
 
     plan = plan_of(policy)
-    charged = [m.event for m in plan.mechanisms if not any(isinstance(leaf, SPLUGen) for leaf in leaves(m.event))]
-    from privrelease.mechanisms.events import Composed
+    charged = [m.event for m in plan.mechanisms if is_dp(m.event)]
 
     return PlanSummary(
         passed=plan.passed,

@@ -1,10 +1,12 @@
-"""Step 7 of a release: run one policy mechanism (through :mod:`.registry`, in-process or
-finished from the Dask partials) and write its output to the staging folder."""
+"""Step 7 of a release: run one policy mechanism (its kind's ``run`` in-process, or its
+``finish`` from the Dask partials: :mod:`privrelease.mechanisms.kinds`) and write its output to
+the staging folder."""
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from privrelease.flows.context import (
     withholding,
 )
 from privrelease.flows.data import _partials, _table
+from privrelease.mechanisms.results import Pieces
 
 
 def plain_columns(table: pa.Table) -> pa.Table:
@@ -34,34 +37,53 @@ def plain_columns(table: pa.Table) -> pa.Table:
     )
 
 
-def write_table(table: pa.Table, path: Path, output_format: str) -> None:
+def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int:
     """Write ``table`` to ``path`` (Parquet or CSV) through a temp file in the same folder and
-    ``os.replace``; the temp file is removed on any error."""
+    ``os.replace``; the temp file is removed on any error. :class:`Pieces` are written one at
+    a time (a Parquet row group, a CSV block each), never held together. Returns the rows."""
     from privrelease.datasets import write_parquet
 
     temp = path.with_name(f".{path.name}.tmp")
     try:
-        if output_format == "parquet":
+        if isinstance(table, pa.Table) and output_format == "parquet":
             write_parquet(table, temp)
+            rows = table.num_rows
         else:
-            try:
-                pcsv.write_csv(
-                    plain_columns(table),
-                    temp,
-                    pcsv.WriteOptions(quoting_style="needed"),
-                )
-            except OSError as error:
-                raise _write_error(path, error) from None
+            rows = _write_pieces(
+                table if isinstance(table, Pieces) else Pieces(table.schema, iter([table])), temp, output_format, path
+            )
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+    return rows
+
+
+def _write_pieces(pieces: Pieces, temp: Path, output_format: str, path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    rows = 0
+    try:
+        if output_format == "parquet":
+            writer: Any = pq.ParquetWriter(temp, pieces.schema, write_statistics=False)
+        else:
+            writer = pcsv.CSVWriter(
+                temp,
+                plain_columns(pieces.schema.empty_table()).schema,
+                write_options=pcsv.WriteOptions(quoting_style="needed"),
+            )
+        with writer:
+            for piece in pieces.tables:
+                writer.write_table(piece if output_format == "parquet" else plain_columns(piece))
+                rows += piece.num_rows
+    except OSError as error:
+        raise _write_error(path, error) from None
+    return rows
 
 
 def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     """Run the policy mechanism ``name`` on the run's data (on Dask: finish it from the merged
-    partial results with its :mod:`.registry` entry's ``finish``) and write its output to the
-    staging folder. The realized event must be the planned one (what was reserved)."""
+    partial results) and write its output to the staging folder. The realized event must be the planned one (what was reserved)."""
     from privrelease.audit.chain import file_sha256
     from privrelease.mechanisms.events import event_to_json
 
@@ -70,28 +92,23 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     step = mechanism_step(spec)
     file = f"{safe_name(name)}.{run.output_format}"
     path = run.staging_dir / file
-    from privrelease.flows import registry
-    from privrelease.flows.scaled import Finished
-
     with withholding(step):
         if run.engine.scaled:
-            finish = registry.MECHANISMS[spec.type].finish
-            assert finish is not None, f"verify_policy refuses {spec.type} on Dask"
-            result = finish(loaded, spec, _partials[run.run_id][name], path, run.output_format)
+            result = spec.finish(loaded, _partials[run.run_id][name])
         else:
-            result = Finished.of(registry.run(loaded, spec, _table(run)))
+            result = spec.run(loaded, _table(run))
     planned = {m.name: m.event for m in plan_of(run.policy).mechanisms}
     assert result.event == planned[name], (
         f"mechanism {name!r} realized {result.event!r}, but the plan (and the reservation) has {planned[name]!r}"
     )
-    if result.table is not None:
-        write_table(result.table, path, run.output_format)
+    with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
+        rows = write_table(result.table, path, run.output_format)
     return OutputFacts(
         mechanism=name,
         type=spec.type,
         file=file,
         sha256=file_sha256(path),
-        rows=result.rows,
+        rows=rows,
         bytes=path.stat().st_size,
         event_json=event_to_json(result.event),
         public_facts=_jsonable(result.public_facts),

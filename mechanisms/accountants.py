@@ -9,112 +9,28 @@
   privacy loss distributions from Google's ``dp_accounting``).
 * ``identifiability`` (rho, Lee & Clifton) and ``f-smooth`` (Theorem 6) have functions of their own.
 
-An event an accountant cannot vouch for (SPLU-Gen, which is not DP; SDGS without sampling;
-Theorem 1 below eps = -ln(1 - beta)) yields ``supported=False`` with infinite epsilon and
-delta 1 — fail closed, never a guess. Dispatch is per event type (one function each).
+Each release carries its own rule (:meth:`~privrelease.mechanisms.events.Event.guarantee`);
+this module combines them through sampling and composition. An event an accountant cannot
+vouch for (SPLU-Gen, which is not DP; SDGS without sampling; Theorem 1 below
+eps = -ln(1 - beta)) yields ``supported=False`` with infinite epsilon and delta 1 — fail
+closed, never a guess.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
-from privrelease.mechanisms.events import (
-    SDGS,
-    Composed,
-    Event,
-    ExponentialSelection,
-    Laplace,
-    Sampled,
-    SPLUGen,
-    leaves,
-)
+from privrelease.mechanisms.events import SDGS, Composed, Event, Laplace, Sampled, leaves
+from privrelease.mechanisms.guarantees import NOTIONS, Guarantee, Notion, pure, unsupported
 from privrelease.mechanisms.identifiability import rho_of_epsilon
-from privrelease.mechanisms.sdgs_math import FSmooth, amplified_epsilon, delta_exact, delta_theorem1
+from privrelease.mechanisms.sdgs_math import FSmooth, amplified_epsilon
 
-Notion = Literal["probabilistic", "approximate"]
-NOTIONS: tuple[Notion, ...] = ("probabilistic", "approximate")
-
-
-@dataclass(frozen=True)
-class Guarantee:
-    """(epsilon, delta) under ``notion``; unsupported ones are (inf, 1) with the reason."""
-
-    notion: str
-    epsilon: float
-    delta: float
-    supported: bool = True
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        return {
-            "notion": self.notion,
-            "epsilon": self.epsilon if math.isfinite(self.epsilon) else None,
-            "delta": self.delta,
-            "supported": self.supported,
-            "detail": self.detail,
-        }
+__all__ = ["NOTIONS", "Guarantee", "Notion", "account", "unsupported"]
 
 
-def unsupported(notion: str, why: str) -> Guarantee:
-    return Guarantee(notion, math.inf, 1.0, False, why)
-
-
-def _pure(notion: str, epsilon: float, detail: str) -> Guarantee:
-    return Guarantee(notion, epsilon, 0.0, True, detail)
-
-
-# --- per-event rules ------------------------------------------------------------------------
-
-
-def _sdgs(event: SDGS, notion: Notion) -> Guarantee:
-    if event.beta >= 1:
-        return unsupported(
-            notion,
-            f"k-DGS without sampling (beta = 1): k-anonymity and ({event.k}, 0)-crowd-blending "
-            "privacy only; no (eps, delta)-DP for any delta < 1 (Li-Qardaji-Su Proposition 4)",
-        )
-    if notion == "probabilistic":
-        result = delta_theorem1(event.k, event.beta, event.epsilon)
-        if result.delta is None:
-            return unsupported(notion, result.reason)
-        return Guarantee(
-            notion,
-            event.epsilon,
-            result.delta,
-            True,
-            f"Theorem 1: d(k={event.k}, beta={event.beta:g}, eps={event.epsilon:g}), max at n = {result.argmax_n}",
-        )
-    result = delta_exact(event.k, event.beta, event.epsilon)
-    assert result.delta is not None, "the exact delta is defined for every eps >= 0"
-    return Guarantee(
-        notion,
-        event.epsilon,
-        result.delta,
-        True,
-        f"exact hockey-stick delta, max at n = {result.argmax_n}",
-    )
-
-
-def _laplace(event: Laplace, notion: Notion) -> Guarantee:
-    return _pure(
-        notion, event.sensitivity / event.scale, f"Laplace(scale {event.scale:.6g}), sensitivity {event.sensitivity:g}"
-    )
-
-
-def _exponential(event: ExponentialSelection, notion: Notion) -> Guarantee:
-    return _pure(notion, event.epsilon, f"exponential mechanism over {event.candidates} schemes")
-
-
-def _splu(event: SPLUGen, notion: Notion) -> Guarantee:
-    return unsupported(
-        notion,
-        f"SPLU-Gen (gamma = {event.gamma}) gives small-sum privacy and large-sum utility, not differential privacy",
-    )
+# --- the combinators: sampling and composition (leaves carry their own rules) -----------------
 
 
 def _sampled(event: Sampled, notion: Notion) -> Guarantee:
@@ -126,7 +42,7 @@ def _sampled(event: Sampled, notion: Notion) -> Guarantee:
             notion,
             "amplification by sampling is proven for pure eps-DP only (Li-Qardaji-Su Theorem 3 leaves delta > 0 open)",
         )
-    return _pure(
+    return pure(
         notion,
         amplified_epsilon(event.beta, inner.epsilon),
         f"Corollary 4: ln(1 + {event.beta:g} (e^{inner.epsilon:.6g} - 1))",
@@ -149,21 +65,15 @@ def _composed(event: Composed, notion: Notion) -> Guarantee:
     return Guarantee(notion, epsilon, delta, True, detail)
 
 
-_RULES: dict[type, Callable[[Event, Notion], Guarantee]] = {
-    SDGS: _sdgs,  # type: ignore[dict-item]
-    Laplace: _laplace,  # type: ignore[dict-item]
-    ExponentialSelection: _exponential,  # type: ignore[dict-item]
-    SPLUGen: _splu,  # type: ignore[dict-item]
-    Sampled: _sampled,  # type: ignore[dict-item]
-    Composed: _composed,  # type: ignore[dict-item]
-}
-
-
 def account(event: Event, notion: Notion) -> Guarantee:
     """The (epsilon, delta) guarantee of an event tree under ``notion``."""
     if notion not in NOTIONS:
         raise ValueError(f"notion must be one of {', '.join(NOTIONS)}; got {notion!r}")
-    return _RULES[type(event)](event, notion)
+    if isinstance(event, Composed):
+        return _composed(event, notion)
+    if isinstance(event, Sampled):
+        return _sampled(event, notion)
+    return event.guarantee(notion)
 
 
 # --- optimal composition (approximate DP) -----------------------------------------------------
@@ -260,15 +170,12 @@ def identifiability(event: Event) -> float | None:
     the smallest declared universe. None when some leaf is not a calibrated Laplace release
     (eps-DP mechanisms give rho only for a declared universe size)."""
     releases = leaves(event)
-    calibrated = [
-        (leaf.sensitive_range / leaf.scale, leaf.universe_size)
-        for leaf in releases
-        if isinstance(leaf, Laplace) and leaf.universe_size and leaf.sensitive_range
-    ]
-    if not releases or len(calibrated) < len(releases):
+    if not releases or not all(
+        isinstance(leaf, Laplace) and leaf.universe_size and leaf.sensitive_range for leaf in releases
+    ):
         return None
-    exponent = math.fsum(ratio for ratio, _ in calibrated)
-    universe = min(size for _, size in calibrated)
+    exponent = math.fsum(leaf.sensitive_range / leaf.scale for leaf in releases)  # type: ignore[union-attr, operator]
+    universe = min(leaf.universe_size for leaf in releases)  # type: ignore[union-attr, type-var]
     return rho_of_epsilon(exponent, universe)
 
 
@@ -276,7 +183,6 @@ def fsmooth(event: Event) -> FSmooth | None:
     """The f-smooth guarantee (Theorem 6) of the SDGS releases in a tree, composed by Theorem 5;
     None when the tree has no sampled SDGS release or any other kind of release."""
     releases = leaves(event)
-    sampled = [(leaf.k, leaf.beta, leaf.epsilon) for leaf in releases if isinstance(leaf, SDGS) and leaf.beta < 1]
-    if not releases or len(sampled) < len(releases):
+    if not releases or not all(isinstance(leaf, SDGS) and leaf.beta < 1 for leaf in releases):
         return None
-    return FSmooth(tuple(sampled))
+    return FSmooth(tuple((leaf.k, leaf.beta, leaf.epsilon) for leaf in releases))  # type: ignore[union-attr]

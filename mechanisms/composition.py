@@ -3,8 +3,8 @@
 Every method below is an upper bound on the composed hockey-stick divergence of the releases
 (add/remove-one-row neighbours, adaptive composition), so the smallest answer is sound too:
 
-* ``exact`` (one SDGS release): the exact profile :func:`~.sdgs_math.delta_exact`, inverted by
-  bisection for an epsilon.
+* ``exact`` (one release with an exact curve, e.g. SDGS: :func:`~.sdgs_math.delta_exact`),
+  inverted by bisection for an epsilon.
 * ``privacy loss distribution`` (two or more releases): :mod:`.pld`, the composition of
   dominating pairs (Zhu, Dong, Wang 2022, Theorem 10).
 * ``optimal composition`` (at most ``OPTIMAL_RELEASES`` releases): the exact composition of
@@ -25,15 +25,14 @@ function takes the ``notion`` so that ``guarantee compose``, the plan and the le
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from privrelease.mechanisms import pld
 from privrelease.mechanisms.accountants import NOTIONS, Notion, account, optimal_composition_delta
-from privrelease.mechanisms.events import SDGS, Event, leaf_counts
-from privrelease.mechanisms.sdgs_math import delta_exact
+from privrelease.mechanisms.events import Event, leaf_counts
 
 EXACT = "exact"
 PLD = "privacy loss distribution"
@@ -184,12 +183,13 @@ def _by_pld(total: int) -> bool:
     return 1 < total <= PLD_MAX_RELEASES
 
 
-def _only_sdgs(releases: Releases) -> SDGS | None:
-    """The release when ``releases`` is one SDGS release."""
+def _exact_curve(releases: Releases) -> Callable[[float], float] | None:
+    """The exact curve of ``releases`` when they are one release that has one
+    (:meth:`~privrelease.mechanisms.events.Event.exact_curve`)."""
     if len(releases) == 1:
         ((leaf, count),) = releases.items()
-        if count == 1 and isinstance(leaf, SDGS):
-            return leaf
+        if count == 1:
+            return leaf.exact_curve()
     return None
 
 
@@ -215,9 +215,8 @@ def _candidates_epsilon(releases: Releases, delta: float) -> dict[str, tuple[flo
     points, total = _points(releases), sum(releases.values())
     found: dict[str, tuple[float, float]] = {}
     basic_eps, basic_delta = _basic(points)
-    if (sdgs := _only_sdgs(releases)) is not None:
-        k, beta = sdgs.k, sdgs.beta
-        found[EXACT] = (_bisect_epsilon(lambda e: delta_exact(k, beta, e).delta, delta, _MAX_EPSILON), delta)
+    if (curve := _exact_curve(releases)) is not None:
+        found[EXACT] = (_bisect_epsilon(curve, delta, _MAX_EPSILON), delta)
     if _by_pld(total):
         found[PLD] = (pld.epsilon_for_delta(pld.composed_pld(releases), delta), delta)
     if 1 < total <= OPTIMAL_RELEASES:
@@ -234,10 +233,8 @@ def _candidates_delta(releases: Releases, epsilon: float, composed: Any = None) 
     ``composed``: the releases' PLD when already built."""
     points, total = _points(releases), sum(releases.values())
     found: dict[str, tuple[float, float]] = {}
-    if (sdgs := _only_sdgs(releases)) is not None:
-        exact = delta_exact(sdgs.k, sdgs.beta, epsilon).delta
-        assert exact is not None, "the exact delta is defined for every eps >= 0"
-        found[EXACT] = (epsilon, float(exact))
+    if (curve := _exact_curve(releases)) is not None:
+        found[EXACT] = (epsilon, curve(epsilon))
     if _by_pld(total):
         composed = composed if composed is not None else pld.composed_pld(releases)
         found[PLD] = (epsilon, pld.delta_for_epsilon(composed, epsilon))

@@ -1,9 +1,16 @@
-"""Privacy events: immutable, JSON-serializable descriptions of what a mechanism releases.
+"""Privacy events: immutable, JSON-serializable descriptions of what a mechanism releases,
+each carrying its privacy map.
 
-An event is data only (after Google's ``dp_accounting.DpEvent``). Accountants
-(:mod:`privrelease.mechanisms.accountants`) turn an event tree into guarantees; the plan, the
-ledger, the audit record and the report all store and replay the same tree. Events are
-versioned by ``EVENT_SCHEMA_VERSION`` and never reinterpreted: a change of meaning is a new kind.
+An event is data (after Google's ``dp_accounting.DpEvent``) plus the rules that bound it:
+:meth:`Event.guarantee` (its (epsilon, delta) under each notion of
+:mod:`~privrelease.mechanisms.guarantees`), :meth:`Event.pld` (its privacy loss distribution,
+for tight composition) and :meth:`Event.exact_curve` (its exact hockey-stick curve, when known).
+The accountants (:mod:`.accountants`, :mod:`.composition`) combine them through
+:class:`Sampled` and :class:`Composed`; the plan, the ledger, the audit record and the report
+all store and replay the same tree. A mechanism kind may define events of its own in its
+module (:mod:`privrelease.mechanisms.kinds`): every subclass is registered by its ``kind``.
+Events are versioned by ``EVENT_SCHEMA_VERSION`` and never reinterpreted: a change of
+meaning is a new kind.
 
 >>> tree = Composed(events=(SDGS(k=20, beta=0.1, epsilon=1.0), SPLUGen(gamma=5)))
 >>> event_from_json(event_to_json(tree)) == tree
@@ -14,19 +21,74 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from typing import Annotated, Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny
+
+from privrelease.mechanisms.guarantees import Guarantee, Notion, Unsupported, pure, unsupported
 
 EVENT_SCHEMA_VERSION = 1
 
+_CLASSES: dict[str, type[Event]] = {}
 
-class _Event(BaseModel):
+
+class Event(BaseModel):
+    """A release about the people of one dataset. Subclasses set ``kind`` (a ``Literal`` with
+    that default) and override the privacy map; the defaults fail closed."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    kind: str
+    differentially_private: ClassVar[bool] = True
+    """Whether the release claims (epsilon, delta)-DP (then it is checked against the policy's
+    DP targets and charged to the lifetime budget, even when unsupported). Default True: a new
+    event is held to DP until it says otherwise."""
 
-class SDGS(_Event):
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        kind = cls.model_fields["kind"].default
+        assert isinstance(kind, str), f"{cls.__name__} must give kind a default (its tag)"
+        assert _CLASSES.get(kind, cls).__qualname__ == cls.__qualname__, f"two events are named {kind!r}"
+        _CLASSES[kind] = cls
+
+    def guarantee(self, notion: Notion) -> Guarantee:
+        """Its (epsilon, delta) under ``notion``."""
+        return unsupported(notion, f"no privacy map for a {self.kind} event")
+
+    def pld(self, discretization: float) -> Any:
+        """A privacy loss distribution (``dp_accounting``) dominating it for every pair of
+        neighbours; :class:`Unsupported` when there is none."""
+        raise Unsupported(f"no privacy loss distribution for a {self.kind} event (not differentially private)")
+
+    def exact_curve(self) -> Callable[[float], float] | None:
+        """Its exact hockey-stick delta as a function of epsilon (rounded up), when known."""
+        return None
+
+
+def event_class(kind: str) -> type[Event]:
+    """The event class tagged ``kind``, the mechanism kinds' own included."""
+    if kind not in _CLASSES:
+        from privrelease.mechanisms.kinds import all_kinds
+
+        all_kinds()  # importing the kinds registers their events
+    if kind not in _CLASSES:
+        raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(sorted(_CLASSES))}")
+    return _CLASSES[kind]
+
+
+def _as_event(value: Any) -> Any:
+    if isinstance(value, Mapping) and not isinstance(value, Event):
+        return event_class(str(value.get("kind"))).model_validate(value)
+    return value
+
+
+AnyEvent = Annotated[SerializeAsAny[Event], BeforeValidator(_as_event)]
+"""A field holding any registered event (parsed by its ``kind`` tag)."""
+
+
+class SDGS(Event):
     """(k, beta)-SDGS (Li, Qardaji, Su, Algorithm 4): Bernoulli(beta) sampling, data-independent
     generalization, suppression of generalized values occurring fewer than k times.
 
@@ -42,8 +104,46 @@ class SDGS(_Event):
     epsilon: float = Field(ge=0)
     output: Literal["microdata", "histogram"] = "microdata"
 
+    def _not_sampled(self, notion: str) -> Guarantee:
+        return unsupported(
+            notion,
+            f"k-DGS without sampling (beta = 1): k-anonymity and ({self.k}, 0)-crowd-blending "
+            "privacy only; no (eps, delta)-DP for any delta < 1 (Li-Qardaji-Su Proposition 4)",
+        )
 
-class Laplace(_Event):
+    def guarantee(self, notion: Notion) -> Guarantee:
+        """Probabilistic: Theorem 1's d(k, beta, eps); approximate: the exact hockey-stick delta."""
+        from privrelease.mechanisms.sdgs_math import delta_exact, delta_theorem1
+
+        if self.beta >= 1:
+            return self._not_sampled(notion)
+        if notion == "probabilistic":
+            result = delta_theorem1(self.k, self.beta, self.epsilon)
+            if result.delta is None:
+                return unsupported(notion, result.reason)
+            detail = f"Theorem 1: d(k={self.k}, beta={self.beta:g}, eps={self.epsilon:g}), max at n = {result.argmax_n}"
+            return Guarantee(notion, self.epsilon, result.delta, True, detail)
+        exact = delta_exact(self.k, self.beta, self.epsilon)
+        assert exact.delta is not None
+        return Guarantee(notion, self.epsilon, exact.delta, True, f"exact hockey-stick delta, max at n = {exact.argmax_n}")
+
+    def pld(self, discretization: float) -> Any:
+        """The connect-the-dots pair above its exact profile (:func:`.pld.sdgs_pld`)."""
+        from privrelease.mechanisms.pld import sdgs_pld
+
+        if self.beta >= 1:
+            raise Unsupported(self._not_sampled("approximate").detail)
+        return sdgs_pld(self.k, self.beta, discretization)
+
+    def exact_curve(self) -> Callable[[float], float] | None:
+        """:func:`~privrelease.mechanisms.sdgs_math.delta_exact`, the supremum over cell sizes."""
+        from privrelease.mechanisms.sdgs_math import delta_exact
+
+        k, beta = self.k, self.beta
+        return None if beta >= 1 else lambda epsilon: float(delta_exact(k, beta, epsilon).delta)  # type: ignore[arg-type]
+
+
+class Laplace(Event):
     """Laplace noise of scale ``scale`` on a query whose global sensitivity under
     add/remove-one-row neighbours (the notion every DP accountant here uses) is ``sensitivity``
     (epsilon = sensitivity / scale). For rho-differential identifiability (Lee & Clifton) the
@@ -56,8 +156,21 @@ class Laplace(_Event):
     sensitive_range: float | None = Field(default=None, gt=0)
     universe_size: int | None = Field(default=None, ge=2)
 
+    def guarantee(self, notion: Notion) -> Guarantee:
+        return pure(
+            notion, self.sensitivity / self.scale, f"Laplace(scale {self.scale:.6g}), sensitivity {self.sensitivity:g}"
+        )
 
-class ExponentialSelection(_Event):
+    def pld(self, discretization: float) -> Any:
+        """dp_accounting's own pessimistic Laplace PLD."""
+        from dp_accounting.pld import privacy_loss_distribution as pld
+
+        return pld.from_laplace_mechanism(
+            self.scale, sensitivity=self.sensitivity, value_discretization_interval=discretization
+        )
+
+
+class ExponentialSelection(Event):
     """The exponential mechanism choosing one of ``candidates`` generalization schemes with a
     utility score of sensitivity ``sensitivity`` (eps-safe k-anonymization, Li-Qardaji-Su
     "On sampling, anonymization, and differential privacy", Section 3.2): pure epsilon-DP."""
@@ -67,42 +180,51 @@ class ExponentialSelection(_Event):
     candidates: int = Field(ge=1)
     sensitivity: float = Field(gt=0)
 
+    def guarantee(self, notion: Notion) -> Guarantee:
+        return pure(notion, self.epsilon, f"exponential mechanism over {self.candidates} schemes")
 
-class SPLUGen(_Event):
+    def pld(self, discretization: float) -> Any:
+        from privrelease.mechanisms.pld import pure_dp_pld
+
+        return pure_dp_pld(self.epsilon, discretization)
+
+
+class SPLUGen(Event):
     """SPLU-Gen (Fu et al., Section 3): decoy groups of size gamma, each sensitive value replaced
     by a uniformly chosen decoy. Gives small-sum privacy / large-sum utility, never DP."""
 
     kind: Literal["splu_gen"] = "splu_gen"
     gamma: int = Field(ge=2)
     sensitive: tuple[str, ...] = ()
+    differentially_private: ClassVar[bool] = False
+
+    def guarantee(self, notion: Notion) -> Guarantee:
+        return unsupported(
+            notion,
+            f"SPLU-Gen (gamma = {self.gamma}) gives small-sum privacy and large-sum utility, not differential privacy",
+        )
 
 
-class Sampled(_Event):
+class Sampled(Event):
     """``event`` run on a Bernoulli(beta) sample (amplification: Li-Qardaji-Su Corollary 4)."""
 
     kind: Literal["sampled"] = "sampled"
     beta: float = Field(gt=0, le=1)
-    event: Event
+    event: AnyEvent
+
+    @property
+    def differentially_private(self) -> bool:  # type: ignore[override]
+        return is_dp(self.event)
 
 
-class Composed(_Event):
+class Composed(Event):
     """Sequential composition: every child event is released (about the same people)."""
 
     kind: Literal["composed"] = "composed"
-    events: tuple[Event, ...]
+    events: tuple[AnyEvent, ...]
 
 
-Event = Annotated[
-    SDGS | Laplace | ExponentialSelection | SPLUGen | Sampled | Composed,
-    Field(discriminator="kind"),
-]
-Sampled.model_rebuild()
-Composed.model_rebuild()
-
-_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
-
-
-def event_to_json(event: _Event) -> str:
+def event_to_json(event: Event) -> str:
     """Canonical JSON of an event tree (sorted keys, no whitespace), with the schema version."""
     body = {"schema_version": EVENT_SCHEMA_VERSION, "event": event.model_dump(mode="json")}
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
@@ -113,7 +235,9 @@ def event_from_json(text: str) -> Event:
     body = json.loads(text)
     if body.get("schema_version") != EVENT_SCHEMA_VERSION:
         raise ValueError(f"event schema_version must be {EVENT_SCHEMA_VERSION}; got {body.get('schema_version')!r}")
-    return _ADAPTER.validate_python(body["event"])
+    event = _as_event(body["event"])
+    assert isinstance(event, Event)
+    return event
 
 
 def leaves(event: Event) -> list[Event]:
@@ -121,6 +245,12 @@ def leaves(event: Event) -> list[Event]:
     if isinstance(event, Composed):
         return [leaf for child in event.events for leaf in leaves(child)]
     return [event]
+
+
+def is_dp(event: Event) -> bool:
+    """Whether every release of the tree claims differential privacy (the one place that
+    decides which releases the DP targets and the lifetime budget govern)."""
+    return all(leaf.differentially_private for leaf in leaves(event))
 
 
 def leaf_counts(events: Iterable[Event] | Mapping[Event, int]) -> Counter[Event]:

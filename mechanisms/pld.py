@@ -37,7 +37,8 @@ Kamath, Kumar, Manurangsi, PETS 2022, Algorithm 1) from values of the profile:
    with nonnegative coefficients in the masses), and the pair stays valid (the zero-loss mass
    absorbs it), so the result still dominates.
 
-Laplace events use ``dp_accounting``'s own pessimistic Laplace PLD; the exponential-mechanism
+Every other release brings its own PLD (:meth:`~privrelease.mechanisms.events.Event.pld`):
+Laplace events ``dp_accounting``'s own pessimistic Laplace PLD; the exponential-mechanism
 selection and sampled pure-DP events the PLD of a pure ``eps``-DP pair (randomized response,
 which dominates every ``eps``-DP mechanism). SPLU-Gen is not DP: :class:`Unsupported`.
 
@@ -58,16 +59,11 @@ from typing import Any
 
 import numpy as np
 
-from privrelease.mechanisms.events import (
-    SDGS,
-    Event,
-    ExponentialSelection,
-    Laplace,
-    Sampled,
-    event_to_json,
-    leaf_counts,
-)
+from privrelease.mechanisms.events import Event, Sampled, event_to_json, leaf_counts
+from privrelease.mechanisms.guarantees import Unsupported
 from privrelease.mechanisms.sdgs_math import amplified_epsilon, exact_grid
+
+__all__ = ["Unsupported", "composed_pld", "delta_for_epsilon", "epsilon_for_delta", "event_pld", "sdgs_pld"]
 
 DISCRETIZATION = 1e-3
 """Width of the privacy-loss grid shared by every PLD (losses are multiples of it)."""
@@ -87,10 +83,6 @@ FFT_MARGIN = 1e-14
 """The least absolute allowance for floating-point error in a composed delta."""
 
 _U = np.finfo(float).eps
-
-
-class Unsupported(ValueError):
-    """An event without a PLD (not differentially private, or outside what is proven)."""
 
 
 # --- SDGS: a dominating pair from the exact profile --------------------------------------------
@@ -181,21 +173,16 @@ def pure_dp_pld(epsilon: float, discretization: float = DISCRETIZATION) -> Any:
 
 
 def _event_pld(event: Event, discretization: float) -> Any:
-    if isinstance(event, SDGS):
-        return sdgs_pld(event.k, event.beta, discretization)
-    if isinstance(event, Laplace):
-        from dp_accounting.pld import privacy_loss_distribution as pld
+    """A release's own PLD (:meth:`~privrelease.mechanisms.events.Event.pld`); a sampled
+    pure-DP release gets the pure pair at its amplified epsilon (Li-Qardaji-Su Corollary 4)."""
+    if isinstance(event, Sampled):
+        from privrelease.mechanisms.accountants import account
 
-        return pld.from_laplace_mechanism(
-            event.scale, sensitivity=event.sensitivity, value_discretization_interval=discretization
-        )
-    if isinstance(event, ExponentialSelection):
-        return pure_dp_pld(event.epsilon, discretization)
-    if isinstance(event, Sampled) and isinstance(event.event, Laplace | ExponentialSelection):
-        inner = event.event
-        epsilon = inner.sensitivity / inner.scale if isinstance(inner, Laplace) else inner.epsilon
-        return pure_dp_pld(amplified_epsilon(event.beta, epsilon), discretization)
-    raise Unsupported(f"no privacy loss distribution for a {event.kind} event (not differentially private)")
+        inner = account(event.event, "approximate")
+        if not inner.supported or inner.delta > 0:
+            raise Unsupported(f"no privacy loss distribution for a sampled {event.event.kind} event")
+        return pure_dp_pld(amplified_epsilon(event.beta, inner.epsilon), discretization)
+    return event.pld(discretization)
 
 
 @functools.lru_cache(maxsize=256)

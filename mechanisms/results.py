@@ -3,12 +3,22 @@ split by who may see them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from privrelease.mechanisms.events import Event
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """An output too large to hold at once: tables of one ``schema``, written one at a time
+    in this order (each piece already in uniformly random row order)."""
+
+    schema: pa.Schema
+    tables: Iterator[pa.Table]
 
 
 @dataclass(frozen=True)
@@ -19,7 +29,7 @@ class MechanismResult:
     (e.g. parameters, output row count). ``internal_facts``: run facts that could themselves
     disclose (rows in, rows sampled, cells suppressed, rows dropped): internal review only."""
 
-    table: pa.Table
+    table: pa.Table | Pieces
     event: Event
     public_facts: dict[str, Any] = field(default_factory=dict)
     internal_facts: dict[str, Any] = field(default_factory=dict)

@@ -6,39 +6,65 @@
 True
 """
 
-from .canonical import canonical_json, hierarchy_sha256, policy_hash
-from .loader import (
-    LoadedPolicy,
-    load_policy,
-    load_policy_text,
-    read_hierarchy,
-    resolve_path,
-)
-from .schema import (
-    BinsScheme,
-    ColumnSpec,
-    CsvOptions,
-    Dataset,
-    FieldError,
-    Hierarchy,
-    HierarchyScheme,
-    HistogramMechanism,
-    IdentifiableStatisticMechanism,
-    KeepScheme,
-    LifetimeBudget,
-    MapScheme,
-    Mechanism,
-    Policy,
-    Scheme,
-    SdgsMechanism,
-    SelectScheme,
-    SpluGenMechanism,
-    SpluPrivacyTarget,
-    SpluUtilityTarget,
-    SuppressScheme,
-    Targets,
-    TopBottomScheme,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers
+    from .canonical import canonical_json, hierarchy_sha256, policy_hash
+    from .loader import LoadedPolicy, load_policy, load_policy_text, read_hierarchy, resolve_path
+    from .schema import (
+        BinsScheme,
+        ColumnSpec,
+        CsvOptions,
+        Dataset,
+        FieldError,
+        Hierarchy,
+        HierarchyScheme,
+        KeepScheme,
+        LifetimeBudget,
+        MapScheme,
+        Mechanism,
+        Policy,
+        Scheme,
+        SpluPrivacyTarget,
+        SpluUtilityTarget,
+        SuppressScheme,
+        Targets,
+        TopBottomScheme,
+    )
+
+_EXPORTS = {
+    "BinsScheme": "schema",
+    "ColumnSpec": "schema",
+    "CsvOptions": "schema",
+    "Dataset": "schema",
+    "FieldError": "schema",
+    "Hierarchy": "schema",
+    "HierarchyScheme": "schema",
+    "KeepScheme": "schema",
+    "LifetimeBudget": "schema",
+    "LoadedPolicy": "loader",
+    "MapScheme": "schema",
+    "Mechanism": "schema",
+    "Policy": "schema",
+    "Scheme": "schema",
+    "SpluPrivacyTarget": "schema",
+    "SpluUtilityTarget": "schema",
+    "SuppressScheme": "schema",
+    "Targets": "schema",
+    "TopBottomScheme": "schema",
+    "canonical_json": "canonical",
+    "hierarchy_sha256": "canonical",
+    "load_policy": "loader",
+    "load_policy_text": "loader",
+    "policy_hash": "canonical",
+    "read_hierarchy": "loader",
+    "resolve_path": "loader",
+}
+"""Name -> the submodule defining it, imported on first use (PEP 562): a mechanism kind can
+import :mod:`.fields` without loading the whole schema, which is assembled from the kinds."""
 
 __all__ = [
     "BinsScheme",
@@ -48,8 +74,6 @@ __all__ = [
     "FieldError",
     "Hierarchy",
     "HierarchyScheme",
-    "HistogramMechanism",
-    "IdentifiableStatisticMechanism",
     "KeepScheme",
     "LifetimeBudget",
     "LoadedPolicy",
@@ -57,9 +81,6 @@ __all__ = [
     "Mechanism",
     "Policy",
     "Scheme",
-    "SdgsMechanism",
-    "SelectScheme",
-    "SpluGenMechanism",
     "SpluPrivacyTarget",
     "SpluUtilityTarget",
     "SuppressScheme",
@@ -73,3 +94,9 @@ __all__ = [
     "read_hierarchy",
     "resolve_path",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -32,18 +32,8 @@ from privrelease.errors import UserError
 from privrelease.mechanisms.schemes import ColumnScheme
 
 from .canonical import policy_sha256
-from .schema import (
-    MECHANISM_TYPES,
-    SCHEME_TYPES,
-    UNKNOWN_FIELD,
-    FieldError,
-    Hierarchy,
-    HierarchyScheme,
-    Loc,
-    Policy,
-    format_loc,
-    show,
-)
+from .fields import UNKNOWN_FIELD, FieldError, Hierarchy, Loc, format_loc, show
+from .schema import MECHANISM_TYPES, SCHEME_TYPES, HierarchyScheme, Policy
 
 HIERARCHY_DELIMITER = ";"
 
@@ -102,6 +92,34 @@ class LoadedPolicy:
     def schemes(self, columns: Iterable[str], candidate: str | None = None) -> dict[str, ColumnScheme]:
         """Compiled schemes of ``columns``, in that order."""
         return {column: self.scheme(column, candidate) for column in columns}
+
+    def labels(self, columns: Iterable[str]) -> dict[str, list[str]]:
+        """The labels each column can be published with, fixed by the policy alone: its
+        declared ``values`` generalized by its scheme (kept as they are without one), or, for a
+        hierarchy column without declared values, every label at the hierarchy's level. A
+        column with neither has no declared domain: KeyError (the policy checks refuse it)."""
+        import pyarrow as pa
+
+        from privrelease.mechanisms.generalization import generalize
+        from privrelease.mechanisms.schemes import Keep
+
+        found: dict[str, list[str]] = {}
+        for column in columns:
+            spec = self.policy.dataset.columns[column]
+            scheme = self.policy.scheme_for(column)
+            if spec.values is None:
+                if not isinstance(scheme, HierarchyScheme):
+                    raise KeyError(f"column {column!r} declares no values and has no hierarchy")
+                found[column] = sorted({row[scheme.level] for row in self.hierarchies[column]})
+                continue
+            array = pa.array(
+                spec.values, type={"integer": pa.int64(), "float": pa.float64()}.get(spec.type, pa.string())
+            )
+            compiled = self.scheme(column) if scheme is not None else Keep()
+            found[column] = sorted(
+                set(generalize(pa.table({column: array}), {column: compiled}).column(column).to_pylist())
+            )
+        return found
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:
@@ -417,7 +435,7 @@ _REQUIRED_HINTS = {
     "dataset": "a mapping with path and columns (and optionally format, csv, rows, missing)",
     "path": "a file path (relative to the policy's folder) or a file:// URI",
     "columns": "the columns used, each with its type",
-    "mechanisms": "a list of mechanisms (sdgs, histogram, identifiable_statistic, splu_gen)",
+    "mechanisms": f"a list of mechanisms ({', '.join(MECHANISM_TYPES)})",
     "k": "an integer in [1, 100000]",
     "beta": "a number in (0, 1]",
     "epsilon": "a number in (0, 100]",

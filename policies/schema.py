@@ -13,31 +13,23 @@ YAML line. The rules that need files (hierarchy CSVs) live in :mod:`.loader`.
 from __future__ import annotations
 
 import codecs
-import dataclasses
-import difflib
-import math
 import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
-    Strict,
     StrictBool,
     StrictStr,
     Tag,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from privrelease import identity
+from privrelease.mechanisms.kinds import MechanismKind, all_kinds
 from privrelease.mechanisms.schemes import (
     Bins,
     ColumnScheme,
@@ -46,211 +38,33 @@ from privrelease.mechanisms.schemes import (
     TopBottomCoding,
     ValueMap,
 )
-
-Loc = tuple[str | int, ...]
-Hierarchy = tuple[tuple[str, ...], ...]
-"""A parsed ARX hierarchy: one row per leaf, ``row[L]`` is the label at level L, ``row[-1] == "*"``."""
-
-
-# --------------------------------------------------------------------------- errors and display
-
-
-@dataclass(frozen=True)
-class Issue:
-    """One validation failure: where (a path of keys and indices) and what is wrong."""
-
-    loc: Loc
-    message: str
-
-
-UNKNOWN_FIELD = "unknown field"
-
-
-class FieldError(ValueError):
-    """Validation failure(s) at locations relative to the model that raised it."""
-
-    @classmethod
-    def at(cls, loc: Loc, message: str) -> FieldError:
-        """One issue at ``loc``."""
-        return cls(Issue(loc, message))
-
-    def __init__(self, *issues: Issue) -> None:
-        assert issues
-        self.issues = issues
-        super().__init__("; ".join(f"{format_loc(i.loc)}: {i.message}" for i in issues))
-
-
-def format_loc(loc: Loc) -> str:
-    """``("mechanisms", 0, "beta")`` -> ``mechanisms[0].beta``; odd keys are bracket-quoted."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", part):
-            out += f".{part}" if out else part
-        else:
-            out += f"[{part!r}]"
-    return out or "(top level)"
-
-
-def show(value: Any, limit: int = 80) -> str:
-    """A short, readable rendering of a user's value for an error message (the work is bounded
-    by ``limit``, whatever the value's size: a YAML alias bomb renders as fast as a number)."""
-    text = _render(value, limit + 1)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _render(value: Any, budget: int) -> str:
-    """``value`` rendered, stopping once more than ``budget`` characters are written."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return _num(value)
-    if value is None:
-        return "null"
-    if isinstance(value, (list, tuple, dict)):
-        items = value.items() if isinstance(value, dict) else value
-        text = "{" if isinstance(value, dict) else "["
-        for item in items:
-            if len(text) > budget:
-                break
-            text += ", " if len(text) > 1 else ""
-            if isinstance(value, dict):
-                text += _render(item[0], budget - len(text)) + ": " + _render(item[1], budget - len(text))
-            else:
-                text += _render(item, budget - len(text))
-        return text + ("}" if isinstance(value, dict) else "]")
-    text = repr(value)
-    return text[: budget + 1]
-
-
-def _num(value: float) -> str:
-    """``20.0`` -> ``20``; other floats by their shortest round-trip repr."""
-    if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
-
-
-# --------------------------------------------------------------------------- field types
-
-
-@dataclasses.dataclass(frozen=True)
-class _Allowed(BeforeValidator):
-    """A before-validator that also says what it allows in the JSON Schema (``description``)."""
-
-    allowed: str = ""
-
-    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> Any:
-        schema = handler(core_schema)
-        schema["description"] = f"{self.allowed}"
-        return schema
-
-
-def _check(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool = False) -> BeforeValidator:
-    """A validator raising "``name`` must be ``allowed``; got ``value``" for a wrong type or range.
-
-    Numbers only: booleans, text and non-finite values are refused; an integer field refuses 2.5
-    (and 20.0: YAML says what it means).
-    """
-    kinds: type[int] | tuple[type[int], type[float]] = int if integer else (int, float)
-
-    def check(value: Any) -> Any:
-        numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
-        if not (numeric and ok(value)):
-            raise ValueError(f"{name} must be {allowed}; got {show(value)}")
-        return value
-
-    return _Allowed(check, allowed=allowed)
-
-
-def _number_as_text(value: Any) -> Any:
-    """YAML numbers where text is expected (``version: 1``) are taken as their text."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _num(value) if isinstance(value, float) else str(value)
-    return value
-
-
-def _not_blank(value: str) -> str:
-    if not value.strip():
-        raise ValueError(f"must be non-empty text; got {show(value)}")
-    return value
-
-
-def _unique(items: tuple[str, ...]) -> tuple[str, ...]:
-    seen: set[str] = set()
-    for item in items:
-        if item in seen:
-            raise ValueError(f"must not repeat an entry; {item!r} appears twice in {show(items)}")
-        seen.add(item)
-    return items
-
-
-Text = Annotated[StrictStr, BeforeValidator(_number_as_text)]
-Name = Annotated[Text, AfterValidator(_not_blank)]
-Names = Annotated[tuple[Name, ...], AfterValidator(_unique)]
-MAX_MAGNITUDE = 1e15  # every integer up to it is exact in a double; differences stay finite
-MAX_K = 100_000  # the SDGS calculus scans cell sizes from k: its work grows with k
-MAX_EPSILON = 100.0  # e^epsilon stays finite; beyond it a guarantee says nothing
-
-
-def _bounded(value: float, info: ValidationInfo) -> float:
-    if abs(value) > MAX_MAGNITUDE:
-        raise ValueError(f"{info.field_name} must be a number within ±1e15; got {show(value)}")
-    return value
-
-
-Number = Annotated[float, Strict(), AfterValidator(_bounded)]
-
-
-def _at_least(count: int, what: str) -> AfterValidator:
-    """An after-validator: the list or mapping has at least ``count`` entries.
-
-    (Used instead of ``Field(min_length=...)``, which pydantic also reports when an item fails.)
-    """
-
-    def check(value: Any) -> Any:
-        if len(value) < count:
-            raise ValueError(f"must list at least {count} {what}; got {show(value)}")
-        return value
-
-    return AfterValidator(check)
-
-
-Beta = Annotated[float, _check("beta", "in (0, 1]", lambda v: 0 < v <= 1)]
-K = Annotated[int, _check("k", f"an integer in [1, {MAX_K}]", lambda v: 1 <= v <= MAX_K, integer=True)]
-Gamma = Annotated[int, _check("gamma", f"an integer in [2, {MAX_K}]", lambda v: 2 <= v <= MAX_K, integer=True)]
-Epsilon = Annotated[float, _check("epsilon", "in [0, 100]", lambda v: 0 <= v <= MAX_EPSILON)]
-PositiveEpsilon = Annotated[float, _check("epsilon", "in (0, 100]", lambda v: 0 < v <= MAX_EPSILON)]
-Rho = Annotated[float, _check("rho", "in (0, 1)", lambda v: 0 < v < 1)]
-Delta = Annotated[float, _check("delta", "in (0, 1)", lambda v: 0 < v < 1)]
-Level = Annotated[int, _check("level", "an integer in [0, 1000]", lambda v: 0 <= v <= 1000, integer=True)]
-Rows = Annotated[int, _check("rows", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields_only(cls, data: Any) -> Any:
-        """Reject unknown keys with the list of allowed ones (clearer than pydantic's message)."""
-        if isinstance(data, dict):
-            fields = list(cls.model_fields)
-            issues = []
-            for key in data:
-                if key not in cls.model_fields:
-                    close = difflib.get_close_matches(str(key), fields, n=1)
-                    hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    issues.append(Issue((key,), f"{UNKNOWN_FIELD} {key!r}{hint}; allowed: {', '.join(fields)}"))
-            if issues:
-                raise FieldError(*issues)
-        return data
-
+from privrelease.policies.fields import (
+    MAX_MAGNITUDE,
+    ColumnRef,
+    Delta,
+    FieldError,
+    Hierarchy,
+    Issue,
+    Level,
+    Loc,
+    Model,
+    Name,
+    Number,
+    PositiveEpsilon,
+    Rho,
+    Rows,
+    Text,
+    _number_as_text,
+    at_least,
+    checked,
+    num,
+    show,
+)
 
 # --------------------------------------------------------------------------- dataset
 
 
-class CsvOptions(_Model):
+class CsvOptions(Model):
     """How to read a CSV file. ``delimiter`` None: sniffed from the file."""
 
     delimiter: Text | None = None
@@ -279,7 +93,7 @@ class CsvOptions(_Model):
 ColumnType = Literal["string", "integer", "float"]
 
 
-class ColumnSpec(_Model):
+class ColumnSpec(Model):
     """A column the policy uses: its type and, optionally, its declared (public) domain."""
 
     type: ColumnType
@@ -344,7 +158,7 @@ def _sha256_hex(value: str) -> str:
     return value
 
 
-class Dataset(_Model):
+class Dataset(Model):
     """The input: who it is about (``id``: the population, which holds the lifetime budget),
     where it is, optionally exactly which file (``sha256``: the vintage; a run refuses any
     other content, and an approval binds it), how to read it, and the columns it uses."""
@@ -357,7 +171,7 @@ class Dataset(_Model):
     rows: Rows | None = None
     missing: Literal["reject", "drop"] = "reject"
     missing_values: tuple[Text, ...] = ("", "?")
-    columns: Annotated[dict[Name, ColumnSpec], _at_least(1, "column")]
+    columns: Annotated[dict[Name, ColumnSpec], at_least(1, "column")]
 
     @model_validator(mode="before")
     @classmethod
@@ -394,7 +208,7 @@ class Dataset(_Model):
 # --------------------------------------------------------------------------- generalization schemes
 
 
-class _Scheme(_Model):
+class _Scheme(Model):
     numeric: ClassVar[bool] = False
     """True for schemes that need an integer or float column (bins, top/bottom coding)."""
 
@@ -472,11 +286,11 @@ class BinsScheme(_Scheme):
         for i in range(len(edges) - 1):
             lo, hi = edges[i], edges[i + 1]
             if hi == lo:
-                problem = f"edge {_num(lo)} is repeated (an empty bin [{_num(lo)}, {_num(hi)}))"
+                problem = f"edge {num(lo)} is repeated (an empty bin [{num(lo)}, {num(hi)}))"
             elif hi < lo:
                 problem = (
-                    f"edge {_num(lo)} is followed by the smaller edge {_num(hi)}, so bin "
-                    f"[{_num(lo)}, {_num(hi)}) is reversed and overlaps its neighbours"
+                    f"edge {num(lo)} is followed by the smaller edge {num(hi)}, so bin "
+                    f"[{num(lo)}, {num(hi)}) is reversed and overlaps its neighbours"
                 )
             else:
                 continue
@@ -511,7 +325,7 @@ class TopBottomScheme(_Scheme):
         if self.top is not None and self.bottom is not None and not self.bottom < self.top:
             raise FieldError.at(
                 ("bottom",),
-                f"bottom must be < top; got bottom {_num(self.bottom)}, top {_num(self.top)}",
+                f"bottom must be < top; got bottom {num(self.bottom)}, top {num(self.top)}",
             )
         return self
 
@@ -523,7 +337,7 @@ class MapScheme(_Scheme):
     """An explicit value map; ``default`` labels every other value (absent: others are errors)."""
 
     type: Literal["map"] = "map"
-    map: Annotated[dict[Text, Text], _at_least(1, "entry")]
+    map: Annotated[dict[Text, Text], at_least(1, "entry")]
     default: Text | None = None
 
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
@@ -575,226 +389,47 @@ Scheme = Annotated[
 # --------------------------------------------------------------------------- mechanisms
 
 
-class ColumnRef(NamedTuple):
-    """A column a mechanism uses, where (relative loc) and what it needs."""
-
-    loc: Loc
-    column: str
-    needs_scheme: bool = False
-    numeric: bool = False
-    needs_domain: bool = False
-
-
-class SelectScheme(_Model):
-    """eps-safe k-anonymization: the exponential mechanism picks one of ``candidates``."""
-
-    epsilon: PositiveEpsilon
-    candidates: Annotated[Names, _at_least(2, "candidate schemes to choose from")]
-
-
-class _Mechanism(_Model):
-    name: Name
-
-    def column_refs(self) -> list[ColumnRef]:
-        """Every column the mechanism uses."""
-        return []
-
-    @property
-    def samples(self) -> bool:
-        """True when the mechanism runs on a Bernoulli(beta) sample with beta < 1."""
-        return False
-
-    @property
-    def candidates(self) -> tuple[str, ...]:
-        """Candidate scheme names the mechanism chooses among (none: ``generalization`` only)."""
-        return ()
-
-    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
-        """Problems only the whole policy shows (beyond the columns, checked for every kind)."""
-        return iter(())
-
-
-class _Generalizing(_Mechanism):
-    """Shared fields of SDGS and the crowd-blending histogram (epsilon needed when sampling)."""
-
-    columns: Annotated[Names, _at_least(1, "column")]
-    k: K
-    beta: Beta = 1.0
-    epsilon: Epsilon | None = None
-
-    def column_refs(self) -> list[ColumnRef]:
-        return [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
-
-    @property
-    def samples(self) -> bool:
-        return self.beta < 1
-
-    @model_validator(mode="after")
-    def _epsilon_when_sampling(self) -> _Generalizing:
-        if self.epsilon is None and self.beta < 1:
-            raise FieldError.at(
-                ("epsilon",),
-                f"epsilon is required when beta < 1 (beta is {_num(self.beta)}): the epsilon "
-                "at which delta = d(k, beta, epsilon) is stated, a number >= 0",
-            )
-        return self
-
-
-class SdgsMechanism(_Generalizing):
-    """(k, beta)-SDGS microdata (Li, Qardaji, Su, Algorithm 4): sample with probability beta,
-    generalize by the fixed scheme, suppress generalized rows occurring fewer than k times."""
-
-    type: Literal["sdgs"]
-    beta: Beta
-    select_scheme: SelectScheme | None = None
-
-    @property
-    def candidates(self) -> tuple[str, ...]:
-        return self.select_scheme.candidates if self.select_scheme else ()
-
-
-class HistogramMechanism(_Generalizing):
-    """Crowd-blending histogram (Gehrke et al.): counts of generalized cells, cells below k
-    removed; on a Bernoulli(beta) sample when ``beta`` < 1 (default 1: no sampling)."""
-
-    type: Literal["histogram"]
-
-
-class IdentifiableStatisticMechanism(_Mechanism):
-    """A count, sum or mean with Laplace noise calibrated to rho-differential identifiability
-    (Lee & Clifton, Theorem 1: lambda = S(f) / ln((m - 1) rho / (1 - rho))), per ``by`` group."""
-
-    type: Literal["identifiable_statistic"]
-    query: Literal["count", "sum", "mean"]
-    column: Name | None = None
-    lower: Number | None = None
-    upper: Number | None = None
-    rho: Rho
-    by: Names = ()
-
-    def column_refs(self) -> list[ColumnRef]:
-        refs = [ColumnRef(("by", i), c, needs_domain=True) for i, c in enumerate(self.by)]
-        if self.column is not None:
-            refs.insert(0, ColumnRef(("column",), self.column, numeric=self.query != "count"))
-        return refs
-
-    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
-        """A mean needs the public row count; bounds of an integer column are whole numbers."""
-        if self.query == "mean" and policy.dataset.rows is None:
-            yield Issue(
-                (*here, "query"),
-                "a mean needs dataset.rows (the public number of rows, its denominator); "
-                "add dataset.rows: an integer >= 1",
-            )
-        spec = policy.dataset.columns.get(self.column or "")
-        if spec is not None and spec.type == "integer":
-            for field in ("lower", "upper"):
-                bound = getattr(self, field)
-                if bound is not None and bound != int(bound):
-                    yield Issue(
-                        (*here, field),
-                        f"{field} must be a whole number for the integer column {self.column!r}; got {_num(bound)}",
-                    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> IdentifiableStatisticMechanism:
-        if self.query == "count":
-            for field in ("lower", "upper"):
-                if getattr(self, field) is not None:
-                    raise FieldError.at(
-                        (field,),
-                        f"{field} applies to sum and mean only; remove it for a count",
-                    )
-            return self
-        for field in ("column", "lower", "upper"):
-            if getattr(self, field) is None:
-                what = "the numeric column to aggregate" if field == "column" else "a number (the clamp bound)"
-                raise FieldError.at((field,), f"a {self.query} needs {field}: {what}")
-        assert self.lower is not None and self.upper is not None
-        if not self.lower < self.upper:
-            raise FieldError.at(
-                ("upper",),
-                f"lower must be < upper; got lower {_num(self.lower)}, upper {_num(self.upper)}",
-            )
-        return self
-
-
-class SpluGenMechanism(_Mechanism):
-    """SPLU-Gen (Fu et al., Section 3): each ``sensitive`` value replaced by a uniform pick among
-    its decoy group of size gamma; ``columns`` published generalized by their schemes."""
-
-    type: Literal["splu_gen"]
-    gamma: Gamma
-    sensitive: Annotated[Names, _at_least(1, "sensitive column")]
-    columns: Names = ()
-
-    def column_refs(self) -> list[ColumnRef]:
-        refs = [ColumnRef(("sensitive", i), c) for i, c in enumerate(self.sensitive)]
-        return refs + [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
-
-    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
-        """A sensitive column with a declared domain needs at least gamma values."""
-        for j, column in enumerate(self.sensitive):
-            spec = policy.dataset.columns.get(column)
-            if spec is not None and spec.values is not None and len(spec.values) < self.gamma:
-                yield Issue(
-                    (*here, "sensitive", j),
-                    f"sensitive column {column!r} declares {len(spec.values)} values; decoy groups "
-                    f"of size gamma = {self.gamma} need at least {self.gamma} distinct values",
-                )
-
-    @model_validator(mode="after")
-    def _disjoint(self) -> SpluGenMechanism:
-        for i, column in enumerate(self.columns):
-            if column in self.sensitive:
-                raise FieldError.at(
-                    ("columns", i),
-                    f"column {column!r} is listed as sensitive too; a column is one or the other",
-                )
-        return self
-
-
-MECHANISM_TYPES = ("sdgs", "histogram", "identifiable_statistic", "splu_gen")
-Mechanism = Annotated[
-    SdgsMechanism | HistogramMechanism | IdentifiableStatisticMechanism | SpluGenMechanism,
-    Field(discriminator="type"),
-]
+KINDS = all_kinds()
+"""Every mechanism kind by its ``type`` (:mod:`privrelease.mechanisms.kinds`)."""
+MECHANISM_TYPES = tuple(KINDS)
+Mechanism = Annotated[Union[tuple(KINDS.values())], Field(discriminator="type")]  # noqa: UP007
+"""A mechanism section of the policy: any kind, told apart by ``type``."""
 
 
 # --------------------------------------------------------------------------- targets
 
 
-class SpluPrivacyTarget(_Model):
+class SpluPrivacyTarget(Model):
     """(eps, T_p, alpha) small-sum privacy (Fu et al., Definition 3 / Theorem 4): every sum of
     at most alpha is estimated with relative error >= epsilon with probability >= t_p."""
 
     epsilon: PositiveEpsilon
-    t_p: Annotated[float, _check("t_p", "in (0, 1)", lambda v: 0 < v < 1)]
-    alpha: Annotated[int, _check("alpha", "an integer >= 1", lambda v: v >= 1, integer=True)]
+    t_p: Annotated[float, checked("t_p", "in (0, 1)", lambda v: 0 < v < 1)]
+    alpha: Annotated[int, checked("alpha", "an integer >= 1", lambda v: v >= 1, integer=True)]
 
 
-class SpluUtilityTarget(_Model):
+class SpluUtilityTarget(Model):
     """(eps, T_E, T_f) large-sum utility (Fu et al., Definition 1): sums of at least t_f are
     estimated with relative error >= epsilon with probability at most t_e. The plan computes
     the smallest such T_f exactly (the paper's Lemma 1 formula understates it) and checks it is
     at most t_f."""
 
     epsilon: PositiveEpsilon
-    t_e: Annotated[float, _check("t_e", "in (0, 1)", lambda v: 0 < v < 1)]
-    t_f: Annotated[float, _check("t_f", "> 0", lambda v: v > 0)]
+    t_e: Annotated[float, checked("t_e", "in (0, 1)", lambda v: 0 < v < 1)]
+    t_f: Annotated[float, checked("t_f", "> 0", lambda v: v > 0)]
 
 
-class LifetimeBudget(_Model):
+class LifetimeBudget(Model):
     """The dataset's lifetime (epsilon, delta) budget across all runs."""
 
     epsilon: PositiveEpsilon
-    delta: Annotated[float, _check("delta", "in [0, 1)", lambda v: 0 <= v < 1)] = 0.0
+    delta: Annotated[float, checked("delta", "in [0, 1)", lambda v: 0 <= v < 1)] = 0.0
 
 
-Confidence = Annotated[float, _check("confidence", "in (0, 1)", lambda v: 0 < v < 1)]
+Confidence = Annotated[float, checked("confidence", "in (0, 1)", lambda v: 0 < v < 1)]
 
 
-class AccuracyTarget(_Model):
+class AccuracyTarget(Model):
     """What one mechanism's published numbers must be worth, from the policy alone
     (:mod:`privrelease.mechanisms.accuracy`), with probability at least ``confidence``:
     SDGS microdata and histograms (``count``, ``relative_error``): a cell of ``count`` people
@@ -804,19 +439,19 @@ class AccuracyTarget(_Model):
 
     mechanism: Name
     count: (
-        Annotated[int, _check("count", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
+        Annotated[int, checked("count", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
         | None
     ) = None
-    relative_error: Annotated[float, _check("relative_error", "> 0", lambda v: v > 0)] | None = None
-    absolute_error: Annotated[float, _check("absolute_error", "> 0", lambda v: v > 0)] | None = None
+    relative_error: Annotated[float, checked("relative_error", "> 0", lambda v: v > 0)] | None = None
+    absolute_error: Annotated[float, checked("absolute_error", "> 0", lambda v: v > 0)] | None = None
     confidence: Confidence = 0.95
 
 
-class Targets(_Model):
+class Targets(Model):
     """What the release must guarantee; checked before any data is read."""
 
     accounting: Literal["probabilistic", "approximate"] = "probabilistic"
-    max_epsilon: Annotated[float, _check("max_epsilon", ">= 0", lambda v: v >= 0)] | None = None
+    max_epsilon: Annotated[float, checked("max_epsilon", ">= 0", lambda v: v >= 0)] | None = None
     delta: Delta | None = None
     rho: Rho | None = None
     splu_privacy: SpluPrivacyTarget | None = None
@@ -828,15 +463,15 @@ class Targets(_Model):
 # --------------------------------------------------------------------------- the policy
 
 
-class ApprovalRule(_Model):
+class ApprovalRule(Model):
     """Who must approve before a production run: ``approvers`` distinct people (by their
     ``--by`` name), and with ``independent`` none of them the operating-system user who runs it."""
 
-    approvers: Annotated[int, _check("approvers", "an integer in [1, 10]", lambda v: 1 <= v <= 10, integer=True)] = 1
+    approvers: Annotated[int, checked("approvers", "an integer in [1, 10]", lambda v: 1 <= v <= 10, integer=True)] = 1
     independent: StrictBool = False
 
 
-class EngineSection(_Model):
+class EngineSection(Model):
     """Where a release's data work runs by default (``privrelease run --engine``,
     ``--dask-address`` and ``--workers`` override it): ``local`` (in the flow's process) or
     ``dask`` (the cluster at ``address``, or a local cluster of ``workers`` processes; about
@@ -846,14 +481,14 @@ class EngineSection(_Model):
     name: Literal["local", "dask"] = "local"
     address: Name | None = None
     workers: (
-        Annotated[int, _check("workers", "an integer in [1, 1024]", lambda v: 1 <= v <= 1024, integer=True)] | None
+        Annotated[int, checked("workers", "an integer in [1, 1024]", lambda v: 1 <= v <= 1024, integer=True)] | None
     ) = None
     rows_per_partition: (
-        Annotated[int, _check("rows_per_partition", "an integer >= 1", lambda v: v >= 1, integer=True)] | None
+        Annotated[int, checked("rows_per_partition", "an integer >= 1", lambda v: v >= 1, integer=True)] | None
     ) = None
 
 
-class Policy(_Model):
+class Policy(Model):
     """A release policy: the dataset, the fixed generalization, the mechanisms and the targets."""
 
     name: Name
@@ -861,8 +496,8 @@ class Policy(_Model):
     description: Text | None = None
     dataset: Dataset
     generalization: dict[Name, Scheme] = {}
-    candidate_schemes: dict[Name, Annotated[dict[Name, Scheme], _at_least(1, "column scheme")]] = {}
-    mechanisms: Annotated[tuple[Mechanism, ...], _at_least(1, "mechanism")]
+    candidate_schemes: dict[Name, Annotated[dict[Name, Scheme], at_least(1, "column scheme")]] = {}
+    mechanisms: Annotated[tuple[Mechanism, ...], at_least(1, "mechanism")]
     targets: Targets = Targets()
     approval: ApprovalRule | None = None
     engine: EngineSection = EngineSection()
@@ -946,7 +581,7 @@ def _check_domain(loc: Loc, column: str, scheme: _Scheme, values: Sequence[Any])
             yield Issue(
                 (*loc, "bins"),
                 f"declared value(s) {show(outside)} of column {column!r} fall outside the bins "
-                f"[{_num(scheme.bins[0])}, {_num(scheme.bins[-1])}]",
+                f"[{num(scheme.bins[0])}, {num(scheme.bins[-1])}]",
             )
 
 
@@ -982,7 +617,7 @@ def _check_mechanisms(policy: Policy) -> Iterator[Issue]:
         yield from mechanism.policy_issues(policy, here)
 
 
-def _check_ref(policy: Policy, mechanism: _Mechanism, loc: Loc, ref: ColumnRef) -> Iterator[Issue]:
+def _check_ref(policy: Policy, mechanism: MechanismKind, loc: Loc, ref: ColumnRef) -> Iterator[Issue]:
     spec = policy.dataset.columns.get(ref.column)
     if spec is None:
         yield Issue(
@@ -1015,14 +650,6 @@ def _check_ref(policy: Policy, mechanism: _Mechanism, loc: Loc, ref: ColumnRef) 
         )
 
 
-_ACCURACY_FIELDS = {
-    "sdgs": ("count", "relative_error"),
-    "histogram": ("count", "relative_error"),
-    "identifiable_statistic": ("absolute_error",),
-}
-"""Which fields an accuracy target on each mechanism type states."""
-
-
 def _check_accuracy(policy: Policy) -> Iterator[Issue]:
     names = [mechanism.name for mechanism in policy.mechanisms]
     for i, target in enumerate(policy.targets.accuracy):
@@ -1032,13 +659,11 @@ def _check_accuracy(policy: Policy) -> Iterator[Issue]:
                 (*loc, "mechanism"), f"names no mechanism: {target.mechanism!r}; mechanisms: {', '.join(names)}"
             )
             continue
-        kind = policy.mechanism(target.mechanism).type
-        wanted = _ACCURACY_FIELDS.get(kind)
-        if wanted is None:
-            yield Issue(
-                (*loc, "mechanism"),
-                f"{target.mechanism!r} is {kind}: its accuracy is targets.splu_utility (T_f), not targets.accuracy",
-            )
+        mechanism = policy.mechanism(target.mechanism)
+        kind, wanted = mechanism.type, mechanism.accuracy_fields
+        if not wanted:
+            elsewhere = f"its accuracy is {mechanism.accuracy_elsewhere}, not" if mechanism.accuracy_elsewhere else "no"
+            yield Issue((*loc, "mechanism"), f"{target.mechanism!r} is {kind}: {elsewhere} targets.accuracy")
             continue
         stated = {name for name in ("count", "relative_error", "absolute_error") if getattr(target, name) is not None}
         if stated != set(wanted):
@@ -1053,11 +678,11 @@ def _check_targets(policy: Policy) -> Iterator[Issue]:
     if policy.targets.delta is not None:
         return
     for i, mechanism in enumerate(policy.mechanisms):
-        if mechanism.samples:
-            assert isinstance(mechanism, _Generalizing)
+        reason = mechanism.delta_reason()
+        if reason is not None:
             yield Issue(
                 ("targets", "delta"),
-                f"targets.delta is required when a mechanism samples (mechanisms[{i}] {mechanism.name!r} "
-                f"has beta {_num(mechanism.beta)} < 1): the delta to check against, in (0, 1)",
+                f"targets.delta is required when a mechanism's guarantee has a delta (mechanisms[{i}] "
+                f"{mechanism.name!r} {reason}): the delta to check against, in (0, 1)",
             )
             return

@@ -9,25 +9,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import pyarrow as pa
-
-from privrelease.mechanisms import accountants, composition, identifiability, splu_guarantees
-from privrelease.mechanisms.events import (
-    SDGS,
-    Composed,
-    Event,
-    ExponentialSelection,
-    Laplace,
-    SPLUGen,
-    event_to_json,
-    leaves,
-)
-from privrelease.mechanisms.generalization import generalize
-from privrelease.mechanisms.schemes import Keep
+from privrelease.mechanisms import accountants, composition
+from privrelease.mechanisms.events import Composed, Event, Laplace, event_to_json, is_dp, leaves
+from privrelease.mechanisms.guarantees import Guarantee
 from privrelease.mechanisms.sdgs_math import min_theorem1_epsilon
-from privrelease.mechanisms.selection import sensitivity as selection_sensitivity
 from privrelease.policies import LoadedPolicy
 
 
@@ -61,7 +48,7 @@ class MechanismPlan:
     name: str
     type: str
     event: Event
-    guarantees: dict[str, accountants.Guarantee]
+    guarantees: dict[str, Guarantee]
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -70,14 +57,14 @@ class Plan:
     loaded: LoadedPolicy
     mechanisms: list[MechanismPlan]
     event: Composed
-    composed: dict[str, accountants.Guarantee]
+    composed: dict[str, Guarantee]
     facts: dict[str, Any]
     checks: list[Check]
     accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per mechanism name, its data-free accuracy statements (:func:`mechanism_accuracy`)."""
 
     @property
-    def notion(self) -> accountants.Notion:
+    def notion(self) -> str:
         return self.loaded.policy.targets.accounting
 
     @property
@@ -85,7 +72,7 @@ class Plan:
         return all(check.passed for check in self.checks)
 
     @property
-    def guarantee(self) -> accountants.Guarantee:
+    def guarantee(self) -> Guarantee:
         """The composed guarantee under the notion the policy demands."""
         return self.composed[self.notion]
 
@@ -113,141 +100,20 @@ class Plan:
         }
 
 
-def group_domain(loaded: LoadedPolicy, columns: tuple[str, ...]) -> dict[str, list[str]]:
-    """The generalized labels of each group-by column's declared values: the groups a grouped
-    statistic releases (fixed by the policy, so absent groups are released too)."""
-    domain: dict[str, list[str]] = {}
-    for column in columns:
-        values = loaded.policy.dataset.columns[column].values or ()
-        kind = loaded.policy.dataset.columns[column].type
-        array = pa.array(values, type={"integer": pa.int64(), "float": pa.float64()}.get(kind, pa.string()))
-        scheme = loaded.scheme(column) if loaded.policy.scheme_for(column) is not None else Keep()
-        labels = generalize(pa.table({column: array}), {column: scheme}).column(column)
-        domain[column] = sorted(set(labels.to_pylist()))
-    return domain
-
-
-def _statistic_calibration(loaded: LoadedPolicy, mechanism) -> identifiability.Calibration:
-    groups = math.prod(len(labels) for labels in group_domain(loaded, mechanism.by).values())
-    column = loaded.policy.dataset.columns.get(mechanism.column) if mechanism.column else None
-    return identifiability.calibrate(
-        mechanism.query,
-        mechanism.lower if mechanism.lower is not None else 0,
-        mechanism.upper if mechanism.upper is not None else 1,
-        mechanism.rho,
-        rows=loaded.policy.dataset.rows,
-        integer=column is None or column.type == "integer",
-        groups=groups,
-    )
-
-
-def mechanism_event(loaded: LoadedPolicy, mechanism) -> tuple[Event | None, dict[str, Any]]:
-    """The privacy event of one policy mechanism (None for an infeasible rho), and
-    policy-derived facts about it."""
-    kind = mechanism.type
-    if kind in ("sdgs", "histogram"):
-        output: Literal["microdata", "histogram"] = "microdata" if kind == "sdgs" else "histogram"
-        event: Event = SDGS(k=mechanism.k, beta=mechanism.beta, epsilon=mechanism.epsilon or 0.0, output=output)
-        facts: dict[str, Any] = {
-            "k_anonymity": mechanism.k,
-            "crowd_blending": f"({mechanism.k}, 0)-crowd-blending private",
-        }
-        select = getattr(mechanism, "select_scheme", None)
-        if select is not None:
-            selection = ExponentialSelection(
-                epsilon=select.epsilon,
-                candidates=len(select.candidates),
-                sensitivity=selection_sensitivity(mechanism.k, mechanism.beta),
-            )
-            facts["candidate_schemes"] = list(select.candidates)
-            event = Composed(events=(selection, event))
-        return event, facts
-    if kind == "identifiable_statistic":
-        calibration = _statistic_calibration(loaded, mechanism)
-        facts = {
-            "query": mechanism.query,
-            "column": mechanism.column,
-            "rho": mechanism.rho,
-            "feasible": calibration.feasible,
-            "lambda": calibration.lambda_,
-            "universe_size": calibration.universe_size,
-            "sensitive_range": calibration.sensitive_range,
-            "reason": calibration.reason,
-        }
-        if not calibration.feasible:
-            return None, facts
-        return identifiability.laplace_event(calibration), facts
-    if kind == "splu_gen":
-        return SPLUGen(gamma=mechanism.gamma, sensitive=tuple(mechanism.sensitive)), _splu_facts(
-            loaded, mechanism.gamma
-        )
-    raise AssertionError(f"unknown mechanism type {kind!r}")
-
-
-def mechanism_accuracy(loaded: LoadedPolicy, mechanism, facts: dict[str, Any]) -> dict[str, Any]:
-    """What one mechanism's published numbers are worth, from the policy alone
-    (:mod:`privrelease.mechanisms.accuracy`); published with the release."""
-    from privrelease.mechanisms import accuracy
-
-    kind = mechanism.type
-    if kind in ("sdgs", "histogram"):
-        k, beta = mechanism.k, mechanism.beta
-        targets = tuple(t.count for t in loaded.policy.targets.accuracy if t.mechanism == mechanism.name and t.count)
-        statement: dict[str, Any] = {
-            "estimate": "the published count" if beta >= 1 else f"the published count / beta = count x {1 / beta:g}",
-            "cells": [accuracy.count_accuracy(k, beta, n).as_dict() for n in accuracy.cell_sizes(k, beta, targets)],
-        }
-        select = getattr(mechanism, "select_scheme", None)
-        if select is not None:
-            statement["selection_gap"] = {
-                "failure": 0.05,
-                "rows": accuracy.selection_gap(
-                    selection_sensitivity(k, beta), select.epsilon, len(select.candidates), 0.05
-                ),
-            }
-        return statement
-    if kind == "identifiable_statistic" and facts.get("lambda") is not None:
-        scale = facts["lambda"]
-        return {
-            "estimate": "the published value",
-            "noise_scale": scale,
-            "half_width": {f"{c:g}": accuracy.laplace_half_width(scale, c) for c in accuracy.CONFIDENCES},
-            "clamping": (
-                None
-                if mechanism.query == "count"
-                else f"values outside [{mechanism.lower:g}, {mechanism.upper:g}] count as the nearer bound"
-            ),
-        }
-    if kind == "splu_gen" and "t_f" in facts:
-        utility = loaded.policy.targets.splu_utility
-        assert utility is not None, "t_f is only computed for a utility target"
-        return {"estimate": "privrelease estimate", "t_f": facts["t_f"], "epsilon": utility.epsilon, "t_e": utility.t_e}
-    return {}
-
-
-def _splu_facts(loaded: LoadedPolicy, gamma: int) -> dict[str, Any]:
-    targets = loaded.policy.targets
-    facts: dict[str, Any] = {"model": "small-sum privacy / large-sum utility (not differential privacy)"}
-    if targets.splu_privacy is not None:
-        privacy = splu_guarantees.privacy_threshold(gamma, targets.splu_privacy.epsilon, targets.splu_privacy.alpha)
-        facts.update(t_p=privacy.t_p, t_p_argmin_f=privacy.argmin_f)
-    if targets.splu_utility is not None:
-        facts["t_f"] = splu_guarantees.utility_threshold(gamma, targets.splu_utility.epsilon, targets.splu_utility.t_e)
-    return facts
-
-
 def plan_policy(loaded: LoadedPolicy) -> Plan:
     """Every guarantee of the policy's release and a pass/fail check per target."""
     mechanisms: list[MechanismPlan] = []
-    infeasible: list[str] = []
+    infeasible: list[Check] = []
+    accuracy: dict[str, dict[str, Any]] = {}
     for mechanism in loaded.policy.mechanisms:
-        event, facts = mechanism_event(loaded, mechanism)
+        planned = mechanism.plan(loaded)
+        event, facts = planned.event, dict(planned.facts)
         if event is None:
-            infeasible.append(f"{mechanism.name}: {facts['reason']}")
+            what, required = planned.infeasible or ("feasible", "a release")
+            infeasible.append(Check(f"{mechanism.name}: {what}", required, "infeasible", False))
             continue
-        guarantees: dict[str, accountants.Guarantee] = {
-            notion: accountants.account(event, notion) for notion in accountants.NOTIONS
-        }
+        accuracy[mechanism.name] = mechanism.accuracy(loaded, planned)
+        guarantees = {notion: accountants.account(event, notion) for notion in accountants.NOTIONS}
         fsmooth = accountants.fsmooth(event)
         if fsmooth is not None and all(eps0 >= min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
             facts["fsmooth"] = {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}
@@ -256,19 +122,14 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
             facts["rho_achieved"] = rho
         mechanisms.append(MechanismPlan(mechanism.name, mechanism.type, event, guarantees, facts))
     tree = mechanisms_tree(mechanisms)
-    composed: dict[str, accountants.Guarantee] = {
-        notion: accountants.account(tree, notion) for notion in accountants.NOTIONS
-    }
+    composed = {notion: accountants.account(tree, notion) for notion in accountants.NOTIONS}
     composed["approximate"], facts = _approximate(loaded, tree, composed["approximate"])
     facts.update(_composed_facts(loaded, tree))
-    checks = _checks(loaded, mechanisms, composed, facts, infeasible)
-    accuracy = {m.name: mechanism_accuracy(loaded, loaded.policy.mechanism(m.name), m.facts) for m in mechanisms}
+    checks = infeasible + _checks(loaded, mechanisms, composed, facts)
     return Plan(loaded, mechanisms, tree, composed, facts, checks, accuracy)
 
 
-def _approximate(
-    loaded: LoadedPolicy, tree: Composed, stated: accountants.Guarantee
-) -> tuple[accountants.Guarantee, dict[str, Any]]:
+def _approximate(loaded: LoadedPolicy, tree: Composed, stated: Guarantee) -> tuple[Guarantee, dict[str, Any]]:
     """The release's approximate-DP guarantee by the tightest composition
     (:mod:`~privrelease.mechanisms.composition`): the smallest epsilon at the target delta, or
     without a delta target the delta at the stated epsilons' sum; and the composition's facts
@@ -285,7 +146,7 @@ def _approximate(
     if targets.max_epsilon is not None:
         facts["approximate_delta_at_max_epsilon"] = composition.delta_at([tree], targets.max_epsilon).delta
     detail = f"{result.method} of {result.releases} release{'s' if result.releases != 1 else ''}"
-    return accountants.Guarantee("approximate", result.epsilon, result.delta, True, detail), facts
+    return Guarantee("approximate", result.epsilon, result.delta, True, detail), facts
 
 
 def _composed_facts(loaded: LoadedPolicy, tree: Composed) -> dict[str, Any]:
@@ -296,7 +157,7 @@ def _composed_facts(loaded: LoadedPolicy, tree: Composed) -> dict[str, Any]:
     fsmooth = accountants.fsmooth(tree)
     if fsmooth is not None and all(eps0 >= min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
         facts["fsmooth"] = {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}
-    if any(isinstance(leaf, SPLUGen) for leaf in leaves(tree)):
+    if not is_dp(tree):
         facts["not_dp"] = (
             "SPLU-Gen output is not differentially private: the release as a whole has no (eps, delta)-DP guarantee"
         )
@@ -314,11 +175,12 @@ def mechanisms_tree(mechanisms: list[MechanismPlan]) -> Composed:
     return Composed(events=tuple(m.event for m in mechanisms))
 
 
-def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
+def _checks(
+    loaded: LoadedPolicy, mechanisms: list[MechanismPlan], composed: dict[str, Guarantee], facts: dict[str, Any]
+) -> list[Check]:
     targets = loaded.policy.targets
     guarantee = composed[targets.accounting]
-    checks = [Check(f"{name}: rho feasible", "rho > 1/m", "infeasible", False) for name in infeasible]
-    dp_kinds = {"sdgs", "histogram", "identifiable_statistic"}
+    checks: list[Check] = []
     delta = guarantee.delta
     if targets.accounting == "approximate":  # the delta at max_epsilon: the same curve, read the other way
         delta = facts.get("approximate_delta_at_max_epsilon", delta if math.isfinite(guarantee.epsilon) else 1.0)
@@ -339,9 +201,7 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                     value if guarantee.supported else None,
                 )
             )
-    if targets.delta is None and any(
-        m.type in dp_kinds and m.guarantees[targets.accounting].delta > 0 for m in mechanisms
-    ):
+    if targets.delta is None and any(is_dp(m.event) and m.guarantees[targets.accounting].delta > 0 for m in mechanisms):
         checks.append(Check("delta", "declared", "no delta target, but a mechanism has delta > 0", False))
     if targets.rho is not None:
         for m in mechanisms:
@@ -398,10 +258,10 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
                 )
             )
     budget = targets.lifetime_budget
-    if budget is not None and any(m.type in dp_kinds for m in mechanisms):
+    if budget is not None and any(is_dp(m.event) for m in mechanisms):
         if guarantee.supported and targets.accounting == "approximate" and 0 < budget.delta < 1:
             # as the ledger measures it: the epsilon at the lifetime delta
-            guarantee = accountants.Guarantee(
+            guarantee = Guarantee(
                 "approximate", composition.epsilon_at([mechanisms_tree(mechanisms)], budget.delta).epsilon, budget.delta
             )
         fits = guarantee.supported and guarantee.epsilon <= budget.epsilon and guarantee.delta <= budget.delta
@@ -421,44 +281,24 @@ def _checks(loaded, mechanisms, composed, facts, infeasible) -> list[Check]:
 
 
 def _accuracy_checks(loaded: LoadedPolicy, mechanisms: list[MechanismPlan]) -> list[Check]:
-    """One check per ``targets.accuracy`` entry, from the data-free accuracy statements
-    (:mod:`privrelease.mechanisms.accuracy`): a cell of ``count`` people published and within
-    +-relative_error with probability >= confidence (SDGS, histograms), or the Laplace noise
-    of a statistic within +-absolute_error with probability >= confidence (its half-width at
-    that confidence is at most absolute_error; the noise on a mean is Lap(lambda) too)."""
-    from privrelease.mechanisms.accuracy import count_accuracy, laplace_half_width
+    """One check per ``targets.accuracy`` entry, by the kind of the mechanism it names
+    (:meth:`~privrelease.mechanisms.kinds.MechanismKind.accuracy_check`, from the policy alone)."""
+    from privrelease.mechanisms.kinds import Planned
 
-    planned = {m.name: m for m in mechanisms}
+    planned = {m.name: Planned(m.event, m.facts) for m in mechanisms}
     checks = []
     for target in loaded.policy.targets.accuracy:
         spec = loaded.policy.mechanism(target.mechanism)
-        label = f"{target.mechanism}: accuracy at {target.confidence:.0%}"
-        if target.absolute_error is not None:
-            scale = planned[target.mechanism].facts.get("lambda") if target.mechanism in planned else None
-            half = laplace_half_width(scale, target.confidence) if scale is not None else math.inf
-            checks.append(
-                Check(
-                    f"{label} (noise half-width)",
-                    f"<= {target.absolute_error:g}",
-                    _fmt(half) if scale is not None else "none: rho infeasible",
-                    half <= target.absolute_error,
-                    "<=",
-                    target.absolute_error,
-                    half if scale is not None else None,
-                )
-            )
-            continue
-        assert target.count is not None and target.relative_error is not None
-        result = count_accuracy(spec.k, spec.beta, target.count, relative_error=target.relative_error)  # type: ignore[union-attr]
+        check = spec.accuracy_check(loaded, target, planned.get(target.mechanism, Planned(None)))
         checks.append(
             Check(
-                f"{label} (a cell of {target.count} people published and within +-{target.relative_error:.0%})",
-                f">= {target.confidence:g}",
-                _fmt(result.within),
-                result.within is not None and result.within >= target.confidence,
-                ">=",
-                target.confidence,
-                result.within,
+                f"{target.mechanism}: accuracy at {target.confidence:.0%} ({check.what})",
+                f"{check.relation} {check.limit:g}",
+                _fmt(check.value) if check.value is not None else check.achieved,
+                check.passed,
+                check.relation,
+                check.limit,
+                check.value,
             )
         )
     return checks

@@ -716,12 +716,10 @@ def publication_chart(k: int, beta: float, names: Sequence[str], targets: Sequen
 
 
 def publication_charts(plan: Plan) -> list[Chart]:
-    """One publication curve per distinct (k, beta) of the plan's SDGS and histogram releases."""
+    """One publication curve per distinct (k, beta) of the plan's sampled SDGS releases
+    (microdata and histograms)."""
     policy = plan.loaded.policy
-    groups: dict[tuple[int, float], list[str]] = {}
-    for spec in policy.mechanisms:
-        if spec.type in ("sdgs", "histogram") and spec.beta < 1:
-            groups.setdefault((spec.k, spec.beta), []).append(spec.name)
+    groups = {key: [name for name, _ in releases] for key, releases in sdgs_releases(plan).items() if key[1] < 1}
     charts = []
     for index, ((k, beta), names) in enumerate(groups.items()):
         targets = [t for t in policy.targets.accuracy if t.mechanism in names and t.count is not None]

@@ -25,16 +25,10 @@ from pathlib import Path, PurePath
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from privrelease.mechanisms import accountants
-from privrelease.mechanisms.events import (
-    SDGS,
-    Composed,
-    ExponentialSelection,
-    Laplace,
-    SPLUGen,
-    leaves,
-)
+from privrelease.mechanisms.events import Composed, is_dp, leaves
 from privrelease.reports import jinja_environment, report_sha256, write_html
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
@@ -54,12 +48,6 @@ TEMPLATE = "report.html.j2"
 NOTION_NAMES = {
     "probabilistic": "probabilistic DP (Theorem 1, the papers' notion)",
     "approximate": "approximate (ε, δ)-DP (exact hockey-stick δ)",
-}
-MECHANISM_KINDS = {
-    "sdgs": "(k, β)-SDGS microdata",
-    "histogram": "crowd-blending histogram",
-    "identifiable_statistic": "ρ-identifiable statistic (Laplace)",
-    "splu_gen": "SPLU-Gen (not differential privacy)",
 }
 FACT_LABELS = {
     "k_anonymity": "k-anonymity",
@@ -221,14 +209,22 @@ def _accuracy(statement: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _dp_only(all_leaves: list[Any], notion: str) -> dict[str, Any] | None:
-    """When a release mixes SPLU-Gen (not DP) with DP releases: the guarantee of the DP
-    releases alone, composed, under each accountant (``notion`` first)."""
-    dp = tuple(leaf for leaf in all_leaves if not isinstance(leaf, SPLUGen))
+    """When a release mixes releases that are not DP (SPLU-Gen) with DP releases: the
+    guarantee of the DP releases alone, composed, under each accountant (``notion`` first)."""
+    dp = tuple(leaf for leaf in all_leaves if is_dp(leaf))
     if not dp or len(dp) == len(all_leaves):
         return None
     tree = Composed(events=dp)
     rows = [_guarantee(accountants.account(tree, n)) for n in accountants.NOTIONS]
     return {"rows": rows, "notion": next(r for r in rows if r["notion"] == notion)}
+
+
+def _explanations(policy: Any) -> list[Markup]:
+    """Each kind's paragraphs for "What these guarantees mean", once each, rendered with the
+    policy's targets (:meth:`~privrelease.mechanisms.kinds.MechanismKind.explanations`)."""
+    sources = dict.fromkeys(text for spec in policy.mechanisms for text in spec.explanations())
+    values = {"splu_targets": policy.targets.splu_privacy, "splu_utility": policy.targets.splu_utility}
+    return [Markup(environment().from_string(source).render(targets=policy.targets, **values)) for source in sources]
 
 
 def _remaining(budget: dict[str, Any], spent: dict[str, Any], key: str) -> str:
@@ -251,17 +247,17 @@ def view(context: ReportContext) -> dict[str, Any]:
     mechanisms = []
     for mechanism in plan.mechanisms:
         parameters = _parameters(specs[mechanism.name])
+        guarantee = mechanism.guarantees[plan.notion]
         mechanisms.append(
             {
                 "name": mechanism.name,
                 "type": mechanism.type,
-                "kind": MECHANISM_KINDS.get(mechanism.type, mechanism.type),
+                "kind": specs[mechanism.name].label or mechanism.type,
                 "parameters": parameters,
                 "guarantees": [_guarantee(g) for g in mechanism.guarantees.values()],
                 "facts": _facts(mechanism.facts, dict(parameters)),
                 "accuracy": _accuracy(plan.accuracy.get(mechanism.name, {})),
-                "not_dp": isinstance(mechanism.event, SPLUGen)
-                or any(isinstance(leaf, SDGS) and leaf.beta >= 1 for leaf in leaves(mechanism.event)),
+                "not_dp": None if guarantee.supported else guarantee.detail,
             }
         )
     generalization = [(column, "", scheme_text(scheme)) for column, scheme in policy.generalization.items()]
@@ -301,7 +297,6 @@ def view(context: ReportContext) -> dict[str, Any]:
         )
         for name, facts in context.internal_facts.items()
     ]
-    kinds = {type(leaf) for leaf in all_leaves}
     return {
         "policy": {
             "name": policy.name,
@@ -330,17 +325,8 @@ def view(context: ReportContext) -> dict[str, Any]:
         "charts": all_charts(plan),
         "outputs": outputs,
         "chain_head": context.chain_head,
-        "explain": {
-            "sdgs": any(isinstance(leaf, SDGS) and leaf.beta < 1 for leaf in all_leaves),
-            "kdgs": any(isinstance(leaf, SDGS) and leaf.beta >= 1 for leaf in all_leaves),
-            "laplace": Laplace in kinds,
-            "rho": any(isinstance(leaf, Laplace) and leaf.universe_size for leaf in all_leaves),
-            "selection": ExponentialSelection in kinds,
-            "splu": SPLUGen in kinds,
-            "dp": bool(kinds - {SPLUGen}),
-        },
-        "splu_targets": policy.targets.splu_privacy,
-        "splu_utility": policy.targets.splu_utility,
+        "explain_dp": any(is_dp(leaf) for leaf in all_leaves),
+        "explanations": _explanations(policy),
         "internal": {
             "run_id": context.run_id,
             "flow_run_id": context.flow_run_id,

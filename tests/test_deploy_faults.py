@@ -220,23 +220,23 @@ def test_postgresql_down_mid_run(prefect_harness, dedicated_postgres, demo_files
     database is back the run is still "running" with its reservation live, and once the reservation
     expires it is reaped: released, and the run recorded as failed."""
     from privrelease.audit import ledger
-    from privrelease.flows import registry
     from privrelease.flows.release import release
+    from privrelease.mechanisms.kinds import all_kinds
 
     server = dedicated_postgres
     monkeypatch.setenv("PRIVRELEASE_DB_URL", server.url)
     policy, data = demo_files
     out = tmp_path / "releases"
-    original = registry.run
     stopped: list[float] = []
+    for kind in all_kinds().values():
 
-    def database_goes_down(loaded, spec, table):
-        if spec.name == "hours-by-sex":  # the first mechanism is done and staged
-            postgres_stop(server)
-            stopped.append(time.monotonic())
-        return original(loaded, spec, table)
+        def database_goes_down(spec, loaded, table, original=kind.run):
+            if spec.name == "hours-by-sex":  # the first mechanism is done and staged
+                postgres_stop(server)
+                stopped.append(time.monotonic())
+            return original(spec, loaded, table)
 
-    monkeypatch.setattr(registry, "run", database_goes_down)
+        monkeypatch.setattr(kind, "run", database_goes_down)
     with pytest.raises(sa.exc.OperationalError):
         release(policy_path=str(policy), data_path=str(data), out_dir=str(out))
     assert stopped, "the flow never reached the mechanism step"
@@ -277,21 +277,24 @@ import os
 import time
 from pathlib import Path
 
-from privrelease.flows import registry
 from privrelease.flows.release import release  # noqa: F401  (the deployment's flow)
+from privrelease.mechanisms.kinds import all_kinds
 
 MARKER = Path(__file__).with_name("in-mechanism.pid")
-_original = registry.run
 
 
-def _blocking(loaded, spec, table):
-    if spec.name == "hours-by-sex":  # the first mechanism is done and staged
-        MARKER.write_text(str(os.getpid()))
-        time.sleep(600)
-    return _original(loaded, spec, table)
+def _blocking(original):
+    def run(spec, loaded, table):
+        if spec.name == "hours-by-sex":  # the first mechanism is done and staged
+            MARKER.write_text(str(os.getpid()))
+            time.sleep(600)
+        return original(spec, loaded, table)
+
+    return run
 
 
-registry.run = _blocking
+for kind in all_kinds().values():
+    kind.run = _blocking(kind.run)
 '''
 
 

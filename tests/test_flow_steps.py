@@ -727,15 +727,15 @@ def test_reservation_expired_before_commit_publishes_nothing(demo_dir, work, mon
     from privrelease.audit.ledger import LedgerStateError
 
     monkeypatch.setenv("PRIVRELEASE_RESERVATION_TTL_SECONDS", "1")
-    from privrelease.flows import registry
+    from privrelease.mechanisms.kinds import all_kinds
 
-    original = registry.run
+    for kind in all_kinds().values():
 
-    def slow(loaded, spec, table):
-        time.sleep(0.6)
-        return original(loaded, spec, table)
+        def slow(spec, loaded, table, original=kind.run):
+            time.sleep(0.6)
+            return original(spec, loaded, table)
 
-    monkeypatch.setattr(registry, "run", slow)
+        monkeypatch.setattr(kind, "run", slow)
     with pytest.raises(LedgerStateError, match="expired"):
         release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
     assert_nothing_published(work / "releases")
@@ -748,18 +748,21 @@ def test_reservation_expired_before_commit_publishes_nothing(demo_dir, work, mon
 KILLED_RUN = """
 import sys, time
 from pathlib import Path
-from privrelease.flows import registry, steps
+from privrelease.flows import steps
+from privrelease.mechanisms.kinds import all_kinds
 
 marker = Path(sys.argv[2])
-original = registry.run
 
-def slow(loaded, spec, table):
-    if spec.name == "hours-by-sex":  # the first mechanism is done and staged
-        marker.write_text("in the mechanism step")
-        time.sleep(120)
-    return original(loaded, spec, table)
+def slowed(original):
+    def slow(spec, loaded, table):
+        if spec.name == "hours-by-sex":  # the first mechanism is done and staged
+            marker.write_text("in the mechanism step")
+            time.sleep(120)
+        return original(spec, loaded, table)
+    return slow
 
-registry.run = slow
+for kind in all_kinds().values():
+    kind.run = slowed(kind.run)
 steps.release_plain(policy_path=sys.argv[1])
 """
 

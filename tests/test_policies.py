@@ -20,12 +20,12 @@ from privrelease.mechanisms.schemes import (
     TopBottomCoding,
     ValueMap,
 )
+from privrelease.mechanisms.kinds.identifiable_statistic import IdentifiableStatisticMechanism
+from privrelease.mechanisms.kinds.sdgs import SdgsMechanism
 from privrelease.policies import (
     HierarchyScheme,
-    IdentifiableStatisticMechanism,
     LoadedPolicy,
     Policy,
-    SdgsMechanism,
     canonical_json,
     load_policy,
     load_policy_text,
@@ -208,7 +208,7 @@ def test_defaults_and_types(folder: Path) -> None:
     )
     assert policy.targets.max_epsilon is None
     mechanism = policy.mechanism("microdata")
-    assert isinstance(mechanism, SdgsMechanism) and mechanism.samples
+    assert isinstance(mechanism, SdgsMechanism) and mechanism.delta_reason() is not None
     with pytest.raises(ValidationError):
         mechanism.k = 5  # frozen
     parquet = load(edit(BASE, ("path: data.csv", "path: data.parquet")), folder).policy
@@ -238,7 +238,7 @@ targets:"""
 def test_statistic_and_histogram_defaults(folder: Path) -> None:
     policy = load(edit(BASE, ("targets:", MORE_MECHANISMS)), folder).policy
     counts = policy.mechanism("counts")
-    assert counts.beta == 1.0 and counts.epsilon is None and not counts.samples
+    assert counts.beta == 1.0 and counts.epsilon is None and counts.delta_reason() is None
     mean = policy.mechanism("mean-age")
     assert isinstance(mean, IdentifiableStatisticMechanism) and mean.by == ()
 

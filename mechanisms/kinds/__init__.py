@@ -1,0 +1,190 @@
+"""Mechanism kinds: everything about one ``type`` a policy can name, in one module.
+
+A kind is a subclass of :class:`MechanismKind`: its policy section (pydantic fields and
+validation) and, on the same class,
+
+* its **privacy map**: :meth:`~MechanismKind.plan`, the event it releases (whose own rules give
+  its guarantee under every accountant, :mod:`privrelease.mechanisms.events`) and the facts
+  that follow from the policy alone;
+* its **accuracy map**: :meth:`~MechanismKind.accuracy` (data-free accuracy statements,
+  published with the release) and :meth:`~MechanismKind.accuracy_check` (a ``targets.accuracy``
+  entry checked before any data is read);
+* its **engines**: :meth:`~MechanismKind.run` in one process over the whole table, and
+  optionally :meth:`~MechanismKind.job` (what a Dask worker computes on one partition) and
+  :meth:`~MechanismKind.finish` (the result from the merged partial results);
+* its **report**: ``label`` and :meth:`~MechanismKind.explanations`.
+
+Everything else (the policy schema's union, the plan, the accountants, PLD, the flow, Dask, the
+report, release.json, CLI hints) is derived from the set of kinds: :func:`all_kinds`. Kinds are
+the ``KINDS`` of every module of this package, then those of the entry-point group
+``privrelease.mechanisms`` (a module with ``KINDS``, or one class), so an agency can ship a kind
+in its own package. CONTRIBUTING.md, "Adding a mechanism", walks through one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+from privrelease.mechanisms.events import Event
+from privrelease.policies.fields import ColumnRef, Issue, Loc, Model, Name
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from privrelease.mechanisms.results import MechanismResult
+    from privrelease.policies.loader import LoadedPolicy
+    from privrelease.policies.schema import AccuracyTarget, Policy
+
+ENTRY_POINT_GROUP = "privrelease.mechanisms"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a mechanism releases, from the policy alone: its event and facts about it
+    (published in the plan and the report). ``event`` None: it cannot run; ``infeasible`` names
+    the requirement it misses (what, required), a failed check of the plan."""
+
+    event: Event | None
+    facts: dict[str, Any] = field(default_factory=dict)
+    infeasible: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class AccuracyCheck:
+    """One ``targets.accuracy`` entry against the kind's data-free accuracy: ``value``
+    ``relation`` ``limit`` passes (``value`` None: no statement could be made, ``achieved``
+    says why)."""
+
+    what: str
+    relation: Literal["<=", ">="]
+    limit: float
+    value: float | None
+    achieved: str = ""
+
+    @property
+    def passed(self) -> bool:
+        if self.value is None:
+            return False
+        return self.value <= self.limit if self.relation == "<=" else self.value >= self.limit
+
+
+class Job(Protocol):
+    """A mechanism's work on Dask: a partial result per partition, merged in partition order."""
+
+    def partial(self, table: pa.Table) -> Any: ...
+
+    def merge(self, parts: list[Any]) -> Any: ...
+
+
+class MechanismKind(Model):
+    """The base of every mechanism kind (see the module docstring). The defaults fail closed:
+    a kind that does not plan cannot be planned, one without a job runs in-process only."""
+
+    name: Name
+
+    label: ClassVar[str] = ""
+    """How the report names the kind, e.g. "(k, β)-SDGS microdata"."""
+    in_process_only: ClassVar[str] = ""
+    """Why it cannot run on Dask (when :meth:`job` is None)."""
+    accuracy_fields: ClassVar[tuple[str, ...]] = ()
+    """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
+    accuracy_elsewhere: ClassVar[str] = ""
+    """Where its accuracy is targeted instead, when it takes no ``targets.accuracy`` entry."""
+
+    @classmethod
+    def kind_type(cls) -> str:
+        """The ``type`` tag of the kind (the ``Literal`` of its ``type`` field)."""
+        (tag,) = cls.model_fields["type"].annotation.__args__  # type: ignore[union-attr]
+        return str(tag)
+
+    # --- the policy -----------------------------------------------------------------------
+
+    def column_refs(self) -> list[ColumnRef]:
+        """Every column the mechanism uses."""
+        return []
+
+    def delta_reason(self) -> str | None:
+        """Why its guarantee has a delta > 0 (then the policy must state ``targets.delta``),
+        e.g. "has beta 0.1 < 1"; None for pure DP or no DP."""
+        return None
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """Candidate scheme names the mechanism chooses among (none: ``generalization`` only)."""
+        return ()
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """Problems only the whole policy shows (beyond the columns, checked for every kind)."""
+        return iter(())
+
+    # --- privacy and accuracy maps --------------------------------------------------------
+
+    def plan(self, loaded: LoadedPolicy) -> Planned:
+        """The event it releases and the facts, from the policy alone (no data)."""
+        raise NotImplementedError(f"mechanism type {self.kind_type()!r} has no privacy map")
+
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+        """What its published numbers are worth, from the policy alone (published)."""
+        return {}
+
+    def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
+        """One ``targets.accuracy`` entry naming this mechanism (its ``accuracy_fields``)."""
+        raise NotImplementedError(f"mechanism type {self.kind_type()!r} takes no accuracy target")
+
+    # --- engines --------------------------------------------------------------------------
+
+    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
+        """Run it in this process over the whole table."""
+        raise NotImplementedError(f"mechanism type {self.kind_type()!r} has no engine")
+
+    def job(self, loaded: LoadedPolicy) -> Job | None:
+        """Its Dask job (None: it runs in-process only, for the reason ``in_process_only``)."""
+        return None
+
+    def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
+        """Its result from the merged partial results of :meth:`job` (on Dask)."""
+        raise NotImplementedError(f"mechanism type {self.kind_type()!r} does not run on Dask")
+
+    # --- report ---------------------------------------------------------------------------
+
+    def explanations(self) -> tuple[str, ...]:
+        """Paragraphs for the report's "What these guarantees mean" (Jinja: ``<dt>``/``<dd>``
+        HTML, rendered with the report's view), identical ones shown once."""
+        return ()
+
+
+def _kinds_of(source: ModuleType | type) -> tuple[Any, ...]:
+    """The kinds a module lists in ``KINDS``, or the one class."""
+    if isinstance(source, type):
+        return (source,)
+    return tuple(getattr(source, "KINDS", ()))
+
+
+@functools.cache
+def all_kinds() -> dict[str, type[MechanismKind]]:
+    """Every mechanism kind by its ``type``: this package's (by type), then the entry points'."""
+    found: dict[str, type[MechanismKind]] = {}
+    own = [
+        (module.name, importlib.import_module(f"{__name__}.{module.name}")) for module in pkgutil.iter_modules(__path__)
+    ]
+    sources: list[tuple[str, Any]] = sorted(
+        ((where, kind) for where, module in own for kind in _kinds_of(module)), key=lambda pair: pair[1].kind_type()
+    )
+    sources += [
+        (point.value, kind) for point in entry_points(group=ENTRY_POINT_GROUP) for kind in _kinds_of(point.load())
+    ]
+    for where, kind in sources:
+        if not (isinstance(kind, type) and issubclass(kind, MechanismKind)):
+            raise TypeError(f"{where}: {kind!r} is not a MechanismKind")
+        tag = kind.kind_type()
+        if found.get(tag, kind) is not kind:
+            raise TypeError(f"{where}: mechanism type {tag!r} is defined twice ({found[tag].__module__})")
+        found[tag] = kind
+    return found

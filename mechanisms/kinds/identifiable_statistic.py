@@ -1,0 +1,238 @@
+"""rho-differentially identifiable statistics: a count, sum or mean, per group of the
+generalized ``by`` columns, with Laplace noise calibrated so that no one's presence can be
+inferred with probability above rho (Lee & Clifton, Theorem 1: lambda = S(f) / ln((m - 1) rho
+/ (1 - rho))); every group of the declared domain is released, absent ones included.
+
+Privacy: :class:`~privrelease.mechanisms.events.Laplace` with its universe size and sensitive
+range (eps = sensitivity / lambda; rho from the accountants). Accuracy: the Laplace half-width
+b ln(1 / (1 - C)) at confidence C, and the clamping bias. Dask: each partition computes its
+exact per-group count or clamped sum; the flow merges them exactly and adds the noise once
+(:mod:`privrelease.mechanisms.statistics`); never noise per partition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import model_validator
+
+from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.policies.fields import ColumnRef, FieldError, Issue, Loc, Name, Names, Number, Rho, num
+
+if TYPE_CHECKING:
+    from privrelease.mechanisms.identifiability import Calibration
+    from privrelease.mechanisms.results import MechanismResult
+    from privrelease.mechanisms.schemes import ColumnScheme
+    from privrelease.policies.loader import LoadedPolicy
+    from privrelease.policies.schema import AccuracyTarget, Policy
+
+COUNT_COLUMN = "__privrelease_rows__"
+"""The constant value column that stands in for a count."""
+
+
+class IdentifiableStatisticMechanism(MechanismKind):
+    """A count, sum or mean with Laplace noise calibrated to rho-differential identifiability
+    (Lee & Clifton, Theorem 1: lambda = S(f) / ln((m - 1) rho / (1 - rho))), per ``by`` group."""
+
+    type: Literal["identifiable_statistic"]
+    query: Literal["count", "sum", "mean"]
+    column: Name | None = None
+    lower: Number | None = None
+    upper: Number | None = None
+    rho: Rho
+    by: Names = ()
+
+    def column_refs(self) -> list[ColumnRef]:
+        refs = [ColumnRef(("by", i), c, needs_domain=True) for i, c in enumerate(self.by)]
+        if self.column is not None:
+            refs.insert(0, ColumnRef(("column",), self.column, numeric=self.query != "count"))
+        return refs
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """A mean needs the public row count; bounds of an integer column are whole numbers."""
+        if self.query == "mean" and policy.dataset.rows is None:
+            yield Issue(
+                (*here, "query"),
+                "a mean needs dataset.rows (the public number of rows, its denominator); "
+                "add dataset.rows: an integer >= 1",
+            )
+        spec = policy.dataset.columns.get(self.column or "")
+        if spec is not None and spec.type == "integer":
+            for field in ("lower", "upper"):
+                bound = getattr(self, field)
+                if bound is not None and bound != int(bound):
+                    yield Issue(
+                        (*here, field),
+                        f"{field} must be a whole number for the integer column {self.column!r}; got {num(bound)}",
+                    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> IdentifiableStatisticMechanism:
+        if self.query == "count":
+            for field in ("lower", "upper"):
+                if getattr(self, field) is not None:
+                    raise FieldError.at(
+                        (field,),
+                        f"{field} applies to sum and mean only; remove it for a count",
+                    )
+            return self
+        for field in ("column", "lower", "upper"):
+            if getattr(self, field) is None:
+                what = "the numeric column to aggregate" if field == "column" else "a number (the clamp bound)"
+                raise FieldError.at((field,), f"a {self.query} needs {field}: {what}")
+        assert self.lower is not None and self.upper is not None
+        if not self.lower < self.upper:
+            raise FieldError.at(
+                ("upper",),
+                f"lower must be < upper; got lower {num(self.lower)}, upper {num(self.upper)}",
+            )
+        return self
+
+    label: ClassVar[str] = "ρ-identifiable statistic (Laplace)"
+    accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
+
+    def calibration(self, loaded: LoadedPolicy) -> Calibration:
+        """lambda, m and S(f) from the policy alone (:func:`.identifiability.calibrate`)."""
+        from privrelease.mechanisms import identifiability
+
+        groups = math.prod(len(labels) for labels in loaded.labels(self.by).values())
+        column = loaded.policy.dataset.columns.get(self.column) if self.column else None
+        return identifiability.calibrate(
+            self.query,
+            self.lower if self.lower is not None else 0,
+            self.upper if self.upper is not None else 1,
+            self.rho,
+            rows=loaded.policy.dataset.rows,
+            integer=column is None or column.type == "integer",
+            groups=groups,
+        )
+
+    def plan(self, loaded: LoadedPolicy) -> Planned:
+        from privrelease.mechanisms.identifiability import laplace_event
+
+        calibration = self.calibration(loaded)
+        facts = {
+            "query": self.query,
+            "column": self.column,
+            "rho": self.rho,
+            "feasible": calibration.feasible,
+            "lambda": calibration.lambda_,
+            "universe_size": calibration.universe_size,
+            "sensitive_range": calibration.sensitive_range,
+            "reason": calibration.reason,
+        }
+        if not calibration.feasible:
+            return Planned(None, facts, ("rho feasible", "rho > 1/m"))
+        return Planned(laplace_event(calibration), facts)
+
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+        """The Laplace half-width at each confidence, and the clamping bias."""
+        from privrelease.mechanisms.accuracy import CONFIDENCES, laplace_half_width
+
+        scale = planned.facts.get("lambda")
+        if scale is None:
+            return {}
+        return {
+            "estimate": "the published value",
+            "noise_scale": scale,
+            "half_width": {f"{c:g}": laplace_half_width(scale, c) for c in CONFIDENCES},
+            "clamping": (
+                None
+                if self.query == "count"
+                else f"values outside [{self.lower:g}, {self.upper:g}] count as the nearer bound"
+            ),
+        }
+
+    def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
+        """The Laplace noise within +-absolute_error with probability >= confidence: its
+        half-width at that confidence is at most absolute_error (the noise on a mean is
+        Lap(lambda) too)."""
+        from privrelease.mechanisms.accuracy import laplace_half_width
+
+        assert target.absolute_error is not None
+        scale = planned.facts.get("lambda")
+        half = laplace_half_width(scale, target.confidence) if scale is not None else None
+        return AccuracyCheck("noise half-width", "<=", target.absolute_error, half, "none: rho infeasible")
+
+    def job(self, loaded: LoadedPolicy) -> StatisticJob:
+        by = {name: loaded.scheme(name) if loaded.policy.scheme_for(name) is not None else _keep() for name in self.by}
+        domain = loaded.labels(self.by) if self.by else None
+        return StatisticJob(
+            self.column,
+            by,
+            self.calibration(loaded),
+            None if domain is None else {name: tuple(labels) for name, labels in domain.items()},
+        )
+
+    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
+        from privrelease.mechanisms.statistics import noisy_statistic
+
+        job = self.job(loaded)
+        prepared, column = job.prepared(table)
+        return noisy_statistic(prepared, column, job.calibration, group_domain=job.domain)
+
+    def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
+        """Laplace noise added once, to the merged exact totals."""
+        from privrelease.mechanisms.statistics import noisy_release
+
+        job = self.job(loaded)
+        return noisy_release(merged, job.column or COUNT_COLUMN, job.calibration, job.domain)
+
+    def explanations(self) -> tuple[str, ...]:
+        return (RHO,)
+
+
+KINDS = (IdentifiableStatisticMechanism,)
+
+
+def _keep() -> ColumnScheme:
+    from privrelease.mechanisms.schemes import Keep
+
+    return Keep()
+
+
+@dataclass(frozen=True)
+class StatisticJob:
+    """A rho-identifiable count, sum or mean, per group of the generalized ``by`` columns."""
+
+    column: str | None
+    by: dict[str, ColumnScheme]
+    calibration: Calibration
+    domain: dict[str, tuple[Any, ...]] | None
+
+    def prepared(self, table: pa.Table) -> tuple[pa.Table, str]:
+        """The columns the statistic reads: the value column (a constant one stands in for a
+        count) and the ``by`` columns generalized with their schemes; and the value column's name."""
+        from privrelease.mechanisms.generalization import generalize
+
+        column = self.column or COUNT_COLUMN
+        columns: dict[str, Any] = (
+            {column: pa.array(np.zeros(table.num_rows, dtype=np.int64))}
+            if self.column is None
+            else {column: table.column(column)}
+        )
+        if self.by:
+            generalized = generalize(table, self.by)
+            columns.update({name: generalized.column(name) for name in self.by})
+        return pa.table(columns), column
+
+    def partial(self, table: pa.Table) -> Any:
+        from privrelease.mechanisms.statistics import statistic_partial
+
+        prepared, column = self.prepared(table)
+        return statistic_partial(prepared, column, self.calibration, self.domain)
+
+    def merge(self, parts: list[Any]) -> Any:
+        """The exact per-group totals of all rows (:func:`.statistics.merge_partials`)."""
+        from privrelease.mechanisms.statistics import merge_partials
+
+        return merge_partials(parts)
+
+
+RHO = """<dt>ρ-differential identifiability</dt>
+<dd>For the statistics released with Laplace noise (Lee and Clifton): an adversary who knows every other record and sees the published statistic, and considers m possible individuals who could complete the data (the universe size), can tell which one it is with probability at most ρ. The noise scale λ is calibrated to that ρ; the statistic is also ε-differentially private with the ε shown.</dd>"""

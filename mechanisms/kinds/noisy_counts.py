@@ -1,0 +1,639 @@
+"""Noisy counts (the ``noisy_counts`` kind): every cell of a declared domain with discrete
+Gaussian or discrete Laplace noise, the standard DP table of statistical agencies.
+
+The release is a contingency table over a domain declared in the policy (each column's declared
+values generalized by its scheme, or a hierarchy's labels at its level; zeros included, nothing
+suppressed): ``columns``, ``noise: {distribution: gaussian, sigma: S}`` or
+``{distribution: laplace, scale: T}``, optional ``nonnegative`` (post-processing) and
+``epsilon`` (where a Gaussian table states its delta; default: the smallest epsilon reaching
+``targets.delta``). On Dask each partition counts its cells exactly and the noise is added once,
+to the merged counts. Under add/remove-one-row neighbours, one row changes one cell by 1 (at most one, if
+rows outside the domain are dropped), so the table is ONE release of sensitivity 1 in both L1
+and L2; the cells not touched have identical, independent noise on both sides and cancel out of
+every divergence. Every privacy statement below is therefore the one of the scalar pair
+``(Z, Z + 1)``, ``Z`` the noise. (Replace-one neighbours would move two cells: L1 sensitivity 2,
+L2 sqrt(2); nothing here covers that.)
+
+**Noise.** The discrete Gaussian ``N_Z(0, sigma^2)``: ``p(z) = e^(-z^2 / (2 sigma^2)) / C_sigma``,
+``C_sigma = sum_z e^(-z^2 / (2 sigma^2))`` (Canonne, Kamath, Steinke, "The Discrete Gaussian for
+Differential Privacy", NeurIPS 2020; ``sigma`` is its parameter, not exactly its standard
+deviation). The discrete Laplace (two-sided geometric) ``p(z) = (1 - r) / (1 + r) r^|z|``,
+``r = e^(-1/t)`` for scale ``t`` (Ghosh, Roughgarden, Sundararajan, "Universally
+Utility-Maximizing Privacy Mechanisms", STOC 2009: the geometric mechanism).
+
+**Privacy loss.** Measured from the smaller dataset's count, the cell's output is ``Z`` on one
+neighbour and ``Z + 1`` on the other: the pair of output distributions is ``(p(o), p(o - 1))``
+in one direction and ``(p(o - 1), p(o))`` in the other. Both noises are symmetric, so
+``o -> 1 - o`` maps one direction onto the other: every number below holds for both. The loss at
+output ``z`` of the first direction is ``L(z) = ln p(z) / p(z - 1)``:
+
+* discrete Gaussian: ``L(z) = (1 - 2z) / (2 sigma^2)``, linear in ``z``;
+* discrete Laplace: ``L(z) = +1/t`` for ``z <= 0`` and ``-1/t`` for ``z >= 1``.
+
+* ``approximate_delta``: the hockey-stick divergence ``delta(eps) = sum_z (p(z) - e^eps p(z-1))_+
+  = sum_{L(z) > eps} p(z) (1 - e^(eps - L(z)))``; for the discrete Gaussian this is CKS
+  Theorem 7, ``P[X > eps sigma^2 - 1/2] - e^eps P[X > eps sigma^2 + 1/2]``, here summed term by
+  term (each term positive: no cancellation). Discrete Laplace: ``(1 - e^(eps - 1/t)) / (1 + r)``
+  for ``eps < 1/t`` (the geometric sum of the ``z <= 0`` terms), else 0: pure ``1/t``-DP.
+* ``probabilistic_delta``: the papers' probabilistic DP, ``P[L > eps]``: a left tail of the
+  discrete Gaussian, ``P[X <= z*]`` with ``z*`` the largest integer below ``1/2 - eps sigma^2``;
+  for the discrete Laplace ``P[X <= 0] = 1 / (1 + r)`` when ``eps < 1/t``, else 0.
+
+**Numerics.** Discrete Gaussian sums run in float64 over the integers where the weight is within
+``e^-LOG_DROP`` of the largest term; what is left out is bounded by a geometric series
+(``z^2 >= m^2 + 2m (z - m)`` for ``z >= m > 0``, so ``sum_{z >= m} e^(-z^2/(2s^2)) <=
+e^(-m^2/(2s^2)) / (1 - e^(-m/s^2))``) and added. ``C_sigma`` is a partial sum (a lower bound:
+probabilities are overestimated, deltas and tails too). Each result is finally raised by a
+bound on its float rounding (relative about 1e-13 to 1e-11, far below the 1e-9 the tests demand)
+so it is an upper bound of the exact value, never rounded down; a value below the smallest
+float is returned as the smallest positive float. Sums cost O(sigma) (sigma = 1e5: 0.2 s).
+
+**Sampling** is OpenDP's (``make_gaussian`` / ``make_laplace`` on a vector of i64 with the L2 /
+L1 distance; exact samplers of CKS, randomness from the OS CSPRNG). OpenDP's own privacy map is
+checked at every release: ``rho = 1 / (2 sigma^2)`` zCDP for the Gaussian (CKS: the discrete
+Gaussian is ``Delta^2 / (2 sigma^2)``-concentrated DP, as the continuous one), ``eps = 1/t`` for
+the Laplace.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, StrictBool
+
+from privrelease.errors import UserError
+from privrelease.mechanisms.events import Event
+from privrelease.mechanisms.guarantees import Guarantee, Notion, pure
+from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.mechanisms.schemes import Keep
+from privrelease.policies.fields import ColumnRef, Epsilon, Issue, Loc, Model, Names, at_least, checked
+
+if TYPE_CHECKING:
+    from privrelease.mechanisms.results import MechanismResult
+    from privrelease.mechanisms.schemes import ColumnScheme
+    from privrelease.policies.loader import LoadedPolicy
+    from privrelease.policies.schema import AccuracyTarget, Policy
+
+Distribution = Literal["gaussian", "laplace"]
+DISTRIBUTIONS: tuple[Distribution, ...] = ("gaussian", "laplace")
+
+LOG_DROP = 90.0
+"""Discrete Gaussian sums stop where the weight is below ``e^-LOG_DROP`` (about 1e-39) of their
+largest term; the rest is bounded and added (module docstring)."""
+
+CHUNK = 1 << 20
+"""Discrete Gaussian sums over more integers than this are summed in chunks (bounded memory)."""
+
+SAMPLE_CHUNK = 50_000
+"""Cells per OpenDP call when :func:`add_noise` splits a large table over threads (OpenDP's
+samplers run in Rust without the GIL: two threads on two cores take about half the time)."""
+
+_U = np.finfo(float).eps
+
+
+# --- parameters ---------------------------------------------------------------------------------
+
+
+def _parameter_name(distribution: str) -> str:
+    return "sigma" if distribution == "gaussian" else "scale"
+
+
+def _check(distribution: str, parameter: float) -> float:
+    if distribution not in DISTRIBUTIONS:
+        raise UserError(
+            f"noise distribution must be one of {', '.join(DISTRIBUTIONS)}; got {distribution!r}",
+            field="noise.distribution",
+            allowed=", ".join(DISTRIBUTIONS),
+        )
+    name = _parameter_name(distribution)
+    if (
+        isinstance(parameter, bool)
+        or not isinstance(parameter, (int, float, np.integer, np.floating))
+        or not math.isfinite(parameter)
+        or parameter <= 0
+    ):
+        raise UserError(
+            f"noise {name} must be a finite number > 0; got {parameter!r}", field=f"noise.{name}", allowed="> 0"
+        )
+    return float(parameter)
+
+
+def _check_epsilon(epsilon: float) -> float:
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, (int, float, np.integer, np.floating))
+        or not 0 <= epsilon < math.inf
+    ):
+        raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}", field="epsilon", allowed=">= 0")
+    return float(epsilon)
+
+
+# --- discrete Gaussian sums -------------------------------------------------------------------
+
+
+def _reach(sigma: float) -> int:
+    """Integers this far from a term are ``e^-LOG_DROP`` below it (``k^2 / (2 sigma^2) >= LOG_DROP``)."""
+    return math.ceil(sigma * math.sqrt(2 * LOG_DROP)) + 1
+
+
+def _tail_ratio(m: int, sigma: float) -> float:
+    """``sum_{z >= m} e^(-z^2/(2 sigma^2)) / e^(-m^2/(2 sigma^2))`` bounded above, ``m >= 1``."""
+    return 1.0 / -math.expm1(-m / sigma**2)
+
+
+def _log_norm_bounds(sigma: float) -> tuple[float, float]:
+    """Lower and upper bounds of ``ln C_sigma``: the partial sum over ``|z| <= M`` and that sum
+    plus twice the tail bound beyond ``M`` (float rounding is covered by the callers' margins)."""
+    m = _reach(sigma)
+    total = 0.0
+    for start in range(1, m + 1, CHUNK):
+        z = np.arange(start, min(start + CHUNK, m + 1), dtype=np.float64)
+        total += math.fsum(np.exp(-(z * z) / (2 * sigma**2)))
+    partial = 1.0 + 2.0 * total
+    tail = 2.0 * math.exp(-((m + 1) ** 2) / (2 * sigma**2)) * _tail_ratio(m + 1, sigma)
+    return math.log(partial), math.log(partial + tail)
+
+
+def _gaussian_left_tail(sigma: float, top: int, epsilon: float | None) -> float:
+    """``sum_{z <= top} P(z) f(z)`` for ``top <= 0``, bounded above: ``f = 1`` (``epsilon`` None) or
+    ``f(z) = 1 - e^(eps - L(z))``, ``L(z) = (1 - 2z) / (2 sigma^2) > eps`` on the whole range.
+
+    Terms are scaled by the largest, ``w(top)``: ``ln w(z) - ln w(top) = (top - z)(top + z) / (2 sigma^2)``,
+    at most about ``LOG_DROP`` in size over the summed range, so the scaled terms are exact
+    to a relative ``~LOG_DROP u``. Float rounding of ``f`` is at most ``4u (|L| + 2 eps + 1)``
+    absolute per unit of weight; it is added, as is the tail below the range."""
+    assert top <= 0
+    two_s2 = 2 * sigma**2
+    reach = _reach(sigma)
+    bottom = top - reach
+    weighted = plain = 0.0
+    loss_max = 0.0
+    for stop in range(top, bottom - 1, -CHUNK):
+        z = np.arange(stop, max(stop - CHUNK, bottom - 1), -1, dtype=np.float64)
+        w = np.exp(-((top - z) * (-top - z)) / two_s2)  # w(z) / w(top); (top - z) >= 0, (-top - z) >= 0
+        plain += math.fsum(w)
+        if epsilon is not None:
+            excess = ((1 - 2 * z) - 2 * epsilon * sigma**2) / two_s2  # L(z) - eps > 0
+            weighted += math.fsum(w * -np.expm1(-excess))
+            loss_max = max(loss_max, float((1 - 2 * z[-1]) / two_s2))
+    # what lies below the range, relative to w(top): sum_{z <= bottom - 1} w(z) / w(top), f <= 1
+    m = -(bottom - 1)
+    below = math.exp(-(m * m - top * top) / two_s2) * _tail_ratio(m, sigma)
+    if epsilon is None:
+        scaled = plain * (1 + 4 * LOG_DROP * _U) + below
+    else:
+        rounding = 4 * _U * (loss_max + 2 * epsilon + 1) * plain
+        scaled = weighted * (1 + 4 * LOG_DROP * _U) + rounding + below
+    log_norm_low, _ = _log_norm_bounds(sigma)
+    log_value = -(top * top) / two_s2 - log_norm_low + math.log(scaled)
+    return _exp_up(log_value)
+
+
+def _exp_up(log_value: float) -> float:
+    """``e^x`` raised by a bound on the rounding of ``x`` (relative ``8u (|x| + LOG_DROP)``) and of
+    ``exp``; the smallest positive float where it underflows (the true value being positive)."""
+    value = math.exp(log_value) * (1 + 8 * _U * (abs(log_value) + LOG_DROP + 4))
+    return min(1.0, max(value, math.ulp(0.0)))
+
+
+def _loss_top(sigma: float, epsilon: float) -> int:
+    """The largest integer ``z`` with ``L(z) = (1 - 2z) / (2 sigma^2) > eps``, i.e. ``z < 1/2 - eps sigma^2``."""
+    bound = 0.5 - epsilon * sigma**2
+    top = math.ceil(bound) - 1
+    # exact check on the rounding of eps sigma^2 near an integer boundary: keep top where L(top) > eps
+    while (1 - 2 * (top + 1)) / (2 * sigma**2) > epsilon:
+        top += 1
+    while (1 - 2 * top) / (2 * sigma**2) <= epsilon:
+        top -= 1
+    return top
+
+
+# --- public functions ---------------------------------------------------------------------------
+
+
+def noise_pld(distribution: Distribution, parameter: float, discretization: float = 1e-3) -> Any:
+    """``dp_accounting``'s privacy loss distribution of the whole table (sensitivity 1, one release),
+    pessimistic (its deltas are upper bounds): ``from_discrete_gaussian_mechanism(sigma)`` (its
+    ``sigma`` is the discrete Gaussian's parameter, noise truncated where the mass left is below
+    1e-30 and that mass charged as an infinite loss) or ``from_discrete_laplace_mechanism(a)``,
+    whose pmf is ``∝ e^(-a |x|)``: ``a = 1 / scale``."""
+    parameter = _check(distribution, parameter)
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    if distribution == "gaussian":
+        return pld.from_discrete_gaussian_mechanism(
+            parameter, sensitivity=1, pessimistic_estimate=True, value_discretization_interval=discretization
+        )
+    return pld.from_discrete_laplace_mechanism(
+        1.0 / parameter, sensitivity=1, pessimistic_estimate=True, value_discretization_interval=discretization
+    )
+
+
+def pure_epsilon(distribution: Distribution, parameter: float) -> float | None:
+    """Pure DP of one table: the discrete Laplace of scale ``t`` (``P(z) ∝ e^(-|z|/t)``) is
+    ``1/t``-DP for sensitivity 1 (its loss is ``±1/t``; Ghosh-Roughgarden-Sundararajan); the
+    discrete Gaussian has no pure DP (its loss is unbounded): None."""
+    parameter = _check(distribution, parameter)
+    return 1.0 / parameter if distribution == "laplace" else None
+
+
+def approximate_delta(distribution: Distribution, parameter: float, epsilon: float) -> float:
+    """The exact hockey-stick delta of one table at ``epsilon`` under add/remove-one-row neighbours
+    (both directions; they coincide), an upper bound within a relative ~1e-11:
+    ``sum_z (P(z) - e^eps P(z - 1))_+`` (CKS Theorem 7 for the discrete Gaussian; module docstring)."""
+    parameter, epsilon = _check(distribution, parameter), _check_epsilon(epsilon)
+    if distribution == "laplace":
+        if epsilon >= 1.0 / parameter:
+            return 0.0
+        # sum_{z <= 0} P(z) (1 - e^(eps - 1/t)) = (1 - e^(eps - 1/t)) / (1 + e^(-1/t))
+        value = -math.expm1(epsilon - 1.0 / parameter) / (1.0 + math.exp(-1.0 / parameter))
+        return min(1.0, value * (1 + 16 * _U))
+    return _gaussian_left_tail(parameter, _loss_top(parameter, epsilon), epsilon)
+
+
+def probabilistic_delta(distribution: Distribution, parameter: float, epsilon: float) -> float:
+    """The papers' probabilistic-DP delta of one table: ``P[L > eps]`` under the worse neighbour
+    direction (they coincide). Discrete Gaussian: ``L = (1 - 2z) / (2 sigma^2)``, so
+    ``P[X <= z*]``, ``z*`` the largest integer ``< 1/2 - eps sigma^2``; discrete Laplace: 0 when
+    ``eps >= 1/t``, else ``P[X <= 0] = 1 / (1 + e^(-1/t))``. Rounded up."""
+    parameter, epsilon = _check(distribution, parameter), _check_epsilon(epsilon)
+    if distribution == "laplace":
+        if epsilon >= 1.0 / parameter:
+            return 0.0
+        return min(1.0, (1 + 8 * _U) / (1.0 + math.exp(-1.0 / parameter)))
+    return _gaussian_left_tail(parameter, _loss_top(parameter, epsilon), None)
+
+
+def half_width(distribution: Distribution, parameter: float, confidence: float) -> int:
+    """The smallest integer ``w`` with ``P(|Z| <= w) >= confidence`` for the noise ``Z``: each
+    published count is within ``±w`` of the true count with probability at least ``confidence``.
+    Exact from the pmf: ``w`` is the first with ``P(|Z| > w) <= 1 - confidence``, the tail bounded
+    above (discrete Laplace ``2 r^(w+1) / (1 + r)``; discrete Gaussian tail sums from the far end,
+    over the lower bound of ``C_sigma``, plus the bound beyond the summed range) and ``1 -
+    confidence`` rounded down, so the stated coverage is never overstated."""
+    parameter = _check(distribution, parameter)
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, (int, float, np.integer, np.floating))
+        or not 0 < confidence < 1
+    ):
+        raise UserError(f"confidence must be a number in (0, 1); got {confidence!r}", field="confidence")
+    # 1 - C is exact for C >= 1/2 (Sterbenz); below, one rounding, taken downward
+    slack = 1.0 - float(confidence) if confidence >= 0.5 else math.nextafter(1.0 - float(confidence), 0.0)
+    if distribution == "laplace":
+        log_r = -1.0 / parameter
+
+        def outside(w: int) -> float:  # P(|Z| > w) = 2 r^(w+1) / (1 + r), bounded above
+            return 2 * math.exp((w + 1) * log_r) / (1 + math.exp(log_r)) * (1 + 8 * _U * (abs((w + 1) * log_r) + 4))
+
+        guess = max(0, math.floor(math.log(slack * (1 + math.exp(log_r)) / 2) / log_r) - 1)
+        while guess > 0 and outside(guess - 1) <= slack:
+            guess -= 1
+        while outside(guess) > slack:
+            guess += 1
+        return guess
+    sigma = parameter
+    reach = _reach(sigma)
+    log_norm_low, _ = _log_norm_bounds(sigma)
+    z = np.arange(1, reach + 1, dtype=np.float64)
+    p = np.exp(-(z * z) / (2 * sigma**2) - log_norm_low)  # P(z) bounded above, z = 1..reach
+    beyond = math.exp(-((reach + 1) ** 2) / (2 * sigma**2) - log_norm_low) * _tail_ratio(reach + 1, sigma)
+    # outside[w] = P(|Z| > w) = 2 (sum_{z = w+1}^{reach} P(z) + beyond), w = 0..reach
+    outside = 2 * (np.append(np.cumsum(p[::-1])[::-1], 0.0) + beyond) * (1 + 4 * _U * (reach + LOG_DROP + 4))
+    # outside[reach] is below 1e-38 < any slack >= 2^-53 (confidence < 1 as a float)
+    return int(np.flatnonzero(outside <= slack)[0])
+
+
+def calibrate_sigma(epsilon: float, delta: float) -> float:
+    """The smallest ``sigma`` (to a relative 1e-6, rounded up) whose discrete Gaussian table is
+    ``(epsilon, delta)``-DP by its exact delta (:func:`approximate_delta`): geometric bisection
+    between a ``sigma`` that misses the target and one that meets it, returning the latter once
+    they are within a relative 1e-6 (the smallest one when delta decreases in sigma, as it does
+    on every grid the tests try)."""
+    epsilon = _check_epsilon(epsilon)
+    if epsilon <= 0:
+        raise UserError(f"epsilon must be > 0 to calibrate sigma; got {epsilon!r}", field="epsilon")
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise UserError(f"delta must be a number in (0, 1); got {delta!r}", field="delta")
+
+    def meets(sigma: float) -> bool:
+        return approximate_delta("gaussian", sigma, epsilon) <= delta
+
+    high = 1.0
+    while not meets(high):
+        high *= 2
+    low = high / 2
+    while meets(low):
+        high, low = low, low / 2
+        if low < 1e-6:
+            return high  # noise this small already meets the target (delta near 1)
+    while high / low > 1 + 1e-6:
+        middle = math.sqrt(low * high)
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def calibrate_scale(epsilon: float) -> float:
+    """The discrete Laplace scale ``1 / epsilon`` of a pure ``epsilon``-DP table (sensitivity 1)."""
+    epsilon = _check_epsilon(epsilon)
+    if epsilon <= 0:
+        raise UserError(f"epsilon must be > 0 to calibrate a scale; got {epsilon!r}", field="epsilon")
+    return 1.0 / epsilon
+
+
+def _measurement(distribution: Distribution, parameter: float) -> Any:
+    """OpenDP's vector measurement of the table, its privacy map checked against the claim."""
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    domain = dp.vector_domain(dp.atom_domain(T="i64"))
+    if distribution == "gaussian":
+        measurement = dp.m.make_gaussian(domain, dp.l2_distance(T="i64"), scale=parameter)
+        claimed = 1.0 / (2.0 * parameter**2)  # zCDP rho
+    else:
+        measurement = dp.m.make_laplace(domain, dp.l1_distance(T="i64"), scale=parameter)
+        claimed = 1.0 / parameter  # pure epsilon
+    granted = measurement.map(1)
+    assert granted <= claimed * (1 + 1e-9), (distribution, parameter, granted, claimed)
+    return measurement
+
+
+def add_noise(counts: np.ndarray, distribution: Distribution, parameter: float) -> np.ndarray:
+    """``counts`` (integers, any shape) plus i.i.d. noise, as int64 of the same shape: the discrete
+    Gaussian of parameter ``sigma`` (OpenDP ``make_gaussian`` on i64, CKS's sampler) or the
+    discrete Laplace of scale ``t`` (OpenDP ``make_laplace`` on i64). One measurement over the
+    whole table (L2 / L1 distance, sensitivity 1); randomness only from OpenDP's samplers (OS
+    CSPRNG). Large tables are cut into chunks sampled on up to ``os.cpu_count()`` threads."""
+    parameter = _check(distribution, parameter)
+    values = np.asarray(counts)
+    if values.dtype.kind not in "iu" and values.size:
+        raise UserError(f"counts must be integers; got an array of {values.dtype}", field="counts")
+    flat = values.astype(np.int64, copy=False).ravel()
+    if not flat.size:
+        return flat.reshape(values.shape)
+    measurement = _measurement(distribution, parameter)
+    parts = [flat[start : start + SAMPLE_CHUNK] for start in range(0, flat.size, SAMPLE_CHUNK)]
+    workers = min(len(parts), os.cpu_count() or 1)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            noisy = list(pool.map(lambda part: measurement(part.tolist()), parts))
+    else:
+        noisy = [measurement(part.tolist()) for part in parts]
+    return np.concatenate([np.asarray(part, dtype=np.int64) for part in noisy]).reshape(values.shape)
+
+
+def nonnegative(noisy: np.ndarray) -> np.ndarray:
+    """``max(0, x)`` cell by cell: post-processing of the released table, so it costs no privacy;
+    it biases small cells upward (a true zero's clamped noise has a positive mean) and can only
+    shrink each cell's error, never move it outside its ``±w`` interval."""
+    return np.maximum(np.asarray(noisy, dtype=np.int64), 0)
+
+
+# --- the kind: policy section, events, accuracy, engines, report -------------------------------
+
+MAX_CELLS = 1_000_000
+"""The largest declared domain a table may have (every cell is published, with noise)."""
+
+MAX_NOISE = 1e6
+
+
+class DiscreteGaussian(Event):
+    """A table of counts of sensitivity 1 with discrete Gaussian noise ``sigma``, its guarantee
+    stated at ``epsilon`` (delta from the exact curve; the module docstring)."""
+
+    kind: Literal["discrete_gaussian"] = "discrete_gaussian"
+    sigma: float = Field(gt=0)
+    epsilon: float = Field(ge=0)
+
+    def guarantee(self, notion: Notion) -> Guarantee:
+        if notion == "probabilistic":
+            delta, how = probabilistic_delta("gaussian", self.sigma, self.epsilon), "P[loss > eps]"
+        else:
+            delta, how = approximate_delta("gaussian", self.sigma, self.epsilon), "exact hockey-stick delta"
+        return Guarantee(notion, self.epsilon, delta, True, f"discrete Gaussian (sigma {self.sigma:g}), {how}")
+
+    def pld(self, discretization: float) -> Any:
+        return noise_pld("gaussian", self.sigma, discretization)
+
+    def exact_curve(self) -> Callable[[float], float] | None:
+        sigma = self.sigma
+        return lambda epsilon: approximate_delta("gaussian", sigma, epsilon)
+
+
+class DiscreteLaplace(Event):
+    """A table of counts of sensitivity 1 with discrete Laplace noise of scale ``scale``:
+    pure (1/scale)-DP."""
+
+    kind: Literal["discrete_laplace"] = "discrete_laplace"
+    scale: float = Field(gt=0)
+
+    def guarantee(self, notion: Notion) -> Guarantee:
+        return pure(notion, 1 / self.scale, f"discrete Laplace (scale {self.scale:g})")
+
+    def pld(self, discretization: float) -> Any:
+        return noise_pld("laplace", self.scale, discretization)
+
+
+NoiseParameter = Annotated[float, checked("noise", f"a number in (0, {MAX_NOISE:g}]", lambda v: 0 < v <= MAX_NOISE)]
+
+
+class GaussianNoise(Model):
+    """Discrete Gaussian noise N_Z(0, sigma^2) on every cell."""
+
+    distribution: Literal["gaussian"]
+    sigma: NoiseParameter
+
+
+class LaplaceNoise(Model):
+    """Discrete Laplace noise of scale ``scale`` on every cell: (1/scale)-DP."""
+
+    distribution: Literal["laplace"]
+    scale: NoiseParameter
+
+
+class NoisyCountsMechanism(MechanismKind):
+    """Counts of every cell of the declared domain of ``columns`` (each column's declared
+    values, generalized by its scheme; a hierarchy column's labels at its level), zeros
+    included, nothing suppressed, each with discrete Gaussian or discrete Laplace noise; a
+    person changes one cell by one (sensitivity 1). ``nonnegative``: negative noisy counts
+    published as 0 (post-processing). ``epsilon``: where a Gaussian table states its delta
+    (default: the smallest epsilon reaching ``targets.delta``)."""
+
+    type: Literal["noisy_counts"]
+    columns: Annotated[Names, at_least(1, "column")]
+    noise: Annotated[GaussianNoise | LaplaceNoise, Field(discriminator="distribution")]
+    epsilon: Epsilon | None = None
+    nonnegative: StrictBool = False
+
+    label: ClassVar[str] = "noisy counts (discrete noise on every cell)"
+    accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
+
+    @property
+    def _distribution(self) -> tuple[Distribution, float]:
+        if isinstance(self.noise, GaussianNoise):
+            return "gaussian", self.noise.sigma
+        return "laplace", self.noise.scale
+
+    def column_refs(self) -> list[ColumnRef]:
+        return [ColumnRef(("columns", i), c) for i, c in enumerate(self.columns)]
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """Every column's domain is declared (values, or a hierarchy's labels): a domain read
+        from the data would disclose which values occur."""
+        from privrelease.policies.schema import HierarchyScheme
+
+        for i, column in enumerate(self.columns):
+            spec = policy.dataset.columns.get(column)
+            if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
+                yield Issue(
+                    (*here, "columns", i),
+                    f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
+                    "every cell of the table is published, so its domain is fixed before the data is read",
+                )
+
+    def delta_reason(self) -> str | None:
+        return "has Gaussian noise" if isinstance(self.noise, GaussianNoise) else None
+
+    def _event(self, loaded: LoadedPolicy) -> Event:
+        distribution, parameter = self._distribution
+        if distribution == "laplace":
+            return DiscreteLaplace(scale=parameter)
+        epsilon = self.epsilon
+        if epsilon is None:
+            targets = loaded.policy.targets
+            assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
+            delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
+            epsilon = _smallest_epsilon(lambda e: delta_of("gaussian", parameter, e), targets.delta)
+        return DiscreteGaussian(sigma=parameter, epsilon=epsilon)
+
+    def plan(self, loaded: LoadedPolicy) -> Planned:
+        distribution, parameter = self._distribution
+        cells = math.prod(len(labels) for labels in loaded.labels(self.columns).values())
+        facts: dict[str, Any] = {
+            "cells": cells,
+            "noise": f"discrete {distribution.capitalize()}, {_parameter_name(distribution)} {parameter:g}",
+            "sensitivity": "1 (one person changes one cell by one)",
+        }
+        if distribution == "gaussian":
+            facts["zcdp_rho"] = 1 / (2 * parameter**2)
+        if cells > MAX_CELLS:
+            return Planned(None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; it has {cells:,}"))
+        return Planned(self._event(loaded), facts)
+
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+        """Every published count is within +-w of its true count with probability >= C, w the
+        exact half-width of the discrete noise (:func:`half_width`)."""
+        from privrelease.mechanisms.accuracy import CONFIDENCES
+
+        distribution, parameter = self._distribution
+        return {
+            "estimate": "the published count" + (" (negative counts published as 0)" if self.nonnegative else ""),
+            "noise_scale": parameter,
+            "half_width": {f"{c:g}": half_width(distribution, parameter, c) for c in CONFIDENCES},
+            "clamping": "negative counts are published as 0: small cells are biased upwards"
+            if self.nonnegative
+            else None,
+        }
+
+    def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
+        """Every cell within +-absolute_error with probability >= confidence."""
+        assert target.absolute_error is not None
+        distribution, parameter = self._distribution
+        return AccuracyCheck(
+            "noise half-width", "<=", target.absolute_error, half_width(distribution, parameter, target.confidence)
+        )
+
+    def job(self, loaded: LoadedPolicy) -> CountJob:
+        domain = loaded.labels(self.columns)
+        schemes = {
+            column: loaded.scheme(column) if loaded.policy.scheme_for(column) is not None else Keep()
+            for column in self.columns
+        }
+        return CountJob(schemes, {column: tuple(labels) for column, labels in domain.items()})
+
+    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
+        job = self.job(loaded)
+        return self.finish(loaded, job.partial(table))
+
+    def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
+        """Noise added once to the exact counts of every cell (merged over partitions on Dask)."""
+        from privrelease.mechanisms.results import MechanismResult
+
+        job = self.job(loaded)
+        distribution, parameter = self._distribution
+        noisy = add_noise(np.asarray(merged, dtype=np.int64), distribution, parameter)
+        if self.nonnegative:
+            noisy = nonnegative(noisy)
+        shape = tuple(len(labels) for labels in job.domain.values())
+        position = np.unravel_index(np.arange(noisy.size), shape)
+        columns = {
+            column: pa.array(labels).take(pa.array(index))
+            for (column, labels), index in zip(job.domain.items(), position, strict=True)
+        }
+        columns["count"] = pa.array(noisy)
+        public = {"cells": int(noisy.size), "noise": f"discrete {distribution}", "nonnegative": self.nonnegative}
+        return MechanismResult(pa.table(columns), self._event(loaded), public, {"rows_counted": int(np.sum(merged))})
+
+    def explanations(self) -> tuple[str, ...]:
+        return (EXPLANATION,)
+
+
+KINDS = (NoisyCountsMechanism,)
+
+
+def _smallest_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
+    """The smallest epsilon in [0, 100] with delta_of(epsilon) <= delta (nonincreasing), to a
+    relative 1e-9 and rounded up."""
+    low, high = 0.0, 100.0
+    if delta_of(low) <= delta:
+        return 0.0
+    while high - low > 1e-9 * high:
+        middle = (low + high) / 2
+        low, high = (low, middle) if delta_of(middle) <= delta else (middle, high)
+    return high
+
+
+@dataclass(frozen=True)
+class CountJob:
+    """The exact count of every cell of ``domain`` (row-major over its columns)."""
+
+    schemes: dict[str, ColumnScheme]
+    domain: dict[str, tuple[Any, ...]]
+
+    def partial(self, table: pa.Table) -> np.ndarray:
+        import pyarrow.compute as pc
+
+        from privrelease.mechanisms.generalization import generalize
+
+        generalized = generalize(table.select(list(self.schemes)), self.schemes)
+        shape = tuple(len(labels) for labels in self.domain.values())
+        codes = []
+        for column, labels in self.domain.items():
+            values = generalized.column(column)
+            if pa.types.is_dictionary(values.type):
+                values = values.cast(values.type.value_type)
+            index = pc.index_in(values, value_set=pa.array(labels, type=values.type))
+            if index.null_count:
+                raise UserError(
+                    f"column {column!r} has a value outside its declared domain"
+                )  # data checks refuse earlier
+            codes.append(index.to_numpy(zero_copy_only=False).astype(np.int64))
+        flat = np.ravel_multi_index(tuple(codes), shape) if codes[0].size else np.zeros(0, dtype=np.int64)
+        return np.bincount(flat, minlength=math.prod(shape)).astype(np.int64)
+
+    def merge(self, parts: list[np.ndarray]) -> np.ndarray:
+        return np.sum(parts, axis=0, dtype=np.int64)
+
+
+EXPLANATION = """<dt>Noisy counts</dt>
+<dd>Every cell of the table's declared domain is published, empty ones included, so which cells are empty is never revealed; each count has independent noise added, drawn from a discrete Gaussian or discrete Laplace distribution (OpenDP's exact samplers). Adding or removing one person changes one cell by one, so the table is ε-differentially private (Laplace, ε = 1/scale) or (ε, δ)-differentially private at the ε and δ shown (Gaussian, exact δ; Canonne, Kamath, Steinke 2020). Negative published counts, where the policy asks for them to be shown as 0, are post-processing and cost no privacy.</dd>"""

@@ -1,0 +1,334 @@
+"""(k, beta)-SDGS microdata and crowd-blending histograms: sample each row with probability
+beta, generalize by the policy's data-independent scheme, suppress the generalized values
+occurring fewer than k times (Li, Qardaji, Su, Algorithm 4); the histogram publishes the counts
+of the surviving cells (Gehrke et al.), which releases the same information and is accounted
+identically. With ``select_scheme``, the exponential mechanism first picks the scheme among
+candidates (eps-safe k-anonymization, Li-Qardaji-Su Section 3.2); the two events compose.
+
+Privacy: :class:`~privrelease.mechanisms.events.SDGS` (Theorem 1 / the exact profile / its PLD).
+Accuracy: :mod:`privrelease.mechanisms.accuracy` (publication probability, relative standard
+error of count / beta, exact conditional interval, suppression bias; the selection gap).
+Dask: each partition counts its own Bernoulli(beta) sample per cell (:class:`CellJob`); the
+flow suppresses with the merged counts of the whole sample and writes the microdata as a
+uniformly random order of the published rows (:mod:`privrelease.mechanisms.partitioned`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+from pydantic import model_validator
+
+from privrelease.mechanisms.events import SDGS, Composed, Event, ExponentialSelection
+from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.mechanisms.results import MechanismResult, Pieces
+from privrelease.policies.fields import (
+    Beta,
+    ColumnRef,
+    Epsilon,
+    FieldError,
+    K,
+    Model,
+    Names,
+    PositiveEpsilon,
+    at_least,
+    num,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from privrelease.mechanisms.schemes import ColumnScheme
+    from privrelease.policies.loader import LoadedPolicy
+    from privrelease.policies.schema import AccuracyTarget
+
+ROWS_PER_PIECE = 1_000_000
+"""Rows per piece (Parquet row group, CSV block) of microdata written on Dask."""
+
+SELECTION_FAILURE = 0.05
+"""The failure probability t at which the selection's utility gap is stated."""
+
+
+class SelectScheme(Model):
+    """eps-safe k-anonymization: the exponential mechanism picks one of ``candidates``."""
+
+    epsilon: PositiveEpsilon
+    candidates: Annotated[Names, at_least(2, "candidate schemes to choose from")]
+
+
+class Generalizing(MechanismKind):
+    """Shared fields and behaviour of SDGS and the crowd-blending histogram (epsilon needed
+    when sampling)."""
+
+    columns: Annotated[Names, at_least(1, "column")]
+    k: K
+    beta: Beta = 1.0
+    epsilon: Epsilon | None = None
+
+    accuracy_fields: ClassVar[tuple[str, ...]] = ("count", "relative_error")
+
+    def column_refs(self) -> list[ColumnRef]:
+        return [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
+
+    def delta_reason(self) -> str | None:
+        return f"has beta {num(self.beta)} < 1" if self.beta < 1 else None
+
+    @model_validator(mode="after")
+    def _epsilon_when_sampling(self) -> Generalizing:
+        if self.epsilon is None and self.beta < 1:
+            raise FieldError.at(
+                ("epsilon",),
+                f"epsilon is required when beta < 1 (beta is {num(self.beta)}): the epsilon "
+                "at which delta = d(k, beta, epsilon) is stated, a number >= 0",
+            )
+        return self
+
+    def _event(self) -> SDGS:
+        output = "microdata" if isinstance(self, SdgsMechanism) else "histogram"
+        return SDGS(k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0, output=output)
+
+    def plan(self, loaded: LoadedPolicy) -> Planned:
+        return Planned(
+            self._event(),
+            {"k_anonymity": self.k, "crowd_blending": f"({self.k}, 0)-crowd-blending private"},
+        )
+
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+        """Per cell size N: publication probability, relative standard error of count / beta,
+        the exact conditional interval and the suppression bias (:mod:`.accuracy`)."""
+        from privrelease.mechanisms import accuracy
+
+        k, beta = self.k, self.beta
+        targets = tuple(t.count for t in loaded.policy.targets.accuracy if t.mechanism == self.name and t.count)
+        return {
+            "estimate": "the published count" if beta >= 1 else f"the published count / beta = count x {1 / beta:g}",
+            "cells": [accuracy.count_accuracy(k, beta, n).as_dict() for n in accuracy.cell_sizes(k, beta, targets)],
+        }
+
+    def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
+        """A cell of ``count`` people published and within +-relative_error, with probability
+        at least ``confidence`` (:func:`.accuracy.count_accuracy`)."""
+        from privrelease.mechanisms.accuracy import count_accuracy
+
+        assert target.count is not None and target.relative_error is not None
+        result = count_accuracy(self.k, self.beta, target.count, relative_error=target.relative_error)
+        return AccuracyCheck(
+            f"a cell of {target.count} people published and within +-{target.relative_error:.0%}",
+            ">=",
+            target.confidence,
+            result.within,
+        )
+
+    def job(self, loaded: LoadedPolicy) -> CellJob:
+        return CellJob(loaded.schemes(self.columns), self.beta)
+
+    def explanations(self) -> tuple[str, ...]:
+        return (KDGS,) if self.beta >= 1 else (SAMPLED,)
+
+
+class SdgsMechanism(Generalizing):
+    """(k, beta)-SDGS microdata (Li, Qardaji, Su, Algorithm 4): sample with probability beta,
+    generalize by the fixed scheme, suppress generalized rows occurring fewer than k times."""
+
+    type: Literal["sdgs"]
+    beta: Beta
+    select_scheme: SelectScheme | None = None
+
+    label: ClassVar[str] = "(k, β)-SDGS microdata"
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return self.select_scheme.candidates if self.select_scheme else ()
+
+    def _selection(self) -> ExponentialSelection | None:
+        from privrelease.mechanisms.selection import sensitivity
+
+        if self.select_scheme is None:
+            return None
+        return ExponentialSelection(
+            epsilon=self.select_scheme.epsilon,
+            candidates=len(self.select_scheme.candidates),
+            sensitivity=sensitivity(self.k, self.beta),
+        )
+
+    def plan(self, loaded: LoadedPolicy) -> Planned:
+        planned = super().plan(loaded)
+        selection = self._selection()
+        if selection is None or self.select_scheme is None:
+            return planned
+        facts = {**planned.facts, "candidate_schemes": list(self.select_scheme.candidates)}
+        assert planned.event is not None
+        return Planned(Composed(events=(selection, planned.event)), facts)
+
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+        """Also, with ``select_scheme``: the exponential mechanism's utility gap (the chosen
+        score within (Delta / eps) ln(|candidates| / t) of the best, with probability 1 - t)."""
+        from privrelease.mechanisms.accuracy import selection_gap
+
+        statement = super().accuracy(loaded, planned)
+        selection = self._selection()
+        if selection is not None:
+            statement["selection_gap"] = {
+                "failure": SELECTION_FAILURE,
+                "rows": selection_gap(
+                    selection.sensitivity, selection.epsilon, selection.candidates, SELECTION_FAILURE
+                ),
+            }
+        return statement
+
+    def _candidates(self, loaded: LoadedPolicy) -> dict[str, dict[str, ColumnScheme]]:
+        assert self.select_scheme is not None
+        return {name: loaded.schemes(self.columns, candidate=name) for name in self.select_scheme.candidates}
+
+    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
+        """SDGS over the policy's scheme, or over the scheme the exponential mechanism selects
+        among the candidates (the events compose)."""
+        from privrelease.mechanisms.sdgs import sdgs
+        from privrelease.mechanisms.selection import select_scheme
+
+        epsilon = self.epsilon or 0.0
+        if self.select_scheme is None:
+            return sdgs(table, loaded.schemes(self.columns), k=self.k, beta=self.beta, epsilon=epsilon)
+        selection = select_scheme(
+            table, self._candidates(loaded), k=self.k, beta=self.beta, epsilon=self.select_scheme.epsilon
+        )
+        result = sdgs(table, selection.scheme, k=self.k, beta=self.beta, epsilon=epsilon)
+        return _selected(result, selection)
+
+    def job(self, loaded: LoadedPolicy) -> CellJob | SelectionJob:
+        if self.select_scheme is None:
+            return super().job(loaded)
+        return SelectionJob(self._candidates(loaded), self.beta)
+
+    def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
+        """Suppress with the merged counts; the microdata as pieces (:class:`Pieces`), each
+        published row in a uniformly random piece and position. With ``select_scheme`` the
+        exponential mechanism first chooses a candidate from the merged counts of all rows (as
+        in-process), and the release is that candidate's sample, drawn independently of the
+        choice: the in-process distribution, and the same composed event."""
+        from privrelease.mechanisms import partitioned
+
+        selection = None
+        if self.select_scheme is not None:
+            from privrelease.mechanisms.selection import expected_published_of_counts, select_by_scores
+
+            candidates = self._candidates(loaded)
+            scores = {
+                name: expected_published_of_counts(merged[name][0].counts, k=self.k, beta=self.beta)
+                for name in candidates
+            }
+            selection = select_by_scores(
+                candidates, scores, k=self.k, beta=self.beta, epsilon=self.select_scheme.epsilon
+            )
+            merged = merged[selection.name][1]
+        published = partitioned.published_cells(merged, self.k)
+        pieces = partitioned.assign_files(
+            published.counts, partitioned.file_count(int(published.counts.sum()), ROWS_PER_PIECE)
+        )
+        outcome = partitioned.result(merged, k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0)
+        result = MechanismResult(
+            Pieces(
+                partitioned.empty_output(published).schema,
+                (partitioned.file_table(published, which, counts) for which, counts in pieces),
+            ),
+            outcome.event,
+            outcome.public_facts,
+            outcome.internal_facts,
+        )
+        return result if selection is None else _selected(result, selection)
+
+    def explanations(self) -> tuple[str, ...]:
+        return super().explanations() + ((SELECTION,) if self.select_scheme is not None else ())
+
+
+class HistogramMechanism(Generalizing):
+    """Crowd-blending histogram (Gehrke et al.): counts of generalized cells, cells below k
+    removed; on a Bernoulli(beta) sample when ``beta`` < 1 (default 1: no sampling)."""
+
+    type: Literal["histogram"]
+
+    label: ClassVar[str] = "crowd-blending histogram"
+
+    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
+        from privrelease.mechanisms.histogram import crowd_blending_histogram
+
+        return crowd_blending_histogram(
+            table, loaded.schemes(self.columns), k=self.k, beta=self.beta, epsilon=self.epsilon
+        )
+
+    def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
+        """Suppress the merged cells below k."""
+        from privrelease.mechanisms.histogram import check_histogram, histogram_of_cells
+
+        check_histogram(loaded.schemes(self.columns), self.k, self.beta, self.epsilon)
+        return histogram_of_cells(merged, k=self.k, beta=self.beta, epsilon=self.epsilon)
+
+
+KINDS = (SdgsMechanism, HistogramMechanism)
+
+
+def _selected(result: MechanismResult, selection: Any) -> MechanismResult:
+    """``result`` released over the scheme ``selection`` chose: the selection's event first."""
+    event: Event = Composed(events=(selection.event, result.event))
+    return MechanismResult(
+        result.table,
+        event,
+        {**result.public_facts, "chosen_scheme": selection.name},
+        {**result.internal_facts, "selection": selection.internal_facts},
+    )
+
+
+@dataclass(frozen=True)
+class CellJob:
+    """Sample with ``beta``, generalize, count cells (:func:`.sdgs.count_cells`)."""
+
+    schemes: dict[str, ColumnScheme]
+    beta: float
+
+    def partial(self, table: pa.Table) -> Any:
+        from privrelease.mechanisms.sdgs import count_cells
+
+        return count_cells(table, self.schemes, beta=self.beta)
+
+    def merge(self, parts: list[Any]) -> Any:
+        """The cell counts of the whole sample (:func:`.partitioned.merge_counts`)."""
+        from privrelease.mechanisms.partitioned import merge_counts
+
+        return merge_counts(parts)
+
+
+@dataclass(frozen=True)
+class SelectionJob:
+    """Per candidate, the cell counts of all rows (the selection's scores) and of a
+    Bernoulli(beta) sample (the release, once a candidate is chosen)."""
+
+    candidates: dict[str, dict[str, ColumnScheme]]
+    beta: float
+
+    def partial(self, table: pa.Table) -> Any:
+        from privrelease.mechanisms.sdgs import count_cells
+
+        return {
+            name: (count_cells(table, schemes, beta=1.0), count_cells(table, schemes, beta=self.beta))
+            for name, schemes in self.candidates.items()
+        }
+
+    def merge(self, parts: list[Any]) -> Any:
+        """Per candidate, both counts of the whole table (:func:`.partitioned.merge_counts`)."""
+        from privrelease.mechanisms.partitioned import merge_counts
+
+        return {
+            name: (merge_counts([part[name][0] for part in parts]), merge_counts([part[name][1] for part in parts]))
+            for name in parts[0]
+        }
+
+
+SAMPLED = """<dt>k-anonymity and crowd-blending (SDGS and histograms)</dt>
+<dd>Each record is first kept with probability β, independently (the sample is never published). Every kept record's values are generalized by the scheme above, fixed before the data was read, and any combination of generalized values shared by fewer than k kept records is suppressed. So every published combination stands for at least k people (k-anonymity), and each person blends into a crowd of at least k ((k, 0)-crowd-blending privacy). Neither property alone is differential privacy: the secret random sample (β &lt; 1) is what makes the release (ε, δ)-differentially private (Li, Qardaji, Su, Theorem 1). A histogram with its cells under k removed reveals no more than the microdata and is accounted the same way.</dd>"""
+
+KDGS = """<dt>k-DGS without sampling is not differential privacy</dt>
+<dd>A release with β = 1 (generalization and suppression of the full data, k-DGS) is k-anonymous and crowd-blending private but has <strong>no (ε, δ)-differential-privacy guarantee</strong> for any δ &lt; 1 (Li, Qardaji, Su, Proposition 4): removing one person can visibly change a published count.</dd>"""
+
+SELECTION = """<dt>Choosing the generalization</dt>
+<dd>The generalization scheme was chosen among the candidates the policy lists by the exponential mechanism, itself ε-differentially private; its ε is part of the composed guarantee.</dd>"""
