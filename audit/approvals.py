@@ -377,6 +377,7 @@ def require_approved(
     for approval in current_approvals(session, facts.sha256):
         verdict = approvers.check(facts, approval, registry) if registry is not None else None
         binding = Binding.of(approval)
+        why: str | None
         if verdict is not None and not verdict.verified:
             why = verdict.reason
         elif binding is None:

@@ -66,7 +66,8 @@ class Binding:
             return None if real == self.path else f"it binds the path {self.path}, not {real}"
         if sha256 is None or sha256 == self.sha256:
             return None
-        return f"it binds the data with sha256 {self.sha256[:12]}, but {path} has sha256 {sha256[:12]}"
+        bound = self.sha256[:12] if self.sha256 is not None else "(none recorded)"
+        return f"it binds the data with sha256 {bound}, but {path} has sha256 {sha256[:12]}"
 
 
 def bound(approval: Any) -> str:

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import Table, event
 from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.audit import signing
@@ -113,9 +113,15 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _table(row: SQLModel) -> Table:
+    """The table of a row of a table model."""
+    # sqlmodel's types declare __table__ only on the table=True subclasses, not on SQLModel
+    return row.__table__  # type: ignore[attr-defined]
+
+
 def row_sha256(row: SQLModel) -> str:
     """Content hash of a table row: :func:`columns_sha256` of all its columns."""
-    table = row.__table__  # type: ignore[attr-defined]
+    table = _table(row)
     return columns_sha256(table.name, {column.name: getattr(row, column.key) for column in table.columns})
 
 
@@ -141,7 +147,7 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def _primary_key(row: SQLModel) -> Any:
-    (column,) = row.__table__.primary_key.columns  # type: ignore[attr-defined]
+    (column,) = _table(row).primary_key.columns
     return getattr(row, column.key)
 
 
@@ -205,7 +211,7 @@ def append(session: Session, kind: str, row: SQLModel | None = None, **facts: An
         session.add(row)
         session.flush()
         payload.update(
-            table=row.__table__.name,  # type: ignore[attr-defined]
+            table=_table(row).name,
             key=_primary_key(row),
             row_sha256=row_sha256(row),
         )
@@ -465,7 +471,7 @@ def verify(
     made after a registry was pinned (:func:`.approvers.problems`).
     """
     root = Path(output_root) if output_root is not None else None
-    records = list(session.exec(select(AuditEvent).order_by(AuditEvent.seq)).all())
+    records = list(session.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all())
     problems: list[Problem] = []
     newest = _check_chain(records, problems)
     last = Head(records[-1].seq, records[-1].hash) if records else Head(0, GENESIS_HASH)
@@ -597,7 +603,7 @@ def _approval_problems(
     from privrelease.audit import approvers, governance
 
     state = governance.state(session)
-    policies = {row.sha256: row for row in intact["policy_version"].values()}  # type: ignore[attr-defined]
+    policies = {row.sha256: row for row in intact["policy_version"].values() if isinstance(row, PolicyVersion)}
     found = approvers.problems(
         list(intact["approval"].values()),
         policies,

@@ -85,7 +85,9 @@ def signers(body: dict[str, Any], signatures: Any, registry: Registry) -> list[s
     for entry in signatures if isinstance(signatures, list) else []:
         public = entry.get("public_key") if isinstance(entry, dict) else None
         name = next((who for who, key in registry.keys.items() if key == public), None)
-        key = None if name is None else signing.decode_public(public)  # type: ignore[arg-type]
+        if name is None or public is None:
+            continue
+        key = signing.decode_public(public)
         if key is not None and signing.valid(key, signed, entry.get("signature")):
             found[public] = name
     return sorted(found.values())
@@ -143,7 +145,7 @@ def state(session: Session) -> State:
             body = payload.get("request")
             if body is None and not modern:
                 digest, body, signatures = _digest(payload), _legacy(session, record.kind, payload), []
-            elif not isinstance(body, dict) or KINDS.get(body.get("action")) != record.kind:
+            elif not isinstance(body, dict) or KINDS.get(body.get("action", "")) != record.kind:
                 raise ValueError("its request is missing or names another action")
             elif body.get("prior") != current.head:
                 current.broken = (

@@ -171,7 +171,7 @@ def _account(events: list[Any] | dict[Any, int], notion: str, limit: Budget) -> 
         composed = composition.epsilon_at(events, limit.delta)
         epsilon, delta = composed.epsilon, limit.delta
     else:
-        composed = composition.summed(events, notion)  # type: ignore[arg-type]
+        composed = composition.summed(events, composition.as_notion(notion))
         epsilon, delta = composed.epsilon, composed.delta
     supported, detail = composed.supported, composed.detail
     if not supported:

@@ -300,7 +300,7 @@ class ChainHead(SQLModel, table=True):
 
 #: Tables whose rows are described by audit records, by table name.
 AUDITED_TABLES: dict[str, type[SQLModel]] = {
-    cls.__tablename__: cls  # type: ignore[misc]
+    cls.__tablename__: cls
     for cls in (
         PolicyVersion,
         Approval,

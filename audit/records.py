@@ -148,7 +148,7 @@ def start_run(
         kind=kind,
         source_run_id=source_run_id,
     )
-    located = {"owner": dict(owner), "release_dir": release_dir} if owner is not None else {}
+    located: dict[str, Any] = {"owner": dict(owner), "release_dir": release_dir} if owner is not None else {}
     if production is not None:
         located["production"] = production
     chain.append(session, "run_started", run, run=run.id, policy_sha256=policy_sha256, **located)

@@ -48,7 +48,9 @@ def main() -> None:
     baseline_grid = best_of(lambda: [baseline_theorem1(int(k), b, e) for k, b, e in zip(*grid)], repeats=1)
 
     calibrations = [(b, e, d) for b in (0.01, 0.1, 0.36) for e in (0.5, 1.0, 3.0) for d in (1e-6, 1e-30)]
-    calibrate_worst = max(best_of(lambda c=c: smallest_k(*c, "probabilistic"), repeats=3) for c in calibrations)
+    calibrate_worst = max(
+        best_of(lambda b=b, e=e, d=d: smallest_k(b, e, d, "probabilistic"), repeats=3) for b, e, d in calibrations
+    )
 
     args = [
         "guarantee",

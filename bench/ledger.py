@@ -17,25 +17,29 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 POLICY = REPO / "policies" / "examples" / "adult-sdgs.yaml"
 RELEASES = 120
 BUDGET = (3.0, 1e-6)
+T = TypeVar("T")
 # the Adult example reads its hierarchies from ../shared/data: declare it a data root (also for
 # the `privrelease guarantee compose` process below, which inherits the environment)
 os.environ.setdefault("PRIVRELEASE_DATA_ROOTS", str(REPO.parent / "shared" / "data"))
 
 
-def seconds(function, repeats: int = 5) -> tuple[float, object]:
+def seconds(function: Callable[[], T], repeats: int = 5) -> tuple[float, T]:
     """Median wall time of ``repeats`` calls, and the last result."""
-    times, result = [], None
+    assert repeats >= 1, f"repeats must be >= 1; got {repeats}"
+    times, results = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        result = function()
+        results.append(function())
         times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+    return statistics.median(times), results[-1]
 
 
 def process_seconds(*args: str, repeats: int = 3) -> float:
@@ -110,7 +114,7 @@ def main() -> None:
         "check_cold_s": cold,
         "check_warm_s": warm,
         "check_basic_warm_s": basic_warm,
-        "runway_runs": runway.runs,  # type: ignore[attr-defined]
+        "runway_runs": runway.runs,
         "runway_s": runway_seconds,
         "compose_1000_process_s": compose,
         "python_startup_s": startup,
@@ -121,7 +125,7 @@ def main() -> None:
     print(
         f"  check: cold {cold:.3f} s (imports, PLD built), warm {warm:.3f} s (target < 1 s); basic {basic_warm:.3f} s"
     )
-    print(f"  runway: {runway.runs} more runs, found in {runway_seconds:.3f} s")  # type: ignore[attr-defined]
+    print(f"  runway: {runway.runs} more runs, found in {runway_seconds:.3f} s")
     print(f"guarantee compose --times 1000: {compose:.2f} s per process (target < 3 s); python -c pass {startup:.2f} s")
     print(json.dumps(figures))
 

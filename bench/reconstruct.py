@@ -116,8 +116,7 @@ def main() -> None:
         assert estimate.observed == observed, "baseline and ours disagree on a count"
         assert abs(estimate.estimate - value) <= 1e-6 * max(1.0, abs(value)), "baseline and ours disagree"
 
-    truth = [e.observed for e in PublishedTable(original, GAMMA).estimate_many(queries)]
-    truth = np.array(truth, dtype=float)
+    truth = np.array([e.observed for e in PublishedTable(original, GAMMA).estimate_many(queries)], dtype=float)
     estimate = np.array([e.estimate for e in estimates])
     relative = np.abs(estimate - truth) / np.maximum(truth, 1)
     bands = {}

@@ -112,7 +112,9 @@ def run_baseline(data: Path, out: Path, beta: float) -> int:
             " delim=';', header=false, all_varchar=true)"
         )
     con.execute(baseline_sql(data, out, beta))
-    return con.execute(f"SELECT count(*) FROM read_parquet('{out}')").fetchone()[0]
+    row = con.execute(f"SELECT count(*) FROM read_parquet('{out}')").fetchone()
+    assert row is not None, "count(*) returns one row"
+    return row[0]
 
 
 def worker(kind: str, data: Path, out: Path, beta: float) -> None:
@@ -150,7 +152,9 @@ def smallest_cell(path: Path) -> int:
 
     columns = ", ".join(f'"{name}"' for name in COLUMNS)
     query = f"SELECT min(n) FROM (SELECT count(*) AS n FROM read_parquet('{path}') GROUP BY {columns})"
-    return duckdb.connect().execute(query).fetchone()[0] or 0
+    row = duckdb.connect().execute(query).fetchone()
+    assert row is not None, "min() returns one row"
+    return row[0] or 0
 
 
 def main() -> None:

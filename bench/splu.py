@@ -29,7 +29,9 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +40,8 @@ import pyarrow.csv as pacsv
 
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.splu import encode_column, splu_gen
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 ADULT = REPO.parent / "shared" / "data" / "adult" / "adult.csv"
@@ -100,13 +104,14 @@ def anatomy_baseline(table: pa.Table, column: str, gamma: int) -> pa.Table:
     return output.set_column(output.column_names.index(column), column, published)
 
 
-def timed(function, repeat: int) -> tuple[float, float, object]:
-    times, result = [], None
+def timed(function: Callable[[], T], repeat: int) -> tuple[float, float, T]:
+    assert repeat >= 1, f"repeat must be >= 1; got {repeat}"
+    times, results = [], []
     for _ in range(repeat):
         start = time.perf_counter()
-        result = function()
+        results.append(function())
         times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times), result
+    return statistics.median(times), min(times), results[-1]
 
 
 def main() -> None:

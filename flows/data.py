@@ -376,6 +376,7 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
     with _session() as s:
         record = records.record_data_read(s, run.run_id)
         read_at = record.data_read_at
+    assert read_at is not None, "record_data_read records the time"
     if run.engine.scaled:
         from privrelease.flows.scaled import read_partials
 

@@ -103,7 +103,7 @@ def open_run(
     default is the engine its run used). Dead runs are settled first, whatever this run's
     outcome (:func:`settle_crashed_runs`)."""
     settle_crashed_runs()
-    choice = {"engine": engine, "dask_address": dask_address, "workers": workers}
+    choice: dict[str, Any] = {"engine": engine, "dask_address": dask_address, "workers": workers}
     if (policy_path is None) == (rerun_of is None):
         raise UserError("give either a policy file or the id of a run to repeat")
     if rerun_of is not None:
@@ -381,7 +381,7 @@ def remove_stale_staging(root: Path, *, keep: str | None = None) -> list[Path]:
     from privrelease.audit.database import session
     from privrelease.audit.models import Run
 
-    removed = []
+    removed: list[Path] = []
     candidates = []
     for folder in root.glob(f".*{recovery.STAGING_SUFFIX}"):
         marker = folder / RUN_MARKER

@@ -31,7 +31,7 @@ import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,7 +80,7 @@ class ReadSpec:
     """How to read and check the declared columns (the policy's ``dataset``), as plain values."""
 
     columns: dict[str, str]
-    missing: str
+    missing: Literal["reject", "drop"]
     missing_values: tuple[str, ...]
     domains: dict[str, tuple[Any, ...]]
 
@@ -301,7 +301,7 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
             raw,
             path,
             spec.columns,
-            missing=spec.missing,  # type: ignore[arg-type]
+            missing=spec.missing,
             missing_values=spec.missing_values,
             domains=dict(spec.domains),
         )
@@ -318,7 +318,7 @@ class PartitionError(DataStepError):
     DataStepError, :func:`.scaled.gather`), else a RuntimeError with its type and text."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        original: BaseException = self.original
+        original = self.original
         try:
             pickle.loads(pickle.dumps(original))
         except Exception:

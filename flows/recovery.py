@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from sqlmodel import col, select
 
@@ -285,7 +286,7 @@ def crash_flow_runs(settled: Iterable[Settled]) -> list[str]:
             if not done.flow_run_id:
                 continue
             try:
-                flow_run = client.read_flow_run(done.flow_run_id)
+                flow_run = client.read_flow_run(UUID(str(done.flow_run_id)))
             except ObjectNotFound:
                 continue
             if flow_run.state is not None and flow_run.state.is_final():
@@ -326,8 +327,8 @@ def release_folder_problems(session: Any, root: Path, *, output_root: Path | Non
             continue
         full = base / path
         if full.parent.parent.resolve() == root:
-            folder = recorded.setdefault(full.parent.name, {})
-            folder.setdefault(status.get(run_id, "unknown"), set()).add(full.name)
+            by_status = recorded.setdefault(full.parent.name, {})
+            by_status.setdefault(status.get(run_id, "unknown"), set()).add(full.name)
     problems = []
     for folder in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
         runs = recorded.get(folder.name, {})

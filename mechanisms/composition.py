@@ -259,6 +259,14 @@ def _sequential(releases: Releases, epsilon: float | None, delta: float | None) 
     return {SEQUENTIAL: (epsilon, total_delta if epsilon >= total_eps else 1.0)}
 
 
+def as_notion(text: str) -> Notion:
+    """``text`` as an accounting notion; ValueError for any other text."""
+    for notion in NOTIONS:
+        if text == notion:
+            return notion
+    raise ValueError(f"notion must be one of {', '.join(NOTIONS)}; got {text!r}")
+
+
 def _tightest(
     events: Sequence[Event] | Releases,
     times: int,
@@ -268,8 +276,7 @@ def _tightest(
 ) -> Composition:
     """The candidate with the smallest answer to the question (the epsilon at ``delta``, or the
     delta at ``epsilon``) under ``notion``."""
-    if notion not in NOTIONS:
-        raise ValueError(f"notion must be one of {', '.join(NOTIONS)}; got {notion!r}")
+    notion = as_notion(notion)
     releases = releases_of(events, times)
     refused = _unsupported(releases, notion)
     if refused is not None:

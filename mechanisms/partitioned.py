@@ -172,7 +172,7 @@ def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.nd
         cell = np.searchsorted(cumulative, np.arange(start, stop, dtype=np.int64), side="right")
         size = stop - start
         draws = randomness.random_uint64(-(-size * np.dtype(width).itemsize // 8)).view(width)[:size]
-        key = (draws & mask).astype(np.int64) * cells + cell
+        key = np.bitwise_and(draws, mask).astype(np.int64) * cells + cell
         if dense is not None:
             dense += np.bincount(key, minlength=len(dense))
         else:

@@ -56,7 +56,9 @@ def auto_beta(epsilon: float) -> float:
 
 
 def _calibrated(k: int, beta: float, epsilon: float, notion: Notion) -> Calibrated:
-    return Calibrated(k, beta, epsilon, sdgs_delta(k, beta, epsilon, notion), notion)  # type: ignore[arg-type]
+    delta = sdgs_delta(k, beta, epsilon, notion)
+    assert delta is not None, "calibrated parameters meet the target, so they have a delta"
+    return Calibrated(k, beta, epsilon, delta, notion)
 
 
 def _narrow(meets, failing, passing, midpoint, close):

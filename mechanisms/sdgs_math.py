@@ -266,7 +266,7 @@ def theorem1_grid(k, beta, epsilon) -> list[SdgsDelta]:
                 results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])
             else:
                 results[c] = _theorem1_log_space(int(kk[pos]), float(bb[pos]), float(gg[pos]), float(kl[pos]))
-    return results  # type: ignore[return-value]
+    return _filled(results)
 
 
 def _theorem1_log_space(k: int, beta: float, gamma: float, kl: float) -> SdgsDelta:
@@ -337,6 +337,13 @@ def _log_remove_bound(k, beta, epsilon, n):
     return np.minimum(chernoff, _log_tv_bound(beta, n))
 
 
+def _filled(results: list[SdgsDelta | None]) -> list[SdgsDelta]:
+    """``results`` once every cell has its delta."""
+    filled = [result for result in results if result is not None]
+    assert len(filled) == len(results), "a cell has no result"
+    return filled
+
+
 def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
     """The exact hockey-stick delta of (k, beta)-SDGS for every cell (see :func:`delta_exact`)."""
     k, beta, epsilon = _as_cells(k, beta, epsilon)
@@ -353,7 +360,7 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
         )
     idx = np.flatnonzero(sampled)
     if not idx.size:
-        return results  # type: ignore[return-value]
+        return _filled(results)
     kk, bb, ee = k[idx], beta[idx], epsilon[idx]
     gg = gamma_of(bb, ee)
     kl = _kl(gg, bb)
@@ -387,7 +394,7 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
             results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])
         else:
             results[c] = _exact_log_space(int(kk[pos]), float(bb[pos]), float(ee[pos]), float(kl[pos]), int(n_m[pos]))
-    return results  # type: ignore[return-value]
+    return _filled(results)
 
 
 def _log_exact_add(k: int, beta: float, epsilon: float, n: int) -> float:

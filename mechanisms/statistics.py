@@ -134,8 +134,8 @@ def statistic_partial(
     values, clamped_below, clamped_above = _clamped_values(table, column, calibration)
     codes = _group_codes(table, domain)
     if calibration.query == "count":
-        sums = np.bincount(codes, minlength=groups).astype(np.float64)
-        terms = [(float(x),) for x in sums]
+        sums: np.ndarray = np.bincount(codes, minlength=groups).astype(np.float64)
+        terms: list[tuple[float, ...]] = [(float(x),) for x in sums]
     elif values.dtype == np.int64:
         _check_exact_integer_sum(len(values), calibration)
         # every partial sum is an integer below 2^53 in magnitude, so the double sum is exact
@@ -286,6 +286,8 @@ def _clamped_values(table: pa.Table, column: str, calibration: Calibration) -> t
             f"column {column!r} has missing values; impute or filter them before the release "
             "(a missing value is outside the declared domain)"
         )
+    lo: float
+    hi: float
     if pa.types.is_integer(kind):
         raw = data.to_numpy().astype(np.int64, copy=False)
         lo, hi = math.ceil(calibration.lower), math.floor(calibration.upper)

@@ -63,7 +63,8 @@ def compose(policy: PathLike, *, times: int = 1, delta: float | None = None, eps
         raise UserError(f"{policy}: the release has no (epsilon, delta)-DP guarantee to compose: {stated.detail}")
     if delta is not None:
         return composition.epsilon_at([tree], delta, times=times, notion=notion)
-    return composition.delta_at([tree], epsilon, times=times, notion=notion)  # type: ignore[arg-type]
+    assert epsilon is not None, "exactly one of delta and epsilon is given"
+    return composition.delta_at([tree], epsilon, times=times, notion=notion)
 
 
 def runway(policy: PathLike) -> Any:

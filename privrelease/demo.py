@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -162,12 +163,12 @@ def generate_table(rows: int = ROWS, seed: int | None = None) -> pa.Table:
     )
 
 
-def _atomic_write(path: Path, write: object) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call ``write(temp_path)`` for a temp file beside ``path``, then rename it to ``path``."""
     descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(descriptor)
     try:
-        write(Path(temp))  # type: ignore[operator]
+        write(Path(temp))
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)

@@ -449,7 +449,7 @@ def serve(folder: Path, port: int, idle: float) -> None:
     api = create_app(ephemeral=True, final=True)
     identity = json.dumps({"token": token, "pid": os.getpid()}).encode()
 
-    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+    async def app(scope, receive, send):
         if scope["type"] == "http" and scope["path"] == IDENTITY_PATH:
             await send(
                 {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}

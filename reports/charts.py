@@ -316,9 +316,11 @@ def plot(
                     f'stroke-width="2.2"{dash} stroke-linejoin="round"><title>{e(s.label)}</title></path>'
                 )
         if s.dots:
-            for x, y in s.points:
-                if y is not None:
-                    out.append(f'<circle cx="{_num(frame.px(x))}" cy="{_num(frame.py(y))}" r="3" fill="{s.color}"/>')
+            for at_x, at_y in s.points:
+                if at_y is not None:
+                    out.append(
+                        f'<circle cx="{_num(frame.px(at_x))}" cy="{_num(frame.py(at_y))}" r="3" fill="{s.color}"/>'
+                    )
     for point in points:
         data = "".join(
             f' data-{e(key)}="{e(repr(value) if isinstance(value, float) else value)}"'
@@ -331,21 +333,21 @@ def plot(
         )
     # legend, one item a row below the x-axis label
     out.append('<g class="legend">')
-    y = plot_bottom + BOTTOM + 6
+    row = plot_bottom + BOTTOM + 6
     for label, color, dash, line, dots in legend_items:
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         if line:
             out.append(
-                f'<line x1="{LEFT}" y1="{y}" x2="{LEFT + 30}" y2="{y}" stroke="{color}" stroke-width="2.2"{dash_attr}/>'
+                f'<line x1="{LEFT}" y1="{row}" x2="{LEFT + 30}" y2="{row}" stroke="{color}" stroke-width="2.2"{dash_attr}/>'
             )
         if dots:
             radius = 3 if line else 5.5
-            out.append(f'<circle cx="{LEFT + 15}" cy="{y}" r="{radius}" fill="{color}"/>')
-        out.append(f'<text x="{LEFT + 38}" y="{y}" dy="4">{e(label)}</text>')
-        y += LEGEND_ROW
+            out.append(f'<circle cx="{LEFT + 15}" cy="{row}" r="{radius}" fill="{color}"/>')
+        out.append(f'<text x="{LEFT + 38}" y="{row}" dy="4">{e(label)}</text>')
+        row += LEGEND_ROW
     if band is not None:
-        out.append(f'<rect x="{LEFT}" y="{y - 6}" width="30" height="12" fill="#f3e6c4"/>')
-        out.append(f'<text x="{LEFT + 38}" y="{y}" dy="4">{e(band[2])}</text>')
+        out.append(f'<rect x="{LEFT}" y="{row - 6}" width="30" height="12" fill="#f3e6c4"/>')
+        out.append(f'<text x="{LEFT + 38}" y="{row}" dy="4">{e(band[2])}</text>')
     out.append("</g></svg>")
     return Markup("\n".join(out))
 
@@ -583,8 +585,8 @@ def splu_charts(plan: Plan) -> list[Chart]:
     alpha = privacy.alpha if privacy is not None else None
     f_max = min(max(SPLU_F_MAX, alpha or 0), 200)
     charts = []
-    for index, mechanism in enumerate(m for m in plan.mechanisms if isinstance(m.event, SPLUGen)):
-        gamma = mechanism.event.gamma  # type: ignore[union-attr]
+    for index, (mechanism, event) in enumerate((m, m.event) for m in plan.mechanisms if isinstance(m.event, SPLUGen)):
+        gamma = event.gamma
         counts, probability = splu_guarantees.privacy_curve(gamma, eps, f_max)
         curve = list(zip(counts.tolist(), probability.tolist(), strict=True))
         rules = []

@@ -274,7 +274,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         }
         for output in context.outputs
     ]
-    ledger_rows = []
+    ledger_rows: list[tuple[str, ...]] = []
     if context.budget or context.ledger_before or context.ledger_after:
         for label, amounts in (
             ("lifetime budget", context.budget),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging.config
 
 from alembic import context
+from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
 import privrelease.audit.models  # noqa: F401  (registers the tables)
@@ -19,7 +20,7 @@ if config.config_file_name is not None and config.attributes.get("connection") i
 target_metadata = SQLModel.metadata
 
 
-def _configure(connection) -> None:  # type: ignore[no-untyped-def]
+def _configure(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

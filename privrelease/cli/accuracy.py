@@ -134,12 +134,12 @@ def calibrate_accuracy(
 ) -> None:
     """The smallest beta (to 1e-4) at which a cell of COUNT people is published and within
     +-r with probability >= C, and what it costs in privacy: the smallest epsilon at DELTA."""
+    from privrelease.cli.calculus import accounting_notion
     from privrelease.errors import TargetNotMet, UserError
     from privrelease.mechanisms import sdgs_calibration as cal
     from privrelease.mechanisms.accuracy import count_accuracy, smallest_beta
 
-    if accounting not in ("probabilistic", "approximate"):
-        raise UserError(f"--accounting must be probabilistic or approximate; got {accounting!r}")
+    notion = accounting_notion(accounting)
     if not 0 < delta < 1:
         raise UserError(f"--delta must be in (0, 1); got {delta:g}")
     beta = smallest_beta(k, count, relative_error, confidence)
@@ -150,7 +150,7 @@ def calibrate_accuracy(
             f" < {confidence:g} (a smaller k or a larger error)"
         )
     statement = count_accuracy(k, beta, count, confidence=confidence, relative_error=relative_error)
-    epsilon = None if beta >= 1 else cal.smallest_epsilon(k, beta, delta, accounting).epsilon
+    epsilon = None if beta >= 1 else cal.smallest_epsilon(k, beta, delta, notion).epsilon
     document = {
         "k": k,
         "beta": beta,

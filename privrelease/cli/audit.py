@@ -242,7 +242,7 @@ def policy_list(json_output: JsonFlag = False) -> None:
     from privrelease.audit.database import session
 
     with session(_engine(), readonly=True) as s:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for version in approvals.list_policies(s):
             approved = approvals.current_approvals(s, version.sha256)
             rows.append(
@@ -662,7 +662,7 @@ def audit_recover(
             if run.status not in recovery.UNSETTLED:
                 raise UserError(f"--run {ref}: run {run.id} is {run.status}; only an unfinished run can be settled")
             owner = recovery.started_facts(s, run.id).get("owner")
-            if recovery.owner_alive(owner):
+            if owner is not None and recovery.owner_alive(owner):
                 raise UserError(f"--run {ref}: run {run.id} is still running (pid {owner['pid']} on this host)")
             forced.append(run.id)
     settled = recovery.recover(engine, force=forced)
@@ -783,7 +783,11 @@ def ledger_show(
             "delta": status.remaining.delta,
         },
         "counting_entries": len(status.counting),
-        "runway": None if ahead is None else {"runs": ahead.runs, "capped": ahead.capped, "like_run": latest.run_id},  # type: ignore[union-attr]
+        "runway": (
+            None
+            if ahead is None or latest is None
+            else {"runs": ahead.runs, "capped": ahead.capped, "like_run": latest.run_id}
+        ),
         "vintages": vintages,
         "entries": [_entry_dict(status, entry) for entry in status.entries],
     }
@@ -801,10 +805,10 @@ def ledger_show(
         how = f"the smallest epsilon at the lifetime delta; {how}"
     console.print(f"spent            {status.spent}  ({how})", highlight=False, soft_wrap=True)
     console.print(f"remaining        {status.remaining}", highlight=False, soft_wrap=True)
-    if ahead is not None:
+    if ahead is not None and latest is not None:
         more = f"{ahead.runs}{'+' if ahead.capped else ''} more run{'s' if ahead.runs != 1 else ''}"
         console.print(
-            f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget",  # type: ignore[union-attr]
+            f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget",
             highlight=False,
             soft_wrap=True,
         )
@@ -842,7 +846,7 @@ def ledger_list(json_output: JsonFlag = False) -> None:
     from privrelease.audit import identities, ledger
     from privrelease.audit.database import session
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     with session(_engine(), readonly=True) as s:
         for ds in identities.list_identities(s):
             status = ledger.ledger_status(s, ds)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from privrelease.cli.output import console, print_json, styled
 from privrelease.errors import TargetNotMet, UserError
+
+if TYPE_CHECKING:
+    from privrelease.mechanisms.sdgs_calibration import Notion
 
 guarantee_app = typer.Typer(help="Guarantees of a mechanism for given parameters.", no_args_is_help=True)
 calibrate_app = typer.Typer(help="Find the parameter that meets a target.", no_args_is_help=True)
@@ -21,6 +24,16 @@ ACCOUNTING = typer.Option(
     "--accounting",
     help="probabilistic (Theorem 1's delta, as in the papers) or approximate (exact hockey-stick delta).",
 )
+
+
+def accounting_notion(accounting: str) -> Notion:
+    """The ``--accounting`` value as a notion; UserError for any other value."""
+    from privrelease.mechanisms.composition import as_notion
+
+    try:
+        return as_notion(accounting)
+    except ValueError:
+        raise UserError(f"--accounting must be probabilistic or approximate; got {accounting!r}") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -209,7 +222,7 @@ def guarantee_sdgs(
     grid_k, grid_beta, grid_eps = (a.ravel() for a in np.meshgrid(ks, betas, epsilons, indexing="ij"))
     theorem1 = theorem1_grid(grid_k, grid_beta, grid_eps)
     exact = exact_grid(grid_k, grid_beta, grid_eps)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "k": int(kk),
             "beta": float(bb),
@@ -262,16 +275,15 @@ def calibrate_sdgs(
     largest beta, or the delta achieved."""
     from privrelease.mechanisms import sdgs_calibration as cal
 
-    if accounting not in ("probabilistic", "approximate"):
-        raise UserError(f"--accounting must be probabilistic or approximate; got {accounting!r}")
+    notion = accounting_notion(accounting)
     auto = beta is not None and beta.strip().lower() == "auto"
-    if auto and epsilon is None:
-        raise UserError("--beta auto means beta = 1 - e^-epsilon: give --epsilon too")
-    beta_value = None
-    if beta is not None and not auto:
-        beta_value = _numbers(beta, "beta", float)[0]
+    beta_value: float | None = None
     if auto:
-        beta_value = cal.auto_beta(epsilon)  # type: ignore[arg-type]
+        if epsilon is None:
+            raise UserError("--beta auto means beta = 1 - e^-epsilon: give --epsilon too")
+        beta_value = cal.auto_beta(epsilon)
+    elif beta is not None:
+        beta_value = _numbers(beta, "beta", float)[0]
     _check_sdgs(k, beta_value, epsilon, delta)
     missing = [
         name
@@ -283,17 +295,20 @@ def calibrate_sdgs(
             f"give exactly three of --k, --beta, --epsilon, --delta; missing: {', '.join(missing) or 'none'}"
         )
     try:
-        if missing == ["k"]:
-            result = cal.smallest_k(beta_value, epsilon, delta, accounting)  # type: ignore[arg-type]
-        elif missing == ["epsilon"]:
-            result = cal.smallest_epsilon(k, beta_value, delta, accounting)  # type: ignore[arg-type]
-        elif missing == ["beta"]:
-            result = cal.largest_beta(k, epsilon, delta, accounting)  # type: ignore[arg-type]
+        if k is None:
+            assert beta_value is not None and epsilon is not None and delta is not None, "one is missing"
+            result = cal.smallest_k(beta_value, epsilon, delta, notion)
+        elif epsilon is None:
+            assert beta_value is not None and delta is not None, "one is missing"
+            result = cal.smallest_epsilon(k, beta_value, delta, notion)
+        elif beta_value is None:
+            assert delta is not None, "one is missing"
+            result = cal.largest_beta(k, epsilon, delta, notion)
         else:
-            achieved = cal.sdgs_delta(k, beta_value, epsilon, accounting)  # type: ignore[arg-type]
+            achieved = cal.sdgs_delta(k, beta_value, epsilon, notion)
             if achieved is None:
                 raise cal.CalibrationError(f"Theorem 1 gives no delta for epsilon {epsilon:g} < -ln(1 - beta)")
-            result = cal.Calibrated(k, beta_value, epsilon, achieved, accounting)  # type: ignore[arg-type]
+            result = cal.Calibrated(k, beta_value, epsilon, achieved, notion)
     except cal.CalibrationError as error:
         raise TargetNotMet(str(error)) from None
     document = {

@@ -76,7 +76,8 @@ def guarantee_compose(
     if delta is not None:
         result = composition.epsilon_at([plan.event], delta, times=times, notion=plan.notion)
     else:
-        result = composition.delta_at([plan.event], epsilon, times=times, notion=plan.notion)  # type: ignore[arg-type]
+        assert epsilon is not None, "exactly one of --delta and --epsilon is given"
+        result = composition.delta_at([plan.event], epsilon, times=times, notion=plan.notion)
     document = {
         "policy": plan.loaded.policy.name,
         "notion": plan.notion,

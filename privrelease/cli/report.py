@@ -52,7 +52,7 @@ def report_list(json_output: JsonFlag = False) -> None:
     from privrelease.audit.models import PolicyVersion, Report, Run
 
     statement = (
-        select(
+        select(  # type: ignore[call-overload]  # sqlmodel types select() for at most 4 columns; 9 work
             Report.id,
             Report.run_id,
             Report.created_at,

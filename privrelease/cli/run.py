@@ -220,7 +220,7 @@ def _run_flow(
     return summary, timings
 
 
-def _no_heartbeats() -> contextlib.AbstractContextManager[None]:
+def _no_heartbeats() -> contextlib.AbstractContextManager[object]:
     """No flow-run heartbeats on privrelease's own server: it runs none of Prefect's services
     that read them (crashed runs are marked by :mod:`privrelease.flows.recovery`), and ending
     the heartbeat thread costs each run up to a second."""
@@ -236,7 +236,7 @@ def _fail_release(error: BaseException) -> None:
 
     if isinstance(error, DataStepError):
         if error.exit_code is None:
-            raise error.original
+            raise error.original if error.original is not None else error
         fail(f"{error.step}: {error.detail}", error.exit_code)
     if isinstance(error, (UserError, TargetNotMet, ClusterFailure)):
         fail(str(error), error.exit_code)
@@ -314,21 +314,19 @@ def run_command(
     from privrelease.flows.preflight import preflight
 
     # what the run would refuse (policy, targets, data file, approval, budget) fails now, not after Prefect's start
-    server = _start_checked(
-        lambda: (
-            _check_format(output_format),
-            preflight(
-                policy,
-                data_path=data,
-                output_format=output_format,
-                production=production,
-                engine=engine,
-                dask_address=dask_address,
-                workers=workers,
-            ),
-        ),
-        server_reuse,
-    )
+    def check() -> None:
+        _check_format(output_format)
+        preflight(
+            policy,
+            data_path=data,
+            output_format=output_format,
+            production=production,
+            engine=engine,
+            dask_address=dask_address,
+            workers=workers,
+        )
+
+    server = _start_checked(check, server_reuse)
     _release(
         json_output,
         server,
@@ -360,7 +358,11 @@ def rerun_command(
     manifest and checked against the recorded hash); the data must have the same sha256."""
     from privrelease.flows.opening import rerun_source
 
-    server = _start_checked(lambda: (_check_format(output_format), rerun_source(run_id)), server_reuse)
+    def check() -> None:
+        _check_format(output_format)
+        rerun_source(run_id)
+
+    server = _start_checked(check, server_reuse)
     _release(
         json_output,
         server,
