@@ -1053,3 +1053,23 @@ def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work
     assert any("published no rows" in warning for warning in flagged.warnings)
     assert "Nearly empty release" in Path(flagged.report).read_text()
     assert "Nearly empty release" not in Path(flagged.statement).read_text()
+
+
+def test_a_run_parses_and_plans_its_policy_once(demo_dir, work, monkeypatch):
+    """The command line's pre-flight and the flow's steps in one process share one parse and
+    one plan of the policy (the memo of :class:`~privrelease.flows.context.PolicySource`)."""
+    from privrelease import planning
+    from privrelease.flows import context
+    from privrelease.flows.preflight import preflight
+    from privrelease.policies import loader
+
+    context._load_policy.cache_clear()
+    context.plan_of.cache_clear()
+    parses, plans = [], []
+    load, plan = loader._load, planning.plan_policy
+    monkeypatch.setattr(loader, "_load", lambda *a, **k: parses.append(1) or load(*a, **k))
+    monkeypatch.setattr(planning, "plan_policy", lambda *a, **k: plans.append(1) or plan(*a, **k))
+    path = str(demo_dir / demo.POLICY_FILE)
+    preflight(path)
+    release_plain(policy_path=path)
+    assert (len(parses), len(plans)) == (1, 1)
