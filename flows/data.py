@@ -309,20 +309,6 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
 # --------------------------------------------------------------------------- 6. read
 
 
-_opened: dict[str, BinaryIO] = {}
-"""Run id -> its data file (one file), opened once at its checked real path
-(:func:`.datafiles.open_checked`): the fingerprint and the read in this process use it, never
-the path again, so a file swapped or relinked after the check is not what they see."""
-
-_tables: dict[str, pa.Table] = {}
-"""Run id -> the checked table, kept in this process between the read and the mechanisms (it
-never passes through Prefect); a mechanism in another process reads the file again."""
-
-_partials: dict[str, dict[str, Any]] = {}
-"""Run id -> mechanism name -> its merged partial result (Dask engine: the read step computes
-every mechanism's partials on the workers; only these summaries reach this process)."""
-
-
 def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ()) -> Any:
     """The declared columns of the data, parsed from bytes that hash to ``expected_sha256``
     (a folder: from its ``files``, each whole, parsed from the bytes fingerprinted)."""
@@ -356,13 +342,13 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
 
 
 def _data_handle(run: RunContext) -> BinaryIO:
-    """The run's data file as opened in this process (:data:`_opened`); opened now, by its
-    checked real path, in a process that has not (a task elsewhere: its bytes must still hash
-    to the run's fingerprint)."""
-    handle = _opened.get(run.run_id)
-    if handle is None:
-        handle = _opened[run.run_id] = open_checked(run.data_path)
-    return handle
+    """The run's data file as opened in this process (:func:`.engines.held`); opened now, by
+    its checked real path, in a process that has not (a task elsewhere: its bytes must still
+    hash to the run's fingerprint)."""
+    state = engines.held(run.run_id)
+    if state.opened is None:
+        state.opened = open_checked(run.data_path)
+    return state.opened
 
 
 def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
@@ -382,7 +368,7 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
 
         with withholding("reading the data"):
             read = read_partials(run.run_id, run.loaded(), dataset.files, run.engine)
-        _partials[run.run_id] = read.partials
+        engines.held(run.run_id).partials = read.partials
         engine = {
             "description": run.engine.describe(),
             "partitions": read.partitions,
@@ -391,15 +377,15 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
         return ReadFacts(read.rows_read, read.rows_dropped, read_at, engine=engine)
     with withholding("reading the data"):
         result = _read(run, dataset.sha256, dataset.files)
-    _tables[run.run_id] = result.table
+    engines.held(run.run_id).table = result.table
     return ReadFacts(result.rows_read, result.rows_dropped, read_at)
 
 
-def _table(run: RunContext) -> pa.Table:
+def run_table(run: RunContext) -> pa.Table:
     """The run's table: read by :func:`read_data` in this process, or read again here (a task
     in another process), from bytes that hash to the run's recorded fingerprint."""
-    table = _tables.get(run.run_id)
-    if table is None:
+    state = engines.held(run.run_id)
+    if state.table is None:
         from privrelease.audit.models import Run
 
         with _session() as s:
@@ -410,17 +396,17 @@ def _table(run: RunContext) -> pa.Table:
             if facts.sha256 != fingerprint:
                 raise UserError(f"dataset {run.data_path!r} changed after it was fingerprinted: nothing was read")
             files = facts.files
-        table = _read(run, fingerprint, files).table
-        _tables[run.run_id] = table
-    return table
+        state.table = _read(run, fingerprint, files).table
+    return state.table
+
+
+def run_partials(run: RunContext) -> dict[str, Any]:
+    """Every mechanism's merged partial result, read by :func:`read_data` in this process (Dask)."""
+    partials = engines.held(run.run_id).partials
+    assert partials is not None, f"run {run.run_id}: the read step computes the partial results in this process"
+    return partials
 
 
 def forget_data(run_id: str) -> None:
-    """Drop the run's open data file, table or partial results from this process, and its
-    Dask client."""
-    handle = _opened.pop(run_id, None)
-    if handle is not None:
-        handle.close()
-    _tables.pop(run_id, None)
-    _partials.pop(run_id, None)
-    engines.disconnect(run_id)
+    """Drop everything the run holds in this process (:func:`.engines.release`)."""
+    engines.release(run_id)

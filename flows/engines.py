@@ -6,8 +6,13 @@ stage, so a partition costs milliseconds of orchestration, not a Prefect task ru
 
 The cluster is the one at ``address`` (production: workers that see the data files; outputs
 are written by the flow's process) or, without one, a ``LocalCluster`` of ``workers`` processes, one thread each, started for the
-run and closed at its end. The flow process keeps one client per run (:func:`connect`,
-:func:`client`, :func:`disconnect`); tasks of the run reach it by the run id.
+run and closed at its end.
+
+What a run holds in this process between its steps (never passed through Prefect: task
+parameters and results carry no data) is one :class:`Held` per run, owned here: its data file
+opened at the checked path, the checked table (local engine) or every mechanism's merged
+partial result (Dask), and its Dask client. Steps reach it by the run id (:func:`held`);
+:func:`release` closes and forgets all of it when the run ends.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from privrelease.errors import ClusterFailure, UserError
 
@@ -81,15 +86,53 @@ def _unreachable(engine: Engine, error: BaseException) -> UserError:
     )
 
 
-_clients: dict[str, tuple[Any, Any]] = {}
-"""Run id -> (Dask client, the LocalCluster started for the run or None)."""
+@dataclass
+class Held:
+    """What one run holds in this process: the data file opened at its checked real path
+    (the fingerprint and the read use it, never the path again), the checked table, the
+    merged partial results (mechanism name -> result), the Dask client and the LocalCluster
+    started for the run (None: none started)."""
+
+    opened: BinaryIO | None = None
+    table: Any = None
+    partials: dict[str, Any] | None = None
+    client: Any = None
+    cluster: Any = None
+
+
+_held: dict[str, Held] = {}
+
+
+def held(run_id: str) -> Held:
+    """What run ``run_id`` holds in this process (empty at first)."""
+    return _held.setdefault(run_id, Held())
+
+
+def holds(run_id: str) -> bool:
+    """Whether run ``run_id`` holds anything in this process."""
+    return run_id in _held
+
+
+def release(run_id: str) -> None:
+    """Close the run's data file, its Dask client and local cluster, and forget its table and
+    partial results."""
+    found = _held.pop(run_id, None)
+    if found is None:
+        return
+    if found.opened is not None:
+        found.opened.close()
+    if found.client is not None:
+        found.client.close()
+    if found.cluster is not None:
+        found.cluster.close()
 
 
 def connect(run_id: str, engine: Engine) -> Any:
     """The run's Dask client, connected on first use. An unreachable scheduler is a
     :class:`UserError` naming its address (before anything is reserved or read)."""
-    if run_id in _clients:
-        return _clients[run_id][0]
+    state = held(run_id)
+    if state.client is not None:
+        return state.client
     from distributed import Client, LocalCluster
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -111,30 +154,20 @@ def connect(run_id: str, engine: Engine) -> Any:
         if cluster is not None:
             cluster.close()
         raise _unreachable(engine, error) from None
-    _clients[run_id] = (client, cluster)
+    state.client, state.cluster = client, cluster
     return client
 
 
 def client(run_id: str) -> Any:
     """The run's connected client (:func:`connect` ran in an earlier step of this process)."""
-    assert run_id in _clients, f"run {run_id}: no Dask client in this process (the read step connects it)"
-    return _clients[run_id][0]
+    found = held(run_id).client
+    assert found is not None, f"run {run_id}: no Dask client in this process (the read step connects it)"
+    return found
 
 
 def workers(run_id: str) -> int:
     """How many workers the run's cluster has now."""
     return len(client(run_id).scheduler_info(n_workers=-1)["workers"])
-
-
-def disconnect(run_id: str) -> None:
-    """Close the run's client and the local cluster started for it, if any."""
-    found = _clients.pop(run_id, None)
-    if found is None:
-        return
-    dask_client, cluster = found
-    dask_client.close()
-    if cluster is not None:
-        cluster.close()
 
 
 def map_gather(run_id: str, function: Callable[..., Any], items: Iterable[Any], **constants: Any) -> list[Any]:

@@ -23,7 +23,7 @@ from privrelease.flows.context import (
     safe_name,
     withholding,
 )
-from privrelease.flows.data import _partials, _table
+from privrelease.flows.data import run_partials, run_table
 from privrelease.mechanisms.results import Pieces
 
 
@@ -94,9 +94,9 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     path = run.staging_dir / file
     with withholding(step):
         if run.engine.scaled:
-            result = spec.finish(loaded, _partials[run.run_id][name])
+            result = spec.finish(loaded, run_partials(run)[name])
         else:
-            result = spec.run(loaded, _table(run))
+            result = spec.run(loaded, run_table(run))
     planned = {m.name: m.event for m in plan_of(run.policy).mechanisms}
     assert result.event == planned[name], (
         f"mechanism {name!r} realized {result.event!r}, but the plan (and the reservation) has {planned[name]!r}"

@@ -25,7 +25,7 @@ from privrelease.audit import approvals, chain
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
 from privrelease.errors import TargetNotMet, UserError
-from privrelease.flows import data, steps
+from privrelease.flows import data, engines, steps
 from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import composition
 from privrelease.mechanisms.events import event_from_json
@@ -176,7 +176,7 @@ def test_release_on_demo_data(demo_dir, work):
     head = chain.read_head(folder / steps.CHAIN_HEAD_FILE)
     assert head.seq == published.chain_head["seq"]
     verify_intact(folder / steps.CHAIN_HEAD_FILE)
-    assert not data._tables and not data._partials  # the data is not kept after the run
+    assert not engines.holds(published.run_id)  # the data is not kept after the run
 
 
 def test_release_as_csv(demo_dir, work):
