@@ -68,6 +68,8 @@ FACT_LABELS = {
     "t_p_argmin_f": "T_p attained at f",
     "t_f": "large-sum utility T_f",
     "approximate_epsilon_at_target_delta": "approximate ε at the target δ (optimal composition)",
+    "approximate_delta_at_max_epsilon": "approximate δ at the target max ε",
+    "composition": "composition (every method compared, the tightest used)",
     "rho_composed_statistics": "ρ of the statistics composed",
     "not_dp": "not differential privacy",
 }
@@ -170,15 +172,27 @@ def _parameters(spec: Any) -> list[tuple[str, str]]:
 FACT_KEYS = {"epsilon0": "ε0", "delta0": "δ0"}
 
 
+def _composition(result: dict[str, Any]) -> str:
+    """A composition's answer in words: the method used and every method's (ε, δ)."""
+    methods = "; ".join(
+        f"{name}: ε = {fmt(point['epsilon'])}, δ = {fmt(point['delta'])}"
+        for name, point in result["candidates"].items()
+    )
+    return f"{result['method']} of {result['releases']} releases (tightest); compared: {methods}"
+
+
 def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """Facts as (label, text), leaving out empty ones and those ``shown`` already (parameters)."""
     rows = []
     for key, value in facts.items():
         if value is None or value == "" or (shown and shown.get(key) == _value(value)):
             continue
+        if key == "composition":
+            rows.append((FACT_LABELS[key], _composition(value)))
+            continue
         if isinstance(value, dict):
             value = {FACT_KEYS.get(k, k): v for k, v in value.items()}
-        rows.append((FACT_LABELS.get(key, key), _value(value)))
+        rows.append((FACT_LABELS.get(key, str(key).replace("_", " ")), _value(value)))
     return rows
 
 

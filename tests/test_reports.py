@@ -658,3 +658,23 @@ def test_report_commands_never_import_prefect_and_are_quick(db: Any, tmp_path: P
     assert done.returncode == 0, done.stderr
     assert cpu < 3 * baseline, f"report list + show took {cpu:.2f} s of CPU; importing the CLI {baseline:.2f} s"
     assert (tmp_path / "work" / "reports" / f"{run_id}.html").read_text(encoding="utf-8") == HTML
+
+
+def test_the_report_reads_as_prose_and_says_how_its_accountant_composes(demo) -> None:
+    """No raw Python structure in the report (the composition's methods in words, labels in
+    words), and "what these guarantees mean" matches the accountant: probabilistic adds up
+    (Theorem 2); approximate names its tightest method and never claims the epsilons add up."""
+    examples = Path(EXAMPLES_DIR)
+    combined = render_report(
+        example_context(load_policy_text((examples / "adult-combined.yaml").read_text(), examples))
+    )
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", combined))
+    assert "under the approximate accountant they are composed by the tightest sound method" in text
+    assert "add up" not in text
+    assert "privacy loss distribution of 3 releases (tightest); compared:" in text
+    for raw in ("candidates =", "approximate_delta_at_max_epsilon", "{'", "': "):
+        assert raw not in text, raw
+    _, probabilistic = demo
+    assert "their ε and δ add up (sequential composition, Li, Qardaji, Su, Theorem 2)" in re.sub(
+        r"\s+", " ", re.sub(r"<[^>]+>", " ", probabilistic)
+    )
