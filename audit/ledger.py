@@ -34,6 +34,7 @@ from privrelease.audit import chain, witness
 from privrelease.audit.models import Dataset, DatasetIdentity, LedgerEntry, Run, utcnow
 from privrelease.audit.records import attach_dataset, finish_run
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.mechanisms.guarantees import Budget
 from privrelease.settings import get_settings
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "status_for",
 ]
 
-RELATIVE_SLACK = 1e-9
 MAX_RUNWAY = 100_000
 """Runways are counted up to this many runs."""
 EXPIRED_REASON = "expired: not committed within the reservation time to live (crashed run?)"
@@ -64,26 +64,7 @@ class LedgerStateError(RuntimeError):
     expired reservation, releasing a committed one)."""
 
 
-@dataclass(frozen=True)
-class Budget:
-    """An (epsilon, delta) pair: a lifetime budget, or what trees compose to."""
-
-    epsilon: float
-    delta: float
-
-    def fits(self, limit: Budget) -> bool:
-        """Within ``limit``, up to a relative slack of 1e-9 for rounding."""
-        return _within(self.epsilon, limit.epsilon) and _within(self.delta, limit.delta)
-
-    def __str__(self) -> str:
-        return f"epsilon={self.epsilon:.6g}, delta={self.delta:.6g}"
-
-
 ZERO = Budget(0.0, 0.0)
-
-
-def _within(value: float, limit: float) -> bool:
-    return value <= limit * (1 + RELATIVE_SLACK) + 1e-300
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any
 from privrelease.mechanisms import pld
 from privrelease.mechanisms.accountants import NOTIONS, Notion, account, optimal_composition_delta
 from privrelease.mechanisms.events import Event, leaf_counts
+from privrelease.mechanisms.guarantees import Guarantee
 
 EXACT = "exact"
 PLD = "privacy loss distribution"
@@ -55,17 +56,14 @@ _MAX_EPSILON = 64.0
 
 
 @dataclass(frozen=True)
-class Composition:
-    """``releases`` releases composed are (epsilon, delta)-DP; ``method`` gave the tightest
-    answer; ``candidates`` holds every method's (epsilon, delta) for the same question."""
+class Composition(Guarantee):
+    """``releases`` releases composed are (epsilon, delta)-DP under ``notion``; ``method``
+    gave the tightest answer; ``candidates`` holds every method's (epsilon, delta) for the same
+    question."""
 
-    epsilon: float
-    delta: float
-    releases: int
-    method: str
+    releases: int = 0
+    method: str = ""
     candidates: dict[str, tuple[float, float]] = field(default_factory=dict)
-    supported: bool = True
-    detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,7 +102,7 @@ def _unsupported(releases: Releases, notion: Notion) -> Composition | None:
     if not reasons and releases:
         return None
     why = "; ".join(reasons) or "nothing to compose: no releases"
-    return Composition(math.inf, 1.0, sum(releases.values()), "none", supported=False, detail=why)
+    return Composition(notion, math.inf, 1.0, False, why, releases=sum(releases.values()), method="none")
 
 
 def _points(releases: Releases, notion: Notion = "approximate") -> list[tuple[float, float, int]]:
@@ -291,7 +289,9 @@ def _tightest(
     solved = 0 if delta is not None else 1
     method = min(candidates, key=lambda name: candidates[name][solved])
     answer_epsilon, answer_delta = candidates[method]
-    return Composition(answer_epsilon, answer_delta, sum(releases.values()), method, candidates)
+    return Composition(
+        notion, answer_epsilon, answer_delta, releases=sum(releases.values()), method=method, candidates=candidates
+    )
 
 
 def epsilon_at(
@@ -324,7 +324,7 @@ def summed(events: Sequence[Event] | Releases, notion: Notion) -> Composition:
         return refused
     total_eps, total_delta = _basic(_points(releases, notion))
     method = SEQUENTIAL if notion == "probabilistic" else BASIC
-    return Composition(total_eps, min(1.0, total_delta), sum(releases.values()), method)
+    return Composition(notion, total_eps, min(1.0, total_delta), releases=sum(releases.values()), method=method)
 
 
 def delta_curve(events: Sequence[Event], epsilons: Sequence[float]) -> list[float]:

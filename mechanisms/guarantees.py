@@ -14,8 +14,30 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+RELATIVE_SLACK = 1e-9
+"""A budget is met up to this relative slack (rounding of sums and bisections)."""
+
 Notion = Literal["probabilistic", "approximate"]
 NOTIONS: tuple[Notion, ...] = ("probabilistic", "approximate")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An (epsilon, delta) pair: a lifetime budget, or what releases compose to."""
+
+    epsilon: float
+    delta: float
+
+    def fits(self, limit: Budget) -> bool:
+        """Within ``limit``, up to a relative slack of :data:`RELATIVE_SLACK` for rounding."""
+        return _within(self.epsilon, limit.epsilon) and _within(self.delta, limit.delta)
+
+    def __str__(self) -> str:
+        return f"epsilon={self.epsilon:.6g}, delta={self.delta:.6g}"
+
+
+def _within(value: float, limit: float) -> bool:
+    return value <= limit * (1 + RELATIVE_SLACK) + 1e-300
 
 
 @dataclass(frozen=True)
@@ -27,6 +49,11 @@ class Guarantee:
     delta: float
     supported: bool = True
     detail: str = ""
+
+    @property
+    def budget(self) -> Budget:
+        """Its (epsilon, delta) pair."""
+        return Budget(self.epsilon, self.delta)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ from test_audit_chain import BACKENDS, FINGERPRINT, audit_database, check
 
 from privrelease.audit import database, ledger
 from privrelease.errors import TargetNotMet
-from privrelease.mechanisms import composition
+from privrelease.mechanisms import composition, guarantees
 from privrelease.mechanisms.events import SDGS
 
 ADULT = SDGS(k=20, beta=0.1, epsilon=1.0)
@@ -34,7 +34,9 @@ def setup_dataset(engine: Any, budget: ledger.Budget, runs: int) -> list[str]:
 def crossing(event: Any, budget: ledger.Budget, upto: int) -> int:
     """The number of runs that fit, by a plain scan of the composed curve (no search)."""
     for runs in range(1, upto + 1):
-        if composition.delta_at([event], budget.epsilon, times=runs).delta > budget.delta * (1 + ledger.RELATIVE_SLACK):
+        if composition.delta_at([event], budget.epsilon, times=runs).delta > budget.delta * (
+            1 + guarantees.RELATIVE_SLACK
+        ):
             return runs - 1
     return upto
 
