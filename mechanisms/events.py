@@ -125,7 +125,9 @@ class SDGS(Event):
             return Guarantee(notion, self.epsilon, result.delta, True, detail)
         exact = delta_exact(self.k, self.beta, self.epsilon)
         assert exact.delta is not None
-        return Guarantee(notion, self.epsilon, exact.delta, True, f"exact hockey-stick delta, max at n = {exact.argmax_n}")
+        return Guarantee(
+            notion, self.epsilon, exact.delta, True, f"exact hockey-stick delta, max at n = {exact.argmax_n}"
+        )
 
     def pld(self, discretization: float) -> Any:
         """The connect-the-dots pair above its exact profile (:func:`.pld.sdgs_pld`)."""
