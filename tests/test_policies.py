@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.kinds.identifiable_statistic import IdentifiableStatisticMechanism
+from privrelease.mechanisms.kinds.sdgs import SdgsMechanism
 from privrelease.mechanisms.schemes import (
     Bins,
     Keep,
@@ -20,8 +22,6 @@ from privrelease.mechanisms.schemes import (
     TopBottomCoding,
     ValueMap,
 )
-from privrelease.mechanisms.kinds.identifiable_statistic import IdentifiableStatisticMechanism
-from privrelease.mechanisms.kinds.sdgs import SdgsMechanism
 from privrelease.policies import (
     HierarchyScheme,
     LoadedPolicy,
