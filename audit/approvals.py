@@ -5,7 +5,10 @@ A policy is content-addressed: its ``sha256`` is the hash of its canonical form
 operating-system account (:func:`.bindings.os_account`: name and uid from the password
 database, never the environment), the time, a note and what it binds of the data
 (:mod:`.bindings`). A name@version is bound to
-one hash: a changed file under the same name and version is refused (bump ``version``). In
+one hash once it is registered, which only an approval or a publication does
+(:func:`register_policy`): a changed file under a registered name and version is refused (bump
+``version``). A run that has not published records its content as a draft
+(:func:`record_draft`), which binds nothing, so a refused draft is edited under its version. In
 production mode a run calls :func:`require_approved`, which refuses an unapproved or changed
 policy, or data the approvals it counts do not bind.
 
@@ -24,16 +27,17 @@ names, if any, else unsigned approvals count as before).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlmodel import Session, col, select
 
 from privrelease.audit import approvers, bindings, chain, governance, signing
 from privrelease.audit.bindings import Account, Binding, os_account
-from privrelease.audit.models import Approval, AuditEvent, PolicyVersion, utcnow
+from privrelease.audit.models import Approval, AuditEvent, PolicyVersion, Run, utcnow
 from privrelease.errors import UserError
 
 __all__ = [
@@ -47,7 +51,12 @@ __all__ = [
     "list_policies",
     "mode_request",
     "policy_facts",
+    "next_version",
+    "record_draft",
     "register_policy",
+    "registered_version",
+    "version_clash",
+    "VersionClash",
     "current_approvals",
     "pinned_registry",
     "production_mode",
@@ -67,6 +76,12 @@ class PolicyFacts:
     sha256: str
     canonical_json: str
 
+    @classmethod
+    def recorded(cls, session: Session, sha256: str) -> PolicyFacts:
+        """The facts of the policy content recorded with hash ``sha256`` (registered or draft)."""
+        row = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == sha256)).one()
+        return cls(row.name, row.version, row.sha256, row.canonical_json)
+
 
 def policy_facts(loaded: Any) -> PolicyFacts:
     """The facts of a policy loaded by ``privrelease.policies.load_policy``: name, version,
@@ -85,48 +100,142 @@ def policy_facts(loaded: Any) -> PolicyFacts:
 
 
 def register_policy(session: Session, facts: PolicyFacts, *, by_approval: bool = False) -> PolicyVersion:
-    """Register a policy version (idempotent for the same hash). The record names the OS account
-    (name and uid) that registered it, its author (:func:`author_of`), unless an approval registered it
-    (``by_approval``). Raises :class:`UserError` when name@version is already registered with
-    another hash."""
+    """Register a policy version: freeze its content under name@version (idempotent for the same
+    hash; a draft of it, :func:`record_draft`, becomes registered). Called by an approval
+    (``by_approval``) and in the transaction that publishes a release, and only then. The record
+    names the OS account (name and uid) that registered it, its author (:func:`author_of`)
+    unless it is an approval's. Raises :class:`UserError` (:class:`VersionClash`) when
+    name@version is already registered with another hash."""
+    return _record(session, facts, draft=False, by_approval=by_approval)
+
+
+def record_draft(session: Session, facts: PolicyFacts) -> PolicyVersion:
+    """The row of a policy's content for a run that has not published (yet): its registered
+    version, or a ``draft`` row that claims no name@version (recorded once, with the OS account
+    recording it: the draft's author, :func:`author_of`), so a refused or failed run of a draft
+    leaves its content on record without freezing the version. Raises :class:`UserError` when
+    name@version is registered with another hash (no run of it could ever publish)."""
+    return _record(session, facts, draft=True)
+
+
+def _record(session: Session, facts: PolicyFacts, *, draft: bool, **recorded: Any) -> PolicyVersion:
+    """The row of ``facts.sha256``: returned as it is when it is registered (or a draft is
+    wanted), else made or turned into a ``draft`` or registered row with a ``policy_drafted`` or
+    ``policy_registered`` record naming the OS account and ``recorded`` facts."""
     chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
     existing = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == facts.sha256)).first()
-    if existing is not None:
+    if existing is not None and (draft or not existing.draft):
         return existing
-    clash = session.exec(
-        select(PolicyVersion).where(PolicyVersion.name == facts.name, PolicyVersion.version == facts.version)
-    ).first()
+    clash = version_clash(session, facts)
     if clash is not None:
-        raise UserError(
-            f"policy {facts.name}@{facts.version} is already registered with sha256 "
-            f"{clash.sha256[:12]}; this file has {facts.sha256[:12]}: a changed policy needs a "
-            "new `version`"
-        )
+        raise UserError(clash.message)
     account = os_account()
-    version = PolicyVersion(
+    version = existing or PolicyVersion(
         name=facts.name,
         version=facts.version,
         sha256=facts.sha256,
         canonical_json=facts.canonical_json,
     )
+    version.draft, version.registered_at = draft, utcnow()
     chain.append(
         session,
-        "policy_registered",
+        "policy_drafted" if draft else "policy_registered",
         version,
         policy=facts.name,
         version=facts.version,
         sha256=facts.sha256,
         os_user=account.name,
         os_uid=account.uid,
-        by_approval=by_approval,
+        **recorded,
     )
     return version
 
 
+def registered_version(session: Session, name: str, version: str) -> PolicyVersion | None:
+    """The content registered under ``name@version`` (None: none, drafts aside)."""
+    statement = select(PolicyVersion).where(
+        PolicyVersion.name == name, PolicyVersion.version == version, col(PolicyVersion.draft).is_(False)
+    )
+    return session.exec(statement).first()
+
+
+@dataclass(frozen=True)
+class VersionClash:
+    """A policy's name@version is registered with other content: what is registered, since when
+    and by what (``since``: approved, published or registered, with times), and a free version
+    to give the draft instead (``suggested``)."""
+
+    policy: str
+    sha256: str
+    registered_sha256: str
+    since: str
+    suggested: str
+
+    @property
+    def message(self) -> str:
+        return (
+            f"policy {self.policy} is registered with other content (sha256 {self.registered_sha256[:12]}, "
+            f"{self.since}); this file has sha256 {self.sha256[:12]}: give this draft a new `version`, "
+            f'e.g. version: "{self.suggested}"'
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        return {**asdict(self), "message": self.message}
+
+
+def version_clash(session: Session, facts: PolicyFacts) -> VersionClash | None:
+    """The clash when ``facts.name@facts.version`` is registered with another hash, else None:
+    such a draft can be neither approved nor published (bump its ``version``)."""
+    other = registered_version(session, facts.name, facts.version)
+    if other is None or other.sha256 == facts.sha256:
+        return None
+    since = []
+    approved = approvals_of(session, other.sha256)
+    if approved:
+        since.append(f"approved {_minute(approved[0].approved_at)} UTC by {approved[0].approved_by!r}")
+    published = session.exec(
+        select(Run)
+        .where(Run.policy_sha256 == other.sha256, Run.status == "succeeded")
+        .order_by(col(Run.finished_at), col(Run.id))
+    ).first()
+    if published is not None and published.finished_at is not None:
+        since.append(f"published {_minute(published.finished_at)} UTC by run {published.id[:12]}")
+    taken = set(
+        session.exec(
+            select(PolicyVersion.version).where(PolicyVersion.name == facts.name, col(PolicyVersion.draft).is_(False))
+        )
+    )
+    return VersionClash(
+        policy=f"{facts.name}@{facts.version}",
+        sha256=facts.sha256,
+        registered_sha256=other.sha256,
+        since=", ".join(since) or f"registered {_minute(other.registered_at)} UTC",
+        suggested=next_version(facts.version, taken),
+    )
+
+
+def next_version(version: str, taken: Iterable[str]) -> str:
+    """The first version after ``version`` not in ``taken``: its last number counted up
+    (``3`` -> ``4``, ``1.2`` -> ``1.3``, ``v7`` -> ``v8``), else ``-2``, ``-3``, ... appended."""
+    taken = set(taken)
+    match = re.fullmatch(r"(.*?)(\d+)", version)
+    prefix, number = (match.group(1), int(match.group(2)) + 1) if match else (f"{version}-", 2)
+    while f"{prefix}{number}" in taken:
+        number += 1
+    return f"{prefix}{number}"
+
+
+def _minute(when: Any) -> str:
+    return when.strftime("%Y-%m-%d %H:%M")
+
+
 def author_of(session: Session, sha256: str) -> Account | None:
-    """The OS account that registered the policy hash (None: registered by its first approval,
-    or before registrations named the OS user; uid None before they recorded it)."""
-    for record in session.exec(select(AuditEvent).where(AuditEvent.kind == "policy_registered")):
+    """The OS account that first recorded the policy hash: a run of its draft
+    (:func:`record_draft`) or its registration (None: registered by its first approval, or
+    before registrations named the OS user; uid None before they recorded it)."""
+    kinds = ("policy_drafted", "policy_registered")
+    statement = select(AuditEvent).where(col(AuditEvent.kind).in_(kinds)).order_by(col(AuditEvent.seq))
+    for record in session.exec(statement):
         payload = json.loads(record.payload_json)
         if payload.get("sha256") == sha256:
             if payload.get("by_approval") or not payload.get("os_user"):
@@ -297,9 +406,7 @@ def require_approved(
             f"approver(s){besides}{signed}; it needs {needed} distinct (approval.approvers; revoked approvals do "
             f"not count){why}: `privrelease policy approve POLICY.yaml --by NAME`"
         )
-    same_name = session.exec(
-        select(PolicyVersion).where(PolicyVersion.name == facts.name, PolicyVersion.version == facts.version)
-    ).first()
+    same_name = registered_version(session, facts.name, facts.version)
     if same_name is not None and same_name.sha256 != facts.sha256:
         raise UserError(
             f"policy {facts.name}@{facts.version} was changed: its sha256 is "
@@ -345,24 +452,30 @@ def describe(session: Session, facts: Any, approval: Approval | None) -> dict[st
 
 
 def list_policies(session: Session) -> list[PolicyVersion]:
-    """Every registered policy version, by name then registration time."""
-    statement = select(PolicyVersion).order_by(
-        col(PolicyVersion.name), col(PolicyVersion.registered_at), col(PolicyVersion.id)
+    """Every registered policy version (drafts aside), by name then registration time."""
+    statement = (
+        select(PolicyVersion)
+        .where(col(PolicyVersion.draft).is_(False))
+        .order_by(col(PolicyVersion.name), col(PolicyVersion.registered_at), col(PolicyVersion.id))
     )
     return list(session.exec(statement).all())
 
 
 def find_policy(session: Session, ref: str) -> PolicyVersion:
-    """``NAME@VERSION``, ``NAME`` (its newest registered version) or a sha256 prefix."""
+    """``NAME@VERSION``, ``NAME`` (its newest registered version) or a sha256 prefix of a
+    registered version (drafts aside)."""
     name, _, version = ref.partition("@")
-    statement = select(PolicyVersion).where(PolicyVersion.name == name)
+    registered = col(PolicyVersion.draft).is_(False)
+    statement = select(PolicyVersion).where(PolicyVersion.name == name, registered)
     if version:
         statement = statement.where(PolicyVersion.version == version)
     statement = statement.order_by(col(PolicyVersion.registered_at).desc(), col(PolicyVersion.id).desc())
     found = session.exec(statement).first()
     if found is None and not version and len(ref) >= 6:
         by_hash = list(
-            session.exec(select(PolicyVersion).where(col(PolicyVersion.sha256).startswith(ref.lower()))).all()
+            session.exec(
+                select(PolicyVersion).where(col(PolicyVersion.sha256).startswith(ref.lower()), registered)
+            ).all()
         )
         if len(by_hash) == 1:
             found = by_hash[0]

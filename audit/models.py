@@ -72,13 +72,30 @@ class PolicyVersionBase(SQLModel):
 
 
 class PolicyVersion(PolicyVersionBase, table=True):
-    """One content-addressed version of a policy: ``sha256`` is the hash of its canonical form."""
+    """One content-addressed version of a policy: ``sha256`` is the hash of its canonical form.
+
+    A registered version (``draft`` False) holds ``name@version``: at most one content per
+    name@version is registered (a partial unique index), and only an approval or a publication
+    registers one (:mod:`privrelease.audit.approvals`). A ``draft`` row (revision 0007) is the
+    content of a run that was refused or failed before it published: recorded for that run's
+    history, it claims no name@version, so the draft can be edited under the same version.
+    ``registered_at``: when it was registered (a draft's: when it was first recorded)."""
 
     __tablename__ = "policy_version"
-    __table_args__ = (sa.UniqueConstraint("name", "version", name="uq_policy_version_name"),)
+    __table_args__ = (
+        sa.Index(
+            "uq_policy_version_name",
+            "name",
+            "version",
+            unique=True,
+            sqlite_where=sa.text("NOT draft"),
+            postgresql_where=sa.text("NOT draft"),
+        ),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     registered_at: datetime = _when(default_factory=utcnow)
+    draft: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
 
 
 class ApprovalBase(SQLModel):

@@ -129,13 +129,16 @@ def start_run(
     release_dir: str | None = None,
     production: bool | None = None,
 ) -> Run:
-    """Create a run (status ``pending``) of the registered policy version ``policy_sha256``.
+    """Create a run (status ``pending``) of the policy content ``policy_sha256``: a registered
+    version, or a draft (:func:`.approvals.record_draft`), registered only as it publishes.
     ``kind`` is ``release``, ``rerun`` or ``reissue`` (then ``source_run_id`` names the run
     repeated or handed back). ``owner`` (the process running it) and ``release_dir`` (where
     it will publish) go into the ``run_started`` record, for crash recovery, and so does the
     mode it runs in (``production``)."""
     if session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == policy_sha256)).first() is None:
-        raise UserError(f"policy sha256 {policy_sha256[:12]} is not registered: approve or register it first")
+        raise UserError(
+            f"policy sha256 {policy_sha256[:12]} is not recorded: approve it, or record it (approvals.record_draft) first"
+        )
     run = Run(
         id=run_id or uuid.uuid4().hex,
         policy_sha256=policy_sha256,

@@ -26,6 +26,8 @@ from privrelease.settings import get_settings
 
 if TYPE_CHECKING:
     from privrelease.flows.partitions import DataFile
+    from privrelease.planning import Plan
+    from privrelease.policies.loader import LoadedPolicy
 
 
 OUTPUT_FORMATS = ("parquet", "csv")
@@ -118,42 +120,41 @@ def _write_error(path: Path, error: OSError) -> UserError:
 @dataclass(frozen=True)
 class PolicySource:
     """A policy as text (YAML or the canonical JSON) with the folder its relative paths resolve
-    against. Picklable; :meth:`load` is memoized."""
+    against. Picklable; :meth:`load` is memoized, so a process parses a policy once (the
+    pre-flight, the flow's steps and the plan share it)."""
 
     text: str
     base_dir: str
     source: str
     path: str | None = None
 
-    def load(self) -> Any:
-        return _load_policy(self.text, self.base_dir, self.source)
+    def load(self) -> LoadedPolicy:
+        """The validated policy (parsed once per process)."""
+        return _load_policy(self)
 
     @classmethod
     def from_file(cls, path: str | Path) -> PolicySource:
-        path = Path(path).expanduser().resolve()
-        from privrelease.policies import load_policy
+        """The policy file at ``path`` (the loader's messages for a missing, unreadable or
+        non-UTF-8 file), read once; it is parsed on the first :meth:`load`."""
+        from privrelease.policies.loader import read_policy_file
 
-        load_policy(path)  # the loader's messages for missing, unreadable, non-UTF-8 files
-        return cls(path.read_text(encoding="utf-8"), str(path.parent), str(path), str(path))
+        text, real = read_policy_file(Path(path).expanduser())
+        return cls(text, str(real.parent), str(real), str(real))
 
 
 @functools.lru_cache(maxsize=16)
-def _load_policy(text: str, base_dir: str, source: str) -> Any:
+def _load_policy(policy: PolicySource) -> LoadedPolicy:
     from privrelease.policies import load_policy_text
 
-    return load_policy_text(text, base_dir, source=source)
+    return load_policy_text(policy.text, policy.base_dir, source=policy.source, path=policy.path)
 
 
 @functools.lru_cache(maxsize=16)
-def _plan(text: str, base_dir: str, source: str) -> Any:
+def plan_of(policy: PolicySource) -> Plan:
+    """The (memoized) :class:`privrelease.planning.Plan` of ``policy``, planned once per process."""
     from privrelease.planning import plan_policy
 
-    return plan_policy(_load_policy(text, base_dir, source))
-
-
-def plan_of(policy: PolicySource) -> Any:
-    """The (memoized) :class:`privrelease.planning.Plan` of ``policy``."""
-    return _plan(policy.text, policy.base_dir, policy.source)
+    return plan_policy(policy.load())
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class RunContext:
     def release_dir(self) -> Path:
         return Path(self.out_root) / self.release_name
 
-    def loaded(self) -> Any:
+    def loaded(self) -> LoadedPolicy:
         return self.policy.load()
 
 

@@ -170,16 +170,20 @@ def verify_policy(
     dask_address: str | None = None,
     workers: int | None = None,
 ) -> RunContext:
-    """Load and validate the policy, register its version, and start the run.
+    """Load and validate the policy, and start the run on its registered version or its draft.
 
     In production mode (the audit database's mode, the ``PRIVRELEASE_PRODUCTION`` setting or
     ``production=True``; nothing here switches it off) the policy's exact hash must be approved
     for the data the run reads (:func:`privrelease.audit.approvals.require_approved`: here its
-    path; the bytes when step 3 fingerprints them). A refusal never registers a version:
-    a draft (a hash not registered yet) that is refused (unapproved in production, a missed
-    target, a budget it would not fit) leaves a ``release_refused`` audit record and nothing
-    else, so it can be edited under the same version; a registered version that is refused gets
-    a failed run recording the refusal. Registration happens at approval or the first release."""
+    path; the bytes when step 3 fingerprints them). Nothing here registers a version (freezes
+    its content under name@version): an approval does, or the transaction that publishes the
+    release (:func:`.publishing.publish`). A draft (a hash not registered yet) that is refused
+    here (unapproved in production, a missed target, a budget it would not fit, a name@version
+    registered with other content) leaves a ``release_refused`` audit record and nothing else;
+    one that passes starts its run on a draft row of its content
+    (:func:`privrelease.audit.approvals.record_draft`), which claims no name@version, so a run
+    refused later (a data check) leaves it a draft, to be edited under the same version. A
+    registered version that is refused here gets a failed run recording the refusal."""
     from privrelease.audit import approvals, chain, records, witness
 
     if output_format not in OUTPUT_FORMATS:
@@ -225,7 +229,7 @@ def verify_policy(
     if refusal is not None and draft:
         raise refusal
     with _session() as s:
-        approvals.register_policy(s, facts)
+        approvals.record_draft(s, facts)  # its registered version, or its draft
         recovery.ACTIVE.add(run_id)  # before the run exists: no recovery in this process takes it for dead
         records.start_run(
             s,
@@ -295,19 +299,23 @@ def approval_binding(loaded: Any, binds: str = bindings.DATA) -> bindings.Bindin
 
 
 def _registered(session: Any, facts: Any) -> bool:
-    """True when the policy's exact hash is registered already."""
-    from sqlmodel import select
+    """True when the policy's exact hash is registered already (approved or published)."""
+    from privrelease.audit.approvals import registered_version
 
-    from privrelease.audit.models import PolicyVersion
-
-    return session.exec(select(PolicyVersion.id).where(PolicyVersion.sha256 == facts.sha256)).first() is not None
+    found = registered_version(session, facts.name, facts.version)
+    return found is not None and found.sha256 == facts.sha256
 
 
 def _draft_refusal(session: Any, loaded: Any, policy: PolicySource, facts: Any) -> UserError | TargetNotMet | None:
-    """Why a draft would be refused later in the run, found before anything is recorded: a
-    missed target, or a lifetime budget it would not fit (previewed; the reservation decides)."""
+    """Why a draft would be refused later in the run, found before anything is recorded: its
+    name@version registered with other content (it could never publish), a missed target, or a
+    lifetime budget it would not fit (previewed; the reservation decides)."""
+    from privrelease.audit.approvals import version_clash
     from privrelease.flows.data import plan_summary, require_budget, require_targets
 
+    clash = version_clash(session, facts)
+    if clash is not None:
+        return UserError(clash.message)
     summary = plan_summary(policy)
     try:
         require_targets(summary, f"{facts.name}@{facts.version}")

@@ -35,8 +35,8 @@ def preflight(
         ``dataset.id`` for a charged release), the output format, the data file (a Parquet folder:
         its first file) and its header, the plan's targets, the audit database (its chain, as every run checks it before
     spending: :func:`~privrelease.audit.witness.check_before_spending`), the approval
-        (production mode) and that the release fits its dataset's lifetime budget (cheapest
-        first); last, once every local check has passed, that the engine's Dask scheduler answers
+        (production mode), that its name@version is not registered with other content and that
+        the release fits its dataset's lifetime budget (cheapest first); last, once every local check has passed, that the engine's Dask scheduler answers
         (no host a draft names is contacted before its approval)."""
     from privrelease.audit import approvals, witness
     from privrelease.audit.database import exists, get_engine, open_database, session
@@ -69,7 +69,11 @@ def preflight(
     with session(open_database()) as s:  # a tampered, cut-short or rolled-back database: before Prefect
         witness.check_before_spending(s)
     with session(open_database(), readonly=True) as s:
+        facts = approvals.policy_facts(loaded)
         if production or get_settings().production or approvals.production_mode(s):
-            approvals.require_approved(s, approvals.policy_facts(loaded), loaded.policy.approval, data_path=str(data))
+            approvals.require_approved(s, facts, loaded.policy.approval, data_path=str(data))
+        clash = approvals.version_clash(s, facts)
+        if clash is not None:
+            raise UserError(clash.message)
         require_budget(s, loaded, plan)
     engines.check_reachable(chosen)

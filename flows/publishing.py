@@ -47,12 +47,14 @@ def publish(
     timings: dict[str, float],
 ) -> Published:
     """Publish crash-consistently (:mod:`.recovery`): fsync the staged files; in one
-    transaction commit the charge and record the outputs (checksums as staged), the guarantees
+    transaction register the policy version (a draft's content is frozen under its name@version
+    only here, or by an approval: refused, and nothing published, when another content took it
+    meanwhile), commit the charge and record the outputs (checksums as staged), the guarantees
     with the event tree, the report and the run as ``publishing``; only then rename the staging
     folder into view; then record the run's end and write the chain head beside the outputs.
     A crash anywhere leaves: nothing visible and no charge, or a committed charge that the
     next start rolls forward."""
-    from privrelease.audit import chain, ledger, records
+    from privrelease.audit import approvals, chain, ledger, records
 
     staging, final = run.staging_dir, run.release_dir
     try:
@@ -71,6 +73,7 @@ def publish(
     ]
     _PUBLISHING.add(run.run_id)  # from here a failure keeps the staged files (recovery may need them)
     with _session() as s:
+        approvals.register_policy(s, approvals.PolicyFacts.recorded(s, run.sha256))  # a draft is registered here
         if reservation is not None:
             ledger.commit(s, reservation.entry_id)
         for output in outputs:

@@ -9,8 +9,10 @@ mechanisms depend on it (:mod:`.scaled`).
 A release, in order (each step's result is a small, picklable summary; no step returns data):
 
 1. :func:`open_run` - settle the runs a crash left unfinished; load the policy (a file, or for a rerun the stored canonical policy),
-   register it, and in production mode refuse it unless its exact hash is approved; start the
-   run (audit status ``pending``).
+   in production mode refuse it unless its exact hash is approved; start the run (audit status
+   ``pending``) on its registered version or, for a draft, a draft row that claims no
+   name@version (a draft is registered by an approval or in step 9's transaction, never by a
+   refusal).
 2. :func:`prepare_outputs` - create the hidden staging folder ``OUT/.<release>.partial`` (an
    unwritable output folder fails here, before any budget is touched) and remove staging
    folders of runs no longer live.
@@ -28,8 +30,8 @@ A release, in order (each step's result is a small, picklable summary; no step r
    folder (Parquet or CSV, rows in random order: every mechanism shuffles).
 8. :func:`render_report` - the disclosure report and the public disclosure statement, into the
    staging folder.
-9. :func:`publish` - in one transaction commit the budget and record outputs, guarantees and
-   report (run ``publishing``); then rename the staging folder into view and record the run's
+9. :func:`publish` - in one transaction register the policy version, commit the budget and
+   record outputs, guarantees and report (run ``publishing``); then rename the staging folder into view and record the run's
    end (crash-consistent: see :mod:`.recovery`); the chain head is written beside the outputs.
 
 Any failure before publishing: :func:`record_failure` removes the staging folder, releases the

@@ -124,6 +124,13 @@ class LoadedPolicy:
 
 def load_policy(path: str | Path) -> LoadedPolicy:
     """Read, validate and hash the policy file at ``path``."""
+    text, path = read_policy_file(path)
+    return _load(text, path.parent, source=str(path), path=path)
+
+
+def read_policy_file(path: str | Path) -> tuple[str, Path]:
+    """The text of the policy file at ``path`` and its real path; a UserError naming the
+    path when it is missing, not a regular file, too large, unreadable or not UTF-8."""
     path = resolved(Path(path))
     try:
         if path.exists() and not path.is_dir() and not path.is_file():
@@ -139,15 +146,17 @@ def load_policy(path: str | Path) -> LoadedPolicy:
         raise UserError(f"policy file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except OSError as exc:
         raise UserError(f"cannot read policy file {path}: {exc.strerror}") from None
-    return _load(text, path.parent, source=str(path), path=path)
+    return text, path
 
 
-def load_policy_text(text: str, base_dir: str | Path, *, source: str = "<policy>") -> LoadedPolicy:
+def load_policy_text(
+    text: str, base_dir: str | Path, *, source: str = "<policy>", path: str | Path | None = None
+) -> LoadedPolicy:
     """Validate and hash policy ``text``; relative paths resolve against ``base_dir``.
 
-    ``source`` names the text in error messages.
+    ``source`` names the text in error messages; ``path``: the file it was read from, if any.
     """
-    return _load(text, resolved(Path(base_dir)), source=source, path=None)
+    return _load(text, resolved(Path(base_dir)), source=source, path=None if path is None else Path(path))
 
 
 PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))

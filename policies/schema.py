@@ -513,9 +513,9 @@ class Policy(Model):
 
     @property
     def charges_budget(self) -> bool:
-        """True when a release charges the lifetime budget: it has a mechanism that is not
-        SPLU-Gen (SPLU-Gen is not DP, so no DP ledger can account it)."""
-        return any(mechanism.type != "splu_gen" for mechanism in self.mechanisms)
+        """True when a release charges the lifetime budget: it has a differentially private
+        mechanism (SPLU-Gen is not DP, so no DP ledger can account it)."""
+        return any(mechanism.differentially_private for mechanism in self.mechanisms)
 
     def mechanism(self, name: str) -> Mechanism:
         """The mechanism called ``name``."""

@@ -129,6 +129,8 @@ class PolicyRow:
     targets: list[tuple[str, str]]
     approvals: list[ApprovalRow]
     runs: int
+    draft: bool = False
+    """Only runs that did not publish used it: it claims no name@version (``registered_at``: first recorded)."""
 
 
 @dataclass
@@ -379,6 +381,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
                 for verdict in [approvers.check(p, a, registry)]
             ],
             runs=run_counts.get(p.sha256, 0),
+            draft=p.draft,
         )
         for p in sorted(policies.values(), key=lambda p: (p.registered_at, p.id or 0), reverse=True)
     ]

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sqlmodel import select
 from test_audit_chain import BACKENDS, audit_database, check
 
 from privrelease.audit import approvals, bindings, database, ledger
@@ -71,6 +72,59 @@ def test_a_changed_policy_is_refused(engine: Any) -> None:
         assert approvals.find_policy(s, facts().sha256[:8]).version == "1"
         with pytest.raises(UserError, match="no registered policy"):
             approvals.find_policy(s, "census@3")
+
+
+def test_drafts_claim_no_version_and_one_content_is_registered_per_version(engine: Any) -> None:
+    """Issue 18, item 2: drafts (the content of runs that did not publish) of one name@version
+    may be many and claim nothing; registering (an approval, a publication) freezes one of them
+    and refuses every other content, and the database itself refuses a second registered row
+    (a unique index over the registered rows), while the chain still verifies."""
+    import sqlalchemy as sa
+
+    from privrelease.audit.models import PolicyVersion
+
+    a, b, c = facts(content="a"), facts(content="b"), facts(content="c")
+    with database.session(engine) as s:
+        drafted = [approvals.record_draft(s, f) for f in (a, b, a)]
+        assert [v.draft for v in drafted] == [True, True, True] and drafted[0] is drafted[2]
+        assert approvals.list_policies(s) == [] and approvals.version_clash(s, c) is None
+    with database.session(engine) as s:
+        registered = approvals.register_policy(s, b)  # e.g. b's run published
+        assert (registered.id, registered.draft) == (drafted[1].id, False)
+        assert approvals.author_of(s, b.sha256) == bindings.os_account()  # who recorded the draft
+    with database.session(engine) as s:
+        for attempt in (approvals.register_policy, approvals.record_draft):
+            with pytest.raises(UserError, match=r"census@1 is registered with other content .*version: \"2\""):
+                attempt(s, c)
+        with pytest.raises(UserError, match="census@1 is registered with other content"):
+            approvals.approve_policy(s, a, "Ada")
+        assert approvals.record_draft(s, b).id == registered.id and approvals.version_clash(s, b) is None
+    with database.session(engine) as s:  # written past the functions: the database refuses it
+        s.add(PolicyVersion(name="census", version="1", sha256=c.sha256, canonical_json=c.canonical_json))
+        with pytest.raises(sa.exc.IntegrityError):
+            s.flush()
+        s.rollback()
+    with database.session(engine, readonly=True) as s:
+        assert [(v.sha256, v.draft) for v in s.exec(select(PolicyVersion).order_by(PolicyVersion.id))] == [
+            (a.sha256, True),
+            (b.sha256, False),
+        ]
+        assert approvals.find_policy(s, "census@1").sha256 == b.sha256
+    assert check(engine).ok
+
+
+@pytest.mark.parametrize(
+    ("version", "taken", "expected"),
+    [
+        ("3", {"3"}, "4"),
+        ("3", {"3", "4", "5"}, "6"),
+        ("1.2", {"1.2"}, "1.3"),
+        ("v7", {"v7"}, "v8"),
+        ("beta", {"beta"}, "beta-2"),
+    ],
+)
+def test_the_suggested_version_is_free(version: str, taken: set[str], expected: str) -> None:
+    assert approvals.next_version(version, taken) == expected
 
 
 def test_an_empty_approver_is_refused(engine: Any) -> None:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlmodel import SQLModel
-from test_audit_chain import BACKENDS, audit_database
+from test_audit_chain import BACKENDS, audit_database, check
 
 from privrelease.audit import database
 from privrelease.audit.migrations.versions import HEAD_REVISION
@@ -121,3 +121,59 @@ def test_processes_migrating_a_fresh_database_at_once_do_not_collide(backend: st
             worker.join(60)
         assert [worker.exitcode for worker in workers] == [0, 0, 0]
         assert database.current_revision(engine) == HEAD_REVISION
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upgrade_to_0007_keeps_registered_versions_registered(backend: str, tmp_path: Path) -> None:
+    """Revision 0007 (drafts): a 0006 database with a policy registered by a run that failed
+    (the earlier rule) and a run of it, upgraded: the old records stay as they were, one
+    ``schema_migrated`` and one ``policy_version_migrated`` record follow, the chain verifies,
+    the version stays registered (other contents of it are refused, even as drafts), several
+    drafts of a free name@version can now be recorded, and the database refuses a second
+    registered content."""
+    import hashlib
+
+    from sqlmodel import select
+    from test_migration_identity import Writer0001
+
+    from privrelease.audit import approvals, chain
+    from privrelease.audit.models import AuditEvent, PolicyVersion
+
+    def facts(content: str, version: str = "3") -> approvals.PolicyFacts:
+        text = f'{{"content":"{content}","version":"{version}"}}'
+        return approvals.PolicyFacts("census", version, hashlib.sha256(text.encode()).hexdigest(), text)
+
+    old, edited = facts("typo"), facts("fixed")
+    with audit_database(backend, tmp_path, migrated=False) as engine:
+        database.migrate(engine, "0006_governance")
+        now = chain.utcnow().replace(tzinfo=None)
+        with engine.begin() as connection:
+            writer = Writer0001(connection)
+            writer.policy(old, now)
+            writer.write("run", "run_started", "id",
+                         {"id": "f" * 32, "policy_sha256": old.sha256, "code_version": "0006", "kind": "release",
+                          "status": "failed", "started_at": now, "timings_json": "{}", "error": "refused"},
+                         run="f" * 32)  # fmt: skip
+            before = connection.execute(sa.text("SELECT seq, hash FROM audit_event ORDER BY seq")).all()
+        database.migrate(engine)
+        assert database.current_revision(engine) == HEAD_REVISION == "0007_policy_drafts"
+        result = check(engine)
+        assert result.ok, result.problems
+        with database.session(engine, readonly=True) as s:
+            events = list(s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all())
+            assert [(e.seq, e.hash) for e in events[: len(before)]] == [tuple(r) for r in before]
+            assert [e.kind for e in events[len(before) :]] == ["schema_migrated", "policy_version_migrated"]
+            (row,) = s.exec(select(PolicyVersion)).all()
+            assert (row.sha256, row.draft) == (old.sha256, False)
+            assert approvals.version_clash(s, edited) is not None
+        with database.session(engine) as s:
+            for attempt in (approvals.register_policy, approvals.record_draft):
+                with pytest.raises(UserError, match=r'census@3 is registered with other content .*version: "4"'):
+                    attempt(s, edited)
+            assert [approvals.record_draft(s, facts(text, "4")).draft for text in ("a", "b")] == [True, True]
+        with database.session(engine) as s:
+            s.add(PolicyVersion(name="census", version="3", sha256=edited.sha256, canonical_json=edited.canonical_json))
+            with pytest.raises(sa.exc.IntegrityError):
+                s.flush()
+            s.rollback()
+        assert check(engine).ok

@@ -552,6 +552,189 @@ def test_a_registered_version_refused_records_a_failed_run(demo_dir, work, monke
     verify_intact()
 
 
+# --------------------------------------------------------------------------- drafts stay drafts
+
+
+def policy_rows() -> list[tuple[str, str, bool]]:
+    """Every recorded policy content: (version, sha256, draft), oldest first."""
+    return [(v.version, v.sha256, v.draft) for v in registered_versions()]
+
+
+def undeclared_sex(demo_dir: Path) -> Path:
+    """The demo data with one person's sex a value the demo policy does not declare."""
+    lines = (demo_dir / demo.DATA_FILE).read_text().splitlines(keepends=True)
+    position = next(i for i, name in enumerate(lines[0].rstrip("\n").split(",")) if name.strip('"') == "sex")
+    fields = lines[3].rstrip("\n").split(",")
+    fields[position] = "Intersex"
+    lines[3] = ",".join(fields) + "\n"
+    path = demo_dir / "undeclared.csv"
+    path.write_text("".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("check", ["pinned sha256", "undeclared value"])
+def test_a_draft_refused_by_a_data_check_is_fixed_under_the_same_version(demo_dir, work, check):
+    """Issue 18, item 2: a run of a draft refused inside the flow, after its run started, by a
+    data check (the fingerprint against a mistyped dataset.sha256; a value the policy does not
+    declare) registers no version: its failed run stands on a draft row that claims nothing,
+    the policy fixed under the same name@version runs and publishes, and only the published
+    content is registered."""
+    from privrelease.reports.index import collect
+
+    data_file = demo_dir / demo.DATA_FILE
+    if check == "pinned sha256":
+        digest = chain.file_sha256(data_file)
+        typo = "0" + digest[1:] if digest[0] != "0" else "1" + digest[1:]
+        policy = variant(demo_dir, "7", ("  path: ", f"  sha256: {typo}\n  path: "))
+        fix, error, data_path = (typo, digest), (UserError, "pins dataset.sha256"), None
+    else:
+        policy = variant(demo_dir, "7")
+        fix, error = ("values: [Male, Female]", "values: [Male, Female, Intersex]"), (DataStepError, None)
+        data_path = str(undeclared_sex(demo_dir))
+    with pytest.raises(error[0], match=error[1]):
+        release_plain(policy_path=str(policy), data_path=data_path)
+    (refused,) = runs()
+    assert refused.status == "failed"
+    with session(open_database(), readonly=True) as s:
+        assert approvals.list_policies(s) == []  # nothing registered
+        with pytest.raises(UserError, match="no registered policy"):
+            approvals.find_policy(s, "demo-census@7")
+    assert policy_rows() == [("7", refused.policy_sha256, True)]  # on record for its run, claiming nothing
+
+    policy.write_text(policy.read_text().replace(*fix))
+    published = release_plain(policy_path=str(policy), data_path=data_path)
+    first, second = runs()
+    assert (first.status, second.status, second.id) == ("failed", "succeeded", published.run_id)
+    assert policy_rows() == [("7", first.policy_sha256, True), ("7", second.policy_sha256, False)]
+    with session(open_database(), readonly=True) as s:
+        assert approvals.find_policy(s, "demo-census@7").sha256 == second.policy_sha256
+        assert approvals.author_of(s, first.policy_sha256) is not None  # the draft's runner
+        cards = {p.sha256: p.draft for p in collect(s).policies}  # the compliance index tells them apart
+    assert cards == {first.policy_sha256: True, second.policy_sha256: False}
+    verify_intact(Path(published.release_dir) / steps.CHAIN_HEAD_FILE)
+
+
+@pytest.mark.parametrize("refusal", ["lifetime budget", "output folder"])
+def test_a_draft_refused_before_its_data_is_read_is_fixed_under_the_same_version(demo_dir, work, refusal):
+    """Issue 18, item 2: refusals of a run before the data is read that come after the run
+    started (a lifetime budget other than the dataset's registered one; an output folder that
+    cannot be made) register no version either: the draft edited under the same version runs."""
+    release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))  # demo-census@1: the budget (20, 1e-6) is set
+    out = None
+    if refusal == "lifetime budget":
+        fix = ("lifetime_budget: {epsilon: 50", "lifetime_budget: {epsilon: 20")
+        policy = variant(demo_dir, "2", ("lifetime_budget: {epsilon: 20", fix[0]))
+        expected = "a dataset's lifetime budget cannot be changed"
+    else:
+        fix = ("k: 20", "k: 25")
+        policy = variant(demo_dir, "2")
+        (demo_dir / "a-file").write_text("not a folder")
+        out, expected = str(demo_dir / "a-file" / "releases"), "cannot create the staging folder"
+    with pytest.raises(UserError, match=expected):
+        release_plain(policy_path=str(policy), out_dir=out)
+    assert [run.status for run in runs()] == ["succeeded", "failed"]
+    with session(open_database(), readonly=True) as s:
+        assert [v.version for v in approvals.list_policies(s)] == ["1"]  # the refused run registered nothing
+    assert [(version, draft) for version, _, draft in policy_rows()] == [("1", False), ("2", True)]
+
+    policy.write_text(policy.read_text().replace(*fix, 1))
+    published = release_plain(policy_path=str(policy))
+    assert runs()[-1].id == published.run_id and runs()[-1].status == "succeeded"
+    assert [(version, draft) for version, _, draft in policy_rows()] == [("1", False), ("2", True), ("2", False)]
+    verify_intact()
+
+
+def test_two_contents_are_never_both_published_or_approved_under_one_version(demo_dir, work, monkeypatch):
+    """Issue 18, item 2: drafts stay editable, but what registration protects holds. A version
+    published with one content refuses another content under its name@version before anything
+    is read (a ``release_refused`` record naming the fix), and so does its approval; a draft
+    whose run started before another content took its name@version (approved while it ran) is
+    refused in its publishing transaction: nothing published, nothing charged."""
+    policy = demo_dir / demo.POLICY_FILE
+    first = release_plain(policy_path=str(policy))
+    edited = variant(demo_dir, "1", ("k: 20", "k: 25"))  # demo-census@1 again, other content
+    with pytest.raises(
+        UserError, match=r'registered with other content .* published .*new `version`, e.g. version: "2"'
+    ):
+        release_plain(policy_path=str(edited))
+    refused = refusals()[-1]
+    assert refused["policy"] == "demo-census@1" and "registered with other content" in refused["reason"]
+    with pytest.raises(UserError, match="demo-census@1 is registered with other content"):
+        approve(edited)
+    assert [r.id for r in runs()] == [first.run_id] and len(policy_rows()) == 1
+
+    # a race: draft A's run is under way when content B is approved under the same name@version
+    racing = variant(demo_dir, "3")
+    rival = demo_dir / "rival.yaml"
+    rival.write_text(racing.read_text().replace("k: 20", "k: 30", 1))
+    from privrelease.flows import publishing
+
+    original = publishing._fsync_files
+
+    def approve_the_rival_first(folder):
+        approve(rival)
+        return original(folder)
+
+    monkeypatch.setattr(publishing, "_fsync_files", approve_the_rival_first)
+    with pytest.raises(UserError, match="demo-census@3 is registered with other content"):
+        release_plain(policy_path=str(racing))
+    assert published_dirs(work / "releases") == [Path(first.release_dir)]
+    assert runs()[-1].status == "failed" and ledger_entries()[-1].state == "released"
+    with session(open_database(), readonly=True) as s:
+        registered = approvals.find_policy(s, "demo-census@3")
+        assert registered.sha256 == load_policy(rival).sha256
+        assert [(v.version, v.draft) for v in approvals.list_policies(s)] == [("1", False), ("3", False)]
+    assert [(version, draft) for version, _, draft in policy_rows()] == [("1", False), ("3", True), ("3", False)]
+    verify_intact()
+
+
+def test_plan_warns_when_the_version_is_registered_with_other_content(demo_dir, work, monkeypatch):
+    """Issue 18, item 2: `plan` of a draft whose name@version is registered with other content
+    says so and what to do (a warning: the plan itself is fine, exit 0) and `plan --json` has
+    the clash in ``version_conflict``; without an audit database it checks nothing and makes
+    none; a refused draft of the version is no clash."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    runner = CliRunner()
+    edited = variant(demo_dir, "1", ("k: 20", "k: 25"))
+    result = runner.invoke(app, ["plan", str(edited), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert (document["version_checked"], document["version_conflict"]) == (False, None)
+    assert not work.exists()  # plan made no audit database
+
+    policy = demo_dir / demo.POLICY_FILE
+    with pytest.raises(DataStepError):  # a refused draft of demo-census@1 (an undeclared value) claims nothing
+        release_plain(policy_path=str(policy), data_path=str(undeclared_sex(demo_dir)))
+    document = json.loads(runner.invoke(app, ["plan", str(edited), "--json"]).output)
+    assert (document["version_checked"], document["version_conflict"]) == (True, None)
+
+    approve(policy)
+    with session(open_database(), readonly=True) as s:
+        (approval,) = approvals.approvals_of(s, load_policy(policy).sha256)
+    registered, mine = load_policy(policy).sha256, load_policy(edited).sha256
+    result = runner.invoke(app, ["plan", str(edited)])
+    assert result.exit_code == 0, result.output
+    message = (
+        f"policy demo-census@1 is registered with other content (sha256 {registered[:12]}, approved "
+        f"{approval.approved_at:%Y-%m-%d %H:%M} UTC by 'test reviewer'); this file has sha256 {mine[:12]}: "
+        'give this draft a new `version`, e.g. version: "2"'
+    )
+    assert f"warning: {message}" in " ".join(result.output.split())
+    document = json.loads(runner.invoke(app, ["plan", str(edited), "--json"]).output)
+    assert document["passed"] is True and document["version_checked"] is True
+    conflict = document["version_conflict"]
+    assert conflict["message"] == message and conflict["suggested"] == "2"
+    assert (conflict["registered_sha256"], conflict["sha256"]) == (registered, mine)
+    with pytest.raises(UserError) as caught:  # `run` refuses it with the same words, before reading anything
+        release_plain(policy_path=str(edited))
+    assert str(caught.value) == message
+    document = json.loads(runner.invoke(app, ["plan", str(policy), "--json"]).output)
+    assert document["version_conflict"] is None  # the registered content itself
+
+
 def test_budget_exhausted(demo_dir, work):
     small = variant(demo_dir, "small", ("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 5"))
     first = release_plain(policy_path=str(small))
@@ -870,3 +1053,23 @@ def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work
     assert any("published no rows" in warning for warning in flagged.warnings)
     assert "Nearly empty release" in Path(flagged.report).read_text()
     assert "Nearly empty release" not in Path(flagged.statement).read_text()
+
+
+def test_a_run_parses_and_plans_its_policy_once(demo_dir, work, monkeypatch):
+    """The command line's pre-flight and the flow's steps in one process share one parse and
+    one plan of the policy (the memo of :class:`~privrelease.flows.context.PolicySource`)."""
+    from privrelease import planning
+    from privrelease.flows import context
+    from privrelease.flows.preflight import preflight
+    from privrelease.policies import loader
+
+    context._load_policy.cache_clear()
+    context.plan_of.cache_clear()
+    parses, plans = [], []
+    load, plan = loader._load, planning.plan_policy
+    monkeypatch.setattr(loader, "_load", lambda *a, **k: parses.append(1) or load(*a, **k))
+    monkeypatch.setattr(planning, "plan_policy", lambda *a, **k: plans.append(1) or plan(*a, **k))
+    path = str(demo_dir / demo.POLICY_FILE)
+    preflight(path)
+    release_plain(policy_path=path)
+    assert (len(parses), len(plans)) == (1, 1)

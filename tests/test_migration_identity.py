@@ -69,6 +69,12 @@ class Writer0001:
         )
         return values[key]
 
+    def policy(self, facts: Any, when: Any) -> None:
+        """Register the policy ``facts`` (a ``PolicyFacts``) as every revision before 0007 did."""
+        values = {"name": facts.name, "version": facts.version, "sha256": facts.sha256}
+        values |= {"canonical_json": facts.canonical_json, "registered_at": when}
+        self.write("policy_version", "policy_registered", "id", values, sha256=facts.sha256)
+
 
 def write_0001_history(engine: Any) -> dict[str, str]:
     """A policy, two fingerprints (10 and 11 rows) with budget (2.0, 1e-6), four runs and their
@@ -137,8 +143,9 @@ def test_a_fingerprint_keyed_ledger_migrates_and_still_verifies(old_engine: Any)
 
     result = check(engine)
     assert result.ok, result.problems
-    # one schema record, then 2 identities, 2 vintages and 4 ledger entries re-described
-    assert result.records == len(old_records) + 1 + 2 + 2 + 4
+    # one schema record, then 2 identities, 2 vintages and 4 ledger entries re-described; and
+    # revision 0007's schema record and the policy re-described (it stays registered)
+    assert result.records == len(old_records) + 1 + 2 + 2 + 4 + 2
     with database.session(engine, readonly=True) as s:
         events = s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
         assert [(e.seq, e.hash) for e in events[: len(old_records)]] == [tuple(r) for r in old_records]
@@ -146,7 +153,7 @@ def test_a_fingerprint_keyed_ledger_migrates_and_still_verifies(old_engine: Any)
         assert migrated[0].kind == "schema_migrated" and migrated[0].prev_hash == old_records[-1][1]
         assert [e.kind for e in migrated[1:]] == ["dataset_identity_migrated"] * 2 + ["dataset_migrated"] * 2 + [
             "ledger_entry_migrated"
-        ] * 4
+        ] * 4 + ["schema_migrated", "policy_version_migrated"]
 
         ids = {fingerprint: f"fingerprint-{fingerprint[:12]}" for fingerprint in (FA, FB)}
         for fingerprint, identity in ids.items():

@@ -120,6 +120,27 @@ def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy:
     assert quick(seconds, demo_policy, work) and not list(work.rglob("prefect-server*.log"))
 
 
+def test_a_version_registered_with_other_content_is_refused_before_prefect_starts(
+    demo_policy: Path, tmp_path: Path
+) -> None:
+    """Issue 18, item 2: a draft under a name@version approved (or published) with other content
+    is refused with what `plan` warns, before Prefect starts, and nothing is recorded."""
+    work = tmp_path / "work"
+    work.mkdir()
+    engine = database.open_database(f"sqlite:///{work / 'audit.db'}", create=True)
+    with database.session(engine) as s:
+        approvals.approve_policy(s, approvals.policy_facts(load_policy(demo_policy)), "Ada")
+    database.dispose_engines()
+    edited = demo_policy.with_name("edited.yaml")
+    edited.write_text(demo_policy.read_text().replace("k: 20", "k: 25", 1))
+    result, seconds = run(edited, work)
+    assert result.returncode == 2, result.stderr
+    assert "demo-census@1 is registered with other content" in result.stderr
+    assert 'give this draft a new `version`, e.g. version: "2"' in result.stderr
+    assert quick(seconds, demo_policy, work)
+    no_server_and_no_run(work)
+
+
 def test_an_unapproved_policy_contacts_no_scheduler(demo_policy: Path, tmp_path: Path) -> None:
     """Issue 15, item 9: in production, an unapproved draft whose `engine:` section names a Dask
     scheduler is refused for its approval, and nothing connects to the scheduler's address (a

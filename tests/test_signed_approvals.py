@@ -313,7 +313,7 @@ def test_registry_form_is_named_for_a_missing_file(tmp_path: Path) -> None:
 def test_upgrade_from_0003_keeps_old_approvals_verifying(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 0003 database with an (unsigned) approval, upgraded through 0004 and 0005: the chain
+    """A 0003 database with an (unsigned) approval, upgraded through 0004 to 0007: the chain
     verifies (with the signing key too: the migrations' records are signed); the approval binds
     no data, so no production run counts it (fail closed: approve again)."""
     key_file = tmp_path / "agency.key"
@@ -329,10 +329,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     policy, now = facts(), chain.utcnow().replace(tzinfo=None)
     with engine.begin() as connection:
         writer = Writer0001(connection)
-        writer.write("policy_version", "policy_registered", "id",
-                     {"name": "census", "version": "1", "sha256": policy.sha256,
-                      "canonical_json": policy.canonical_json, "registered_at": now},
-                     sha256=policy.sha256)  # fmt: skip
+        writer.policy(policy, now)
         writer.write("approval", "policy_approved", "id",
                      {"policy_sha256": policy.sha256, "approved_by": "Ada", "os_user": "ada",
                       "note": None, "approved_at": now},
@@ -340,7 +337,10 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     database.migrate(engine)
     with engine.connect() as connection:
         kinds = [row.kind for row in connection.execute(sa.text("SELECT kind FROM audit_event ORDER BY seq"))]
-    assert kinds[-6:] == ["schema_migrated", "approval_migrated"] * 3  # 0004, 0005, 0006
+    assert kinds[-8:] == ["schema_migrated", "approval_migrated"] * 3 + [  # 0004, 0005, 0006
+        "schema_migrated",
+        "policy_version_migrated",  # 0007: the policy stays registered
+    ]
     result = check(engine, public_key=signing.public_key(public))
     assert [p.seq for p in result.problems] == [1, 2]  # only the two records written without the key
     assert all(p.kind == "unsigned" for p in result.problems)

@@ -92,6 +92,9 @@ class MechanismKind(Model):
         type: str
         """Every kind declares ``type: Literal[...]``, its tag in the policy."""
 
+    differentially_private: ClassVar[bool] = True
+    """Whether its release claims DP (then it charges the dataset's lifetime budget); its
+    events say the same (:attr:`~privrelease.mechanisms.events.Event.differentially_private`)."""
     label: ClassVar[str] = ""
     """How the report names the kind, e.g. "(k, β)-SDGS microdata"."""
     in_process_only: ClassVar[str] = ""

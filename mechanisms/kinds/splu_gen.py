@@ -61,6 +61,7 @@ class SpluGenMechanism(MechanismKind):
                 )
         return self
 
+    differentially_private: ClassVar[bool] = False
     label: ClassVar[str] = "SPLU-Gen (not differential privacy)"
     in_process_only: ClassVar[str] = (
         "its decoy groups of gamma rows must be drawn over the whole table, not per partition"

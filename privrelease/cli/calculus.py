@@ -73,17 +73,41 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 
 def plan(policy: Path = typer.Argument(..., help="The release policy (YAML)."), json_out: bool = JSON) -> None:
-    """Validate a policy and list every guarantee and target check. Reads no data."""
+    """Validate a policy and list every guarantee and target check. Reads no data. Warns when
+    the audit database has its name@version registered with other content (`run` refuses it)."""
     from privrelease.planning import plan_policy
     from privrelease.policies import load_policy
 
     result = plan_policy(load_policy(policy))
+    checked, clash = _version_clash(result.loaded)
     if json_out:
-        print_json(result.as_dict())
+        conflict = None if clash is None else clash.as_dict()
+        print_json({**result.as_dict(), "version_checked": checked, "version_conflict": conflict})
     else:
         _print_plan(result)
+        if clash is not None:
+            console.print(styled("[yellow]warning:[/] {}", clash.message), highlight=False, soft_wrap=True)
     if not result.passed:
         raise typer.Exit(TargetNotMet.exit_code)
+
+
+def _version_clash(loaded) -> tuple[bool, Any]:
+    """Whether the audit database was read, and the :class:`~privrelease.audit.approvals.VersionClash`
+    when it has the policy's name@version registered (approved or published) with other
+    content, else None. Without an audit database (plan creates none) or when it cannot be
+    reached, nothing is checked: a warning, never a failed plan (the run checks again)."""
+    from sqlalchemy.exc import OperationalError
+
+    from privrelease.audit import approvals
+    from privrelease.audit.database import exists, get_engine, open_database, session
+
+    try:
+        if not exists(get_engine()):
+            return False, None
+        with session(open_database(), readonly=True) as s:
+            return True, approvals.version_clash(s, approvals.policy_facts(loaded))
+    except OperationalError:
+        return False, None
 
 
 def _print_plan(result) -> None:
