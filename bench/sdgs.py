@@ -75,6 +75,8 @@ def bootstrap(rows: int, path: Path) -> None:
 
 
 def run_ours(data: Path, out: Path, beta: float) -> int:
+    import pyarrow as pa
+
     from privrelease.datasets import read_dataset, write_parquet
     from privrelease.mechanisms.schemes import ValueMap
     from privrelease.mechanisms.sdgs import sdgs
@@ -82,6 +84,7 @@ def run_ours(data: Path, out: Path, beta: float) -> int:
     schemes = {column: ValueMap(tuple(hierarchy(column))) for column in COLUMNS}
     table = read_dataset(data, format="parquet", columns=COLUMNS).table
     result = sdgs(table, schemes, k=K, beta=beta, epsilon=EPSILON)
+    assert isinstance(result.table, pa.Table), "in-process SDGS returns one table"
     write_parquet(result.table, out)
     return result.table.num_rows
 

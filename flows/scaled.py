@@ -63,7 +63,7 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     from privrelease.flows.partitions import PartitionError, ReadSpec, partials, plan_partitions
 
     jobs = tuple(
-        NamedJob(spec.name, mechanism_step(spec), spec.job(loaded))  # type: ignore[arg-type]  # check_engine: every job exists
+        NamedJob(spec.name, mechanism_step(spec), spec.job(loaded))  # check_engine: every job exists
         for spec in loaded.policy.mechanisms
     )
     parts = plan_partitions(files, engine.rows_per_partition)

@@ -170,12 +170,15 @@ def identifiability(event: Event) -> float | None:
     the smallest declared universe. None when some leaf is not a calibrated Laplace release
     (eps-DP mechanisms give rho only for a declared universe size)."""
     releases = leaves(event)
-    if not releases or not all(
-        isinstance(leaf, Laplace) and leaf.universe_size and leaf.sensitive_range for leaf in releases
-    ):
+    calibrated = [
+        (leaf.sensitive_range / leaf.scale, leaf.universe_size)
+        for leaf in releases
+        if isinstance(leaf, Laplace) and leaf.universe_size and leaf.sensitive_range
+    ]
+    if not releases or len(calibrated) < len(releases):
         return None
-    exponent = math.fsum(leaf.sensitive_range / leaf.scale for leaf in releases)  # type: ignore[union-attr, operator]
-    universe = min(leaf.universe_size for leaf in releases)  # type: ignore[union-attr, type-var]
+    exponent = math.fsum(ratio for ratio, _ in calibrated)
+    universe = min(size for _, size in calibrated)
     return rho_of_epsilon(exponent, universe)
 
 
@@ -183,6 +186,7 @@ def fsmooth(event: Event) -> FSmooth | None:
     """The f-smooth guarantee (Theorem 6) of the SDGS releases in a tree, composed by Theorem 5;
     None when the tree has no sampled SDGS release or any other kind of release."""
     releases = leaves(event)
-    if not releases or not all(isinstance(leaf, SDGS) and leaf.beta < 1 for leaf in releases):
+    sampled = [(leaf.k, leaf.beta, leaf.epsilon) for leaf in releases if isinstance(leaf, SDGS) and leaf.beta < 1]
+    if not releases or len(sampled) < len(releases):
         return None
-    return FSmooth(tuple((leaf.k, leaf.beta, leaf.epsilon) for leaf in releases))  # type: ignore[union-attr]
+    return FSmooth(tuple(sampled))

@@ -132,10 +132,10 @@ def checked(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool
     Numbers only: booleans, text and non-finite values are refused; an integer field refuses 2.5
     (and 20.0: YAML says what it means).
     """
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+    kinds: type[int] | tuple[type[int], type[float]] = int if integer else (int, float)
 
     def check(value: Any) -> Any:
-        numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(float(value))  # type: ignore[arg-type]
+        numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
         if not (numeric and ok(value)):
             raise ValueError(f"{name} must be {allowed}; got {show(value)}")
         return value

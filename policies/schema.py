@@ -15,7 +15,7 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     AfterValidator,
@@ -392,7 +392,10 @@ Scheme = Annotated[
 KINDS = all_kinds()
 """Every mechanism kind by its ``type`` (:mod:`privrelease.mechanisms.kinds`)."""
 MECHANISM_TYPES = tuple(KINDS)
-Mechanism = Annotated[Union[tuple(KINDS.values())], Field(discriminator="type")]  # noqa: UP007
+if TYPE_CHECKING:  # the union is built at run time from the kinds found; statically, their base
+    Mechanism = MechanismKind
+else:
+    Mechanism = Annotated[Union[tuple(KINDS.values())], Field(discriminator="type")]  # noqa: UP007
 """A mechanism section of the policy: any kind, told apart by ``type``."""
 
 

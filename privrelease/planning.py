@@ -64,7 +64,7 @@ class Plan:
     """Per mechanism name, its data-free accuracy statements (:func:`mechanism_accuracy`)."""
 
     @property
-    def notion(self) -> str:
+    def notion(self) -> accountants.Notion:
         return self.loaded.policy.targets.accounting
 
     @property
@@ -113,7 +113,9 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
             infeasible.append(Check(f"{mechanism.name}: {what}", required, "infeasible", False))
             continue
         accuracy[mechanism.name] = mechanism.accuracy(loaded, planned)
-        guarantees = {notion: accountants.account(event, notion) for notion in accountants.NOTIONS}
+        guarantees: dict[str, accountants.Guarantee] = {
+            notion: accountants.account(event, notion) for notion in accountants.NOTIONS
+        }
         fsmooth = accountants.fsmooth(event)
         if fsmooth is not None and all(eps0 >= min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
             facts["fsmooth"] = {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}
@@ -122,7 +124,9 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
             facts["rho_achieved"] = rho
         mechanisms.append(MechanismPlan(mechanism.name, mechanism.type, event, guarantees, facts))
     tree = mechanisms_tree(mechanisms)
-    composed = {notion: accountants.account(tree, notion) for notion in accountants.NOTIONS}
+    composed: dict[str, accountants.Guarantee] = {
+        notion: accountants.account(tree, notion) for notion in accountants.NOTIONS
+    }
     composed["approximate"], facts = _approximate(loaded, tree, composed["approximate"])
     facts.update(_composed_facts(loaded, tree))
     checks = infeasible + _checks(loaded, mechanisms, composed, facts)
@@ -233,6 +237,7 @@ def _checks(
     for m in mechanisms:
         if "t_p" in m.facts:
             want = targets.splu_privacy
+            assert want is not None, "T_p is only computed for a privacy target"
             checks.append(
                 Check(
                     f"{m.name}: SPLU T_p (eps {want.epsilon:g}, alpha {want.alpha})",
@@ -245,15 +250,16 @@ def _checks(
                 )
             )
         if "t_f" in m.facts:
-            want = targets.splu_utility
+            utility = targets.splu_utility
+            assert utility is not None, "T_f is only computed for a utility target"
             checks.append(
                 Check(
-                    f"{m.name}: SPLU T_f (eps {want.epsilon:g}, T_E {want.t_e:g})",
-                    f"<= {want.t_f:g}",
+                    f"{m.name}: SPLU T_f (eps {utility.epsilon:g}, T_E {utility.t_e:g})",
+                    f"<= {utility.t_f:g}",
                     _fmt(m.facts["t_f"]),
-                    m.facts["t_f"] <= want.t_f,
+                    m.facts["t_f"] <= utility.t_f,
                     "<=",
-                    want.t_f,
+                    utility.t_f,
                     m.facts["t_f"],
                 )
             )

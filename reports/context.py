@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import privrelease.policies
+from privrelease.mechanisms.kinds.splu_gen import SpluGenMechanism
 from privrelease.planning import Plan, plan_policy
 from privrelease.policies import LoadedPolicy, load_policy
 
@@ -102,7 +103,7 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
                 "rows_suppressed": sampled // 97,
             }
             published = sampled - sampled // 97
-        elif spec.type == "splu_gen":
+        elif isinstance(spec, SpluGenMechanism):
             facts[spec.name] = {
                 "rows_in": rows,
                 "decoy_groups": len(spec.sensitive) * 3,

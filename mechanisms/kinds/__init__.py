@@ -88,6 +88,9 @@ class MechanismKind(Model):
     a kind that does not plan cannot be planned, one without a job runs in-process only."""
 
     name: Name
+    if TYPE_CHECKING:
+        type: str
+        """Every kind declares ``type: Literal[...]``, its tag in the policy."""
 
     differentially_private: ClassVar[bool] = True
     """Whether its release claims DP (then it charges the dataset's lifetime budget); its

@@ -305,10 +305,10 @@ def half_width(distribution: Distribution, parameter: float, confidence: float) 
     z = np.arange(1, reach + 1, dtype=np.float64)
     p = np.exp(-(z * z) / (2 * sigma**2) - log_norm_low)  # P(z) bounded above, z = 1..reach
     beyond = math.exp(-((reach + 1) ** 2) / (2 * sigma**2) - log_norm_low) * _tail_ratio(reach + 1, sigma)
-    # outside[w] = P(|Z| > w) = 2 (sum_{z = w+1}^{reach} P(z) + beyond), w = 0..reach
-    outside = 2 * (np.append(np.cumsum(p[::-1])[::-1], 0.0) + beyond) * (1 + 4 * _U * (reach + LOG_DROP + 4))
-    # outside[reach] is below 1e-38 < any slack >= 2^-53 (confidence < 1 as a float)
-    return int(np.flatnonzero(outside <= slack)[0])
+    # outside_at[w] = P(|Z| > w) = 2 (sum_{z = w+1}^{reach} P(z) + beyond), w = 0..reach
+    outside_at = 2 * (np.append(np.cumsum(p[::-1])[::-1], 0.0) + beyond) * (1 + 4 * _U * (reach + LOG_DROP + 4))
+    # outside_at[reach] is below 1e-38 < any slack >= 2^-53 (confidence < 1 as a float)
+    return int(np.flatnonzero(outside_at <= slack)[0])
 
 
 def calibrate_sigma(epsilon: float, delta: float) -> float:
@@ -632,7 +632,7 @@ class CountJob:
         return np.bincount(flat, minlength=math.prod(shape)).astype(np.int64)
 
     def merge(self, parts: list[np.ndarray]) -> np.ndarray:
-        return np.sum(parts, axis=0, dtype=np.int64)
+        return np.asarray(np.sum(parts, axis=0, dtype=np.int64))
 
 
 EXPLANATION = """<dt>Noisy counts</dt>

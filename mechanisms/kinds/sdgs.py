@@ -85,7 +85,7 @@ class Generalizing(MechanismKind):
         return self
 
     def _event(self) -> SDGS:
-        output = "microdata" if isinstance(self, SdgsMechanism) else "histogram"
+        output: Literal["microdata", "histogram"] = "microdata" if isinstance(self, SdgsMechanism) else "histogram"
         return SDGS(k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0, output=output)
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
@@ -120,7 +120,7 @@ class Generalizing(MechanismKind):
             result.within,
         )
 
-    def job(self, loaded: LoadedPolicy) -> CellJob:
+    def job(self, loaded: LoadedPolicy) -> CellJob | SelectionJob:
         return CellJob(loaded.schemes(self.columns), self.beta)
 
     def explanations(self) -> tuple[str, ...]:
