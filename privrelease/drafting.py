@@ -62,6 +62,7 @@ def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = 
     import os
 
     from privrelease.identity import problem
+    from privrelease.policies.schema import MECHANISM_TYPES
 
     if (why := problem(dataset_id, "--id")) is not None:
         raise UserError(why)
@@ -108,7 +109,7 @@ def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = 
     ]
     lines += [f"  {name.ljust(width)}: keep" for name in names]
     lines += [
-        "mechanisms:                        # sdgs (microdata), histogram, identifiable_statistic, splu_gen",
+        f"mechanisms:                        # type: one of {', '.join(MECHANISM_TYPES)}",
         "  - name: microdata",
         "    type: sdgs",
         f"    columns: [{', '.join(names)}]",
