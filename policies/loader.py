@@ -74,7 +74,7 @@ class LoadedPolicy:
         lifetime budget (which belongs to the people, so a run must say who they are)."""
         dataset_id = self.policy.dataset.id
         if dataset_id is None and self.policy.charges_budget:
-            where = f"policy {self.path}" if self.path else f"policy {self.policy.name}@{self.policy.version}"
+            where = f"policy {self.policy.name}@{self.policy.version}" + (f" ({self.path})" if self.path else "")
             raise UserError(
                 f"{where}: dataset.id is required for a release that charges the lifetime privacy "
                 "budget; it names the population the data is about, and every file about the same "
