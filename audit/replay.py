@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -151,9 +152,7 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
         replayed = _replayed(
             cache,
             ("guarantee", row.event_json, row.notion, accounting, delta),
-            lambda row=row, accounting=accounting, delta=delta: _guarantee_pair(
-                row.event_json, row.notion, accounting, delta
-            ),
+            partial(_guarantee_pair, row.event_json, row.notion, accounting, delta),
         )
         check("guarantee", row.id, row.run_id, f"the {row.notion} guarantee", (row.epsilon, row.delta), replayed)
 
@@ -165,7 +164,7 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
         replayed = _replayed(
             cache,
             ("ledger", entry.event_json, entry.notion, budget),
-            lambda entry=entry, dataset=dataset: _charge(entry, dataset),
+            partial(_charge, entry, dataset),
         )
         check(
             "ledger_entry",
