@@ -454,6 +454,7 @@ def verify(
     output_root: Path | str | None = None,
     check_files: bool = True,
     public_key: Any | None = None,
+    replay: bool = False,
 ) -> VerifyResult:
     """Recompute the chain, every described row's content hash and (``check_files``) the
     sha256 of every output and report file of succeeded runs (the others published nothing), and compare the chain's
@@ -468,7 +469,10 @@ def verify(
     head must carry its valid signature: what a database writer without the key added,
     edited or rechained shows. A signed approval whose signature does not verify (against the
     approver registry in effect, else the key it names) is flagged, and so is an unsigned one
-    made after a registry was pinned (:func:`.approvers.problems`).
+    made after a registry was pinned (:func:`.approvers.problems`). With ``replay``, every stored
+    guarantee and ledger charge is recomputed from its stored event tree by today's accountants
+    (:func:`.replay.problems`): a value that does not match, or a tree that no longer parses, is
+    a finding (``guarantee_mismatch``, ``replay_failed``).
     """
     root = Path(output_root) if output_root is not None else None
     records = list(session.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all())
@@ -523,6 +527,10 @@ def verify(
                 )
 
     problems += _approval_problems(session, intact, newest)
+    if replay:
+        from privrelease.audit import replay as replaying
+
+        problems += replaying.problems(session, {row: record.seq for row, (record, _) in newest.items()})
 
     # files of succeeded runs (a failed or unfinished run has nothing visible)
     if check_files:

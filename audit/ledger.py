@@ -43,6 +43,7 @@ __all__ = [
     "LedgerStatus",
     "Reservation",
     "commit",
+    "entry_charge",
     "ledger_status",
     "reap_expired",
     "release",
@@ -167,6 +168,14 @@ def _trees(entries: list[LedgerEntry]) -> list[Any]:
     from privrelease.mechanisms.events import event_from_json
 
     return [event_from_json(entry.event_json) for entry in entries]
+
+
+def entry_charge(entry: LedgerEntry, dataset: DatasetIdentity) -> Budget:
+    """What ``entry``'s stored tree alone charges ``dataset``'s lifetime budget, computed as
+    :func:`reserve` computed the entry's ``epsilon``/``delta`` (``audit verify`` replays it:
+    :mod:`.replay`). Raises for a tree that does not parse (ValueError) or that the accountant
+    cannot account for (:class:`TargetNotMet`)."""
+    return _account(_trees([entry]), entry.notion, Budget(dataset.lifetime_epsilon, dataset.lifetime_delta))
 
 
 def _dataset(session: Session, dataset: DatasetIdentity | Dataset | str) -> tuple[DatasetIdentity, Dataset | None]:

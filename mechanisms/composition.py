@@ -32,7 +32,7 @@ from typing import Any
 
 from privrelease.mechanisms import pld
 from privrelease.mechanisms.accountants import NOTIONS, Notion, account, optimal_composition_delta
-from privrelease.mechanisms.events import Event, leaf_counts
+from privrelease.mechanisms.events import Event, leaf_counts, leaves
 from privrelease.mechanisms.guarantees import Guarantee
 
 EXACT = "exact"
@@ -325,6 +325,23 @@ def summed(events: Sequence[Event] | Releases, notion: Notion) -> Composition:
     total_eps, total_delta = _basic(_points(releases, notion))
     method = SEQUENTIAL if notion == "probabilistic" else BASIC
     return Composition(notion, total_eps, min(1.0, total_delta), releases=sum(releases.values()), method=method)
+
+
+def release_approximate(
+    tree: Event, stated: Guarantee, accounting: str | None, delta: float | None
+) -> tuple[Guarantee, Composition | None]:
+    """A release's approximate-DP guarantee by the tightest composition, as the plan states it
+    and ``audit verify`` replays it: ``stated`` (:func:`~.accountants.account` of ``tree`` under
+    ``approximate``) unless the tree is supported and either one release or accounted under
+    ``approximate`` (the policy's ``targets.accounting``); then the smallest epsilon at the
+    target ``delta`` (:func:`epsilon_at`) or, without a delta target, the delta at the stated
+    epsilon (:func:`delta_at`). Returns the guarantee and the composition (None: ``stated``)."""
+    releases = leaves(tree)
+    if not stated.supported or not releases or (len(releases) > 1 and accounting != "approximate"):
+        return stated, None  # composing several releases costs a PLD: only where the policy accounts so
+    result = epsilon_at([tree], delta) if delta is not None else delta_at([tree], stated.epsilon)
+    detail = f"{result.method} of {result.releases} release{'s' if result.releases != 1 else ''}"
+    return Guarantee("approximate", result.epsilon, result.delta, True, detail), result
 
 
 def delta_curve(events: Sequence[Event], epsilons: Sequence[float]) -> list[float]:

@@ -139,18 +139,13 @@ def _approximate(loaded: LoadedPolicy, tree: Composed, stated: Guarantee) -> tup
     without a delta target the delta at the stated epsilons' sum; and the composition's facts
     (method, every method's answer, the delta at ``max_epsilon``)."""
     targets = loaded.policy.targets
-    releases = leaves(tree)
-    if not stated.supported or not releases or (len(releases) > 1 and targets.accounting != "approximate"):
-        return stated, {}  # composing several releases costs a PLD: only where the policy accounts so
-    if targets.delta is not None:
-        result = composition.epsilon_at([tree], targets.delta)
-    else:
-        result = composition.delta_at([tree], stated.epsilon)
+    guarantee, result = composition.release_approximate(tree, stated, targets.accounting, targets.delta)
+    if result is None:
+        return stated, {}
     facts: dict[str, Any] = {"composition": result.as_dict()}
     if targets.max_epsilon is not None:
         facts["approximate_delta_at_max_epsilon"] = composition.delta_at([tree], targets.max_epsilon).delta
-    detail = f"{result.method} of {result.releases} release{'s' if result.releases != 1 else ''}"
-    return Guarantee("approximate", result.epsilon, result.delta, True, detail), facts
+    return guarantee, facts
 
 
 def _composed_facts(loaded: LoadedPolicy, tree: Composed) -> dict[str, Any]:

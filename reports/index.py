@@ -9,13 +9,17 @@ the policy's targets and a *relative* link to the run's report. The folder can b
 file share and read without a server: Jinja2 autoescaped, inline CSS, no script, no external
 resource.
 
-The verdicts are recomputed here from what the database stores, not taken from the run: the
-targets come from the policy version's canonical JSON (``targets.max_epsilon``, ``delta``,
-``rho``, stated under ``targets.accounting``) and are compared with the guarantee recorded
-under that accounting notion (the other notion is shown for reference). ``rho`` is the
-recorded composed identifiability of the statistics (Lee & Clifton, rho-differential
-identifiability; composing bounds each statistic's rho, so ``composed <= target`` is the plan's
-rho check).
+The verdicts are the checks stored with each run, never recomputed here: a run records its
+plan's checks (``target``, ``required``, ``achieved``, ``passed``) in the details of the
+guarantee it stores under the policy's accounting notion (``flows.publishing``), and the index
+shows them. The targets shown beside the values come from the policy version's canonical JSON
+(``targets.max_epsilon``, ``delta``, ``rho``, stated under ``targets.accounting``); whether each
+was met is the stored check of that target (``max_epsilon (<notion>)``, ``delta (<notion>)``,
+``rho (statistics composed)`` or else every ``<mechanism>: rho``). A run that stored no checks
+(older runs) shows "not recorded", never a verdict computed now. ``rho`` is the recorded
+composed identifiability of the statistics (Lee & Clifton, rho-differential identifiability).
+That the stored guarantees follow from their event trees is ``audit verify``'s replay
+(:mod:`privrelease.audit.replay`).
 
 Importing this module is cheap: no Prefect, no calculus, no chart code (Jinja2 and SQLModel
 only, loaded on first use).
@@ -48,8 +52,8 @@ INDEX_FILE = "index.html"
 TEMPLATE = "index.html.j2"
 SHORT = 12
 """Characters of a hash shown in the table (the full value is in the policy section / title)."""
-RHO_TOLERANCE = 1e-9
-"""Relative slack of the rho comparison (as the plan's rho check)."""
+NOT_RECORDED = "not recorded"
+"""The verdict, and a target's note, when the run stored no check for it (older runs)."""
 NOTION_LABELS = {"probabilistic": "probabilistic DP", "approximate": "approximate DP"}
 _SAFE_RUN_ID = re.compile(r"[0-9a-f]{8,64}")
 
@@ -96,7 +100,7 @@ class RunRow:
     dataset: str | None
     guarantees: list[GuaranteeRow]
     verdict: str
-    """``pass``, ``fail``, ``no targets`` or ``not recorded`` (no guarantee stored)."""
+    """``pass``, ``fail``, ``no targets`` or ``not recorded`` (no guarantee or no plan checks stored)."""
     recorded_checks: tuple[int, int] | None
     """(passed, total) of the plan checks stored with the guarantee, when stored."""
     approved_before_read: bool | None
@@ -227,14 +231,29 @@ def _target_rows(targets: dict[str, Any] | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _cells(guarantee: Any, targets: dict[str, Any] | None) -> list[Cell]:
-    """The recorded epsilon, delta and rho; with ``targets`` (the deciding notion) each against
-    ``max_epsilon``, ``delta`` and ``rho`` (``value <= target``; rho with a 1e-9 relative slack)."""
+def _stored_check(checks: list[dict[str, Any]] | None, key: str, accounting: str | None) -> bool | None:
+    """Whether the run's stored checks say the ``key`` target (``max_epsilon``, ``delta``,
+    ``rho``) was met; None when no check of it is stored."""
+    if not checks:
+        return None
+    if key == "rho":
+        composed = [c for c in checks if c.get("target") == "rho (statistics composed)"]
+        found = composed or [c for c in checks if str(c.get("target", "")).endswith(": rho")]
+    else:
+        found = [c for c in checks if c.get("target") == f"{key} ({accounting})"]
+    return all(c.get("passed") is True for c in found) if found else None
+
+
+def _cells(guarantee: Any, targets: dict[str, Any] | None, checks: list[dict[str, Any]] | None = None) -> list[Cell]:
+    """The recorded epsilon, delta and rho; with ``targets`` (the deciding notion) each beside
+    its target (``max_epsilon``, ``delta``, ``rho``), met or not as the run's stored ``checks``
+    say (never compared here; no stored check: "not recorded")."""
+    accounting = (targets or {}).get("accounting")
     cells = []
-    for key, symbol, value, slack in (
-        ("max_epsilon", "ε", guarantee.epsilon, 0.0),
-        ("delta", "δ", guarantee.delta, 0.0),
-        ("rho", "ρ", guarantee.rho, RHO_TOLERANCE),
+    for key, symbol, value in (
+        ("max_epsilon", "ε", guarantee.epsilon),
+        ("delta", "δ", guarantee.delta),
+        ("rho", "ρ", guarantee.rho),
     ):
         shown = "—" if value is None and key == "rho" else _number(value)
         target = None if targets is None else targets.get(key)
@@ -243,8 +262,8 @@ def _cells(guarantee: Any, targets: dict[str, Any] | None) -> list[Cell]:
         elif value is None and key == "rho":  # no rho-identifiable statistic: nothing to bound
             cells.append(Cell(symbol, shown, f"≤ {_number(target)}", None, "no ρ-identifiable statistic"))
         else:
-            passed = value is not None and not math.isnan(value) and value <= target * (1 + slack)
-            cells.append(Cell(symbol, shown, f"≤ {_number(target)}", passed))
+            passed = _stored_check(checks, key, accounting)
+            cells.append(Cell(symbol, shown, f"≤ {_number(target)}", passed, NOT_RECORDED if passed is None else None))
     return cells
 
 
@@ -258,6 +277,7 @@ def _details(guarantee: Any) -> dict[str, Any]:
 
 def _guarantee_rows(guarantees: list[Any], targets: dict[str, Any] | None) -> list[GuaranteeRow]:
     accounting = (targets or {}).get("accounting")
+    checks = _stored_checks(guarantees, accounting)
     rows = []
     for guarantee in guarantees:
         decides = guarantee.notion == accounting
@@ -267,7 +287,7 @@ def _guarantee_rows(guarantees: list[Any], targets: dict[str, Any] | None) -> li
                 notion=guarantee.notion,
                 label=NOTION_LABELS.get(guarantee.notion, guarantee.notion),
                 decides=decides,
-                cells=_cells(guarantee, targets if decides else None),
+                cells=_cells(guarantee, targets if decides else None, checks),
                 detail=details.get("detail") if details.get("supported") is False else None,
             )
         )
@@ -275,28 +295,31 @@ def _guarantee_rows(guarantees: list[Any], targets: dict[str, Any] | None) -> li
     return rows
 
 
-def _verdict(rows: list[GuaranteeRow], recorded_checks: tuple[int, int] | None) -> str:
-    """``pass`` when every epsilon/delta/rho target is met by the guarantee recorded under the
-    policy's notion and every plan check the run recorded (SPLU, lifetime budget) passed;
-    ``fail`` when one is not; ``no targets`` when there is nothing to check; ``not recorded``
-    when no guarantee is stored under the policy's notion (a failed run)."""
-    if not any(row.decides for row in rows):
-        return "not recorded"
-    decided = [cell.passed for row in rows if row.decides for cell in row.cells if cell.passed is not None]
-    if recorded_checks is not None:
-        decided.append(recorded_checks[0] == recorded_checks[1])
-    if not decided:
+def _verdict(rows: list[GuaranteeRow], checks: list[dict[str, Any]] | None) -> str:
+    """The run's stored plan checks (epsilon, delta, rho, SPLU, lifetime budget, accuracy):
+    ``pass`` when every one passed, ``fail`` when one did not, ``no targets`` when the plan had
+    none; ``not recorded`` when no guarantee is stored under the policy's notion (a failed run)
+    or the run stored no checks (older runs). Nothing is recomputed."""
+    if not any(row.decides for row in rows) or checks is None:
+        return NOT_RECORDED
+    if not checks:
         return "no targets"
-    return "pass" if all(decided) else "fail"
+    return "pass" if all(check.get("passed") is True for check in checks) else "fail"
 
 
-def _recorded_checks(guarantees: list[Any], accounting: str | None) -> tuple[int, int] | None:
+def _stored_checks(guarantees: list[Any], accounting: str | None) -> list[dict[str, Any]] | None:
+    """The plan checks the run stored with its guarantee under ``accounting``; None: none stored."""
     for guarantee in guarantees:
         checks = _details(guarantee).get("checks")
-        if guarantee.notion == accounting and isinstance(checks, list) and checks:
-            passed = sum(1 for check in checks if isinstance(check, dict) and check.get("passed") is True)
-            return passed, len(checks)
+        if guarantee.notion == accounting and isinstance(checks, list):
+            return [check if isinstance(check, dict) else {} for check in checks]
     return None
+
+
+def _recorded_checks(checks: list[dict[str, Any]] | None) -> tuple[int, int] | None:
+    if not checks:
+        return None
+    return sum(1 for check in checks if check.get("passed") is True), len(checks)
 
 
 # --- reading the audit database --------------------------------------------------------------
@@ -329,7 +352,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
         policy = policies[run.policy_sha256]  # a foreign key: always there
         policy_targets = targets[run.policy_sha256]
         rows = _guarantee_rows(guarantees.get(run.id, []), policy_targets)
-        checks = _recorded_checks(guarantees.get(run.id, []), (policy_targets or {}).get("accounting"))
+        stored = _stored_checks(guarantees.get(run.id, []), (policy_targets or {}).get("accounting"))
         first_approval = (approvals.get(run.policy_sha256) or [None])[0]
         before = None
         if run.data_read_at is not None:
@@ -350,8 +373,8 @@ def collect(session: Any, *, database: str = "") -> IndexData:
                 policy_sha256=policy.sha256,
                 dataset=run.dataset_fingerprint,
                 guarantees=rows,
-                verdict=_verdict(rows, checks),
-                recorded_checks=checks,
+                verdict=_verdict(rows, stored),
+                recorded_checks=_recorded_checks(stored),
                 approved_before_read=before,
             )
         )

@@ -227,3 +227,154 @@ def test_the_audit_database_is_never_created_by_accident(tmp_path, monkeypatch) 
     again = runner.invoke(app, ["audit", "init"])
     assert again.exit_code == 0 and "already exists" in again.output
     assert runner.invoke(app, ["audit", "verify"]).exit_code == 0
+
+
+# --- audit verify replays the stored guarantees ----------------------------------------------
+
+
+def record_release(db: Any) -> str:
+    """A release of the demo policy recorded as the flow records it: its plan's guarantees under
+    every notion (the flow's own step) and its DP tree charged, under approximate DP, to a
+    dataset with a lifetime budget. Returns the run id."""
+    from types import SimpleNamespace
+
+    from privrelease.audit import ledger
+    from privrelease.flows import publishing, steps
+
+    approval = approve()
+    source = steps.PolicySource.from_file(DEMO_POLICY)
+    summary = steps.plan_summary(source)
+    assert summary.charged_event_json is not None
+    with database.session(db) as s:
+        records.register_dataset(
+            s,
+            FINGERPRINT,
+            identity="demo-census",
+            size_bytes=10,
+            row_count=50_000,
+            lifetime_epsilon=50.0,
+            lifetime_delta=1e-6,
+            notion="approximate",
+        )
+        run_id = records.start_run(
+            s, policy_sha256=approval["sha256"], code_version="t", dataset_fingerprint=FINGERPRINT
+        ).id
+    with database.session(db) as s:
+        reservation = ledger.reserve(s, "demo-census", run_id, summary.charged_event_json, "approximate")
+    with database.session(db) as s:
+        records.record_data_read(s, run_id)
+        ledger.commit(s, reservation.entry_id)
+        publishing._record_guarantees(s, SimpleNamespace(run_id=run_id, policy=source), summary)
+        records.finish_run(s, run_id, "succeeded")
+    return run_id
+
+
+def rewrite_and_resign(db: Any, key_file: Path, *statements: str) -> None:
+    """A write that lands before the records describing it are chained and signed: the rows are
+    edited, every record re-describes them, the chain is recomputed and every record signed
+    again with the service key. It models whoever writes the audit database through a process
+    holding the key (a patched or compromised runner, a restore or migration script run with
+    the key, the key holder): the hash chain and the signatures are intact afterwards, so only a
+    replay of the arithmetic can tell."""
+    from sqlmodel import col, select
+    from test_audit_signing import rechain
+
+    from privrelease.audit import chain, signing
+    from privrelease.audit.models import AuditEvent
+
+    with db.begin() as connection:
+        for statement in statements:
+            connection.execute(sa.text(statement))
+    rechain(db)
+    key = signing.private_key(str(key_file), "key")
+    with database.session(db) as s:
+        for record in s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))):
+            record.signature = signing.sign(key, signing.record_message(record.seq, record.hash))
+            s.add(record)
+    with database.session(db, readonly=True) as s:
+        intact = chain.verify(s, public_key=signing.public_key(str(key_file) + ".pub"))
+    assert intact.ok, intact.problems  # the chain and the signatures alone see nothing
+
+
+def replay_findings(db: Any, *args: str) -> list[dict[str, Any]]:
+    found = run_json("audit", "verify", *args, code=1)["problems"]
+    assert found and all(p["kind"] in ("guarantee_mismatch", "replay_failed") for p in found), found
+    return found
+
+
+def test_audit_verify_replays_every_stored_guarantee(db: Any) -> None:
+    """A database recorded as the flow records it replays exactly: every guarantee row (both
+    notions) and the ledger charge, with today's accountants."""
+    from sqlmodel import select
+
+    from privrelease.audit import replay
+    from privrelease.audit.models import Guarantee, LedgerEntry
+
+    record_release(db)
+    with database.session(db, readonly=True) as s:
+        assert len(s.exec(select(Guarantee)).all()) == 2 and len(s.exec(select(LedgerEntry)).all()) == 1
+        assert replay.problems(s) == []
+    assert run_json("audit", "verify")["ok"] is True
+
+
+def test_audit_verify_flags_an_understated_guarantee_written_before_it_was_chained(db: Any, tmp_path: Path) -> None:
+    """A smaller epsilon/delta written into a guarantee row and a ledger entry, then chained and
+    signed (see rewrite_and_resign: the signed chain verifies) is flagged by the replay, naming
+    the row, the run, the stored and the recomputed values, as the dangerous direction; a larger
+    one is flagged as overstated."""
+    from sqlmodel import select
+
+    from privrelease.audit import signing
+    from privrelease.audit.models import Guarantee, LedgerEntry
+
+    key_file = tmp_path / "agency.key"
+    (tmp_path / "agency.key.pub").write_text(signing.generate(key_file), encoding="utf-8")
+    run_id = record_release(db)
+    with database.session(db, readonly=True) as s:
+        stored = {(row.notion, row.id): (row.epsilon, row.delta) for row in s.exec(select(Guarantee))}
+        entry = s.exec(select(LedgerEntry)).one()
+    probabilistic = next(key for key in stored if key[0] == "probabilistic")
+    rewrite_and_resign(
+        db,
+        key_file,
+        f"UPDATE guarantee SET epsilon = epsilon / 2 WHERE id = {probabilistic[1]}",
+        f"UPDATE ledger_entry SET epsilon = epsilon * 0.999 WHERE id = {entry.id}",
+    )
+    found = replay_findings(db, "--public-key", str(tmp_path / "agency.key.pub"))
+    assert [p["kind"] for p in found] == ["guarantee_mismatch", "guarantee_mismatch"]
+    by_table = {p["message"].split(" row ")[0]: p["message"] for p in found}
+    epsilon, delta = stored[probabilistic]
+    assert by_table["guarantee"].startswith(f"guarantee row {probabilistic[1]} of run {run_id}: the probabilistic")
+    assert f"stored (epsilon {epsilon / 2!r}, delta {delta!r})" in by_table["guarantee"]
+    assert f"replays to (epsilon {epsilon!r}, delta {delta!r})" in by_table["guarantee"]
+    assert "UNDERSTATED" in by_table["guarantee"] and "dangerous direction" in by_table["guarantee"]
+    assert by_table["ledger_entry"].startswith(f"ledger_entry row {entry.id} of run {run_id}: the charge to dataset")
+    assert f"replays to (epsilon {entry.epsilon!r}, delta {entry.delta!r})" in by_table["ledger_entry"]
+    assert "UNDERSTATED" in by_table["ledger_entry"]
+    human = run("audit", "verify", code=1)
+    assert "BROKEN" in human and "UNDERSTATED" in human
+
+    rewrite_and_resign(db, key_file, f"UPDATE guarantee SET epsilon = {epsilon * 3!r} WHERE id = {probabilistic[1]}")
+    (overstated,) = [p["message"] for p in replay_findings(db) if p["message"].startswith("guarantee")]
+    assert "overstated" in overstated and "UNDERSTATED" not in overstated
+
+
+def test_audit_verify_flags_an_event_tree_that_no_longer_parses(db: Any, tmp_path: Path) -> None:
+    """A stored tree naming an event kind this code does not know (or not JSON at all) is a
+    finding naming the row, never a crash."""
+    from privrelease.audit import signing
+
+    key_file = tmp_path / "agency.key"
+    (tmp_path / "agency.key.pub").write_text(signing.generate(key_file), encoding="utf-8")
+    run_id = record_release(db)
+    rewrite_and_resign(
+        db,
+        key_file,
+        'UPDATE guarantee SET event_json = replace(event_json, \'"kind":"laplace"\', \'"kind":"quantum"\')',
+        "UPDATE ledger_entry SET event_json = 'not json'",
+    )
+    found = replay_findings(db)
+    assert {p["kind"] for p in found} == {"replay_failed"} and len(found) == 3
+    assert all(f"of run {run_id}: its stored event tree cannot be replayed" in p["message"] for p in found)
+    assert any("unknown event kind 'quantum'" in p["message"] for p in found), found
+    assert "BROKEN" in run("audit", "verify", code=1)

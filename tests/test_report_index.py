@@ -2,10 +2,10 @@
 
 An audit database is built through the audit API (approvals, runs, guarantees as the flow records
 them, reports rendered by ``render_report(example_context(...))``), the command is run, and the
-page is checked: one row per run newest first (failed runs too), the guarantees against the
-policy's targets recomputed from the calculus here, names escaped, relative links to report files
-that exist beside the index with the recorded sha256, approvals with the OS user, nothing that
-loads or runs. Then headless Chromium opens the index from ``file://`` and follows every link.
+page is checked: one row per run newest first (failed runs too), the guarantees beside the
+policy's targets marked as the checks stored with each run (never recomputed), names escaped,
+relative links to report files that exist beside the index with the recorded sha256, approvals
+with the OS user, nothing that loads or runs. Then headless Chromium opens the index from ``file://`` and follows every link.
 """
 
 from __future__ import annotations
@@ -365,31 +365,49 @@ def test_guarantees_against_targets_equal_the_calculus(built: Built, page: tuple
 
 
 def test_verdict_rules() -> None:
-    """Targets bind the policy's notion only; ``<=`` (rho with 1e-9 relative slack); a failed
-    recorded plan check fails the verdict; no guarantee under the notion is "not recorded"."""
+    """The verdict and each target's mark are the checks the run stored, never recomputed: a
+    stored check is shown as stored even where the value beside it would say otherwise; the
+    other notion is not checked; a run that stored no checks is "not recorded" (its targets
+    marked "not recorded"), one whose plan had none "no targets"; no guarantee under the
+    notion is "not recorded"."""
     from privrelease.reports import index
 
-    def stored(notion: str, epsilon: float | None, delta: float | None, rho: float | None = None) -> Any:
-        details = json.dumps({"supported": epsilon is not None, "detail": "why"})
+    def check(target: str, passed: bool) -> dict[str, Any]:
+        return {"target": target, "required": "<= 1", "achieved": "1", "passed": passed}
+
+    def stored(notion: str, epsilon: float | None, delta: float | None, rho: float | None = None, **details) -> Any:
+        details = json.dumps({"supported": epsilon is not None, "detail": "why", **details})
         return SimpleNamespace(notion=notion, epsilon=epsilon, delta=delta, rho=rho, details_json=details)
 
     targets = {"accounting": "approximate", "max_epsilon": 1.0, "delta": 1e-6, "rho": 0.1}
-    met = [stored("probabilistic", 5.0, 0.5), stored("approximate", 1.0, 1e-6, 0.1 * (1 + 1e-12))]
+    checks = [
+        check("max_epsilon (approximate)", True),
+        check("delta (approximate)", True),
+        check("count: rho", False),
+        check("mean: rho", True),
+        check("decoys: SPLU T_p (eps 0.3, alpha 3)", True),
+    ]
+    met = [stored("probabilistic", 5.0, 0.5), stored("approximate", 9.0, 1e-6, 0.1, checks=checks)]
     rows = index._guarantee_rows(met, targets)
     assert [row.notion for row in rows] == ["approximate", "probabilistic"]
-    assert [cell.passed for cell in rows[0].cells] == [True, True, True]
+    assert [cell.passed for cell in rows[0].cells] == [True, True, False], "as stored (epsilon 9 > 1 is not re-judged)"
     assert [cell.passed for cell in rows[1].cells] == [None, None, None], "the other notion is not checked"
-    assert index._verdict(rows, None) == "pass" and index._verdict(rows, (3, 3)) == "pass"
-    assert index._verdict(rows, (2, 3)) == "fail"
-    over = index._guarantee_rows([stored("approximate", math.nextafter(1.0, 2.0), 0.0)], targets)
-    assert [cell.passed for cell in over[0].cells] == [False, True, None] and index._verdict(over, None) == "fail"
-    unsupported = index._guarantee_rows([stored("approximate", None, None)], targets)
-    assert unsupported[0].detail == "why" and index._verdict(unsupported, None) == "fail"
-    assert index._verdict(index._guarantee_rows([stored("probabilistic", 0.1, 0.0)], targets), None) == "not recorded"
-    assert (
-        index._verdict(index._guarantee_rows([stored("approximate", 9.0, 0.5)], {"accounting": "approximate"}), None)
-        == "no targets"
+    stored_checks = index._stored_checks(met, "approximate")
+    assert index._verdict(rows, stored_checks) == "fail" and index._recorded_checks(stored_checks) == (4, 5)
+    composed = [*checks, check("rho (statistics composed)", True)]
+    rows = index._guarantee_rows([stored("approximate", 1.0, 1e-6, 0.1, checks=composed)], targets)
+    assert [cell.passed for cell in rows[0].cells] == [True, True, True], "the composed rho check decides rho"
+    passing = [c for c in checks if c["target"] != "count: rho"]
+    assert index._verdict(rows, passing) == "pass"
+    # an older run: guarantees without stored checks; nothing is recomputed
+    older = index._guarantee_rows([stored("approximate", 0.5, 0.0, 0.05)], targets)
+    assert [(cell.passed, cell.note) for cell in older[0].cells] == [(None, "not recorded")] * 3
+    assert index._verdict(older, index._stored_checks([stored("approximate", 0.5, 0.0)], "approximate")) == (
+        "not recorded"
     )
+    unsupported = index._guarantee_rows([stored("approximate", None, None, checks=[])], targets)
+    assert unsupported[0].detail == "why" and index._verdict(unsupported, []) == "no targets"
+    assert index._verdict(index._guarantee_rows([stored("probabilistic", 0.1, 0.0)], targets), checks) == "not recorded"
     assert index._verdict([], None) == "not recorded"
     assert report_file_name("ab" * 16) == "ab" * 16 + ".html"
     for odd in ("index", "../x", "A/B"):

@@ -360,9 +360,11 @@ def audit_verify(
     ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Recompute the hash chain, every row's content hash and the output checksums, and check
-    that everything visible in the release folders was published by a recorded run.
-    Exit 0 when intact, 1 naming the first broken record."""
+    """Recompute the hash chain, every row's content hash and the output checksums; replay every
+    stored guarantee and ledger charge from its stored event tree with today's accountants
+    (a mismatch beyond a relative 1e-9, or a tree that no longer parses, is a finding:
+    privrelease.audit.replay); and check that everything visible in the release folders was
+    published by a recorded run. Exit 0 when intact, 1 naming the first broken record."""
     from privrelease.audit import chain, signing
     from privrelease.audit.database import session
     from privrelease.flows.recovery import release_folder_problems, release_roots
@@ -371,7 +373,7 @@ def audit_verify(
     external = chain.read_head(head) if head is not None else None
     key = signing.public_key(public_key) if public_key is not None else None
     with session(_engine(), readonly=True) as s:
-        result = chain.verify(s, head=external, output_root=output_root, check_files=files, public_key=key)
+        result = chain.verify(s, head=external, output_root=output_root, check_files=files, public_key=key, replay=True)
         roots = releases or sorted(release_roots(s, output_root=output_root) | {get_settings().work_dir / "releases"})
         for root in roots:
             found = release_folder_problems(s, root.expanduser(), output_root=output_root)
