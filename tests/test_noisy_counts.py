@@ -259,6 +259,18 @@ def test_calibrate_sigma_reference_value() -> None:
     assert nc.calibrate_sigma(1.0, 1e-6) == pytest.approx(4.2307811, rel=2e-6)
 
 
+@pytest.mark.parametrize(("distribution", "parameter"), [("gaussian", 4.231), ("gaussian", 0.5), ("laplace", 0.5)])
+def test_results_are_python_numbers(distribution: str, parameter: float) -> None:
+    """Python floats and ints, never numpy scalars: a plan's checks compare them (np.bool_ is not
+    a bool) and the audit chain's canonical JSON refuses numpy types (a Gaussian release with a
+    max_epsilon target failed at publishing when the rounding margin was an np.float64)."""
+    for epsilon in (0.0, 0.5, 1.0, 3.0):
+        assert type(approximate_delta(distribution, parameter, epsilon)) is float
+        assert type(probabilistic_delta(distribution, parameter, epsilon)) is float
+    assert type(half_width(distribution, parameter, 0.95)) is int
+    assert type(nc.calibrate_sigma(1.0, 1e-6)) is float and type(nc.calibrate_scale(0.5)) is float
+
+
 def test_calibrate_scale() -> None:
     assert nc.calibrate_scale(0.5) == 2.0
     assert nc.approximate_delta("laplace", nc.calibrate_scale(0.5), 0.5) == 0
