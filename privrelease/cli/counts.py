@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json
+from privrelease.cli.output import console, print_json, say
 from privrelease.errors import TargetNotMet, UserError
 
 JSON = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
@@ -107,11 +107,10 @@ def calibrate_noisy_counts(
         f"+-{width}",
     )
     console.print(table)
-    console.print(
-        f"policy: noise: {{distribution: {distribution}, {name}: {_round_up(parameter):.10g}}}; every published count is within +-{width} of the true count "
-        f"with probability >= {confidence:g}",
-        highlight=False,
-        soft_wrap=True,
+    snippet = f"noise: {{distribution: {distribution}, {name}: {_round_up(parameter):.10g}}}"
+    say(
+        f"policy: {snippet}; every published count is within +-{width} of the true count "
+        f"with probability >= {confidence:g}"
     )
 
 
@@ -146,9 +145,7 @@ def accuracy_noisy_counts(
     if json_out:
         print_json({**_noise(distribution, value), "confidence": confidence, "half_width": width})
         return
-    console.print(
+    say(
         f"discrete {distribution.capitalize()} noise of {option[2:]} {value:g} is within +-{width} "
-        f"with probability >= {confidence:g}",
-        highlight=False,
-        soft_wrap=True,
+        f"with probability >= {confidence:g}"
     )
