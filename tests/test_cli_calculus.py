@@ -181,3 +181,123 @@ def test_plan_tables_show_no_raw_python() -> None:
     assert "{'" not in done.stdout and "True" not in done.stdout and "False" not in done.stdout
     assert "k anonymity:" in done.stdout
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+# --- noisy counts --------------------------------------------------------------------------------
+
+
+def test_calibrate_noisy_counts_gaussian_and_laplace_json() -> None:
+    """The values are the kind's own functions', the policy's noise section rounded up (it still
+    meets the target), the half-width what the accuracy command states for that noise."""
+    from privrelease.mechanisms.kinds.noisy_counts import (
+        approximate_delta,
+        calibrate_scale,
+        calibrate_sigma,
+        half_width,
+    )
+
+    done = cli("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1e-6", "--json")
+    assert done.returncode == 0, done.stderr
+    gaussian = json.loads(done.stdout)
+    assert set(gaussian) == {
+        "distribution",
+        "sigma",
+        "epsilon",
+        "delta",
+        "delta_achieved",
+        "confidence",
+        "half_width",
+        "noise",
+    }
+    sigma = calibrate_sigma(1.0, 1e-6)
+    assert gaussian["distribution"] == "gaussian" and gaussian["sigma"] == sigma
+    assert gaussian["delta_achieved"] == approximate_delta("gaussian", sigma, 1.0) <= 1e-6
+    assert gaussian["half_width"] == half_width("gaussian", sigma, 0.95) == 8
+    noise = gaussian["noise"]
+    assert noise["distribution"] == "gaussian" and sigma <= noise["sigma"] <= sigma * (1 + 1e-9)
+    accuracy = cli(
+        "guarantee", "accuracy", "noisy-counts", "--distribution", "gaussian", "--sigma", str(sigma), "--json"
+    )
+    assert json.loads(accuracy.stdout) == {
+        "distribution": "gaussian",
+        "sigma": sigma,
+        "confidence": 0.95,
+        "half_width": 8,
+    }
+
+    laplace = json.loads(cli("calibrate", "noisy-counts", "--epsilon", "0.2", "--confidence", "0.99", "--json").stdout)
+    assert laplace["distribution"] == "laplace" and laplace["scale"] == calibrate_scale(0.2) == 5.0
+    assert laplace["delta"] is None and laplace["delta_achieved"] == 0.0 and "sigma" not in laplace
+    assert laplace["half_width"] == half_width("laplace", 5.0, 0.99)
+    assert laplace["noise"] == {"distribution": "laplace", "scale": 5.0}
+
+
+def test_calibrate_noisy_counts_table() -> None:
+    done = cli("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1e-6")
+    assert done.returncode == 0, done.stderr
+    assert "4.230781075" in done.stdout and "+-8" in done.stdout
+    assert "noise: {distribution: gaussian, sigma: 4.230781075}" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("distribution", "option", "value", "confidence"),
+    [("gaussian", "--sigma", 20.0, 0.95), ("gaussian", "--sigma", 0.5, 0.5), ("laplace", "--scale", 5.0, 0.999)],
+)
+def test_guarantee_accuracy_noisy_counts(distribution: str, option: str, value: float, confidence: float) -> None:
+    from privrelease.mechanisms.kinds.noisy_counts import half_width
+
+    args = ("guarantee", "accuracy", "noisy-counts", "--distribution", distribution, option, str(value))
+    done = cli(*args, "--confidence", str(confidence), "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body == {
+        "distribution": distribution,
+        option[2:]: value,
+        "confidence": confidence,
+        "half_width": half_width(distribution, value, confidence),
+    }
+    text = cli(*args, "--confidence", str(confidence))
+    assert f"within +-{body['half_width']} with probability >= {confidence:g}" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("calibrate", "noisy-counts", "--epsilon", "0", "--delta", "1e-6"), "--epsilon must be a finite number > 0"),
+        (("calibrate", "noisy-counts", "--epsilon", "-1"), "--epsilon must be a finite number > 0; got -1"),
+        (("calibrate", "noisy-counts", "--epsilon", "inf"), "--epsilon must be a finite number > 0; got inf"),
+        (("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1"), "--delta must be a number in (0, 1); got 1"),
+        (("calibrate", "noisy-counts", "--epsilon", "1", "--confidence", "1.5"), "--confidence must be a number in"),
+        (("guarantee", "accuracy", "noisy-counts", "--distribution", "poisson", "--scale", "2"), "--distribution must"),
+        (
+            ("guarantee", "accuracy", "noisy-counts", "--distribution", "gaussian"),
+            "--sigma is required for gaussian noise",
+        ),
+        (
+            ("guarantee", "accuracy", "noisy-counts", "--distribution", "laplace", "--sigma", "2"),
+            "--sigma is not a parameter of laplace noise: give --scale",
+        ),
+        (
+            ("guarantee", "accuracy", "noisy-counts", "--distribution", "gaussian", "--sigma", "-3"),
+            "--sigma must be a number in (0, 1e+06]; got -3",
+        ),
+        (
+            ("guarantee", "accuracy", "noisy-counts", "--distribution", "laplace", "--scale", "nan"),
+            "--scale must be a number in (0, 1e+06]; got nan",
+        ),
+    ],
+)
+def test_noisy_counts_bad_input_exits_2_naming_the_option(args, message) -> None:
+    """One line on stderr naming the option, exit 2; with --json the same as a JSON document."""
+    result = cli(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr + result.stdout
+    body = json.loads(cli(*args, "--json").stdout)
+    assert body["exit_code"] == 2 and message in body["error"] and body["field"] == message.split()[0]
+
+
+def test_calibrate_noisy_counts_beyond_the_largest_sigma_is_not_met() -> None:
+    """A target no sigma up to the policies' largest reaches: exit 1, one line, no search."""
+    result = cli("calibrate", "noisy-counts", "--epsilon", "1e-7", "--delta", "1e-8")
+    assert result.returncode == 1 and "no discrete Gaussian sigma up to 1e+06" in result.stderr

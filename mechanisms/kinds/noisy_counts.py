@@ -95,7 +95,7 @@ SAMPLE_CHUNK = 50_000
 """Cells per OpenDP call when :func:`add_noise` splits a large table over threads (OpenDP's
 samplers run in Rust without the GIL: two threads on two cores take about half the time)."""
 
-_U = np.finfo(float).eps
+_U = float(np.finfo(float).eps)  # a Python float: results stay floats (np.float64 would make np.bool_ comparisons)
 
 
 # --- parameters ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from privrelease.cli import accuracy, calculus, drafting, lifetime
+from privrelease.cli import accuracy, calculus, counts, drafting, lifetime
 from privrelease.cli import audit as audit_commands
 from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
@@ -39,6 +39,7 @@ server_commands.register(app)
 deploy_commands.register(app)
 lifetime.register(app)
 accuracy.register(app)
+counts.register(app)
 drafting.register(app)
 
 

@@ -23,6 +23,11 @@ def styled(template: str, *values: Any) -> Text:
     return Text.from_markup(template.format(*(escape(str(value)) for value in values)))
 
 
+def say(text: str) -> None:
+    """One sentence for people on stdout, as written (no highlighting), wrapped by the terminal."""
+    console.print(text, highlight=False, soft_wrap=True)
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

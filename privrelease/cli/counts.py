@@ -1,0 +1,151 @@
+"""``calibrate noisy-counts`` and ``guarantee accuracy noisy-counts``: the discrete noise of a
+noisy-counts table for a privacy target, and what it costs in accuracy; reads no data
+(:mod:`privrelease.mechanisms.kinds.noisy_counts`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from privrelease.cli.output import console, print_json, say
+from privrelease.errors import TargetNotMet, UserError
+
+JSON = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
+SMALL_EPSILON = 1e-4
+"""Below it, the sigma found could exceed the largest a policy allows: checked first (one exact
+delta at that sigma, about 1.5 s), rather than searched for (its sums cost O(sigma))."""
+CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in (0, 1) of the stated half-width.")
+
+
+def register(app: typer.Typer) -> None:
+    from privrelease.cli.accuracy import accuracy_app
+    from privrelease.cli.calculus import calibrate_app
+
+    calibrate_app.command("noisy-counts")(calibrate_noisy_counts)
+    accuracy_app.command("noisy-counts")(accuracy_noisy_counts)
+
+
+def _require(option: str, value: float, allowed: str, holds: bool) -> None:
+    """One line naming the option when ``value`` is not what ``option`` allows (exit 2)."""
+    if not holds:
+        raise UserError(f"{option} must be {allowed}; got {value:g}", field=option, allowed=allowed)
+
+
+def _check_confidence(confidence: float) -> None:
+    _require("--confidence", confidence, "a number in (0, 1)", 0 < confidence < 1)
+
+
+def _round_up(value: float, digits: int = 10) -> float:
+    """``value`` to ``digits`` significant digits, never below it (a sigma or scale printed for a
+    policy must still meet the target)."""
+    shown = float(f"{value:.{digits}g}")
+    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return shown if shown >= value else float(f"{shown + step:.{digits}g}")
+
+
+def _noise(distribution: str, parameter: float) -> dict[str, Any]:
+    """The policy's ``noise`` section for these parameters."""
+    return {"distribution": distribution, "sigma" if distribution == "gaussian" else "scale": parameter}
+
+
+def calibrate_noisy_counts(
+    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon > 0 of the table."),
+    delta: float | None = typer.Option(
+        None, "--delta", help="Target delta in (0, 1): discrete Gaussian noise (omit: discrete Laplace, pure DP)."
+    ),
+    confidence: float = CONFIDENCE,
+    json_out: bool = JSON,
+) -> None:
+    """The noise of a noisy-counts table (sensitivity 1) for a target: with --delta the smallest
+    discrete Gaussian sigma whose exact delta at EPSILON is at most DELTA, without it the discrete
+    Laplace scale 1/EPSILON; and what it costs in accuracy: every cell within +-w of its true
+    count with probability >= C."""
+    from privrelease.mechanisms.kinds import noisy_counts as nc
+
+    _require("--epsilon", epsilon, "a finite number > 0", 0 < epsilon < math.inf)
+    if delta is not None:
+        _require("--delta", delta, "a number in (0, 1)", 0 < delta < 1)
+    _check_confidence(confidence)
+    if delta is None:
+        distribution, parameter = "laplace", nc.calibrate_scale(epsilon)
+        achieved = 0.0
+    else:
+        if epsilon < SMALL_EPSILON and nc.approximate_delta("gaussian", nc.MAX_NOISE, epsilon) > delta:
+            raise TargetNotMet(
+                f"no discrete Gaussian sigma up to {nc.MAX_NOISE:g} (the largest a policy allows) reaches "
+                f"delta {delta:g} at epsilon {epsilon:g}"
+            )
+        distribution, parameter = "gaussian", nc.calibrate_sigma(epsilon, delta)
+        achieved = nc.approximate_delta("gaussian", parameter, epsilon)
+    width = nc.half_width(distribution, parameter, confidence)  # type: ignore[arg-type]
+    name = "sigma" if distribution == "gaussian" else "scale"
+    document = {
+        "distribution": distribution,
+        name: parameter,
+        "epsilon": epsilon,
+        "delta": delta,
+        "delta_achieved": achieved,
+        "confidence": confidence,
+        "half_width": width,
+        "noise": _noise(distribution, _round_up(parameter)),
+    }
+    if json_out:
+        print_json(document)
+        return
+    title = "discrete Gaussian, exact delta" if distribution == "gaussian" else "discrete Laplace, pure DP"
+    table = Table(title=f"noisy counts calibrated ({title})", title_justify="left")
+    for column in ("epsilon", "delta target", "delta achieved", name, f"{confidence:.0%} half-width"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"{epsilon:g}",
+        "-" if delta is None else f"{delta:g}",
+        f"{achieved:.4g}",
+        f"{_round_up(parameter):.10g}",
+        f"+-{width}",
+    )
+    console.print(table)
+    snippet = f"noise: {{distribution: {distribution}, {name}: {_round_up(parameter):.10g}}}"
+    say(
+        f"policy: {snippet}; every published count is within +-{width} of the true count "
+        f"with probability >= {confidence:g}"
+    )
+
+
+def accuracy_noisy_counts(
+    distribution: str = typer.Option(..., "--distribution", help="gaussian or laplace."),
+    sigma: float | None = typer.Option(None, "--sigma", help="Discrete Gaussian sigma > 0 (--distribution gaussian)."),
+    scale: float | None = typer.Option(None, "--scale", help="Discrete Laplace scale > 0 (--distribution laplace)."),
+    confidence: float = CONFIDENCE,
+    json_out: bool = JSON,
+) -> None:
+    """For noisy-counts tables: the exact half-width w of the discrete noise, every published
+    count within +-w of its true count with probability >= C."""
+    from privrelease.mechanisms.kinds import noisy_counts as nc
+
+    if distribution not in nc.DISTRIBUTIONS:
+        raise UserError(
+            f"--distribution must be gaussian or laplace; got {distribution!r}",
+            field="--distribution",
+            allowed="gaussian, laplace",
+        )
+    option, value, other = (
+        ("--sigma", sigma, "--scale") if distribution == "gaussian" else ("--scale", scale, "--sigma")
+    )
+    if (scale if distribution == "gaussian" else sigma) is not None:
+        raise UserError(f"{other} is not a parameter of {distribution} noise: give {option}", field=other)
+    if value is None:
+        raise UserError(f"{option} is required for {distribution} noise", field=option)
+    allowed = f"a number in (0, {nc.MAX_NOISE:g}]"
+    _require(option, value, allowed, 0 < value <= nc.MAX_NOISE)
+    _check_confidence(confidence)
+    width = nc.half_width(distribution, value, confidence)  # type: ignore[arg-type]
+    if json_out:
+        print_json({**_noise(distribution, value), "confidence": confidence, "half_width": width})
+        return
+    say(
+        f"discrete {distribution.capitalize()} noise of {option[2:]} {value:g} is within +-{width} "
+        f"with probability >= {confidence:g}"
+    )
