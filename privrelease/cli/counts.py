@@ -141,7 +141,7 @@ def accuracy_noisy_counts(
     allowed = f"a number in (0, {nc.MAX_NOISE:g}]"
     _require(option, value, allowed, 0 < value <= nc.MAX_NOISE)
     _check_confidence(confidence)
-    width = nc.half_width(distribution, value, confidence)  # type: ignore[arg-type]
+    width = nc.half_width(distribution, value, confidence)
     if json_out:
         print_json({**_noise(distribution, value), "confidence": confidence, "half_width": width})
         return
