@@ -4,7 +4,6 @@ partition on the Dask engine with every mechanism's partial result in the same p
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import sys
 from collections.abc import Sequence
@@ -75,27 +74,29 @@ def header_names(path: Path, dataset: Any) -> list[str] | None:
     return csv_header(first_line, path, dataset.csv)
 
 
-def sniff_delimiter(header: str) -> str:
-    """The delimiter of a CSV header line: the most frequent of ``, ; TAB |`` (``,`` if none)."""
-    counts = {d: header.count(d) for d in ",;\t|"}
-    return max(counts, key=counts.__getitem__) if any(counts.values()) else ","
-
-
 def csv_header(first_line: bytes, path: Path, options: Any) -> list[str] | None:
     """The column names of a CSV header line read with ``options`` (a policy's ``dataset.csv``;
-    None: the defaults, delimiter sniffed) (None: a CSV without a header)."""
-    if options is not None and not options.header:
+    None: the defaults, delimiter sniffed) in the reader's own dialect
+    (:func:`.datasets.csv_first_line`) (None: a CSV without a header)."""
+    from privrelease.datasets import csv_first_line
+
+    arguments = csv_arguments(options)
+    if not arguments.pop("header"):
         return None
-    encoding = options.encoding if options is not None else "utf-8"
-    try:
-        first = first_line.decode(encoding).removeprefix("\ufeff")
-    except (UnicodeDecodeError, LookupError):
-        raise UserError(f"dataset file {str(path)!r} is not {encoding} text (its header cannot be decoded)") from None
-    delimiter = options.delimiter if options is not None else None
-    if delimiter is None:
-        delimiter = sniff_delimiter(first)
-    quote = options.quote if options is not None else '"'
-    return next(csv.reader([first.rstrip("\r\n")], delimiter=delimiter, quotechar=quote))
+    return csv_first_line(first_line, path, **arguments)[1]
+
+
+def csv_arguments(options: Any) -> dict[str, Any]:
+    """:func:`.datasets.read_dataset`'s CSV arguments (delimiter, quote, header, encoding) of a
+    policy's ``dataset.csv`` (None: the defaults, delimiter sniffed)."""
+    if options is None:
+        return {"delimiter": None, "quote": '"', "header": True, "encoding": "utf-8"}
+    return {
+        "delimiter": options.delimiter,
+        "quote": options.quote,
+        "header": options.header,
+        "encoding": options.encoding,
+    }
 
 
 def fingerprint_dataset(run: RunContext) -> DatasetFacts:
@@ -324,15 +325,11 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
             sum(read.rows_read for read in reads),
             sum(read.rows_dropped for read in reads),
         )
-    options = dataset.csv
     return read_dataset(
         run.data_path,
         format=dataset.format,
         columns=spec.columns,
-        delimiter=options.delimiter if options else None,
-        quote=options.quote if options else '"',
-        header=options.header if options else True,
-        encoding=options.encoding if options else "utf-8",
+        **csv_arguments(dataset.csv),
         missing=spec.missing,
         missing_values=spec.missing_values,
         domains=dict(spec.domains),

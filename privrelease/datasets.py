@@ -107,7 +107,8 @@ def read_dataset(
     was fingerprinted, whatever happens to the path in between (overwritten, renamed over,
     relinked).
 
-    CSV: ``delimiter`` None sniffs one of ``, ; TAB |`` from the first 64 KiB; ``quote`` None
+    CSV: ``delimiter`` None sniffs one of ``, ; TAB |`` from the first line (:func:`csv_first_line`,
+    as the fingerprint does); ``quote`` None
     disables quoting; CRLF or LF line ends; ``header=False`` means the file has exactly the
     declared columns, in declared order. Parquet: the CSV options are ignored.
     """
@@ -206,17 +207,61 @@ def _require_unique(path: Path, declared: dict[str, str], found: list[str]) -> N
             )
 
 
-def _sniff_delimiter(data: pa.Buffer, path: Path, encoding: str) -> str:
-    sample = data[: 64 * 1024].to_pybytes().decode(encoding, errors="replace")
-    try:
-        return csv.Sniffer().sniff(sample, delimiters=SNIFFED_DELIMITERS).delimiter
-    except csv.Error as exc:
-        if not any(candidate in sample.splitlines()[0] for candidate in SNIFFED_DELIMITERS):
-            return ","  # a single column: any delimiter reads it
+@dataclass(frozen=True)
+class CsvDialect:
+    """How a CSV file splits into fields: one ``delimiter`` character and the ``quote``
+    character (None: no quoting), as :func:`csv_first_line` decided them."""
 
-        raise UserError(
-            f"could not detect the delimiter of {str(path)!r} (tried {SNIFFED_DELIMITERS!r}); declare it"
-        ) from exc
+    delimiter: str
+    quote: str | None
+
+    def parse_options(self) -> pcsv.ParseOptions:
+        return pcsv.ParseOptions(delimiter=self.delimiter, quote_char=self.quote or False)
+
+    def fields(self, line: str) -> list[str]:
+        """The fields of one line (its line end dropped) in this dialect."""
+        line = line.rstrip("\r\n")
+        try:
+            if self.quote:
+                rows = csv.reader([line], delimiter=self.delimiter, quotechar=self.quote)
+            else:
+                rows = csv.reader([line], delimiter=self.delimiter, quoting=csv.QUOTE_NONE)
+            return next(rows, [])
+        except csv.Error:
+            return []
+
+
+def csv_first_line(
+    first_line: bytes,
+    path: Path,
+    *,
+    delimiter: str | None = None,
+    quote: str | None = '"',
+    encoding: str = "utf-8",
+) -> tuple[CsvDialect, list[str]]:
+    """The dialect of a CSV file and the fields of its first line (its header's names, when it
+    has one), from that line only (``first_line``: the file's bytes up to its first newline).
+
+    The one place the dialect is decided: the fingerprint, the pre-flight, ``policy init`` and
+    the reader all call it, so a file one of them reads is never refused by another, and no
+    data row is read to decide it. The delimiter is the declared one, or else the one of
+    ``, ; TAB |`` that splits the line into the most fields with quoting honoured (a delimiter
+    inside quotes does not count: ``"city, state";zip`` is two fields split by ``;``); ties go
+    to the first in that order, so a single column reads with ``,``."""
+    if delimiter is not None and len(delimiter) != 1:
+        raise UserError(f"delimiter must be one character; got {delimiter!r}")
+    try:
+        line = first_line.decode(encoding).removeprefix("\ufeff")
+    except (UnicodeDecodeError, LookupError):
+        raise UserError(f"dataset file {str(path)!r} is not {encoding} text (its header cannot be decoded)") from None
+    if delimiter is not None:
+        dialect = CsvDialect(delimiter, quote)
+    else:
+        dialect = max(
+            (CsvDialect(candidate, quote) for candidate in SNIFFED_DELIMITERS),
+            key=lambda candidate: len(candidate.fields(line)),
+        )
+    return dialect, dialect.fields(line)
 
 
 def _read_csv(
@@ -228,21 +273,13 @@ def _read_csv(
     header: bool,
     encoding: str,
 ) -> pa.Table:
-    if delimiter is None:
-        delimiter = _sniff_delimiter(data, path, encoding)
-    if len(delimiter) != 1:
-        raise UserError(f"delimiter must be one character; got {delimiter!r}")
-    parse = pcsv.ParseOptions(delimiter=delimiter, quote_char=quote or False)
-    read = pcsv.ReadOptions(encoding=encoding, autogenerate_column_names=not header)
+    dialect, found = csv_first_line(_first_line(data), path, delimiter=delimiter, quote=quote, encoding=encoding)
+    parse = dialect.parse_options()
     try:
-        with pcsv.open_csv(pa.BufferReader(data), read_options=read, parse_options=parse) as reader:
-            found = reader.schema.names
-        if header and found and found[0].startswith("\ufeff"):  # a byte-order mark before the header
-            found = [found[0].removeprefix("\ufeff"), *found[1:]]
-            read = pcsv.ReadOptions(encoding=encoding, column_names=found, skip_rows=1)
         if header:
             _require_present(path, columns, found)
             _require_unique(path, columns, found)
+            read = pcsv.ReadOptions(encoding=encoding, column_names=found, skip_rows=1)
         elif len(found) != len(columns):
             raise UserError(
                 f"dataset file {str(path)!r} has {len(found)} fields per row and no header;"
@@ -262,6 +299,17 @@ def _read_csv(
         if "Empty CSV file" in str(exc):
             raise UserError(f"dataset file {str(path)!r} has no header and no rows") from exc
         raise UserError(f"dataset file {str(path)!r} is not valid CSV: {exc}") from exc
+
+
+def _first_line(data: pa.Buffer) -> bytes:
+    """The bytes of ``data`` up to and including its first newline (all of it without one),
+    found 1 MiB at a time (the file is not copied)."""
+    view = memoryview(data)
+    for start in range(0, len(view), _CHUNK):
+        end = view[start : start + _CHUNK].tobytes().find(b"\n")
+        if end >= 0:
+            return view[: start + end + 1].tobytes()
+    return view.tobytes()
 
 
 def parse_parquet(

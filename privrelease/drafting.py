@@ -40,19 +40,18 @@ def _parquet_type(kind: Any) -> str:
 
 
 def _csv_columns(path: Path) -> tuple[list[tuple[str, str]], str]:
-    """The header's names, read by the pre-flight's own parser with the options the draft
-    writes (UTF-8, the delimiter sniffed from the header line), and that delimiter."""
+    """The header's names, read in the reader's own dialect (:func:`.datasets.csv_first_line`)
+    with the options the draft writes (UTF-8, the delimiter sniffed from the header line), and
+    that delimiter."""
     from privrelease.datafiles import open_checked
-    from privrelease.flows.data import csv_header, sniff_delimiter
-    from privrelease.policies import CsvOptions
+    from privrelease.datasets import csv_first_line
 
     with open_checked(path) as handle:
         first = handle.readline()
     if not first.strip():
         raise UserError(f"{str(path)!r} has no header line: the draft names its columns from it")
-    options = CsvOptions(delimiter=sniff_delimiter(first.decode("utf-8", errors="replace")))
-    names = csv_header(first, path, options) or []
-    return [(name, "string") for name in names], str(options.delimiter)
+    dialect, names = csv_first_line(first, path)
+    return [(name, "string") for name in names], dialect.delimiter
 
 
 def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = ".") -> str:

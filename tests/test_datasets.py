@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from privrelease.datasets import fingerprint, read_dataset, write_parquet
+from privrelease.datasets import csv_first_line, fingerprint, read_dataset, write_parquet
 from privrelease.errors import UserError
 
 ADULT_COLUMNS = {
@@ -89,6 +89,16 @@ def test_sniffed_delimiter(tmp_path: Path, delimiter: str) -> None:
     assert table.column("age").to_pylist() == [31, 42, 7]
     assert table.column("score").to_pylist() == [1.5, 2.25, -3.0]
     assert strings(table.column("name")) == ["ann", "bob", "cy"]
+
+
+def test_a_delimiter_inside_quotes_does_not_count(tmp_path: Path) -> None:
+    """The header alone decides the dialect, quotes honoured: ``"city, state";zip`` splits on
+    ``;`` (one of each, but the comma is inside quotes), as the fingerprint splits it."""
+    path = write(tmp_path, '"city, state";zip\n"Paris, IDF";75001\n')
+    dialect, names = csv_first_line(path.read_bytes().split(b"\n")[0], path)
+    assert (dialect.delimiter, names) == (";", ["city, state", "zip"])
+    table = read_dataset(path, format="csv", columns={"city, state": "string", "zip": "string"}).table
+    assert strings(table.column("city, state")) == ["Paris, IDF"] and strings(table.column("zip")) == ["75001"]
 
 
 def test_quoting_crlf_and_spaces(tmp_path: Path) -> None:
@@ -272,7 +282,8 @@ def test_bad_arguments_and_files(tmp_path: Path) -> None:
         bad = tmp_path / "latin.csv"
         bad.write_bytes(b"a\ncaf\xe9\n")
         read_dataset(bad, format="csv", columns={"a": "string"})
-    with pytest.raises(UserError, match="could not detect the delimiter"):
+    # the header alone decides the dialect (as the fingerprint decides it): ",", so "1;2" is one field
+    with pytest.raises(UserError, match="not valid CSV: .*Expected 2 columns, got 1"):
         read_dataset(
             write(tmp_path, "a,b\n1;2\n", name="odd.csv"),
             format="csv",

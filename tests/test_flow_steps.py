@@ -1073,3 +1073,57 @@ def test_a_run_parses_and_plans_its_policy_once(demo_dir, work, monkeypatch):
     preflight(path)
     release_plain(policy_path=path)
     assert (len(parses), len(plans)) == (1, 1)
+
+
+# --------------------------------------------------------------------------- CSV dialect
+
+
+QUOTED_DELIMITER_POLICY = """\
+name: quoted-header
+version: "1"
+description: A header whose first name holds the other delimiter inside quotes
+dataset:
+  id: quoted-header
+  path: cities.csv
+  format: csv
+  missing: reject
+  columns:
+    "city, state": {type: string, values: ["Paris, IDF", "Lyon, ARA"]}
+    zip: {type: string}
+generalization:
+  "city, state": keep
+mechanisms:
+  - name: cities
+    type: histogram
+    columns: ["city, state"]
+    k: 2
+    beta: 0.5
+    epsilon: 1.0
+targets:
+  accounting: probabilistic
+  max_epsilon: 4.5
+  delta: 0.5
+  lifetime_budget: {epsilon: 20, delta: 0.5}
+"""
+
+
+def test_a_quoted_delimiter_in_the_header_is_read_alike_by_every_step(work, tmp_path):
+    """``"city, state";zip``: one comma inside quotes, one semicolon outside. The pre-flight,
+    the fingerprint, the reader and ``policy init`` decide the same dialect (two columns split
+    by ``;``), so the valid file is released, not refused by one step and read by another."""
+    from privrelease.drafting import draft_policy
+    from privrelease.flows import preflight
+
+    folder = tmp_path / "quoted"
+    folder.mkdir()
+    rows = "".join(f'"{city}";{zip_code}\n' for city, zip_code in [("Paris, IDF", 75001), ("Lyon, ARA", 69001)] * 20)
+    (folder / "cities.csv").write_text('"city, state";zip\n' + rows, encoding="utf-8")
+    policy = folder / "policy.yaml"
+    policy.write_text(QUOTED_DELIMITER_POLICY, encoding="utf-8")
+    loaded = load_policy(policy)
+    assert data.header_names(folder / "cities.csv", loaded.policy.dataset) == ["city, state", "zip"]
+    preflight.preflight(policy)
+    published = release_plain(policy_path=str(policy))
+    assert runs()[0].status == "succeeded" and published.outputs
+    draft = draft_policy(folder / "cities.csv", "quoted-header", folder)
+    assert '"city, state"' in draft and 'delimiter: ";"' in draft
