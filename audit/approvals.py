@@ -39,6 +39,7 @@ from privrelease.audit import approvers, bindings, chain, governance, signing
 from privrelease.audit.bindings import Account, Binding, os_account
 from privrelease.audit.models import Approval, AuditEvent, PolicyVersion, Run, utcnow
 from privrelease.errors import UserError
+from privrelease.files import sha256_text
 
 __all__ = [
     "PolicyFacts",
@@ -89,7 +90,7 @@ def policy_facts(loaded: Any) -> PolicyFacts:
     from privrelease.policies import canonical_json
 
     text = canonical_json(loaded)
-    assert chain.sha256_text(text) == loaded.sha256, "policy hash is not of its canonical JSON"
+    assert sha256_text(text) == loaded.sha256, "policy hash is not of its canonical JSON"
     policy = loaded.policy
     return PolicyFacts(
         name=str(policy.name),

@@ -26,7 +26,6 @@ data, nor for a copy of the approval (a revocation names the id), an audit recor
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any
 from privrelease.audit import chain, signing
 from privrelease.audit.bindings import Binding
 from privrelease.errors import UserError
+from privrelease.files import sha256_bytes
 
 __all__ = ["DOMAIN", "Check", "Registry", "check", "configured", "load", "message", "sign"]
 
@@ -112,7 +112,7 @@ def load(path: str | Path, *, what: str = "PRIVRELEASE_APPROVERS") -> Registry:
             f"approver keys); got {governance!r}"
         )
     source = str(Path(path).expanduser().resolve())
-    return Registry(source, hashlib.sha256(data).hexdigest(), keys, quorum=quorum)
+    return Registry(source, sha256_bytes(data), keys, quorum=quorum)
 
 
 def configured() -> Registry | None:

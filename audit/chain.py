@@ -28,11 +28,8 @@ spends (:mod:`.witness`), which verifies only the records after its last verifie
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +51,7 @@ from privrelease.audit.models import (
     utcnow,
 )
 from privrelease.errors import UserError
+from privrelease.files import sha256_file, sha256_text, write_atomic
 
 __all__ = [
     "GENESIS_HASH",
@@ -63,7 +61,6 @@ __all__ = [
     "append",
     "canonical_json",
     "columns_sha256",
-    "file_sha256",
     "head",
     "lock",
     "read_head",
@@ -108,11 +105,6 @@ def canonical_json(value: Any) -> str:
     )
 
 
-def sha256_text(text: str) -> str:
-    """sha256 hex digest of the UTF-8 bytes of ``text``."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _table(row: SQLModel) -> Table:
     """The table of a row of a table model."""
     # sqlmodel's types declare __table__ only on the table=True subclasses, not on SQLModel
@@ -135,15 +127,6 @@ def record_hash(prev_hash: str, seq: int, time: datetime, kind: str, payload: An
     """``sha256(prev_hash || canonical_json({"seq", "time", "kind", "payload"}))``."""
     body = canonical_json({"seq": seq, "time": time, "kind": kind, "payload": payload})
     return sha256_text(prev_hash + body)
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _primary_key(row: SQLModel) -> Any:
@@ -274,22 +257,11 @@ def write_head(
     return write_json(path, body)
 
 
-def write_json(path: Path | str, body: dict[str, Any], *, indent: int | None = None) -> Path:
-    """Write ``body`` as JSON to ``path`` atomically (temp file, fsync, rename); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(body, handle, sort_keys=True, indent=indent)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return path
+def write_json(path: Path | str, body: dict[str, Any], *, indent: int | None = None, make_folder: bool = True) -> Path:
+    """Write ``body`` as JSON to ``path`` atomically and durably (:func:`.files.write_atomic`;
+    owner-only, 0o600; a missing folder is made unless ``make_folder`` is False); returns the path."""
+    text = json.dumps(body, sort_keys=True, indent=indent) + "\n"
+    return write_atomic(path, text, make_folder=make_folder, mode=0o600)
 
 
 def read_head(path: Path | str) -> Head:
@@ -433,7 +405,7 @@ def _check_file(path_text: str, expected: str, output_root: Path | None, what: s
     if not path.is_absolute():
         path = (output_root or Path.cwd()) / path
     try:
-        actual = file_sha256(path)
+        actual = sha256_file(path)
     except FileNotFoundError:
         return Problem(seq, "file_missing", f"{what} {path} (record {seq}) is missing")
     except OSError as error:

@@ -25,10 +25,7 @@ With quorum > 1 the request travels as a file (:func:`dump`, :func:`load`): prop
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +38,7 @@ from privrelease.audit import chain, signing
 from privrelease.audit.approvers import Registry
 from privrelease.audit.models import Approval, AuditEvent, utcnow
 from privrelease.errors import UserError
+from privrelease.files import sha256_bytes
 
 __all__ = ["KINDS", "State", "apply", "dump", "load", "message", "request", "sign", "signers", "state"]
 
@@ -55,7 +53,7 @@ def message(body: dict[str, Any]) -> bytes:
 
 
 def _digest(body: dict[str, Any]) -> str:
-    return hashlib.sha256(message(body)).hexdigest()
+    return sha256_bytes(message(body))
 
 
 @dataclass
@@ -213,9 +211,7 @@ def apply(session: Session, document: dict[str, Any]) -> AuditEvent:
 def dump(document: dict[str, Any], path: Path) -> None:
     """Write a request document to ``path`` atomically; a :class:`UserError` names the file."""
     try:
-        if not path.parent.is_dir():  # write_json would make it; a request goes where it is asked
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
-        chain.write_json(path, document, indent=1)
+        chain.write_json(path, document, indent=1, make_folder=False)  # a request goes where it is asked
     except OSError as error:
         raise UserError(f"cannot write the governance request {str(path)!r}: {error.strerror or error}") from None
 

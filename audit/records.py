@@ -15,7 +15,6 @@ audit order shows the approval and the reservation precede the first read of the
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,12 +33,12 @@ from privrelease.audit.models import (
     utcnow,
 )
 from privrelease.errors import UserError
+from privrelease.files import sha256_file, sha256_text
 
 __all__ = [
     "attach_dataset",
     "find_dataset",
     "find_run",
-    "fingerprint_file",
     "finish_run",
     "guarantees_of",
     "list_datasets",
@@ -55,11 +54,6 @@ __all__ = [
     "start_run",
     "store_report",
 ]
-
-
-def fingerprint_file(path: Path | str) -> str:
-    """sha256 of a dataset file's bytes (the key of its vintage in the ledger)."""
-    return chain.file_sha256(Path(path))
 
 
 def register_dataset(
@@ -263,7 +257,7 @@ def record_output(
     against ``verify(output_root=...)``)."""
     run = _run(session, run)
     file = Path(path)
-    digest = sha256 or chain.file_sha256(file)
+    digest = sha256 or sha256_file(file)
     output = Output(
         run_id=run.id,
         path=str(path),
@@ -305,7 +299,7 @@ def record_guarantee(
 def store_report(session: Session, run: Run | str, html: str, *, path: Path | str | None = None) -> Report:
     """Store a run's HTML report and its sha256 (of the UTF-8 bytes, as written to ``path``)."""
     run = _run(session, run)
-    digest = hashlib.sha256(html.encode("utf-8")).hexdigest()
+    digest = sha256_text(html)
     report = Report(
         run_id=run.id,
         html=html,

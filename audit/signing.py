@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from privrelease.errors import UserError
+from privrelease.files import sha256_bytes, sha256_file
 
 RECORD_DOMAIN = "privrelease-record"
 HEAD_DOMAIN = "privrelease-head"
@@ -121,7 +121,7 @@ def fingerprint(text: str) -> str:
         raw = base64.b64decode(text.strip(), validate=True)
     except ValueError:
         raw = text.encode("utf-8")
-    return hashlib.sha256(raw).hexdigest()[:16]
+    return sha256_bytes(raw)[:16]
 
 
 def public_key(text_or_path: str) -> Any:
@@ -185,7 +185,7 @@ def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: st
     id or a prefix of 8+ characters) and ``policy`` (``name@version`` or a sha256 prefix of 12+)
     when given, each listed file has its sha256, and no file is there that the signature does
     not list. Returns the problems."""
-    from privrelease.audit.chain import RELEASE_HEAD_FILE, file_sha256, read_head
+    from privrelease.audit.chain import RELEASE_HEAD_FILE, read_head
 
     head_file = folder / RELEASE_HEAD_FILE
     try:
@@ -204,7 +204,7 @@ def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: st
         path = folder / name
         if Path(name).name != name or not path.is_file():
             problems.append(f"{name!r} is listed but missing")
-        elif file_sha256(path) != digest:
+        elif sha256_file(path) != digest:
             problems.append(f"{name!r} does not have the signed sha256 {digest[:12]}: it was changed")
     for path in sorted(folder.iterdir()):
         if path.name != head_file.name and path.name not in head.files:

@@ -24,7 +24,6 @@ before anything is charged. What it cannot see is stated in SECURITY.md ("Known 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import weakref
@@ -38,6 +37,7 @@ from sqlmodel import Session, col, select
 from privrelease.audit import chain, signing
 from privrelease.audit.models import GENESIS_HASH, AuditEvent, LedgerEntry, Run
 from privrelease.errors import AuditRefused, UserError
+from privrelease.files import sha256_text
 from privrelease.settings import get_settings, sqlite_file
 
 __all__ = ["Witness", "check_before_spending", "path_for", "prepare", "read"]
@@ -76,7 +76,7 @@ def path_for(engine: Any) -> Path | None:
     if url.get_backend_name() == "sqlite":
         file = sqlite_file(url)
         return None if file is None else file.with_name(f"{file.name}.witness.json")
-    digest = hashlib.sha256(url.render_as_string(hide_password=True).encode("utf-8")).hexdigest()[:16]
+    digest = sha256_text(url.render_as_string(hide_password=True))[:16]
     return settings.work_dir / f"audit-witness-{digest}.json"
 
 

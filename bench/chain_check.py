@@ -42,12 +42,13 @@ def main() -> None:
 
     from privrelease.audit import approvals, chain, ledger, records, signing, witness
     from privrelease.audit.database import open_database, session
+    from privrelease.files import sha256_text
     from privrelease.mechanisms.events import Laplace, event_to_json
 
     public = signing.public_key(signing.generate(base / "agency.key"))
     engine = open_database()
     text = '{"policy":{}}'
-    facts = approvals.PolicyFacts("bench", "1", chain.sha256_text(text), text)
+    facts = approvals.PolicyFacts("bench", "1", sha256_text(text), text)
     event = event_to_json(Laplace(scale=1e6, sensitivity=1.0))
     with session(engine) as s:
         approvals.register_policy(s, facts)

@@ -5,7 +5,6 @@ the staging folder."""
 from __future__ import annotations
 
 import json
-import os
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
+from privrelease.files import atomic_path, sha256_file
 from privrelease.flows.context import (
     OutputFacts,
     RunContext,
@@ -39,12 +39,12 @@ def plain_columns(table: pa.Table) -> pa.Table:
 
 def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int:
     """Write ``table`` to ``path`` (Parquet or CSV) through a temp file in the same folder and
-    ``os.replace``; the temp file is removed on any error. :class:`Pieces` are written one at
-    a time (a Parquet row group, a CSV block each), never held together. Returns the rows."""
+    ``os.replace`` (:func:`.files.atomic_path`); the temp file is removed on any error.
+    :class:`Pieces` are written one at a time (a Parquet row group, a CSV block each), never
+    held together. Returns the rows."""
     from privrelease.datasets import write_parquet
 
-    temp = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic_path(path) as temp:
         if isinstance(table, pa.Table) and output_format == "parquet":
             write_parquet(table, temp)
             rows = table.num_rows
@@ -52,10 +52,6 @@ def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int
             rows = _write_pieces(
                 table if isinstance(table, Pieces) else Pieces(table.schema, iter([table])), temp, output_format, path
             )
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
     return rows
 
 
@@ -84,7 +80,6 @@ def _write_pieces(pieces: Pieces, temp: Path, output_format: str, path: Path) ->
 def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     """Run the policy mechanism ``name`` on the run's data (on Dask: finish it from the merged
     partial results) and write its output to the staging folder. The realized event must be the planned one (what was reserved)."""
-    from privrelease.audit.chain import file_sha256
     from privrelease.mechanisms.events import event_to_json
 
     loaded = run.loaded()
@@ -107,7 +102,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         mechanism=name,
         type=spec.type,
         file=file,
-        sha256=file_sha256(path),
+        sha256=sha256_file(path),
         rows=rows,
         bytes=path.stat().st_size,
         event_json=event_to_json(result.event),

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from privrelease.datafiles import open_checked
 from privrelease.errors import UserError
+from privrelease.files import sha256_bytes, sha256_text
 from privrelease.flows.context import DataStepError, withholding
 
 FOLDER_DOMAIN = "privrelease-parquet-folder"
@@ -146,7 +147,7 @@ def scan_file(path: str, handle: BinaryIO | None = None) -> DataFile:
             position = end
     except OSError as error:
         raise UserError(f"cannot read dataset file {path!r}: {error.strerror or error}") from None
-    if position != size or tail.hexdigest() != hashlib.sha256(footer).hexdigest():
+    if position != size or tail.hexdigest() != sha256_bytes(footer):
         raise UserError(f"dataset file {path!r} changed while it was fingerprinted; run again")
     return DataFile(
         path=path,
@@ -198,7 +199,7 @@ def combined_sha256(files: Sequence[DataFile]) -> str:
     if len(files) == 1:
         return files[0].sha256
     lines = [FOLDER_DOMAIN, *(f"{Path(f.path).name}\t{f.bytes}\t{f.sha256}" for f in files)]
-    return hashlib.sha256(("\n".join(lines) + "\n").encode()).hexdigest()
+    return sha256_text("\n".join(lines) + "\n")
 
 
 def plan_partitions(files: Sequence[DataFile], rows_per_partition: int) -> list[Partition]:
@@ -263,7 +264,7 @@ def _verified(handle: Any, file: DataFile, start: int, end: int, expected: str) 
     """Bytes ``[start, end)`` of the open file, which must hash to ``expected``."""
     handle.seek(start)
     piece = handle.read(end - start)
-    if hashlib.sha256(piece).hexdigest() != expected:
+    if sha256_bytes(piece) != expected:
         raise UserError(
             f"dataset file {file.path!r} changed after it was fingerprinted (bytes {start}-{end} no longer "
             f"hash as they did): nothing was read from it; run again"

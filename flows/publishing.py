@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from privrelease.errors import UserError
+from privrelease.files import fsync
 from privrelease.flows import recovery, release_facts
 from privrelease.flows.context import (
     CHAIN_HEAD_FILE,
@@ -34,7 +35,7 @@ def _fsync_files(folder: Path) -> None:
     """Flush every file of ``folder`` to disk (they are renamed into view after the commit)."""
     for path in folder.iterdir():
         if path.is_file():
-            recovery.fsync(path)
+            fsync(path)
 
 
 def publish(

@@ -48,6 +48,7 @@ from uuid import UUID
 from sqlmodel import col, select
 
 from privrelease.audit import chain
+from privrelease.files import fsync, sha256_file
 
 STAGING_SUFFIX = ".partial"
 CHAIN_HEAD_FILE = chain.RELEASE_HEAD_FILE
@@ -127,15 +128,6 @@ class Settled:
         return asdict(self)
 
 
-def fsync(path: Path) -> None:
-    """Flush a file, or a folder's entries, to disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def make_visible(staging: Path, release: Path) -> None:
     """Remove the staging folder's run marker and rename it to the release folder, durably
     (the parent is fsynced)."""
@@ -146,10 +138,8 @@ def make_visible(staging: Path, release: Path) -> None:
 
 def _matches(folder: Path, expected: Iterable[tuple[str, str]]) -> bool:
     """True when every (file name, sha256) is in ``folder`` with those bytes."""
-    from privrelease.audit.chain import file_sha256
-
     try:
-        return all(file_sha256(folder / name) == digest for name, digest in expected)
+        return all(sha256_file(folder / name) == digest for name, digest in expected)
     except OSError:
         return False
 

@@ -12,10 +12,11 @@ other value, or the content of a hierarchy file, does.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from privrelease.files import sha256_text
 
 from .schema import Hierarchy, Policy
 
@@ -57,13 +58,13 @@ def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) 
 
 def policy_sha256(policy: Policy, hierarchies: Mapping[str, Hierarchy]) -> str:
     """sha256 (hex) of :func:`policy_canonical_json`."""
-    return hashlib.sha256(policy_canonical_json(policy, hierarchies).encode("utf-8")).hexdigest()
+    return sha256_text(policy_canonical_json(policy, hierarchies))
 
 
 def hierarchy_sha256(rows: Hierarchy) -> str:
     """sha256 of a hierarchy's parsed rows (as compact JSON): line endings and BOMs do not count."""
     text = json.dumps([list(row) for row in rows], separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256_text(text)
 
 
 def _hierarchy_schemes(body: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:

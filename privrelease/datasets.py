@@ -21,7 +21,6 @@ on. ``column.cast(pa.string())`` decodes one where plain strings are needed.
 from __future__ import annotations
 
 import csv
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ import pyarrow.parquet as pq
 
 from privrelease.datafiles import open_checked
 from privrelease.errors import UserError
+from privrelease.files import sha256_bytes
 
 COLUMN_TYPES = ("integer", "float", "string")
 SNIFFED_DELIMITERS = ",;\t|"
@@ -53,20 +53,6 @@ class DatasetRead:
     table: pa.Table
     rows_read: int
     rows_dropped: int
-
-
-def fingerprint(path: str | Path) -> tuple[str, int]:
-    """``(sha256 hex digest of the file's bytes, size in bytes)``, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with open(path, "rb") as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-    except OSError as exc:
-        raise UserError(f"cannot read dataset file {str(path)!r}: {exc.strerror or exc}") from exc
-    return digest.hexdigest(), size
 
 
 def write_parquet(table: pa.Table, path: str | Path) -> None:
@@ -153,7 +139,7 @@ def _read_bytes(handle: BinaryIO, path: Path, expected_sha256: str | None) -> pa
         raise UserError(f"cannot read dataset file {str(path)!r}: {exc.strerror or exc}") from None
     if not data:
         raise UserError(f"dataset file {str(path)!r} is empty")
-    if expected_sha256 is not None and (found := hashlib.sha256(data).hexdigest()) != expected_sha256:
+    if expected_sha256 is not None and (found := sha256_bytes(data)) != expected_sha256:
         raise UserError(
             f"dataset file {str(path)!r} changed after it was fingerprinted (sha256 "
             f"{expected_sha256[:12]} then, {found[:12]} now): nothing was read from it; run again"

@@ -24,10 +24,7 @@ and a note file beside it says how it was made.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +32,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from privrelease.errors import UserError
+from privrelease.files import write_atomic
 
 DATA_FILE = "demo-census-SYNTHETIC.csv"
 """The generated data's file name (the copied demo policy points its ``dataset.path`` here)."""
@@ -163,25 +161,13 @@ def generate_table(rows: int = ROWS, seed: int | None = None) -> pa.Table:
     )
 
 
-def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(temp_path)`` for a temp file beside ``path``, then rename it to ``path``."""
-    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
-    try:
-        write(Path(temp))
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def write_csv(path: Path | str, rows: int = ROWS, seed: int | None = None) -> Path:
     """Write :func:`generate_table` to ``path`` as comma-separated UTF-8 CSV with a header
     (atomically: temp file + rename)."""
     path = Path(path)
     table = generate_table(rows, seed)
     options = pcsv.WriteOptions(quoting_style="needed")
-    _atomic_write(path, lambda temp: pcsv.write_csv(table, temp, options))
+    write_atomic(path, lambda temp: pcsv.write_csv(table, temp, options), durable=False, mode=0o600)
     return path
 
 

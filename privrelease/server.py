@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from privrelease.errors import UserError
+from privrelease.files import write_atomic
 
 PREFECT_DEFAULTS = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
@@ -100,9 +101,7 @@ def read_state(folder: Path) -> ServerState | None:
 
 
 def _write_state(folder: Path, state: ServerState) -> None:
-    temp = folder / f".{STATE_FILE}.{os.getpid()}"
-    temp.write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
-    os.replace(temp, folder / STATE_FILE)
+    write_atomic(folder / STATE_FILE, json.dumps(asdict(state), indent=2), durable=False)
 
 
 def _forget(folder: Path, token: str) -> None:

@@ -12,11 +12,10 @@ renderer (Jinja2, the calculus) loads on first use of the names re-exported lazi
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from privrelease.files import sha256_bytes, write_atomic
 
 if TYPE_CHECKING:
     from privrelease.reports.context import ReportContext, example_context
@@ -26,7 +25,6 @@ __all__ = [
     "ReportContext",
     "example_context",
     "render_report",
-    "report_sha256",
     "write_html",
     "write_report",
 ]
@@ -55,29 +53,12 @@ def jinja_environment(**filters: Any) -> Any:
     return env
 
 
-def report_sha256(html: str) -> str:
-    """sha256 of a report's UTF-8 bytes (what the audit database records)."""
-    return hashlib.sha256(html.encode("utf-8")).hexdigest()
-
-
 def write_html(html: str, path: str | Path) -> str:
     """Write ``html`` as UTF-8 atomically (temp file in the same folder, fsync, rename; the
     folder is created); returns the sha256 of the bytes written."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     data = html.encode("utf-8")
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return hashlib.sha256(data).hexdigest()
+    write_atomic(path, data, make_folder=True, mode=0o644)
+    return sha256_bytes(data)
 
 
 def __getattr__(name: str) -> Any:

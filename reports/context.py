@@ -9,13 +9,13 @@ suppressed).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import privrelease.policies
+from privrelease.files import sha256_text
 from privrelease.mechanisms.kinds.splu_gen import SpluGenMechanism
 from privrelease.planning import Plan, plan_policy
 from privrelease.policies import LoadedPolicy, load_policy
@@ -117,7 +117,7 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
             {
                 "mechanism": spec.name,
                 "path": name,
-                "sha256": hashlib.sha256(name.encode()).hexdigest(),
+                "sha256": sha256_text(name),
                 "rows": published,
                 "bytes": 40 * published,
             }
@@ -148,7 +148,7 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
         },
         data_read_at=now - timedelta(seconds=30),
         dataset={
-            "sha256": hashlib.sha256(b"example dataset").hexdigest(),
+            "sha256": sha256_text("example dataset"),
             "size_bytes": 64 * rows,
             "rows": rows,
         },
@@ -166,6 +166,6 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
         internal_facts=facts,
         chain_head={
             "seq": 42,
-            "hash": hashlib.sha256(b"example chain head").hexdigest(),
+            "hash": sha256_text("example chain head"),
         },
     )

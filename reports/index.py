@@ -27,7 +27,6 @@ only, loaded on first use).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from privrelease.files import sha256_file, sha256_text
 from privrelease.reports import jinja_environment, write_html
 
 __all__ = [
@@ -201,7 +201,7 @@ def report_file_name(run_id: str) -> str:
     it), or a name derived from the id's sha256 for an id that is not plain hex."""
     if _SAFE_RUN_ID.fullmatch(run_id):
         return f"{run_id}.html"
-    return f"run-{hashlib.sha256(run_id.encode('utf-8')).hexdigest()[:32]}.html"
+    return f"run-{sha256_text(run_id)[:32]}.html"
 
 
 # --- targets against the recorded guarantees -------------------------------------------------
@@ -421,7 +421,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
 
 def _file_sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except FileNotFoundError:
         return None
 
@@ -449,7 +449,7 @@ def place_reports(session: Any, data: IndexData, folder: Path) -> list[str]:
         target = folder / name
         if _file_sha256(target) != recorded:
             html = session.get(Report, report_id).html
-            if hashlib.sha256(html.encode("utf-8")).hexdigest() != recorded:
+            if sha256_text(html) != recorded:
                 row.report_note = "not linked: the stored copy does not match its recorded sha256"
                 data.problems.append(
                     f"run {row.run_id}: the audit database's copy of its report does not match the recorded "

@@ -29,7 +29,7 @@ from markupsafe import Markup
 
 from privrelease.mechanisms import accountants
 from privrelease.mechanisms.events import Composed, is_dp, leaves
-from privrelease.reports import jinja_environment, report_sha256, write_html
+from privrelease.reports import jinja_environment, write_html
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
 
@@ -37,7 +37,6 @@ __all__ = [
     "ReportContext",
     "environment",
     "render_report",
-    "report_sha256",
     "view",
     "write_html",
     "write_report",
@@ -368,5 +367,5 @@ def render_report(context: ReportContext, *, public_only: bool = False) -> str:
 
 def write_report(context: ReportContext, path: str | Path, *, public_only: bool = False) -> str:
     """Render the report and write it atomically to ``path``; returns the sha256 of the bytes
-    written (equal to :func:`report_sha256` of :func:`render_report`'s text)."""
+    written (equal to :func:`.files.sha256_text` of :func:`render_report`'s text)."""
     return write_html(render_report(context, public_only=public_only), path)

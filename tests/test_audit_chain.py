@@ -25,6 +25,7 @@ from sqlmodel import select
 from privrelease.audit import approvals, chain, database, records
 from privrelease.audit.models import AuditEvent, Run
 from privrelease.errors import UserError
+from privrelease.files import sha256_file
 
 POLICY_JSON = '{"name":"census","version":"1"}'
 POLICY_SHA = hashlib.sha256(POLICY_JSON.encode()).hexdigest()
@@ -231,7 +232,7 @@ def test_intact_release_verifies(engine: Any, tmp_path: Path) -> None:
         ]
         assert [g.epsilon for g in records.guarantees_of(s, run.id)] == [1.0]
         (report,) = records.reports_of(s, run)
-        assert report.sha256 == chain.file_sha256(populate_ids["report"])
+        assert report.sha256 == sha256_file(populate_ids["report"])
         assert run.status == "succeeded" and run.data_read_at is not None
         assert json.loads(run.timings_json) == {"total": 0.5}
 

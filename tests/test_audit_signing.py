@@ -29,6 +29,7 @@ from privrelease.audit import approvals, chain, signing
 from privrelease.audit.database import dispose_engines, open_database, session
 from privrelease.audit.models import AUDITED_TABLES, AuditEvent, ChainHead, LedgerEntry, Report, Run
 from privrelease.cli import app
+from privrelease.files import sha256_text
 from privrelease.flows.steps import release_plain
 from privrelease.policies import load_policy
 
@@ -139,7 +140,7 @@ def _replace_report(engine: Any) -> None:
     with session(engine) as s:
         report = s.exec(select(Report)).first()
         report.html = report.html.replace("Disclosure report", "Nothing to disclose")
-        report.sha256 = chain.hashlib.sha256(report.html.encode("utf-8")).hexdigest()
+        report.sha256 = sha256_text(report.html)
         s.add(report)
 
 

@@ -13,9 +13,10 @@ import pytest
 from test_flow_steps import demo_dir, demo_source, runs, verify_intact, work  # noqa: F401  (fixtures)
 
 from privrelease import demo
-from privrelease.audit import chain, identities, ledger
+from privrelease.audit import identities, ledger
 from privrelease.audit.database import open_database, session
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.files import sha256_file
 from privrelease.flows import steps
 from privrelease.flows.steps import release_plain
 from privrelease.mechanisms.accountants import account
@@ -69,20 +70,20 @@ def test_new_bytes_about_the_same_people_charge_the_same_budget(demo_dir, work):
     with pytest.raises(TargetNotMet, match="would be exceeded") as refused:
         release_plain(policy_path=str(policy), data_path=str(edited))
     message = str(refused.value)
-    assert "census-people" in message and chain.file_sha256(edited)[:12] in message
+    assert "census-people" in message and sha256_file(edited)[:12] in message
 
     with session(open_database(), readonly=True) as s:
         status = ledger.ledger_status(s, "census-people")
         assert [status.effective_state(e) for e in status.entries] == ["committed", "committed"]
         assert status.spent.epsilon == pytest.approx(2 * one, rel=1e-9)
         vintages = identities.vintages_of(s, "census-people")
-        assert [v.dataset.fingerprint for v in vintages] == [chain.file_sha256(p) for p in (original, appended)]
+        assert [v.dataset.fingerprint for v in vintages] == [sha256_file(p) for p in (original, appended)]
         assert [v.runs for v in vintages] == [[first.run_id], [second.run_id]]
         assert [v.dataset.row_count for v in vintages] == [50_000, 50_001]
     # every run names the exact bytes it read; the refused one read nothing
     by_id = {run.id: run for run in runs()}
-    assert by_id[first.run_id].dataset_fingerprint == chain.file_sha256(original)
-    assert by_id[second.run_id].dataset_fingerprint == chain.file_sha256(appended)
+    assert by_id[first.run_id].dataset_fingerprint == sha256_file(original)
+    assert by_id[second.run_id].dataset_fingerprint == sha256_file(appended)
     (refused_run,) = [run for run in by_id.values() if run.status == "failed"]
     assert refused_run.data_read_at is None and "would be exceeded" in (refused_run.error or "")
     verify_intact()

@@ -3,15 +3,13 @@ before any mechanism runs."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from privrelease.datasets import csv_first_line, fingerprint, read_dataset, write_parquet
+from privrelease.datasets import csv_first_line, read_dataset, write_parquet
 from privrelease.errors import UserError
 
 ADULT_COLUMNS = {
@@ -24,7 +22,6 @@ ADULT_COLUMNS = {
     "workclass": "string",
     "occupation": "string",
 }
-ADULT_SHA256 = "c700df9304fbf3c4d4db5938bffc510561bd4a2dfad285a3feef9a20619391c5"  # SOURCE.md
 
 
 def write(tmp_path: Path, text: str, name: str = "data.csv", newline: str = "\n") -> Path:
@@ -61,19 +58,6 @@ def test_adult_csv_semicolon_crlf(adult_dir: Path, delimiter: str | None) -> Non
         max(table.column("age").to_pylist()),
     ) == (17, 90)
     assert len(set(strings(table.column("native-country")))) == 41
-
-
-def test_adult_fingerprint(adult_dir: Path) -> None:
-    assert fingerprint(adult_dir / "adult.csv") == (ADULT_SHA256, 2_516_935)
-
-
-def test_fingerprint_streams_large_file(tmp_path: Path) -> None:
-    data = np.arange(700_000, dtype=np.int64).tobytes()  # 5.3 MiB: several 1 MiB chunks
-    path = tmp_path / "blob.bin"
-    path.write_bytes(data)
-    assert fingerprint(path) == (hashlib.sha256(data).hexdigest(), len(data))
-    with pytest.raises(UserError, match="cannot read"):
-        fingerprint(tmp_path / "absent.bin")
 
 
 @pytest.mark.parametrize("delimiter", [",", "\t", "|", ";"])

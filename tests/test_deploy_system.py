@@ -285,9 +285,9 @@ def test_deploy_cli_without_prefect_import():
 @pytest.mark.system
 def test_scheduled_release_on_prefect_server_and_postgresql(prefect_stack, tmp_path):
     from privrelease import demo
-    from privrelease.audit import chain
     from privrelease.audit.database import create_engine
     from privrelease.audit.models import LedgerEntry, Output, Report, Run
+    from privrelease.files import sha256_file
 
     stack = prefect_stack
     timings: dict[str, float] = dict(stack.timings)
@@ -353,9 +353,9 @@ def test_scheduled_release_on_prefect_server_and_postgresql(prefect_stack, tmp_p
         (release_dir,) = {Path(o.path).parent for o in outputs}
         assert release_dir.parent == out_dir
         for o in outputs:
-            assert chain.file_sha256(Path(o.path)) == o.sha256, o.path
+            assert sha256_file(Path(o.path)) == o.sha256, o.path
         assert Path(report.path) == release_dir / "report.html"
-        assert chain.file_sha256(Path(report.path)) == report.sha256
+        assert sha256_file(Path(report.path)) == report.sha256
         assert run.id in report.html and "demo-census" in report.html
         assert [p.name for p in out_dir.iterdir()] == [release_dir.name]  # no staging folder left
 

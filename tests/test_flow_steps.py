@@ -25,6 +25,7 @@ from privrelease.audit import approvals, chain
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.files import sha256_file
 from privrelease.flows import data, engines, steps
 from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import composition
@@ -159,11 +160,11 @@ def test_release_on_demo_data(demo_dir, work):
     mean = pq.read_table(folder / "mean-hours.parquet").column("value").to_pylist()
     assert len(mean) == 1 and 30 < mean[0] < 50
     for output in published.outputs:
-        assert chain.file_sha256(Path(output["path"])) == output["sha256"]
+        assert sha256_file(Path(output["path"])) == output["sha256"]
 
     (run,) = runs()
     assert run.status == "succeeded" and run.kind == "release" and run.data_read_at is not None
-    assert run.dataset_fingerprint == chain.file_sha256(demo_dir / demo.DATA_FILE)
+    assert run.dataset_fingerprint == sha256_file(demo_dir / demo.DATA_FILE)
     assert set(json.loads(run.timings_json)) >= {"verify policy", "read data", "microdata", "report"}
     with session(open_database(), readonly=True) as s:
         outputs = list(s.exec(select(Output).where(Output.run_id == run.id)))
@@ -583,7 +584,7 @@ def test_a_draft_refused_by_a_data_check_is_fixed_under_the_same_version(demo_di
 
     data_file = demo_dir / demo.DATA_FILE
     if check == "pinned sha256":
-        digest = chain.file_sha256(data_file)
+        digest = sha256_file(data_file)
         typo = "0" + digest[1:] if digest[0] != "0" else "1" + digest[1:]
         policy = variant(demo_dir, "7", ("  path: ", f"  sha256: {typo}\n  path: "))
         fix, error, data_path = (typo, digest), (UserError, "pins dataset.sha256"), None
@@ -808,7 +809,7 @@ def test_disk_full_publishes_nothing_and_loses_nothing(demo_dir, work, monkeypat
     assert failed.status == "failed" and "No space left" in failed.error
     assert [e.state for e in ledger_entries()] == ["committed", "released"]
     for path, digest in kept.items():
-        assert chain.file_sha256(Path(path)) == digest
+        assert sha256_file(Path(path)) == digest
     verify_intact(Path(first.release_dir) / steps.CHAIN_HEAD_FILE)
 
     monkeypatch.setattr(pq, "write_table", real_write)
@@ -853,7 +854,7 @@ def test_data_swapped_after_the_fingerprint_is_never_released(demo_dir, work, mo
     any swap before another process opens the file again, fails the run before any mechanism
     sees the other data, and nothing is published or charged."""
     data = demo_dir / demo.DATA_FILE
-    original_sha256 = chain.file_sha256(data)
+    original_sha256 = sha256_file(data)
     if when == "before the read":
         original = steps.reserve_budget
 
@@ -1012,7 +1013,7 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
         "mean-hours.parquet",
     ]
     for copy, original in zip(handed["outputs"], first.outputs, strict=False):
-        assert chain.file_sha256(Path(copy["path"])) == original["sha256"]
+        assert sha256_file(Path(copy["path"])) == original["sha256"]
     assert Path(handed["report"]).name == steps.REPORT_FILE
     reissued = next(r for r in runs() if r.id == handed["run_id"])
     assert reissued.kind == "reissue" and reissued.source_run_id == first.run_id

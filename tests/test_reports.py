@@ -26,10 +26,11 @@ from scipy.stats import binom
 from typer.testing import CliRunner
 
 from privrelease.cli import report as report_cli
+from privrelease.files import sha256_text
 from privrelease.mechanisms import sdgs_math, splu_guarantees
 from privrelease.mechanisms.events import SDGS, Laplace, leaves
 from privrelease.policies import load_policy_text
-from privrelease.reports import report_sha256, write_html
+from privrelease.reports import write_html
 from privrelease.reports.charts import (
     decade_ticks,
     linear_ticks,
@@ -477,7 +478,7 @@ def test_write_report_is_deterministic_and_returns_the_sha256(demo, tmp_path: Pa
     assert render_report(context) == html
     digest = write_report(context, tmp_path / "sub" / "report.html")
     data = (tmp_path / "sub" / "report.html").read_bytes()
-    assert digest == hashlib.sha256(data).hexdigest() == report_sha256(html)
+    assert digest == hashlib.sha256(data).hexdigest() == sha256_text(html)
     assert data.decode("utf-8") == html
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["report.html"]  # no temp left
 
@@ -561,7 +562,7 @@ def test_report_list(db: Any, tmp_path: Path) -> None:
     assert [row["run_id"] for row in rows] == [first, second]
     assert rows[0]["policy"] == "demo-census" and rows[0]["version"] == "1"
     assert rows[0]["status"] == "succeeded" and rows[0]["created_at"]
-    assert rows[0]["sha256"] == report_sha256(HTML)
+    assert rows[0]["sha256"] == sha256_text(HTML)
     table = run("list").stdout
     assert first[:12] in table and second[:12] in table and "demo-census" in table
 

@@ -13,7 +13,6 @@ index uses Jinja2, but not the report's calculus or charts).
 
 from __future__ import annotations
 
-import hashlib
 import webbrowser
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +24,7 @@ from rich.table import Table
 
 from privrelease.cli.output import console, error_console, print_json
 from privrelease.errors import UserError
+from privrelease.files import sha256_bytes, sha256_file
 
 report_app = typer.Typer(help="Disclosure reports of runs.", no_args_is_help=True)
 
@@ -132,10 +132,6 @@ class Located:
         }
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _candidates(recorded: str, work_dir: Path) -> list[Path]:
     path = Path(recorded).expanduser()
     if path.is_absolute():
@@ -164,7 +160,7 @@ def locate_report(ref: str) -> Located:
             f"run {run.id} has no stored report (status {run.status}): it ended before its report was rendered"
         )
     data = report.html.encode("utf-8")
-    if hashlib.sha256(data).hexdigest() != report.sha256:
+    if sha256_bytes(data) != report.sha256:
         raise UserError(
             f"the audit database's copy of run {run.id}'s report does not match its recorded sha256 "
             f"{report.sha256[:12]}: run `privrelease audit verify`"
@@ -174,7 +170,7 @@ def locate_report(ref: str) -> Located:
     if report.path:
         for candidate in _candidates(report.path, work_dir):
             if candidate.is_file():
-                if _sha256(candidate) == report.sha256:
+                if sha256_file(candidate) == report.sha256:
                     return Located(run.id, candidate.resolve(), report.sha256, "file", report.path)
                 note = (
                     f"the report file {candidate} was changed since it was recorded; showing the audit database's copy"
@@ -185,7 +181,7 @@ def locate_report(ref: str) -> Located:
     else:
         note = "no report file was recorded; written out from the audit database"
     target = work_dir / RESTORED_DIR / f"{run.id}.html"
-    if not (target.is_file() and _sha256(target) == report.sha256):
+    if not (target.is_file() and sha256_file(target) == report.sha256):
         from privrelease.reports import write_html
 
         write_html(report.html, target)

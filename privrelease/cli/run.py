@@ -17,7 +17,6 @@ charge. Progress goes to stderr (Rich); the result to stdout (``--json``: one JS
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import time
@@ -426,6 +425,7 @@ def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
     from privrelease.audit import chain, records
     from privrelease.audit.database import open_database, session
     from privrelease.audit.models import Output, Report
+    from privrelease.files import sha256_file, write_atomic
     from privrelease.flows.steps import CHAIN_HEAD_FILE, code_version, safe_name
 
     with session(open_database(), readonly=True) as s:
@@ -442,7 +442,7 @@ def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
         files.append((Path(report.path), report.sha256, None))
     for path, expected, _rows in files:
         try:
-            actual = chain.file_sha256(path)
+            actual = sha256_file(path)
         except OSError:
             raise UserError(
                 f"output {path} of run {source.id} is missing; it cannot be reissued "
@@ -476,10 +476,8 @@ def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
             final = path
             if target is not None:
                 final = target / path.name
-                temp = target / f".{path.name}.tmp"
-                shutil.copyfile(path, temp)
-                os.replace(temp, final)
-                if chain.file_sha256(final) != expected:
+                write_atomic(final, lambda temp, source=path: shutil.copyfile(source, temp), durable=False)
+                if sha256_file(final) != expected:
                     raise UserError(f"copy {final} does not match its source's sha256")
             if report is not None and str(path) == report.path:
                 report_path = str(final)
