@@ -71,15 +71,15 @@ def run_demo(folder: Path, prefect_home: Path) -> dict:
 
 def worker(repeat: int) -> None:
     """With the server up and warm imports: the flow ``repeat`` times, then the plain steps."""
+    from privrelease import running
     from privrelease import server as prefect_server
-    from privrelease.cli import run as commands
 
     folder = Path(tempfile.mkdtemp(prefix="bench-flow-worker-"))
     os.environ["PRIVRELEASE_WORK_DIR"] = str(folder / "flow-work")
     os.environ["PRIVRELEASE_AUTO_INIT"] = "true"  # throwaway audit databases
     server = prefect_server.connect(reuse=False)
     started = time.perf_counter()
-    commands._warm_up()
+    running.warm_up()
     warm_up = time.perf_counter() - started
     if server is not None:
         server.wait(prefect_server.startup_timeout())

@@ -50,6 +50,9 @@ class ProgressSink(Protocol):
 
     def done(self, step: str, seconds: float, note: str = "") -> None: ...
 
+    def close(self) -> None:
+        """End what :meth:`start` began showing (the release is over or failed)."""
+
 
 _progress: ProgressSink | None = None
 

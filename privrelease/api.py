@@ -109,8 +109,8 @@ def run(
     (:mod:`privrelease.server`; ``server_reuse=False``: a temporary one). ``options``:
     ``output_format``, ``production``, ``engine``, ``dask_address``, ``workers`` as for
     ``privrelease run``."""
-    from privrelease.cli.run import run_flow
     from privrelease.flows.preflight import preflight
+    from privrelease.running import run_flow
     from privrelease.server import connect
 
     preflight(policy, data_path=data, **options)

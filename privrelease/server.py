@@ -13,7 +13,12 @@ checks every few seconds and exits once no lease holder is alive and ``last-used
 starts a temporary server of its own that ends with it (idle time 0, dies with its parent). A
 ``PREFECT_API_URL`` the user configured always wins: no server is started.
 
-This module imports neither Prefect nor uvicorn except in :func:`serve` (the server process).
+Whether a configured API answers (:func:`check_prefect_api`) and whether a failure was Prefect's
+API out of reach (:func:`unreachable_api_error`) are decided here too, for ``privrelease run``
+and ``deploy``: one line naming the URL, never a traceback.
+
+This module imports neither Prefect nor uvicorn except in :func:`serve` (the server process) and
+:func:`configured_api_url` (Prefect's settings).
 """
 
 from __future__ import annotations
@@ -378,6 +383,74 @@ def connect(reuse: bool | None = None) -> LocalServer | None:
     server = kept_server() if reuse else temporary_server()
     os.environ["PREFECT_API_URL"] = server.api_url
     return server
+
+
+# --------------------------------------------------------------------------- API reachability
+
+UNREACHABLE_PREFIX = "Failed to reach API at"
+"""How Prefect's client words a failed version check (a ``RuntimeError`` from an ``httpx`` error)."""
+
+
+def configured_api_url() -> str | None:
+    """Prefect's API URL as Prefect resolves it (environment, profile, ``prefect.toml``); None when
+    none is configured (Prefect then uses a temporary server). Imports Prefect's settings."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def check_prefect_api(url: str | None = None, *, timeout: float = 5.0) -> None:
+    """Raise :class:`UserError` naming ``url`` (default :func:`configured_api_url`) when nothing
+    answers HTTP at ``<url>/health`` within ``timeout`` seconds. Any HTTP answer, even an error
+    status (an API that wants a key), counts as reachable; no URL configured: nothing to check."""
+    url = configured_api_url() if url is None else url
+    if not url:
+        return
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        raise UserError(_unreachable_message(url, str(reason), "nothing was released or charged")) from None
+
+
+def _unreachable_message(url: str, reason: str, outcome: str) -> str:
+    return (
+        f"cannot reach Prefect's API at {url} ({reason}); {outcome}. Start that server "
+        "(deploy/server.sh start), or unset PREFECT_API_URL to let privrelease start a temporary one"
+    )
+
+
+def unreachable_api_error(error: BaseException) -> UserError | None:
+    """A :class:`UserError` naming the API URL when ``error`` (or an exception it was raised from)
+    is a failure to reach Prefect's API: an ``httpx`` transport error, or Prefect's
+    ``RuntimeError("Failed to reach API at ...")``. None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    reason = None
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__
+        if module.startswith(("httpx", "httpcore")) and _is_transport_error(current):
+            reason = reason or f"{type(current).__name__}: {current}"
+        elif isinstance(current, RuntimeError) and str(current).startswith(UNREACHABLE_PREFIX):
+            reason = reason or str(current)
+        current = current.__cause__ or current.__context__
+    if reason is None:
+        return None
+    url = None
+    if "prefect" in sys.modules:
+        url = configured_api_url()
+    url = url or os.environ.get("PREFECT_API_URL") or "the configured PREFECT_API_URL"
+    return UserError(_unreachable_message(url, reason, "nothing was released"))
+
+
+def _is_transport_error(error: BaseException) -> bool:
+    import httpx
+
+    return isinstance(error, httpx.TransportError | httpx.TimeoutException)
 
 
 def _terminate(pid: int, *, group: bool, grace: float = 15.0) -> None:

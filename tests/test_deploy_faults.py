@@ -87,7 +87,7 @@ class _Unauthorized(http.server.BaseHTTPRequestHandler):
 
 
 def test_check_prefect_api_names_an_unreachable_url():
-    from privrelease.cli.deploy import check_prefect_api
+    from privrelease.server import check_prefect_api
 
     with closed_port() as port:
         url = f"http://127.0.0.1:{port}/api"
@@ -107,7 +107,7 @@ def test_check_prefect_api_names_an_unreachable_url():
 def test_unreachable_api_error_recognizes_prefects_failure(monkeypatch):
     import httpx
 
-    from privrelease.cli.deploy import unreachable_api_error
+    from privrelease.server import unreachable_api_error
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     try:

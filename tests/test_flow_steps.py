@@ -995,7 +995,7 @@ def test_process_killed_mid_run(demo_dir, work, tmp_path):
 
 
 def test_rerun_and_reissue(demo_dir, work, tmp_path):
-    from privrelease.cli.run import reissue
+    from privrelease.reissue import reissue
 
     first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
     again = release_plain(rerun_of=first.run_id[:10])

@@ -228,7 +228,7 @@ def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
     repeated, entries = run_record(again.run_id)
     assert repeated.kind == "rerun" and repeated.dataset_fingerprint == second.dataset_fingerprint
     assert [e.state for e in entries] == ["committed"] and "Dask, on the cluster at" in Path(again.report).read_text()
-    from privrelease.cli.run import reissue
+    from privrelease.reissue import reissue
 
     handed = reissue(again.run_id)
     assert handed["source_run_id"] == again.run_id and len([o for o in handed["outputs"] if o["rows"] is not None]) == 4

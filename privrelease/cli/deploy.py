@@ -4,31 +4,24 @@ check that Prefect's API answers before a release starts.
 
 The commands run the scripts of the source checkout (they are not part of an installed wheel);
 each script is idempotent and prints one clear line per step on stderr. Prefect is never imported
-here at module level: ``privrelease --help`` stays fast.
-
-:func:`check_prefect_api` and :func:`unreachable_api_error` are for ``privrelease run``: an
-unreachable ``PREFECT_API_URL`` must give one line naming the URL (exit 2), before any step runs,
-never a traceback.
+here at module level: ``privrelease --help`` stays fast. Whether Prefect's API answers is
+:func:`privrelease.server.check_prefect_api`'s to say.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from privrelease.errors import UserError
+from privrelease.server import check_prefect_api, configured_api_url
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "deploy"
 """``deploy/`` of the checkout this package is imported from."""
-UNREACHABLE_PREFIX = "Failed to reach API at"
-"""How Prefect's client words a failed version check (a ``RuntimeError`` from an ``httpx`` error)."""
 
 deploy_app = typer.Typer(
     help="Scheduled releases on a Prefect server: local server, work pool, deployments, worker.",
@@ -39,71 +32,6 @@ deploy_app = typer.Typer(
 def register(app: typer.Typer) -> None:
     """Add the ``deploy`` command group to ``app``."""
     app.add_typer(deploy_app, name="deploy")
-
-
-# --------------------------------------------------------------------------- API reachability
-
-
-def configured_api_url() -> str | None:
-    """Prefect's API URL as Prefect resolves it (environment, profile, ``prefect.toml``); None when
-    none is configured (Prefect then uses a temporary server). Imports Prefect's settings."""
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value() or None
-
-
-def check_prefect_api(url: str | None = None, *, timeout: float = 5.0) -> None:
-    """Raise :class:`UserError` naming ``url`` (default :func:`configured_api_url`) when nothing
-    answers HTTP at ``<url>/health`` within ``timeout`` seconds. Any HTTP answer, even an error
-    status (an API that wants a key), counts as reachable; no URL configured: nothing to check."""
-    url = configured_api_url() if url is None else url
-    if not url:
-        return
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout):
-            return
-    except urllib.error.HTTPError:
-        return  # it answered
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        reason = getattr(error, "reason", None) or error
-        raise UserError(_unreachable_message(url, str(reason), "nothing was released or charged")) from None
-
-
-def _unreachable_message(url: str, reason: str, outcome: str) -> str:
-    return (
-        f"cannot reach Prefect's API at {url} ({reason}); {outcome}. Start that server "
-        "(deploy/server.sh start), or unset PREFECT_API_URL to let privrelease start a temporary one"
-    )
-
-
-def unreachable_api_error(error: BaseException) -> UserError | None:
-    """A :class:`UserError` naming the API URL when ``error`` (or an exception it was raised from)
-    is a failure to reach Prefect's API: an ``httpx`` transport error, or Prefect's
-    ``RuntimeError("Failed to reach API at ...")``. None for any other error."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    reason = None
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        module = type(current).__module__
-        if module.startswith(("httpx", "httpcore")) and _is_transport_error(current):
-            reason = reason or f"{type(current).__name__}: {current}"
-        elif isinstance(current, RuntimeError) and str(current).startswith(UNREACHABLE_PREFIX):
-            reason = reason or str(current)
-        current = current.__cause__ or current.__context__
-    if reason is None:
-        return None
-    url = None
-    if "prefect" in sys.modules:
-        url = configured_api_url()
-    url = url or os.environ.get("PREFECT_API_URL") or "the configured PREFECT_API_URL"
-    return UserError(_unreachable_message(url, reason, "nothing was released"))
-
-
-def _is_transport_error(error: BaseException) -> bool:
-    import httpx
-
-    return isinstance(error, httpx.TransportError | httpx.TimeoutException)
 
 
 # --------------------------------------------------------------------------- the scripts

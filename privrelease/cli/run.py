@@ -9,15 +9,14 @@ configured ``PREFECT_API_URL``, else to the Prefect server kept in the work fold
 Prefect and the mechanisms and migrates the audit database). Prefect's environment defaults
 (unless the user set them): :data:`privrelease.server.PREFECT_DEFAULTS`.
 
-``reissue`` needs no flow and never imports Prefect: it checks the stored outputs of an earlier
-run against their recorded sha256 and hands them back (optionally copied), without a new
-charge. Progress goes to stderr (Rich); the result to stdout (``--json``: one JSON document).
+The work is done by :mod:`privrelease.running` (the flow in this process on its server) and
+:mod:`privrelease.reissue` (no flow, no Prefect: the stored outputs of an earlier run checked
+against their recorded sha256 and handed back, optionally copied, without a new charge); these
+commands parse, call and print. Progress goes to stderr (Rich); the result to stdout (``--json``: one JSON document).
 """
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from rich.table import Table
 from privrelease import server as prefect_server
 from privrelease.cli.output import console, error_console, fail, print_json, styled
 from privrelease.errors import ClusterFailure, TargetNotMet, UserError
+from privrelease.running import run_flow
 from privrelease.server import LocalServer
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
@@ -86,36 +86,6 @@ def register(app: typer.Typer) -> None:
 # --------------------------------------------------------------------------- Prefect
 
 
-def _quiet_expected_errors() -> None:
-    """Keep Prefect's console handler from printing tracebacks of user mistakes, refused
-    releases and operations the system refused (they are reported as one line by this command;
-    Prefect's API still gets them)."""
-    import logging
-
-    from privrelease.flows.steps import DataStepError
-
-    expected = (UserError, TargetNotMet, DataStepError, OSError)
-
-    class _Filter(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            if record.exc_info and isinstance(record.exc_info[1], expected):
-                return False
-            if record.levelno >= logging.ERROR and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
-                message = record.getMessage()
-                return not any(kind.__name__ in message for kind in expected)
-            return True
-
-    seen: set[int] = set()
-    for name in ["", *logging.root.manager.loggerDict]:
-        logger = logging.getLogger(name)
-        for handler in getattr(logger, "handlers", []):
-            if id(handler) in seen or type(handler).__name__ != "PrefectConsoleHandler":
-                continue
-            seen.add(id(handler))
-            if not any(type(f).__name__ == "_Filter" for f in handler.filters):
-                handler.addFilter(_Filter())
-
-
 class RichProgress:
     """Progress of the release steps on stderr: a spinner while a step runs, then a line."""
 
@@ -140,94 +110,6 @@ class RichProgress:
             self._status = None
 
 
-def _warm_up() -> None:
-    """Import what the flow needs and migrate the audit database (while the server starts)."""
-    prefect_server.prefect_defaults()
-    import opendp.prelude  # noqa: F401  (the statistics' Laplace sampler)
-
-    import privrelease.flows.release  # noqa: F401  (imports Prefect)
-    import privrelease.mechanisms.histogram  # noqa: F401
-    import privrelease.mechanisms.sdgs  # noqa: F401
-    import privrelease.mechanisms.selection  # noqa: F401
-    import privrelease.mechanisms.statistics  # noqa: F401
-    import privrelease.planning  # noqa: F401
-    from privrelease.audit.database import open_database
-    from privrelease.reports import render
-
-    render.environment().get_template(render.TEMPLATE)
-    open_database()
-
-
-def run_flow(
-    *, server: LocalServer | None, progress: RichProgress | None, **parameters: Any
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """Run the release flow in this process, holding ``server`` in use; returns its summary and
-    timings in seconds: ``warm_up`` (imports, database migration), ``prefect_wait`` (waiting for
-    the server after the warm-up), ``prefect_start`` (a server started by this run: its start
-    to its first answer) and ``flow`` (the flow call, server up)."""
-    with server.lease() if server is not None else contextlib.nullcontext():
-        return _run_flow(server, progress, parameters)
-
-
-def _run_flow(
-    server: LocalServer | None, progress: RichProgress | None, parameters: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, float]]:
-    timings: dict[str, float] = {}
-    status = error_console.status("importing Prefect and the mechanisms…")
-    status.start()
-    try:
-        start = time.perf_counter()
-        _warm_up()
-        timings["warm_up"] = time.perf_counter() - start
-        if server is None:
-            from privrelease.cli.deploy import check_prefect_api
-
-            check_prefect_api()  # an unreachable PREFECT_API_URL: one line naming it, before any step
-        else:
-            if server.started_here:
-                status.update("waiting for the Prefect server to start (8-30 s; later runs reuse it)…")
-            waited = time.perf_counter()
-            server.wait(prefect_server.startup_timeout())
-            timings["prefect_wait"] = time.perf_counter() - waited
-            if server.started_here:
-                timings["prefect_start"] = server.ready_after or 0.0
-    finally:
-        status.stop()
-    if server is not None and server.started_here:
-        kept = "" if server.temporary else f"kept {server.state.idle_seconds:g} s idle; "
-        error_console.print(
-            styled(
-                "  [green]✓[/] Prefect server ready [dim]{}[/]",
-                f"{timings['prefect_start']:.1f} s ({kept}log {server.log_path})",
-            ),
-            highlight=False,
-        )
-    from privrelease.flows import steps
-    from privrelease.flows.release import release
-
-    _quiet_expected_errors()
-    steps.set_progress(progress)
-    start = time.perf_counter()
-    try:
-        with _no_heartbeats() if server is not None else contextlib.nullcontext():
-            summary = release(**parameters)
-    finally:
-        timings["flow"] = time.perf_counter() - start
-        steps.set_progress(None)
-        if progress is not None:
-            progress.close()
-    return summary, timings
-
-
-def _no_heartbeats() -> contextlib.AbstractContextManager[object]:
-    """No flow-run heartbeats on privrelease's own server: it runs none of Prefect's services
-    that read them (crashed runs are marked by :mod:`privrelease.flows.recovery`), and ending
-    the heartbeat thread costs each run up to a second."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
-    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-
-
 def _fail_release(error: BaseException) -> None:
     """Turn an expected failure of the flow into one line on stderr and the exit code."""
     from privrelease.audit.ledger import LedgerStateError
@@ -241,9 +123,7 @@ def _fail_release(error: BaseException) -> None:
         fail(str(error), error.exit_code)
     if isinstance(error, LedgerStateError):
         fail(f"the release was not published: {error}", TargetNotMet.exit_code)
-    from privrelease.cli.deploy import unreachable_api_error
-
-    unreachable = unreachable_api_error(error)
+    unreachable = prefect_server.unreachable_api_error(error)
     if unreachable is not None:
         fail(str(unreachable), unreachable.exit_code)
     raise error
@@ -399,6 +279,8 @@ def reissue_command(
 
     Every output and the report are checked against their recorded sha256 first; with --out
     they are copied to a new folder. The reissue is recorded as a run of its own."""
+    from privrelease.reissue import reissue
+
     result = reissue(run_id, out)
     if json_output:
         print_json(result)
@@ -415,90 +297,6 @@ def reissue_command(
         f"checksums verified; recorded as run {result['run_id']} (no budget charged)",
         highlight=False,
     )
-
-
-def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
-    """Verify and hand back the outputs of run ``run_ref``; with ``out``, copy them (and the
-    report) into a new folder under ``out``. Recorded as a ``reissue`` run; nothing charged."""
-    from sqlmodel import col, select
-
-    from privrelease.audit import chain, records
-    from privrelease.audit.database import open_database, session
-    from privrelease.audit.models import Output, Report
-    from privrelease.files import sha256_file, write_atomic
-    from privrelease.flows.steps import CHAIN_HEAD_FILE, code_version, safe_name
-
-    with session(open_database(), readonly=True) as s:
-        source = records.find_run(s, run_ref)
-        outputs = list(s.exec(select(Output).where(Output.run_id == source.id).order_by(col(Output.id))))
-        report = s.exec(select(Report).where(Report.run_id == source.id)).first()
-    if source.status != "succeeded" or source.kind == "reissue":
-        raise UserError(
-            f"run {source.id} is a {source.kind} that {source.status}; only a succeeded release "
-            "or rerun can be reissued"
-        )
-    files = [(Path(o.path), o.sha256, o.rows) for o in outputs]
-    if report is not None and report.path:
-        files.append((Path(report.path), report.sha256, None))
-    for path, expected, _rows in files:
-        try:
-            actual = sha256_file(path)
-        except OSError:
-            raise UserError(
-                f"output {path} of run {source.id} is missing; it cannot be reissued "
-                "(`privrelease audit verify` lists what changed)"
-            ) from None
-        if actual != expected:
-            raise UserError(
-                f"output {path} of run {source.id} was edited (sha256 {actual[:16]} on disk, "
-                f"{expected[:16]} recorded); it cannot be reissued"
-            )
-    handed: list[dict[str, Any]] = []
-    target = None
-    if out is not None:
-        name = Path(files[0][0]).parent.name if files else safe_name(source.id)
-        target = out.expanduser().resolve() / f"{name}-reissue-{time.strftime('%Y%m%dT%H%M%S')}"
-        try:
-            target.mkdir(parents=True)
-        except OSError as error:
-            raise UserError(f"cannot create {str(target)!r}: {error.strerror or error}") from None
-    with session(open_database()) as s:
-        run = records.start_run(
-            s,
-            policy_sha256=source.policy_sha256,
-            code_version=code_version(),
-            dataset_fingerprint=source.dataset_fingerprint,
-            kind="reissue",
-            source_run_id=source.id,
-        )
-        report_path = None
-        for path, expected, rows in files:
-            final = path
-            if target is not None:
-                final = target / path.name
-                write_atomic(final, lambda temp, source=path: shutil.copyfile(source, temp), durable=False)
-                if sha256_file(final) != expected:
-                    raise UserError(f"copy {final} does not match its source's sha256")
-            if report is not None and str(path) == report.path:
-                report_path = str(final)
-                if target is not None:
-                    records.record_output(s, run, final, sha256=expected)
-                continue
-            if target is not None:
-                records.record_output(s, run, final, sha256=expected, rows=rows)
-            handed.append({"path": str(final), "sha256": expected, "rows": rows})
-        records.finish_run(s, run, "succeeded")
-        head = chain.head(s)
-        if target is not None:
-            chain.write_head(target / CHAIN_HEAD_FILE, head)
-    return {
-        "run_id": run.id,
-        "source_run_id": source.id,
-        "outputs": handed,
-        "report": report_path,
-        "folder": None if target is None else str(target),
-        "chain_head": {"seq": head.seq, "hash": head.hash},
-    }
 
 
 def demo_command(

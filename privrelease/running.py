@@ -1,0 +1,133 @@
+"""Running the release flow (:func:`privrelease.flows.release.release`) in this process, on the
+Prefect server :func:`privrelease.server.connect` chose: what ``privrelease run``, ``rerun`` and
+``demo`` and the Python API's :func:`privrelease.api.run` share.
+
+Imports Prefect only inside :func:`run_flow` (and :func:`warm_up`). Progress goes to an
+optional :class:`.flows.context.ProgressSink` (the command line's draws on stderr; the API passes none: quiet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from privrelease import server as prefect_server
+from privrelease.errors import TargetNotMet, UserError
+from privrelease.server import LocalServer
+
+if TYPE_CHECKING:
+    from privrelease.flows.context import ProgressSink
+
+__all__ = ["quiet_expected_errors", "run_flow", "warm_up"]
+
+
+def quiet_expected_errors() -> None:
+    """Keep Prefect's console handler from printing tracebacks of user mistakes, refused
+    releases and operations the system refused (the caller reports them as one line; Prefect's
+    API still gets them)."""
+    from privrelease.flows.steps import DataStepError
+
+    expected = (UserError, TargetNotMet, DataStepError, OSError)
+
+    class _Filter(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.exc_info and isinstance(record.exc_info[1], expected):
+                return False
+            if record.levelno >= logging.ERROR and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
+                message = record.getMessage()
+                return not any(kind.__name__ in message for kind in expected)
+            return True
+
+    seen: set[int] = set()
+    for name in ["", *logging.root.manager.loggerDict]:
+        logger = logging.getLogger(name)
+        for handler in getattr(logger, "handlers", []):
+            if id(handler) in seen or type(handler).__name__ != "PrefectConsoleHandler":
+                continue
+            seen.add(id(handler))
+            if not any(type(f).__name__ == "_Filter" for f in handler.filters):
+                handler.addFilter(_Filter())
+
+
+def warm_up() -> None:
+    """Import what the flow needs and migrate the audit database (while the server starts)."""
+    prefect_server.prefect_defaults()
+    import opendp.prelude  # noqa: F401  (the statistics' Laplace sampler)
+
+    import privrelease.flows.release  # noqa: F401  (imports Prefect)
+    import privrelease.mechanisms.histogram  # noqa: F401
+    import privrelease.mechanisms.sdgs  # noqa: F401
+    import privrelease.mechanisms.selection  # noqa: F401
+    import privrelease.mechanisms.statistics  # noqa: F401
+    import privrelease.planning  # noqa: F401
+    from privrelease.audit.database import open_database
+    from privrelease.reports import render
+
+    render.environment().get_template(render.TEMPLATE)
+    open_database()
+
+
+def run_flow(
+    *, server: LocalServer | None, progress: ProgressSink | None, **parameters: Any
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the release flow in this process, holding ``server`` in use (None: the API the user
+    configured, checked to answer first); returns its summary and timings in seconds:
+    ``warm_up`` (imports, database migration), ``prefect_wait`` (waiting for the server after
+    the warm-up), ``prefect_start`` (a server started by this run: its start to its first
+    answer) and ``flow`` (the flow call, server up)."""
+    with server.lease() if server is not None else contextlib.nullcontext():
+        return _run_flow(server, progress, parameters)
+
+
+def _run_flow(
+    server: LocalServer | None, progress: ProgressSink | None, parameters: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, float]]:
+    timings: dict[str, float] = {}
+    if progress is not None:
+        progress.start("warm-up", "importing Prefect and the mechanisms")
+    try:
+        start = time.perf_counter()
+        warm_up()
+        timings["warm_up"] = time.perf_counter() - start
+        if server is None:
+            prefect_server.check_prefect_api()  # an unreachable PREFECT_API_URL: one line naming it, before any step
+        else:
+            if server.started_here and progress is not None:
+                progress.start("prefect", "waiting for the Prefect server to start (8-30 s; later runs reuse it)")
+            waited = time.perf_counter()
+            server.wait(prefect_server.startup_timeout())
+            timings["prefect_wait"] = time.perf_counter() - waited
+            if server.started_here:
+                timings["prefect_start"] = server.ready_after or 0.0
+    finally:
+        if progress is not None:
+            progress.close()
+    if server is not None and server.started_here and progress is not None:
+        kept = "" if server.temporary else f"kept {server.state.idle_seconds:g} s idle; "
+        progress.done("Prefect server ready", timings["prefect_start"], f"({kept}log {server.log_path})")
+    from privrelease.flows import steps
+    from privrelease.flows.release import release
+
+    quiet_expected_errors()
+    steps.set_progress(progress)
+    start = time.perf_counter()
+    try:
+        with _no_heartbeats() if server is not None else contextlib.nullcontext():
+            summary = release(**parameters)
+    finally:
+        timings["flow"] = time.perf_counter() - start
+        steps.set_progress(None)
+        if progress is not None:
+            progress.close()
+    return summary, timings
+
+
+def _no_heartbeats() -> contextlib.AbstractContextManager[object]:
+    """No flow-run heartbeats on privrelease's own server: it runs none of Prefect's services
+    that read them (crashed runs are marked by :mod:`privrelease.flows.recovery`), and ending
+    the heartbeat thread costs each run up to a second."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
