@@ -1,4 +1,5 @@
-"""The hash chain over the audit log, and its verification.
+"""The hash chain over the audit log and its own walk (links, hashes, signatures; the whole
+database's verification, rows, files and approvals included: :mod:`.verification`).
 
 Every audit write appends one :class:`~privrelease.audit.models.AuditEvent` record::
 
@@ -21,16 +22,16 @@ still verifies and each row's newest record describes it as it now is.
 Cutting off the newest records (and the rows they describe) leaves a shorter chain that is
 consistent in itself; an externally kept head (:func:`write_head`, a small JSON file
 ``{"seq", "hash"}`` written beside the outputs and printed in the report) detects it:
-``verify(session, head=read_head(path))``; so does the witness every run checks before it
-spends (:mod:`.witness`), which verifies only the records after its last verified head
-(:func:`verify_tail`).
+``verification.verify(session, head=read_head(path))``; so does the witness every run checks
+before it spends (:mod:`.witness`), which verifies only the records after its last verified
+head (:func:`verify_tail`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,34 +41,30 @@ from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.audit import signing
 from privrelease.audit.models import (
-    AUDITED_TABLES,
     GENESIS_HASH,
     AuditEvent,
     ChainHead,
-    Output,
-    PolicyVersion,
-    Report,
-    Run,
     utcnow,
 )
 from privrelease.errors import UserError
-from privrelease.files import sha256_file, sha256_text, write_atomic
+from privrelease.files import sha256_text, write_atomic
 
 __all__ = [
     "GENESIS_HASH",
     "Head",
     "Problem",
-    "VerifyResult",
     "append",
     "canonical_json",
+    "check_chain",
     "columns_sha256",
+    "describe",
     "head",
     "lock",
     "read_head",
     "record_hash",
     "records",
     "row_sha256",
-    "verify",
+    "signature_problems",
     "verify_tail",
     "write_head",
     "write_json",
@@ -129,7 +126,7 @@ def record_hash(prev_hash: str, seq: int, time: datetime, kind: str, payload: An
     return sha256_text(prev_hash + body)
 
 
-def _primary_key(row: SQLModel) -> Any:
+def primary_key(row: SQLModel) -> Any:
     (column,) = _table(row).primary_key.columns
     return getattr(row, column.key)
 
@@ -195,7 +192,7 @@ def append(session: Session, kind: str, row: SQLModel | None = None, **facts: An
         session.flush()
         payload.update(
             table=_table(row).name,
-            key=_primary_key(row),
+            key=primary_key(row),
             row_sha256=row_sha256(row),
         )
     seq = head_row.seq + 1
@@ -289,55 +286,28 @@ def read_head(path: Path | str) -> Head:
     return Head(seq, digest, files, body.get("signature"), release)
 
 
-# --- verification -------------------------------------------------------------------------------
+# --- findings -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding of :func:`verify`: the record (``seq``; None for a row no record describes),
-    a short ``kind`` and a message naming the record, row or file."""
+    """One finding of a check of the audit trail (:mod:`.verification`, :mod:`.replay`,
+    :mod:`.witness`): the record (``seq``; None for a row no record describes), a short ``kind``
+    and a message naming the record, row or file."""
 
     seq: int | None
     kind: str
     message: str
 
 
-@dataclass
-class VerifyResult:
-    """``ok`` when nothing was found; ``problems`` sorted by record, ``first`` the first one."""
-
-    records: int
-    head: Head
-    rows_checked: int = 0
-    files_checked: int = 0
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def first(self) -> Problem | None:
-        return self.problems[0] if self.problems else None
-
-    def to_dict(self) -> dict[str, Any]:
-        first = self.first
-        return {
-            "ok": self.ok,
-            "records": self.records,
-            "head": {"seq": self.head.seq, "hash": self.head.hash},
-            "rows_checked": self.rows_checked,
-            "files_checked": self.files_checked,
-            "first_broken": asdict(first) if first else None,
-            "problems": [asdict(problem) for problem in self.problems],
-        }
+# --- the chain's own walk ----------------------------------------------------------------------
 
 
-def _describe(record: AuditEvent) -> str:
+def describe(record: AuditEvent) -> str:
     return f"record {record.seq} ({record.kind})"
 
 
-def _check_chain(
+def check_chain(
     records: list[AuditEvent], problems: list[Problem], start: Head | None = None
 ) -> dict[tuple[str, Any], tuple[AuditEvent, dict[str, Any]]]:
     """Walk the records in seq order, the first following ``start`` (default: the genesis);
@@ -359,7 +329,7 @@ def _check_chain(
                 Problem(
                     record.seq,
                     "chain_broken",
-                    f"{_describe(record)} does not link to record {record.seq - 1}: its "
+                    f"{describe(record)} does not link to record {record.seq - 1}: its "
                     f"prev_hash {record.prev_hash[:16]}... is not {previous_hash[:16]}... "
                     "(records reordered, replaced or edited)",
                 )
@@ -373,7 +343,7 @@ def _check_chain(
                 Problem(
                     record.seq,
                     "record_edited",
-                    f"{_describe(record)}: payload was edited",
+                    f"{describe(record)}: payload was edited",
                 )
             )
         elif record_hash(record.prev_hash, record.seq, record.time, record.kind, payload) != (record.hash):
@@ -381,7 +351,7 @@ def _check_chain(
                 Problem(
                     record.seq,
                     "record_edited",
-                    f"{_describe(record)} was edited: its hash does not match its contents",
+                    f"{describe(record)} was edited: its hash does not match its contents",
                 )
             )
         if isinstance(payload, dict) and "table" in payload and "key" in payload:
@@ -390,220 +360,14 @@ def _check_chain(
     return newest
 
 
-def _content_sha256(row: SQLModel) -> str | None:
-    """sha256 of the content a row stores next to its hash: a policy's canonical JSON, a
-    report's HTML (None for other rows)."""
-    if isinstance(row, PolicyVersion):
-        return sha256_text(row.canonical_json)
-    if isinstance(row, Report):
-        return sha256_text(row.html)
-    return None
-
-
-def _check_file(path_text: str, expected: str, output_root: Path | None, what: str, seq: int) -> Problem | None:
-    path = Path(path_text)
-    if not path.is_absolute():
-        path = (output_root or Path.cwd()) / path
-    try:
-        actual = sha256_file(path)
-    except FileNotFoundError:
-        return Problem(seq, "file_missing", f"{what} {path} (record {seq}) is missing")
-    except OSError as error:
-        return Problem(seq, "file_unreadable", f"{what} {path} (record {seq}): {error}")
-    if actual != expected:
-        return Problem(
-            seq,
-            "file_edited",
-            f"{what} {path} (record {seq}) was edited: sha256 {actual[:16]}... on disk, {expected[:16]}... recorded",
-        )
-    return None
-
-
-def verify(
-    session: Session,
-    *,
-    head: Head | None = None,
-    output_root: Path | str | None = None,
-    check_files: bool = True,
-    public_key: Any | None = None,
-    replay: bool = False,
-) -> VerifyResult:
-    """Recompute the chain, every described row's content hash and (``check_files``) the
-    sha256 of every output and report file of succeeded runs (the others published nothing), and compare the chain's
-    end with the chain-head row and with an external ``head`` (from :func:`read_head`).
-
-    Finds edited, deleted or reordered log records; edited or deleted rows; rows no record
-    describes (inserted outside privrelease); a policy or report whose stored content does
-    not hash to its recorded sha256; edited or missing files; and, given ``head``,
-    records cut off the end. ``result.first`` names the first broken record. Relative file
-    paths are resolved against ``output_root`` (default: the working directory). Given the
-    signing key's ``public_key`` (:func:`.signing.public_key`), every record and the external
-    head must carry its valid signature: what a database writer without the key added,
-    edited or rechained shows. A signed approval whose signature does not verify (against the
-    approver registry in effect, else the key it names) is flagged, and so is an unsigned one
-    made after a registry was pinned (:func:`.approvers.problems`). With ``replay``, every stored
-    guarantee and ledger charge is recomputed from its stored event tree by today's accountants
-    (:func:`.replay.problems`): a value that does not match, or a tree that no longer parses, is
-    a finding (``guarantee_mismatch``, ``replay_failed``).
-    """
-    root = Path(output_root) if output_root is not None else None
-    records = list(session.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all())
-    problems: list[Problem] = []
-    newest = _check_chain(records, problems)
-    last = Head(records[-1].seq, records[-1].hash) if records else Head(0, GENESIS_HASH)
-    result = VerifyResult(records=len(records), head=last)
-
-    # rows: the newest record of each row must match the row as it is now
-    intact: dict[str, dict[Any, SQLModel]] = {}
-    for table, cls in AUDITED_TABLES.items():
-        rows = {_primary_key(row): row for row in session.exec(select(cls)).all()}
-        intact[table] = {}
-        for key, row in rows.items():
-            result.rows_checked += 1
-            found = newest.get((table, key))
-            if found is None:
-                problems.append(
-                    Problem(
-                        None,
-                        "row_unrecorded",
-                        f"{table} row {key!r} is described by no audit record (inserted outside "
-                        "privrelease, or the records describing it were removed)",
-                    )
-                )
-            elif found[1].get("row_sha256") != row_sha256(row):
-                problems.append(
-                    Problem(
-                        found[0].seq,
-                        "row_edited",
-                        f"{table} row {key!r} was edited after {_describe(found[0])}",
-                    )
-                )
-            elif _content_sha256(row) not in (None, getattr(row, "sha256", None)):
-                problems.append(
-                    Problem(
-                        found[0].seq,
-                        "content_mismatch",
-                        f"{table} row {key!r} ({_describe(found[0])}): its stored content does not hash to its sha256",
-                    )
-                )
-            else:
-                intact[table][key] = row
-        for (record_table, key), (record, _payload) in newest.items():
-            if record_table == table and key not in rows:
-                problems.append(
-                    Problem(
-                        record.seq,
-                        "row_deleted",
-                        f"{table} row {key!r} described by {_describe(record)} was deleted",
-                    )
-                )
-
-    problems += _approval_problems(session, intact, newest)
-    if replay:
-        from privrelease.audit import replay as replaying
-
-        problems += replaying.problems(session, {row: record.seq for row, (record, _) in newest.items()})
-
-    # files of succeeded runs (a failed or unfinished run has nothing visible)
-    if check_files:
-        runs: dict[Any, SQLModel] = intact["run"]
-        for table, cls, what in (
-            ("output", Output, "output file"),
-            ("report", Report, "report"),
-        ):
-            for key, row in intact[table].items():
-                assert isinstance(row, cls)
-                run = runs.get(row.run_id)
-                path = getattr(row, "path", None)
-                if path is None or (isinstance(run, Run) and run.status != "succeeded"):
-                    continue
-                result.files_checked += 1
-                seq = newest[(table, key)][0].seq
-                problem = _check_file(path, row.sha256, root, what, seq)
-                if problem:
-                    problems.append(problem)
-
-    # the end of the chain: the chain-head row, and the external head
-    stored = session.get(ChainHead, 1)
-    if stored is None:
-        problems.append(Problem(last.seq + 1, "head_mismatch", "the chain_head row is missing"))
-    elif stored.seq > last.seq:
-        problems.append(
-            Problem(
-                last.seq + 1,
-                "truncated",
-                f"the chain_head row says record {stored.seq} but the log ends at record "
-                f"{last.seq}: records {last.seq + 1}..{stored.seq} were removed",
-            )
-        )
-    elif (stored.seq, stored.hash) != (last.seq, last.hash):
-        problems.append(
-            Problem(
-                stored.seq,
-                "head_mismatch",
-                f"the chain_head row (record {stored.seq}, hash {stored.hash[:16]}...) does "
-                f"not match the log, which ends at record {last.seq}",
-            )
-        )
-    if head is not None:
-        if head.seq > last.seq:
-            problems.append(
-                Problem(
-                    last.seq + 1,
-                    "truncated",
-                    f"the log ends at record {last.seq} but the external head says record "
-                    f"{head.seq}: records {last.seq + 1}..{head.seq} were removed",
-                )
-            )
-        elif head.seq > 0:
-            at = next((record for record in records if record.seq == head.seq), None)
-            if at is not None and at.hash != head.hash:
-                problems.append(
-                    Problem(
-                        head.seq,
-                        "head_mismatch",
-                        f"{_describe(at)} differs from the external head: hash "
-                        f"{at.hash[:16]}... in the log, {head.hash[:16]}... in the head file",
-                    )
-                )
-    if public_key is not None:
-        problems += _signature_problems(records, head, public_key)
-    problems.sort(key=lambda problem: (problem.seq is None, problem.seq or 0))
-    result.problems = problems
-    return result
-
-
-def _approval_problems(
-    session: Session, intact: dict[str, dict[Any, SQLModel]], newest: dict[tuple[str, Any], tuple[AuditEvent, Any]]
-) -> list[Problem]:
-    """Intact approval rows whose signature does not verify against the registry in effect
-    when they were made, or unsigned after a pinned approver registry
-    (:func:`.approvers.problems`), named by the record describing each; governance records
-    ignored for too few signatures, and a broken governance history (:func:`.governance.state`)."""
-    from privrelease.audit import approvers, governance
-
-    state = governance.state(session)
-    policies = {row.sha256: row for row in intact["policy_version"].values() if isinstance(row, PolicyVersion)}
-    found = approvers.problems(
-        list(intact["approval"].values()),
-        policies,
-        lambda when: state.registry_at(when) or approvers.configured(),
-    )
-    problems = [Problem(newest[("approval", key)][0].seq, kind, message) for key, kind, message in found]
-    problems += [Problem(seq, "governance_ignored", message) for seq, message in state.ignored]
-    if state.broken:
-        problems.append(Problem(None, "governance_broken", state.broken))
-    return problems
-
-
-def _signature_problems(records: list[AuditEvent], head: Head | None, key: Any) -> list[Problem]:
+def signature_problems(records: list[AuditEvent], head: Head | None, key: Any) -> list[Problem]:
     """Records (the first 20, then a count) and the external head without a valid signature."""
     bad = [r for r in records if not signing.valid(key, signing.record_message(r.seq, r.hash), r.signature)]
     found = [
         Problem(
             record.seq,
             "bad_signature" if record.signature else "unsigned",
-            f"{_describe(record)} carries no valid signature of the signing key: written, edited or "
+            f"{describe(record)} carries no valid signature of the signing key: written, edited or "
             "rechained without it",
         )
         for record in bad[:20]
@@ -648,7 +412,7 @@ def verify_tail(session: Session, start: Head, public_key: Any | None = None) ->
                 )
             )
             return problems
-    _check_chain(tail, problems, start)
+    check_chain(tail, problems, start)
     last = Head(tail[-1].seq, tail[-1].hash) if tail else start
     stored = session.get(ChainHead, 1, populate_existing=True)
     if stored is None or (stored.seq, stored.hash) != (last.seq, last.hash):
@@ -656,5 +420,5 @@ def verify_tail(session: Session, start: Head, public_key: Any | None = None) ->
             Problem(last.seq, "head_mismatch", f"the chain_head row does not name the log's last record {last.seq}")
         )
     if public_key is not None:
-        problems += _signature_problems(tail, None, public_key)
+        problems += signature_problems(tail, None, public_key)
     return problems

@@ -159,7 +159,7 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
     for entry in session.exec(select(LedgerEntry).order_by(col(LedgerEntry.id))).all():
         dataset = session.get(DatasetIdentity, entry.dataset_id)
         if dataset is None:
-            continue  # a foreign key: chain.verify names a deleted identity row
+            continue  # a foreign key: verification.verify names a deleted identity row
         budget = (dataset.lifetime_epsilon, dataset.lifetime_delta)
         replayed = _replayed(
             cache,

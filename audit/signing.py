@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from privrelease.errors import UserError
-from privrelease.files import sha256_bytes, sha256_file
+from privrelease.files import sha256_bytes
 
 RECORD_DOMAIN = "privrelease-record"
 HEAD_DOMAIN = "privrelease-head"
@@ -176,62 +176,3 @@ def valid(key: Any, message: bytes, signature: str | None) -> bool:
     except (InvalidSignature, ValueError):
         return False
     return True
-
-
-def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: str | None = None) -> list[str]:
-    """Check a release folder offline, from its files alone: its head file carries a valid
-    signature of ``key`` over the chain head, every file's sha256 and the release it belongs
-    to (folder name, run id, policy), the folder has that name, the release is of ``run`` (an
-    id or a prefix of 8+ characters) and ``policy`` (``name@version`` or a sha256 prefix of 12+)
-    when given, each listed file has its sha256, and no file is there that the signature does
-    not list. Returns the problems."""
-    from privrelease.audit.chain import RELEASE_HEAD_FILE, read_head
-
-    head_file = folder / RELEASE_HEAD_FILE
-    try:
-        head = read_head(head_file)
-    except FileNotFoundError:
-        return [f"{str(head_file)!r} is missing: the release cannot be checked"]
-    if head.files is None:
-        return [f"{str(head_file)!r} lists no files: not a release head file"]
-    problems = []
-    if not valid(key, head.message(), head.signature):
-        problems.append(
-            f"{str(head_file)!r} carries no valid signature of this key: forged, altered or signed by another"
-        )
-    problems += _binding_problems(folder, head.release, run, policy)
-    for name, digest in head.files.items():
-        path = folder / name
-        if Path(name).name != name or not path.is_file():
-            problems.append(f"{name!r} is listed but missing")
-        elif sha256_file(path) != digest:
-            problems.append(f"{name!r} does not have the signed sha256 {digest[:12]}: it was changed")
-    for path in sorted(folder.iterdir()):
-        if path.name != head_file.name and path.name not in head.files:
-            problems.append(f"{path.name!r} is in the folder but not among the signed files")
-    return problems
-
-
-def _binding_problems(folder: Path, release: dict[str, str] | None, run: str | None, policy: str | None) -> list[str]:
-    """The signed release binding against the folder's name and the expected run and policy."""
-    if release is None:
-        if run is None and policy is None:
-            return []
-        return ["its head file predates the run binding (it signs no run or policy): --run/--policy cannot be checked"]
-    problems = []
-    name = folder.resolve().name
-    if release.get("folder") != name:
-        problems.append(
-            f"the folder is named {name!r} but its signed head is for release {release.get('folder')!r}: "
-            "renamed or swapped with another release"
-        )
-    if run is not None and (len(run) < 8 or not release.get("run", "").startswith(run.lower())):
-        problems.append(f"the release is of run {release.get('run')}, not of --run {run}")
-    if policy is not None and not (
-        policy == release.get("policy") or (len(policy) >= 12 and release.get("policy_sha256", "").startswith(policy))
-    ):
-        problems.append(
-            f"the release is of policy {release.get('policy')} (sha256 {release.get('policy_sha256', '')[:12]}), "
-            f"not of --policy {policy}"
-        )
-    return problems

@@ -40,7 +40,7 @@ def main() -> None:
     )
     from sqlmodel import Session
 
-    from privrelease.audit import approvals, chain, ledger, records, signing, witness
+    from privrelease.audit import approvals, chain, ledger, records, signing, verification, witness
     from privrelease.audit.database import open_database, session
     from privrelease.files import sha256_text
     from privrelease.mechanisms.events import Laplace, event_to_json
@@ -81,7 +81,7 @@ def main() -> None:
 
     def full() -> None:
         with session(engine, readonly=True) as s:
-            result = chain.verify(s, check_files=False, public_key=public)
+            result = verification.verify(s, check_files=False, public_key=public)
             assert result.ok, result.first
 
     def check() -> None:

@@ -18,14 +18,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import privrelease
 from privrelease.errors import UserError
 from privrelease.flows import recovery
 from privrelease.flows.engines import Engine
 from privrelease.settings import get_settings
+from privrelease.version import VERSION
 
 if TYPE_CHECKING:
-    from privrelease.flows.partitions import DataFile
     from privrelease.planning import Plan
     from privrelease.policies.loader import LoadedPolicy
 
@@ -196,6 +195,27 @@ class RunContext:
 
 
 @dataclass(frozen=True)
+class DataFile:
+    """One Parquet file of a dataset as fingerprinted, all from one read of its bytes: path,
+    sha256 and size; its column names; per row group its rows, byte range (all its column
+    chunks) and that range's sha256; and the sha256 of the footer (the last ``footer_bytes``)."""
+
+    path: str
+    sha256: str
+    bytes: int
+    columns: tuple[str, ...]
+    row_groups: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]
+    range_sha256: tuple[str, ...]
+    footer_bytes: int
+    footer_sha256: str
+
+    @property
+    def rows(self) -> int:
+        return sum(self.row_groups)
+
+
+@dataclass(frozen=True)
 class DatasetFacts:
     """A dataset's fingerprint: never its contents."""
 
@@ -296,7 +316,7 @@ def _session() -> Iterator[Any]:
 @functools.cache
 def code_version() -> str:
     """``privrelease <version>`` plus the git commit of the source tree when it is one."""
-    version = f"privrelease {privrelease.__version__}"
+    version = f"privrelease {VERSION}"
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
         return version

@@ -8,18 +8,16 @@ import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 
 from privrelease.datafiles import open_checked
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.flows import engines
-
-if TYPE_CHECKING:
-    from privrelease.flows.partitions import DataFile
 from privrelease.flows.context import (
     _CHUNK,
+    DataFile,
     DatasetFacts,
     PlanSummary,
     PolicySource,

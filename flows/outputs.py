@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
+from privrelease.datasets import plain_columns
 from privrelease.files import atomic_path, sha256_file
 from privrelease.flows.context import (
     OutputFacts,
@@ -25,16 +26,6 @@ from privrelease.flows.context import (
 )
 from privrelease.flows.data import run_partials, run_table
 from privrelease.mechanisms.results import Pieces
-
-
-def plain_columns(table: pa.Table) -> pa.Table:
-    """Dictionary columns decoded (for CSV)."""
-    return pa.table(
-        {
-            name: column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
-            for name, column in zip(table.column_names, table.columns, strict=True)
-        }
-    )
 
 
 def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int:

@@ -39,31 +39,10 @@ import pyarrow.parquet as pq
 from privrelease.datafiles import open_checked
 from privrelease.errors import UserError
 from privrelease.files import sha256_bytes, sha256_text
-from privrelease.flows.context import DataStepError, withholding
+from privrelease.flows.context import DataFile, DataStepError, withholding
 
 FOLDER_DOMAIN = "privrelease-parquet-folder"
 _CHUNK = 1 << 22
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One Parquet file of a dataset as fingerprinted, all from one read of its bytes: path,
-    sha256 and size; its column names; per row group its rows, byte range (all its column
-    chunks) and that range's sha256; and the sha256 of the footer (the last ``footer_bytes``)."""
-
-    path: str
-    sha256: str
-    bytes: int
-    columns: tuple[str, ...]
-    row_groups: tuple[int, ...]
-    ranges: tuple[tuple[int, int], ...]
-    range_sha256: tuple[str, ...]
-    footer_bytes: int
-    footer_sha256: str
-
-    @property
-    def rows(self) -> int:
-        return sum(self.row_groups)
 
 
 @dataclass(frozen=True)

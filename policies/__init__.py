@@ -12,8 +12,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
-    from .canonical import canonical_json, hierarchy_sha256, policy_hash
-    from .loader import LoadedPolicy, load_policy, load_policy_text, read_hierarchy, resolve_path
+    from .canonical import hierarchy_sha256
+    from .loader import (
+        LoadedPolicy,
+        canonical_json,
+        load_policy,
+        load_policy_text,
+        policy_hash,
+        read_hierarchy,
+        resolve_path,
+    )
     from .schema import (
         BinsScheme,
         ColumnSpec,
@@ -55,11 +63,11 @@ _EXPORTS = {
     "SuppressScheme": "schema",
     "Targets": "schema",
     "TopBottomScheme": "schema",
-    "canonical_json": "canonical",
+    "canonical_json": "loader",
     "hierarchy_sha256": "canonical",
     "load_policy": "loader",
     "load_policy_text": "loader",
-    "policy_hash": "canonical",
+    "policy_hash": "loader",
     "read_hierarchy": "loader",
     "resolve_path": "loader",
 }

@@ -14,26 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from privrelease.files import sha256_text
 
 from .schema import Hierarchy, Policy
 
-if TYPE_CHECKING:
-    from .loader import LoadedPolicy
-
 CANONICAL_VERSION = 1
-
-
-def canonical_json(loaded: LoadedPolicy) -> str:
-    """The canonical JSON text of a loaded policy."""
-    return policy_canonical_json(loaded.policy, loaded.hierarchies)
-
-
-def policy_hash(loaded: LoadedPolicy) -> str:
-    """sha256 (hex) of :func:`canonical_json`."""
-    return policy_sha256(loaded.policy, loaded.hierarchies)
 
 
 def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) -> str:

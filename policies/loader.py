@@ -31,7 +31,7 @@ from privrelease import identity
 from privrelease.errors import UserError
 from privrelease.mechanisms.schemes import ColumnScheme
 
-from .canonical import policy_sha256
+from .canonical import policy_canonical_json, policy_sha256
 from .fields import UNKNOWN_FIELD, FieldError, Hierarchy, Loc, format_loc, show
 from .schema import MECHANISM_TYPES, SCHEME_TYPES, HierarchyScheme, Policy
 
@@ -120,6 +120,16 @@ class LoadedPolicy:
                 set(generalize(pa.table({column: array}), {column: compiled}).column(column).to_pylist())
             )
         return found
+
+
+def canonical_json(loaded: LoadedPolicy) -> str:
+    """The canonical JSON text of a loaded policy."""
+    return policy_canonical_json(loaded.policy, loaded.hierarchies)
+
+
+def policy_hash(loaded: LoadedPolicy) -> str:
+    """sha256 (hex) of :func:`canonical_json`."""
+    return policy_sha256(loaded.policy, loaded.hierarchies)
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:

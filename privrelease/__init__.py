@@ -9,7 +9,9 @@ privrelease`` stays light.
 
 from typing import Any
 
-__version__ = "0.1.0"
+from privrelease.version import VERSION
+
+__version__ = VERSION
 
 API = ("load", "plan", "compose", "runway", "verify", "run")
 

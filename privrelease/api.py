@@ -86,13 +86,13 @@ def runway(policy: PathLike) -> Any:
 def verify(head: PathLike | None = None) -> Any:
     """Recompute the audit hash chain and every stored checksum, and replay every stored
     guarantee and ledger charge from its event tree
-    (:class:`privrelease.audit.chain.VerifyResult`: ``.ok``, ``.problems``); with ``head``, also
+    (:class:`privrelease.audit.verification.VerifyResult`: ``.ok``, ``.problems``); with ``head``, also
     check the chain against a head file written beside a release."""
-    from privrelease.audit import chain
+    from privrelease.audit import chain, verification
     from privrelease.audit.database import open_database, session
 
     with session(open_database(), readonly=True) as s:
-        return chain.verify(s, head=None if head is None else chain.read_head(head), replay=True)
+        return verification.verify(s, head=None if head is None else chain.read_head(head), replay=True)
 
 
 def run(

@@ -55,6 +55,16 @@ class DatasetRead:
     rows_dropped: int
 
 
+def plain_columns(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary columns decoded (a CSV writes plain values)."""
+    return pa.table(
+        {
+            name: column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
+            for name, column in zip(table.column_names, table.columns, strict=True)
+        }
+    )
+
+
 def write_parquet(table: pa.Table, path: str | Path) -> None:
     """Write a release (dictionary-encoded label columns, rows in random order) to Parquet.
 

@@ -12,10 +12,9 @@ renderer (Jinja2, the calculus) loads on first use of the names re-exported lazi
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privrelease.files import sha256_bytes, write_atomic
+from privrelease.reports.html import jinja_environment, write_html
 
 if TYPE_CHECKING:
     from privrelease.reports.context import ReportContext, example_context
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReportContext",
+    "jinja_environment",
     "example_context",
     "render_report",
     "write_html",
@@ -35,30 +35,6 @@ _LAZY = {
     "render_report": "privrelease.reports.render",
     "write_report": "privrelease.reports.render",
 }
-
-
-def jinja_environment(**filters: Any) -> Any:
-    """A Jinja2 environment over the package's templates: autoescape on, undefined names are
-    errors, with ``filters`` added (Jinja2 loads on first use)."""
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("privrelease.reports", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(filters)
-    return env
-
-
-def write_html(html: str, path: str | Path) -> str:
-    """Write ``html`` as UTF-8 atomically (temp file in the same folder, fsync, rename; the
-    folder is created); returns the sha256 of the bytes written."""
-    data = html.encode("utf-8")
-    write_atomic(path, data, make_folder=True, mode=0o644)
-    return sha256_bytes(data)
 
 
 def __getattr__(name: str) -> Any:

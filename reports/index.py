@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import quote
 
 from privrelease.files import sha256_file, sha256_text
-from privrelease.reports import jinja_environment, write_html
+from privrelease.reports.html import jinja_environment, write_html
 
 __all__ = [
     "INDEX_FILE",

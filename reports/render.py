@@ -29,9 +29,9 @@ from markupsafe import Markup
 
 from privrelease.mechanisms import accountants
 from privrelease.mechanisms.events import Composed, is_dp, leaves
-from privrelease.reports import jinja_environment, write_html
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
+from privrelease.reports.html import jinja_environment, write_html
 
 __all__ = [
     "ReportContext",

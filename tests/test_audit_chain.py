@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import select
 
-from privrelease.audit import approvals, chain, database, records
+from privrelease.audit import approvals, chain, database, records, verification
 from privrelease.audit.models import AuditEvent, Run
 from privrelease.errors import UserError
 from privrelease.files import sha256_file
@@ -181,9 +181,9 @@ def populate(engine: Any, out: Path, *, fail: bool = False) -> dict[str, Any]:
     return {"run": run.id, "outputs": paths, "report": report_path}
 
 
-def check(engine: Any, **kwargs: Any) -> chain.VerifyResult:
+def check(engine: Any, **kwargs: Any) -> verification.VerifyResult:
     with database.session(engine, readonly=True) as s:
-        return chain.verify(s, **kwargs)
+        return verification.verify(s, **kwargs)
 
 
 def execute(engine: Any, sql: str, **params: Any) -> None:

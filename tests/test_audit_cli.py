@@ -279,7 +279,7 @@ def rewrite_and_resign(db: Any, key_file: Path, *statements: str) -> None:
     from sqlmodel import col, select
     from test_audit_signing import rechain
 
-    from privrelease.audit import chain, signing
+    from privrelease.audit import signing, verification
     from privrelease.audit.models import AuditEvent
 
     with db.begin() as connection:
@@ -292,7 +292,7 @@ def rewrite_and_resign(db: Any, key_file: Path, *statements: str) -> None:
             record.signature = signing.sign(key, signing.record_message(record.seq, record.hash))
             s.add(record)
     with database.session(db, readonly=True) as s:
-        intact = chain.verify(s, public_key=signing.public_key(str(key_file) + ".pub"))
+        intact = verification.verify(s, public_key=signing.public_key(str(key_file) + ".pub"))
     assert intact.ok, intact.problems  # the chain and the signatures alone see nothing
 
 

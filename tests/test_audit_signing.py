@@ -81,7 +81,7 @@ def rechain(engine: Any, *, drop_run: str | None = None) -> None:
     with session(engine) as s:
         records = list(s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))))
         current = {
-            (table, json.dumps(chain._primary_key(row), default=str)): chain.row_sha256(row)
+            (table, json.dumps(chain.primary_key(row), default=str)): chain.row_sha256(row)
             for table, cls in AUDITED_TABLES.items()
             for row in s.exec(select(cls))
         }

@@ -21,7 +21,7 @@ import pytest
 from sqlmodel import col, select
 
 from privrelease import demo
-from privrelease.audit import approvals, chain
+from privrelease.audit import approvals, chain, verification
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
 from privrelease.errors import TargetNotMet, UserError
@@ -114,7 +114,7 @@ def assert_nothing_published(root: Path, before: list[Path] | None = None) -> No
 
 def verify_intact(head_file: Path | None = None) -> None:
     with session(open_database(), readonly=True) as s:
-        result = chain.verify(s, head=chain.read_head(head_file) if head_file else None)
+        result = verification.verify(s, head=chain.read_head(head_file) if head_file else None)
     assert result.ok, result.problems
 
 

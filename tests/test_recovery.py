@@ -25,7 +25,7 @@ from sqlmodel import select
 from typer.testing import CliRunner
 
 from privrelease import demo
-from privrelease.audit import chain
+from privrelease.audit import chain, verification
 from privrelease.audit.database import dispose_engines, open_database, session
 from privrelease.audit.models import LedgerEntry, Output, Run
 from privrelease.cli import app
@@ -161,7 +161,7 @@ def _check_settled(root: Path) -> str:
         outcome = "rolled back" if entry is None or entry.state == "released" else "charged, not published"
     assert not list(root.glob(".*")) if root.exists() else True, "a staging folder was left"
     with session(open_database(), readonly=True) as s:
-        result = chain.verify(s)
+        result = verification.verify(s)
         assert result.ok, result.problems
         assert recovery.release_folder_problems(s, root) == []
     return outcome

@@ -365,7 +365,7 @@ def audit_verify(
     (a mismatch beyond a relative 1e-9, or a tree that no longer parses, is a finding:
     privrelease.audit.replay); and check that everything visible in the release folders was
     published by a recorded run. Exit 0 when intact, 1 naming the first broken record."""
-    from privrelease.audit import chain, signing
+    from privrelease.audit import chain, signing, verification
     from privrelease.audit.database import session
     from privrelease.flows.recovery import release_folder_problems, release_roots
     from privrelease.settings import get_settings
@@ -373,7 +373,9 @@ def audit_verify(
     external = chain.read_head(head) if head is not None else None
     key = signing.public_key(public_key) if public_key is not None else None
     with session(_engine(), readonly=True) as s:
-        result = chain.verify(s, head=external, output_root=output_root, check_files=files, public_key=key, replay=True)
+        result = verification.verify(
+            s, head=external, output_root=output_root, check_files=files, public_key=key, replay=True
+        )
         roots = releases or sorted(release_roots(s, output_root=output_root) | {get_settings().work_dir / "releases"})
         for root in roots:
             found = release_folder_problems(s, root.expanduser(), output_root=output_root)
@@ -429,12 +431,12 @@ def audit_verify_release(
     key over the chain head, every file's sha256 and the release it belongs to (folder name, run,
     policy), the folder's name, the expected run and policy, and each file's bytes. Exit 0 when
     intact, 1 naming what is not."""
-    from privrelease.audit import chain, signing
+    from privrelease.audit import chain, signing, verification
     from privrelease.errors import UserError
 
     if not folder.is_dir():
         raise UserError(f"release folder {str(folder)!r} does not exist or is not a folder")
-    problems = signing.verify_release(folder, signing.public_key(public_key), run=run, policy=policy)
+    problems = verification.verify_release(folder, signing.public_key(public_key), run=run, policy=policy)
     release = None if problems else chain.read_head(folder / "chain-head.json").release
     if json_output:
         print_json({"ok": not problems, "folder": str(folder), "release": release, "problems": problems})
