@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-RunStatus = Literal["pending", "running", "publishing", "succeeded", "failed"]
-RUN_STATUSES: tuple[str, ...] = ("pending", "running", "publishing", "succeeded", "failed")
-LedgerState = Literal["reserved", "committed", "released"]
-LEDGER_STATES: tuple[str, ...] = ("reserved", "committed", "released")
 GENESIS_HASH = "0" * 64
 
 

@@ -70,7 +70,7 @@ def mechanism_task(run: steps.RunContext, name: str) -> steps.OutputFacts:
 
 @task(name="render-report", **TASK_OPTIONS)
 def report_task(run: steps.RunContext, **facts: Any) -> steps.ReportFacts:
-    return steps.render_report(run, **facts)
+    return steps.stage_reports(run, **facts)
 
 
 @task(name="publish", **TASK_OPTIONS)
@@ -86,7 +86,7 @@ TASKS: dict[Callable[..., Any], Any] = {
     steps.reserve_budget: reserve_task,
     steps.read_data: read_task,
     steps.run_mechanism: mechanism_task,
-    steps.render_report: report_task,
+    steps.stage_reports: report_task,
     steps.publish: publish_task,
 }
 

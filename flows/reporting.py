@@ -89,17 +89,17 @@ def _signing_public_key() -> str | None:
     return None if key is None else signing.public_text(key)
 
 
-def render_report(run: RunContext, **facts: Any) -> ReportFacts:
+def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
     """Render the disclosure report (full, internal) and the public disclosure statement into
     the staging folder; ``facts``: the keyword arguments of :func:`report_context`."""
     from privrelease.reports import write_html
-    from privrelease.reports.render import render_report as render
+    from privrelease.reports.render import report_html
 
     context = report_context(run, **facts)
     described = json.dumps(release_facts.describe(context.plan, facts["outputs"]), indent=2, sort_keys=True) + "\n"
     files = {}
     for name, public_only in ((REPORT_FILE, False), (STATEMENT_FILE, True), (release_facts.RELEASE_FILE, None)):
-        text = described if public_only is None else render(context, public_only=public_only)
+        text = described if public_only is None else report_html(context, public_only=public_only)
         path = run.staging_dir / name
         try:
             sha256 = write_html(text, path)  # the atomic text writer (fsync, rename)

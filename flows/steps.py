@@ -28,7 +28,7 @@ A release, in order (each step's result is a small, picklable summary; no step r
    then read and check the declared columns.
 7. :func:`run_mechanism` - one policy mechanism on the data, its output written to the staging
    folder (Parquet or CSV, rows in random order: every mechanism shuffles).
-8. :func:`render_report` - the disclosure report and the public disclosure statement, into the
+8. :func:`stage_reports` - the disclosure report and the public disclosure statement, into the
    staging folder.
 9. :func:`publish` - in one transaction register the policy version, commit the budget and
    record outputs, guarantees and report (run ``publishing``); then rename the staging folder into view and record the run's
@@ -93,7 +93,7 @@ from privrelease.flows.opening import (
 )
 from privrelease.flows.outputs import run_mechanism, write_table
 from privrelease.flows.publishing import publish, record_failure
-from privrelease.flows.reporting import render_report
+from privrelease.flows.reporting import stage_reports
 
 __all__ = [
     "CHAIN_HEAD_FILE",
@@ -127,7 +127,7 @@ __all__ = [
     "read_data",
     "record_failure",
     "release_plain",
-    "render_report",
+    "stage_reports",
     "reserve_budget",
     "run_mechanism",
     "safe_name",
@@ -202,7 +202,7 @@ def execute(call: Caller = call_plain, **parameters: Any) -> Published:
         report = step(
             "report",
             "rendering the disclosure report",
-            render_report,
+            stage_reports,
             run,
             timings=dict(timings),
             **facts,

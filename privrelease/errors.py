@@ -9,7 +9,6 @@ value and what is allowed. A release whose guarantees miss the policy's targets 
 
 from __future__ import annotations
 
-EXIT_OK = 0
 EXIT_TARGET_NOT_MET = 1
 EXIT_INVALID_INPUT = 2
 

@@ -2,7 +2,7 @@
 (policy-derived, public) and the facts of one run (internal).
 
 The flow fills a :class:`ReportContext` after the outputs are written and hands it to
-:func:`privrelease.reports.render.render_report`. Nothing in it may hold raw data: datasets are
+:func:`privrelease.reports.render.report_html`. Nothing in it may hold raw data: datasets are
 known by fingerprint, outputs by name and sha256, mechanisms by counts (rows sampled, cells
 suppressed).
 """

@@ -7,13 +7,13 @@ Two sections, clearly apart:
   version, hash and approval time; mechanisms, parameters and generalization; guarantees per
   accountant and composed; pass/fail per target; charts; output files with checksums; the audit
   chain head; what the guarantees mean). Safe to publish with the data
-  (``render_report(context, public_only=True)`` renders this part alone).
+  (``report_html(context, public_only=True)`` renders this part alone).
 * **Internal review — not for publication** — run facts: rows read, sampled and suppressed,
   timings, the ledger before and after, the dataset fingerprint, the Prefect flow-run id, the
   code version, who approved.
 
 >>> from privrelease.reports.context import example_context   # doctest: +SKIP
->>> html = render_report(example_context())                    # doctest: +SKIP
+>>> html = report_html(example_context())                    # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from privrelease.reports.html import jinja_environment, write_html
 __all__ = [
     "ReportContext",
     "environment",
-    "render_report",
+    "report_html",
     "view",
     "write_html",
     "write_report",
@@ -358,7 +358,7 @@ def view(context: ReportContext) -> dict[str, Any]:
 # --- rendering and writing ----------------------------------------------------------------
 
 
-def render_report(context: ReportContext, *, public_only: bool = False) -> str:
+def report_html(context: ReportContext, *, public_only: bool = False) -> str:
     """The report as one HTML document (``public_only``: the public disclosure statement alone,
     for publication with the data). Deterministic: the same context gives the same text."""
     template = environment().get_template(TEMPLATE)
@@ -367,5 +367,5 @@ def render_report(context: ReportContext, *, public_only: bool = False) -> str:
 
 def write_report(context: ReportContext, path: str | Path, *, public_only: bool = False) -> str:
     """Render the report and write it atomically to ``path``; returns the sha256 of the bytes
-    written (equal to :func:`.files.sha256_text` of :func:`render_report`'s text)."""
-    return write_html(render_report(context, public_only=public_only), path)
+    written (equal to :func:`.files.sha256_text` of :func:`report_html`'s text)."""
+    return write_html(report_html(context, public_only=public_only), path)

@@ -1,7 +1,7 @@
 """``privrelease report index``: the static compliance index of every run in the audit database.
 
 An audit database is built through the audit API (approvals, runs, guarantees as the flow records
-them, reports rendered by ``render_report(example_context(...))``), the command is run, and the
+them, reports rendered by ``report_html(example_context(...))``), the command is run, and the
 page is checked: one row per run newest first (failed runs too), the guarantees beside the
 policy's targets marked as the checks stored with each run (never recomputed), names escaped,
 relative links to report files that exist beside the index with the recorded sha256, approvals
@@ -35,7 +35,7 @@ from privrelease.planning import plan_policy
 from privrelease.policies import load_policy_text
 from privrelease.reports.context import EXAMPLES_DIR, example_context
 from privrelease.reports.index import INDEX_FILE, report_file_name
-from privrelease.reports.render import render_report
+from privrelease.reports.render import report_html
 
 DEMO_TEXT = (EXAMPLES_DIR / "demo.yaml").read_text(encoding="utf-8")
 UNAPPROVED_TEXT = DEMO_TEXT.replace('version: "1"', 'version: "2-draft"', 1)
@@ -164,7 +164,7 @@ def add_run(
 @functools.cache
 def rendered(policy_text: str) -> str:
     """The report of an example run of the policy (rendered once per process)."""
-    return render_report(example_context(load_policy_text(policy_text, EXAMPLES_DIR)))
+    return report_html(example_context(load_policy_text(policy_text, EXAMPLES_DIR)))
 
 
 def build(root: Path, engine: Any) -> Built:

@@ -38,7 +38,7 @@ from privrelease.reports.charts import (
     snap_decades,
 )
 from privrelease.reports.context import EXAMPLES_DIR, ReportContext, example_context
-from privrelease.reports.render import render_report, write_report
+from privrelease.reports.render import report_html, write_report
 
 # --- policies ---------------------------------------------------------------------------------
 
@@ -114,19 +114,19 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def demo(folder: Path) -> tuple[ReportContext, str]:
     context = context_of(DEMO_TEXT, folder)
-    return context, render_report(context)
+    return context, report_html(context)
 
 
 @pytest.fixture(scope="module")
 def mixed(folder: Path) -> tuple[ReportContext, str]:
     context = context_of(MIXED, folder)
-    return context, render_report(context)
+    return context, report_html(context)
 
 
 @pytest.fixture(scope="module")
 def evil(folder: Path) -> tuple[ReportContext, str]:
     context = context_of(EVIL, folder, status="failed")
-    return context, render_report(context)
+    return context, report_html(context)
 
 
 # --- HTML helpers -----------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def test_two_sections_public_first_and_run_facts_only_internal(demo) -> None:
 
 def test_public_only_has_no_run_facts(demo) -> None:
     context, _ = demo
-    html = render_report(context, public_only=True)
+    html = report_html(context, public_only=True)
     assert 'id="internal"' not in html and "not for publication" not in html.lower()
     for fact in (context.run_id, context.flow_run_id, context.dataset["sha256"]):
         assert fact not in html
@@ -251,10 +251,10 @@ def test_approval_before_data_read(demo) -> None:
     assert "Generalization scheme fixed before data access." in html
     later = replace(context, data_read_at=context.approval["approved_at"] - timedelta(minutes=1))
     assert later.fixed_before_data_access is False
-    assert "Not shown that the scheme was fixed before data access" in render_report(later)
+    assert "Not shown that the scheme was fixed before data access" in report_html(later)
     unknown = replace(context, approval=None, data_read_at=None)
     assert unknown.fixed_before_data_access is None
-    assert "is not recorded for this run" in render_report(unknown)
+    assert "is not recorded for this run" in report_html(unknown)
     naive = replace(
         context,
         data_read_at=datetime(2030, 1, 1),
@@ -280,7 +280,7 @@ def test_failed_run_and_empty_facts_render(demo) -> None:
         internal_facts={},
         chain_head=None,
     )
-    html = render_report(bare)
+    html = report_html(bare)
     assert 'id="status-note"' in html and "<strong>failed</strong>" in html
     for text in ("No files were published", "No audit chain head", "No ledger entry", "No timings"):
         assert text in html
@@ -475,7 +475,7 @@ def test_policy_mechanism_and_column_names_are_escaped(evil) -> None:
 
 def test_write_report_is_deterministic_and_returns_the_sha256(demo, tmp_path: Path) -> None:
     context, html = demo
-    assert render_report(context) == html
+    assert report_html(context) == html
     digest = write_report(context, tmp_path / "sub" / "report.html")
     data = (tmp_path / "sub" / "report.html").read_bytes()
     assert digest == hashlib.sha256(data).hexdigest() == sha256_text(html)
@@ -666,9 +666,7 @@ def test_the_report_reads_as_prose_and_says_how_its_accountant_composes(demo) ->
     words), and "what these guarantees mean" matches the accountant: probabilistic adds up
     (Theorem 2); approximate names its tightest method and never claims the epsilons add up."""
     examples = Path(EXAMPLES_DIR)
-    combined = render_report(
-        example_context(load_policy_text((examples / "adult-combined.yaml").read_text(), examples))
-    )
+    combined = report_html(example_context(load_policy_text((examples / "adult-combined.yaml").read_text(), examples)))
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", combined))
     assert "under the approximate accountant they are composed by the tightest sound method" in text
     assert "add up" not in text
