@@ -146,7 +146,8 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
         elif not all(_same(s, r) for s, r in zip(stored, replayed, strict=True)):
             report(table, key, run_id, "guarantee_mismatch", _mismatch(what, stored, replayed))
 
-    policies = {run.id: session.get(PolicyVersion, run.policy_sha256) for run in session.exec(select(Run)).all()}
+    versions = {version.sha256: version for version in session.exec(select(PolicyVersion)).all()}
+    policies = {run.id: versions.get(run.policy_sha256) for run in session.exec(select(Run)).all()}
     for row in session.exec(select(Guarantee).order_by(col(Guarantee.id))).all():
         accounting, delta = _targets(policies.get(row.run_id))
         replayed = _replayed(
