@@ -361,8 +361,14 @@ def view(context: ReportContext) -> dict[str, Any]:
 def report_html(context: ReportContext, *, public_only: bool = False) -> str:
     """The report as one HTML document (``public_only``: the public disclosure statement alone,
     for publication with the data). Deterministic: the same context gives the same text."""
-    template = environment().get_template(TEMPLATE)
-    return template.render(**view(context), public_only=public_only)
+    return report_pages(context)[1 if public_only else 0]
+
+
+def report_pages(context: ReportContext) -> tuple[str, str]:
+    """The full report and the public disclosure statement, from one view of ``context`` (its
+    charts and figures computed once for both)."""
+    template, shown = environment().get_template(TEMPLATE), view(context)
+    return template.render(**shown, public_only=False), template.render(**shown, public_only=True)
 
 
 def write_report(context: ReportContext, path: str | Path, *, public_only: bool = False) -> str:

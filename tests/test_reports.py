@@ -677,3 +677,17 @@ def test_the_report_reads_as_prose_and_says_how_its_accountant_composes(demo) ->
     assert "their ε and δ add up (sequential composition, Li, Qardaji, Su, Theorem 2)" in re.sub(
         r"\s+", " ", re.sub(r"<[^>]+>", " ", probabilistic)
     )
+
+
+def test_report_and_statement_share_one_view(demo, monkeypatch) -> None:
+    """The report and the public statement of a release come from one view of its context
+    (charts and figures computed once), and are the pages report_html renders."""
+    from privrelease.reports import render
+
+    context, _ = demo
+    calls = []
+    original = render.view
+    monkeypatch.setattr(render, "view", lambda c: calls.append(1) or original(c))
+    report, statement = render.report_pages(context)
+    assert len(calls) == 1
+    assert (report, statement) == (render.report_html(context), render.report_html(context, public_only=True))
