@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
@@ -36,6 +36,9 @@ from privrelease.audit.records import attach_dataset, finish_run
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.guarantees import Budget
 from privrelease.settings import get_settings
+
+if TYPE_CHECKING:
+    from privrelease.policies.schema import LifetimeBudget
 
 __all__ = [
     "Budget",
@@ -115,12 +118,12 @@ def _counts(entry: LedgerEntry, now: datetime) -> bool:
     return entry.state == "committed" or (entry.state == "reserved" and not _expired(entry, now))
 
 
-def resolve_lifetime_budget(stated: Any | None = None) -> Budget:
+def resolve_lifetime_budget(stated: LifetimeBudget | None = None) -> Budget:
     """The lifetime budget a dataset is registered with: the policy's
-    (``targets.lifetime_budget``, anything with ``.epsilon`` and ``.delta``), else the
-    ``default_lifetime_budget`` setting; :class:`UserError` when neither is set."""
+    (``targets.lifetime_budget``), else the ``default_lifetime_budget`` setting;
+    :class:`UserError` when neither is set."""
     if stated is not None:
-        return Budget(float(stated.epsilon), float(stated.delta))
+        return stated.budget
     default = get_settings().default_lifetime_budget
     if default is None:
         raise UserError(
@@ -538,8 +541,8 @@ def history_curve(session: Session, dataset: str, run_id: str, points: int = 41)
         "after": delta_curve(after, epsilons),
         "releases_before": len(before),
         "releases_after": len(after),
-        "budget": {"epsilon": status.budget.epsilon, "delta": status.budget.delta},
-        "spent": {"epsilon": status.spent.epsilon, "delta": status.spent.delta},
+        "budget": status.budget.as_dict(),
+        "spent": status.spent.as_dict(),
         "runway": {"runs": ahead.runs, "capped": ahead.capped},
         "method": PLD if len(after) > 1 else "the exact profile of one release",
     }

@@ -339,10 +339,6 @@ def safe_name(text: str) -> str:
     return cleaned[:80] or "x"
 
 
-def _budget_dict(budget: Any) -> dict[str, float]:
-    return {"epsilon": float(budget.epsilon), "delta": float(budget.delta)}
-
-
 def manifest_path(run_id: str) -> Path:
     """Where a run's manifest (policy file, hierarchy files, data and output paths) is kept:
     ``<work_dir>/runs/<run_id>.json``. It locates files for a rerun; it holds no data."""

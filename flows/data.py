@@ -24,7 +24,6 @@ from privrelease.flows.context import (
     ReadFacts,
     ReservationFacts,
     RunContext,
-    _budget_dict,
     _session,
     plan_of,
     withholding,
@@ -298,10 +297,10 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
         entry_id=reservation.entry_id,
         dataset=reservation.dataset,
         notion=reservation.notion,
-        budget=_budget_dict(reservation.budget),
-        before=_budget_dict(reservation.spent_before),
-        after=_budget_dict(reservation.total_after),
-        this_release=_budget_dict(reservation.this_release),
+        budget=reservation.budget.as_dict(),
+        before=reservation.spent_before.as_dict(),
+        after=reservation.total_after.as_dict(),
+        this_release=reservation.this_release.as_dict(),
     )
 
 

@@ -35,6 +35,10 @@ class Budget:
     def __str__(self) -> str:
         return f"epsilon={self.epsilon:.6g}, delta={self.delta:.6g}"
 
+    def as_dict(self) -> dict[str, float]:
+        """``{"epsilon": ..., "delta": ...}`` (JSON, the audit records, the report's context)."""
+        return {"epsilon": float(self.epsilon), "delta": float(self.delta)}
+
 
 def _within(value: float, limit: float) -> bool:
     return value <= limit * (1 + RELATIVE_SLACK) + 1e-300

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from privrelease import identity
+from privrelease.mechanisms.guarantees import Budget
 from privrelease.mechanisms.kinds import MechanismKind, all_kinds
 from privrelease.mechanisms.schemes import (
     Bins,
@@ -427,6 +428,11 @@ class LifetimeBudget(Model):
 
     epsilon: PositiveEpsilon
     delta: Annotated[float, checked("delta", "in [0, 1)", lambda v: 0 <= v < 1)] = 0.0
+
+    @property
+    def budget(self) -> Budget:
+        """As the ledger's (epsilon, delta) pair."""
+        return Budget(self.epsilon, self.delta)
 
 
 Confidence = Annotated[float, checked("confidence", "in (0, 1)", lambda v: 0 < v < 1)]

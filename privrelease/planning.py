@@ -273,8 +273,8 @@ def _checks(
                 f"eps {_fmt(guarantee.epsilon)}, delta {_fmt(guarantee.delta)}",
                 fits,
                 "<=",
-                {"epsilon": budget.epsilon, "delta": budget.delta},
-                {"epsilon": guarantee.epsilon, "delta": guarantee.delta} if guarantee.supported else None,
+                budget.budget.as_dict(),
+                guarantee.budget.as_dict() if guarantee.supported else None,
             )
         )
     checks.extend(_accuracy_checks(loaded, mechanisms))

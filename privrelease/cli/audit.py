@@ -780,12 +780,9 @@ def ledger_show(
         "migrated": ds.migrated,
         "note": ds.note,
         "notion": ds.notion,
-        "budget": {"epsilon": status.budget.epsilon, "delta": status.budget.delta},
-        "spent": {"epsilon": status.spent.epsilon, "delta": status.spent.delta},
-        "remaining": {
-            "epsilon": status.remaining.epsilon,
-            "delta": status.remaining.delta,
-        },
+        "budget": status.budget.as_dict(),
+        "spent": status.spent.as_dict(),
+        "remaining": status.remaining.as_dict(),
         "counting_entries": len(status.counting),
         "runway": (
             None

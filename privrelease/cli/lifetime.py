@@ -122,10 +122,10 @@ def ledger_runway(
         "notion": status.dataset.notion,
         "runs": result.runs,
         "capped": result.capped,
-        "budget": {"epsilon": result.budget.epsilon, "delta": result.budget.delta},
-        "spent": {"epsilon": result.spent.epsilon, "delta": result.spent.delta},
-        "after_next_run": {"epsilon": result.after_next_run.epsilon, "delta": result.after_next_run.delta},
-        "this_run": {"epsilon": result.this_run.epsilon, "delta": result.this_run.delta},
+        "budget": result.budget.as_dict(),
+        "spent": result.spent.as_dict(),
+        "after_next_run": result.after_next_run.as_dict(),
+        "this_run": result.this_run.as_dict(),
     }
     if json_out:
         print_json(document)
