@@ -54,6 +54,7 @@ Condition = tuple[str, str]
 DEFAULT_TOLERANCE = 0.01
 DEFAULT_ABSOLUTE_TOLERANCE = 1e-3
 DEFAULT_MAX_ITERATIONS = 10_000
+DEFAULT_CONFIDENCE = 0.95
 _MAX_SENSITIVE = 6
 
 
@@ -91,13 +92,18 @@ class CountQuery:
 class CountEstimate:
     """The estimated true count of ``query`` (``estimate``), the number of published rows that
     satisfy it (``observed``), and how the reconstruction ended (0 iterations: no iteration was
-    needed, e.g. the single-value MLE)."""
+    needed, e.g. the single-value MLE). ``interval``: for one sensitive value alone, the exact
+    confidence interval of the true count at ``confidence``
+    (:func:`~privrelease.mechanisms.splu_guarantees.count_interval`); None for a reconstructed
+    conjunction (no exact interval is known for the iterative reconstruction)."""
 
     query: CountQuery
     estimate: float
     observed: int
     iterations: int
     converged: bool
+    interval: tuple[int, int] | None = None
+    confidence: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -107,6 +113,8 @@ class CountEstimate:
             "observed": self.observed,
             "iterations": self.iterations,
             "converged": self.converged,
+            "interval": None if self.interval is None else list(self.interval),
+            "confidence": self.confidence,
         }
 
 
@@ -544,11 +552,12 @@ class PublishedTable:
         absolute_tolerance: float = DEFAULT_ABSOLUTE_TOLERANCE,
         max_iterations: int = DEFAULT_MAX_ITERATIONS,
         transition: Transition = "exact",
+        confidence: float = DEFAULT_CONFIDENCE,
     ) -> list[CountEstimate]:
         """Estimate the true counts of many queries at once.
 
         A query with one sensitive condition and no ``where`` gets the published count (the
-        MLE, Theorem 2). Every other query is reconstructed with :func:`reconstruct` from the
+        MLE, Theorem 2) and its exact interval at ``confidence``. Every other query is reconstructed with :func:`reconstruct` from the
         counts of its K = 2^(w+1) states in the published table.
         Raises :class:`UserError` for an unknown column, a value absent from the published
         column, a query without sensitive condition, or a column used twice in a query.
@@ -582,17 +591,18 @@ class PublishedTable:
                 estimate[rows_of[~direct]] = found.x[:, -1]
                 iterations[rows_of[~direct]] = found.iterations
                 converged[rows_of[~direct]] = found.converged
-        return [
-            CountEstimate(query, float(e), int(o), int(i), bool(c))
-            for query, e, o, i, c in zip(
-                queries,
-                estimate.tolist(),
-                observed.tolist(),
-                iterations.tolist(),
-                converged.tolist(),
-                strict=True,
+        from privrelease.mechanisms.splu_guarantees import count_interval
+
+        estimates = []
+        for query, e, o, i, c in zip(
+            queries, estimate.tolist(), observed.tolist(), iterations.tolist(), converged.tolist(), strict=True
+        ):
+            alone = len(query.sensitive) == 1 and not query.where
+            interval = count_interval(int(o), self.gamma, confidence, self.rows) if alone else None
+            estimates.append(
+                CountEstimate(query, float(e), int(o), int(i), bool(c), interval, confidence if alone else None)
             )
-        ]
+        return estimates
 
     def _encode_queries(
         self, queries: Sequence[CountQuery]

@@ -248,3 +248,45 @@ def calibrate(gamma: int, eps: float, alpha: int, t_e: float | None = None) -> S
         t_e=None if t_e is None else float(t_e),
         t_f=t_f,
     )
+
+
+_TAIL_SLACK = 1e-9
+"""Relative slack on the tails' comparisons, towards a wider interval (the tails carry a
+relative error of about 1e-12)."""
+
+
+def count_interval(observed: int, gamma: int, confidence: float, rows: int | None = None) -> tuple[int, int]:
+    """An exact confidence interval for the true count f of one sensitive value from its
+    published count x (SPLU-Gen: X ~ Binomial(gamma f, 1/gamma), Fu et al. Theorem 2), by
+    inverting the two one-sided binomial tests (Clopper-Pearson): ``[f_L, f_U]`` with f_L the
+    smallest f with P_f[X >= x] > (1 - C)/2 and f_U the largest f with P_f[X <= x] > (1 - C)/2
+    (at most ``rows``, the published rows). Both tails are monotone in f, so for every f the
+    interval misses f with probability at most (1 - C)/2 on each side: coverage >= C, whatever
+    f is (tested against the exact distribution)."""
+    _check_gamma(gamma)
+    if not 0 < confidence < 1:
+        raise UserError(f"confidence must be in (0, 1); got {confidence!r}")
+    if observed < 0 or (rows is not None and observed > rows):
+        raise ValueError(f"observed count {observed} outside [0, {rows}]")
+    half = (1 - confidence) / 2 * (1 - _TAIL_SLACK)
+    p = 1 / gamma
+
+    def above(f: int) -> bool:  # P_f[X >= x] > half: f not rejected from below
+        return bool(upper_tail(observed, gamma * f, p) > half)
+
+    def below(f: int) -> bool:  # P_f[X <= x] > half: f not rejected from above
+        return bool(lower_tail(observed, gamma * f, p) > half)
+
+    low, high = 0, observed  # above(observed) holds: the median of Bin(gamma x, 1/gamma) is x
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if above(middle) else (middle + 1, high)
+    f_low = low
+    top = max(2 * observed, 16)
+    while below(top) and (rows is None or top < rows):
+        top *= 2
+    low, high = observed, top if rows is None else min(top, rows)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if below(middle) else (low, middle - 1)
+    return f_low, low

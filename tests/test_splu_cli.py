@@ -74,6 +74,19 @@ def test_estimate_json(published: Path) -> None:
         ).output
     )
     assert alone["estimate"] == alone["observed"] and alone["iterations"] == 0
+    # ... with its exact interval (a reconstructed conjunction has none)
+    from privrelease.mechanisms.splu_guarantees import count_interval
+
+    assert alone["interval"] == list(count_interval(alone["observed"], 5, 0.95, 2000)) and alone["confidence"] == 0.95
+    assert document["interval"] is None and document["confidence"] is None
+    narrow = runner.invoke(
+        app, ["estimate", str(published), "--gamma", "5", "--sensitive", "occupation=job3", "--confidence", "0.5"]
+    )
+    assert narrow.exit_code == 0 and "50% interval" in narrow.output
+    bad = runner.invoke(
+        app, ["estimate", str(published), "--gamma", "5", "--sensitive", "occupation=job3", "--confidence", "1"]
+    )
+    assert isinstance(bad.exception, UserError) and "--confidence must be in (0, 1)" in str(bad.exception)
 
 
 def test_batch_queries_jsonl_and_csv(published: Path, tmp_path: Path) -> None:

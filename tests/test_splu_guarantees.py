@@ -9,6 +9,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
+from scipy import stats
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.splu_guarantees import (
@@ -196,3 +197,35 @@ def test_docstring_examples() -> None:
 
     result = doctest.testmod(splu_guarantees)
     assert result.attempted >= 2 and result.failed == 0
+
+
+# --- the exact interval of a lone value's count ---------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma, confidence", [(2, 0.9), (5, 0.95), (10, 0.99)])
+def test_count_interval_covers_every_true_count_exactly(gamma, confidence) -> None:
+    """For every true count f up to 60, the probability (exact, summed over the published count
+    x ~ Binomial(gamma f, 1/gamma)) that [f_L(x), f_U(x)] contains f is at least the confidence;
+    and the interval is the tightest of its construction (f_L - 1 and f_U + 1 are rejected)."""
+    from privrelease.mechanisms.splu_guarantees import count_interval
+
+    alpha = (1 - confidence) / 2
+    intervals = {x: count_interval(x, gamma, confidence) for x in range(0, 60 * gamma + 1)}
+    for f in range(0, 61):
+        n = gamma * f
+        xs = np.arange(0, n + 1)
+        covered = np.array([intervals[x][0] <= f <= intervals[x][1] for x in xs.tolist()])
+        assert stats.binom.pmf(xs, n, 1 / gamma)[covered].sum() >= confidence - 1e-12, f
+    for x, (low, high) in intervals.items():
+        assert low <= x <= high
+        if low > 0:
+            assert stats.binom.sf(x - 1, gamma * (low - 1), 1 / gamma) <= alpha  # P[X >= x] at f_L - 1
+        assert stats.binom.cdf(x, gamma * (high + 1), 1 / gamma) <= alpha  # P[X <= x] at f_U + 1
+
+
+def test_count_interval_is_capped_by_the_published_rows() -> None:
+    from privrelease.mechanisms.splu_guarantees import count_interval
+
+    assert count_interval(10, 5, 0.95, rows=12) == (count_interval(10, 5, 0.95)[0], 12)
+    with pytest.raises(UserError, match="confidence must be in"):
+        count_interval(3, 5, 1.0)

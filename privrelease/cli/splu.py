@@ -112,10 +112,13 @@ def _print_estimates(estimates: list[CountEstimate], ids: list[Any], rows: int, 
     with_ids = any(query_id is not None for query_id in ids)
     if with_ids:
         table.add_column("id")
-    for column in ("query", "observed", "estimate", "iterations", "converged"):
+    confidence = next((e.confidence for e in estimates if e.confidence is not None), None)
+    interval_column = f"{confidence:.0%} interval" if confidence is not None else "interval"
+    for column in ("query", "observed", "estimate", interval_column, "iterations", "converged"):
         table.add_column(column, justify="left" if column == "query" else "right")
     for estimate, query_id in zip(estimates, ids, strict=True):
-        cells = [estimate.query.describe(), str(estimate.observed), f"{estimate.estimate:.1f}"]
+        interval = "-" if estimate.interval is None else f"{estimate.interval[0]} to {estimate.interval[1]}"
+        cells = [estimate.query.describe(), str(estimate.observed), f"{estimate.estimate:.1f}", interval]
         cells += [str(estimate.iterations), "yes" if estimate.converged else "NO"]
         table.add_row(*([str(query_id)] if with_ids else []), *cells)
     console.print(table)
@@ -139,11 +142,15 @@ def estimate(
     ] = None,
     queries: Annotated[Path | None, typer.Option("--queries", help=QUERIES_HELP)] = None,
     delimiter: Annotated[str, typer.Option("--delimiter", help="Field separator of a CSV published table.")] = ",",
+    confidence: Annotated[
+        float, typer.Option("--confidence", help="Confidence of the exact interval of a lone value's count, in (0, 1).")
+    ] = 0.95,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (an object, or a list for --queries).")] = False,
 ) -> None:
     """Estimate the true count of rows matching non-sensitive and sensitive conditions.
 
-    One sensitive value alone: its published count (the MLE, Fu et al. Theorem 2).
+    One sensitive value alone: its published count (the MLE, Fu et al. Theorem 2), with an
+    exact confidence interval (the published count is Binomial(gamma f, 1/gamma)).
 
     More conditions: iterative Bayesian reconstruction (Fu et al. Eq. 13-14).
     """
@@ -154,6 +161,8 @@ def estimate(
         raise UserError("give either --queries or --where/--sensitive, not both")
     if queries is None and not sensitive:
         raise UserError("give at least one --sensitive COLUMN=VALUE (or a --queries file)")
+    if not 0 < confidence < 1:
+        raise UserError(f"--confidence must be in (0, 1); got {confidence!r}", field="--confidence")
     if len(delimiter) != 1:
         raise UserError(f"--delimiter must be one character; got {delimiter!r}")
     if queries is not None:
@@ -162,7 +171,7 @@ def estimate(
         batch = [CountQuery.of(_conditions(where, "--where"), _conditions(sensitive, "--sensitive"))]
         ids = [None]
     table = PublishedTable.read(published, gamma, delimiter=delimiter)
-    estimates = table.estimate_many(batch)
+    estimates = table.estimate_many(batch, confidence=confidence)
     if json_out:
         documents = [_document(e, query_id) for e, query_id in zip(estimates, ids, strict=True)]
         if queries is None:
