@@ -67,7 +67,7 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
             },
             "generalization": {column: _scheme(policy, column, output.public_facts) for column in columns},
             "facts": output.public_facts,
-            "accuracy": plan.accuracy.get(output.mechanism, {}),
+            "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
         }
         beta = getattr(spec, "beta", None)
         if beta is not None and beta < 1:

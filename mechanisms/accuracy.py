@@ -31,6 +31,7 @@ targets at plan time. Each is exact for the mechanism as run (no normal approxim
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
@@ -197,3 +198,62 @@ def selection_gap(sensitivity: float, epsilon: float, candidates: int, failure: 
     if candidates < 1:
         raise UserError(f"candidates must be an integer >= 1; got {candidates!r}")
     return sensitivity / epsilon * (math.log(candidates) - math.log(failure))
+
+
+# --- what a mechanism's published numbers are worth: one typed statement per mechanism ---------
+
+
+@dataclass(frozen=True)
+class SelectionGap:
+    """The exponential mechanism's utility: the chosen scheme's score is within ``rows`` of the
+    best with probability 1 - ``failure`` (:func:`selection_gap`)."""
+
+    failure: float
+    rows: float
+
+
+@dataclass(frozen=True)
+class NoiseAccuracy:
+    """Additive noise of scale ``scale``: each published value within +-``half_width[C]`` of
+    the true one with probability >= C; ``clamping``: the bias a clamp adds, in words."""
+
+    scale: float
+    half_width: Mapping[float, float]
+    clamping: str | None = None
+
+
+@dataclass(frozen=True)
+class LargeSumUtility:
+    """SPLU-Gen's large-sum utility: counts of at least ``t_f`` estimated within relative error
+    ``epsilon`` except with probability ``t_e``."""
+
+    t_f: int
+    epsilon: float
+    t_e: float
+
+
+@dataclass(frozen=True)
+class AccuracyStatement:
+    """What one mechanism's published numbers are worth, from the policy alone (its kind's
+    accuracy map): how to estimate, and the statements that apply to it."""
+
+    estimate: str
+    cells: tuple[CountAccuracy, ...] = ()
+    selection_gap: SelectionGap | None = None
+    noise: NoiseAccuracy | None = None
+    large_sum: LargeSumUtility | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The statement in JSON (plan --json, release.json)."""
+        document: dict[str, Any] = {"estimate": self.estimate}
+        if self.cells:
+            document["cells"] = [cell.as_dict() for cell in self.cells]
+        if self.selection_gap is not None:
+            document["selection_gap"] = {"failure": self.selection_gap.failure, "rows": self.selection_gap.rows}
+        if self.noise is not None:
+            document["noise_scale"] = self.noise.scale
+            document["half_width"] = {f"{c:g}": width for c, width in self.noise.half_width.items()}
+            document["clamping"] = self.noise.clamping
+        if self.large_sum is not None:
+            document.update(t_f=self.large_sum.t_f, epsilon=self.large_sum.epsilon, t_e=self.large_sum.t_e)
+        return document

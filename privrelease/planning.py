@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privrelease.mechanisms import accountants, composition
+from privrelease.mechanisms.accuracy import AccuracyStatement
 from privrelease.mechanisms.events import Composed, Event, Laplace, event_to_json, is_dp, leaves
 from privrelease.mechanisms.guarantees import Guarantee
 from privrelease.mechanisms.sdgs_math import min_theorem1_epsilon
@@ -60,7 +61,7 @@ class Plan:
     composed: dict[str, Guarantee]
     facts: dict[str, Any]
     checks: list[Check]
-    accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)
+    accuracy: dict[str, AccuracyStatement | None] = field(default_factory=dict)
     """Per mechanism name, its data-free accuracy statements (:func:`mechanism_accuracy`)."""
 
     @property
@@ -94,7 +95,7 @@ class Plan:
             "composed": {notion: g.as_dict() for notion, g in self.composed.items()},
             "facts": self.facts,
             "checks": [check.as_dict() for check in self.checks],
-            "accuracy": self.accuracy,
+            "accuracy": {name: {} if s is None else s.as_dict() for name, s in self.accuracy.items()},
             "passed": self.passed,
             "event_tree": json.loads(event_to_json(self.event)),
         }
@@ -104,7 +105,7 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
     """Every guarantee of the policy's release and a pass/fail check per target."""
     mechanisms: list[MechanismPlan] = []
     infeasible: list[Check] = []
-    accuracy: dict[str, dict[str, Any]] = {}
+    accuracy: dict[str, AccuracyStatement | None] = {}
     for mechanism in loaded.policy.mechanisms:
         planned = mechanism.plan(loaded)
         event, facts = planned.event, dict(planned.facts)

@@ -28,6 +28,7 @@ import jinja2
 from markupsafe import Markup
 
 from privrelease.mechanisms import accountants
+from privrelease.mechanisms.accuracy import AccuracyStatement
 from privrelease.mechanisms.events import Composed, is_dp, leaves
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
@@ -195,29 +196,28 @@ def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[t
     return rows
 
 
-def _accuracy(statement: dict[str, Any]) -> dict[str, Any] | None:
-    """A mechanism's accuracy statements (:func:`~privrelease.planning.mechanism_accuracy`) as
-    table rows."""
-    if not statement:
+def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
+    """A mechanism's accuracy statement (its kind's accuracy map) as table rows."""
+    if statement is None:
         return None
-    view: dict[str, Any] = {"estimate": statement["estimate"]}
+    view: dict[str, Any] = {"estimate": statement.estimate}
     view["cells"] = [
         (
-            f"{cell['count']:,}",
-            fmt(cell["publish_probability"], 4),
-            f"{cell['relative_standard_error']:.1%}",
-            "-" if cell["suppression_bias"] is None else f"{cell['suppression_bias']:+.1%}",
-            "never published"
-            if cell["interval"] is None
-            else f"{cell['interval'][0]:,.0f} to {cell['interval'][1]:,.0f}",
+            f"{cell.count:,}",
+            fmt(cell.publish_probability, 4),
+            f"{cell.relative_standard_error:.1%}",
+            "-" if cell.suppression_bias is None else f"{cell.suppression_bias:+.1%}",
+            "never published" if cell.interval is None else f"{cell.interval[0]:,.0f} to {cell.interval[1]:,.0f}",
         )
-        for cell in statement.get("cells", [])
+        for cell in statement.cells
     ]
-    view["half_width"] = [(f"{float(c):.0%}", fmt(h, 4)) for c, h in statement.get("half_width", {}).items()]
-    view["clamping"] = statement.get("clamping")
-    gap = statement.get("selection_gap")
-    view["selection_gap"] = fmt(gap["rows"], 4) if gap else None
-    view["t_f"] = (statement["t_f"], fmt(statement["epsilon"]), fmt(statement["t_e"])) if "t_f" in statement else None
+    noise = statement.noise
+    view["half_width"] = [(f"{c:.0%}", fmt(h, 4)) for c, h in noise.half_width.items()] if noise else []
+    view["clamping"] = noise.clamping if noise else None
+    gap = statement.selection_gap
+    view["selection_gap"] = fmt(gap.rows, 4) if gap else None
+    large = statement.large_sum
+    view["t_f"] = (large.t_f, fmt(large.epsilon), fmt(large.t_e)) if large else None
     return view
 
 
@@ -269,7 +269,7 @@ def view(context: ReportContext) -> dict[str, Any]:
                 "parameters": parameters,
                 "guarantees": [_guarantee(g) for g in mechanism.guarantees.values()],
                 "facts": _facts(mechanism.facts, dict(parameters)),
-                "accuracy": _accuracy(plan.accuracy.get(mechanism.name, {})),
+                "accuracy": _accuracy(plan.accuracy.get(mechanism.name)),
                 "not_dp": None if guarantee.supported else guarantee.detail,
             }
         )

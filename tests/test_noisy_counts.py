@@ -448,7 +448,9 @@ def test_plan_states_the_exact_guarantees(demo_dir):
     assert stated.delta <= 1e-9 < probabilistic_delta("gaussian", 20, stated.epsilon * (1 - 1e-6))
     assert table.guarantees["approximate"].delta == approximate_delta("gaussian", 20, stated.epsilon)
     assert table.facts["cells"] == 2 * 3 * 2  # race maps to White, Black, Other
-    assert gaussian.accuracy["table"]["half_width"]["0.95"] == half_width("gaussian", 20, 0.95)
+    statement = gaussian.accuracy["table"]
+    assert statement is not None and statement.noise is not None
+    assert statement.noise.half_width[0.95] == half_width("gaussian", 20, 0.95)
 
     laplace = plan_policy(load_policy(_policy(demo_dir, "{distribution: laplace, scale: 4}", version="nl")))
     assert laplace.mechanisms[0].guarantees["approximate"].epsilon == 0.25

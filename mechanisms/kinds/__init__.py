@@ -38,6 +38,7 @@ from privrelease.policies.fields import ColumnRef, Issue, Loc, Model, Name
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.results import MechanismResult
     from privrelease.policies.loader import LoadedPolicy
     from privrelease.policies.schema import AccuracyTarget, Policy
@@ -136,9 +137,9 @@ class MechanismKind(Model):
         """The event it releases and the facts, from the policy alone (no data)."""
         raise NotImplementedError(f"mechanism type {self.kind_type()!r} has no privacy map")
 
-    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
         """What its published numbers are worth, from the policy alone (published)."""
-        return {}
+        return None
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """One ``targets.accuracy`` entry naming this mechanism (its ``accuracy_fields``)."""

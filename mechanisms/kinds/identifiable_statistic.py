@@ -25,6 +25,7 @@ from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
 from privrelease.policies.fields import ColumnRef, FieldError, Issue, Loc, Name, Names, Number, Rho, num
 
 if TYPE_CHECKING:
+    from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.identifiability import Calibration
     from privrelease.mechanisms.results import MechanismResult
     from privrelease.mechanisms.schemes import ColumnScheme
@@ -130,23 +131,20 @@ class IdentifiableStatisticMechanism(MechanismKind):
             return Planned(None, facts, ("rho feasible", "rho > 1/m"))
         return Planned(laplace_event(calibration), facts)
 
-    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
         """The Laplace half-width at each confidence, and the clamping bias."""
-        from privrelease.mechanisms.accuracy import CONFIDENCES, laplace_half_width
+        from privrelease.mechanisms.accuracy import CONFIDENCES, AccuracyStatement, NoiseAccuracy, laplace_half_width
 
         scale = planned.facts.get("lambda")
         if scale is None:
-            return {}
-        return {
-            "estimate": "the published value",
-            "noise_scale": scale,
-            "half_width": {f"{c:g}": laplace_half_width(scale, c) for c in CONFIDENCES},
-            "clamping": (
-                None
-                if self.query == "count"
-                else f"values outside [{self.lower:g}, {self.upper:g}] count as the nearer bound"
-            ),
-        }
+            return None
+        clamping = (
+            None
+            if self.query == "count"
+            else f"values outside [{self.lower:g}, {self.upper:g}] count as the nearer bound"
+        )
+        widths = {c: laplace_half_width(scale, c) for c in CONFIDENCES}
+        return AccuracyStatement("the published value", noise=NoiseAccuracy(scale, widths, clamping))
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """The Laplace noise within +-absolute_error with probability >= confidence: its

@@ -76,6 +76,7 @@ from privrelease.mechanisms.schemes import Keep
 from privrelease.policies.fields import ColumnRef, Epsilon, Issue, Loc, Model, Names, at_least, checked
 
 if TYPE_CHECKING:
+    from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.results import MechanismResult
     from privrelease.mechanisms.schemes import ColumnScheme
     from privrelease.policies.loader import LoadedPolicy
@@ -530,20 +531,16 @@ class NoisyCountsMechanism(MechanismKind):
             return Planned(None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; it has {cells:,}"))
         return Planned(self._event(loaded), facts)
 
-    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Every published count is within +-w of its true count with probability >= C, w the
         exact half-width of the discrete noise (:func:`half_width`)."""
-        from privrelease.mechanisms.accuracy import CONFIDENCES
+        from privrelease.mechanisms.accuracy import CONFIDENCES, AccuracyStatement, NoiseAccuracy
 
         distribution, parameter = self._distribution
-        return {
-            "estimate": "the published count" + (" (negative counts published as 0)" if self.nonnegative else ""),
-            "noise_scale": parameter,
-            "half_width": {f"{c:g}": half_width(distribution, parameter, c) for c in CONFIDENCES},
-            "clamping": "negative counts are published as 0: small cells are biased upwards"
-            if self.nonnegative
-            else None,
-        }
+        widths = {c: half_width(distribution, parameter, c) for c in CONFIDENCES}
+        clamping = "negative counts are published as 0: small cells are biased upwards" if self.nonnegative else None
+        estimate = "the published count" + (" (negative counts published as 0)" if self.nonnegative else "")
+        return AccuracyStatement(estimate, noise=NoiseAccuracy(parameter, widths, clamping))
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """Every cell within +-absolute_error with probability >= confidence."""

@@ -39,6 +39,7 @@ from privrelease.policies.fields import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.schemes import ColumnScheme
     from privrelease.policies.loader import LoadedPolicy
     from privrelease.policies.schema import AccuracyTarget
@@ -94,17 +95,17 @@ class Generalizing(MechanismKind):
             {"k_anonymity": self.k, "crowd_blending": f"({self.k}, 0)-crowd-blending private"},
         )
 
-    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Per cell size N: publication probability, relative standard error of count / beta,
         the exact conditional interval and the suppression bias (:mod:`.accuracy`)."""
         from privrelease.mechanisms import accuracy
 
         k, beta = self.k, self.beta
         targets = tuple(t.count for t in loaded.policy.targets.accuracy if t.mechanism == self.name and t.count)
-        return {
-            "estimate": "the published count" if beta >= 1 else f"the published count / beta = count x {1 / beta:g}",
-            "cells": [accuracy.count_accuracy(k, beta, n).as_dict() for n in accuracy.cell_sizes(k, beta, targets)],
-        }
+        return accuracy.AccuracyStatement(
+            "the published count" if beta >= 1 else f"the published count / beta = count x {1 / beta:g}",
+            cells=tuple(accuracy.count_accuracy(k, beta, n) for n in accuracy.cell_sizes(k, beta, targets)),
+        )
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """A cell of ``count`` people published and within +-relative_error, with probability
@@ -161,21 +162,19 @@ class SdgsMechanism(Generalizing):
         assert planned.event is not None
         return Planned(Composed(events=(selection, planned.event)), facts)
 
-    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Also, with ``select_scheme``: the exponential mechanism's utility gap (the chosen
         score within (Delta / eps) ln(|candidates| / t) of the best, with probability 1 - t)."""
-        from privrelease.mechanisms.accuracy import selection_gap
+        from dataclasses import replace
+
+        from privrelease.mechanisms.accuracy import SelectionGap, selection_gap
 
         statement = super().accuracy(loaded, planned)
         selection = self._selection()
-        if selection is not None:
-            statement["selection_gap"] = {
-                "failure": SELECTION_FAILURE,
-                "rows": selection_gap(
-                    selection.sensitivity, selection.epsilon, selection.candidates, SELECTION_FAILURE
-                ),
-            }
-        return statement
+        if selection is None:
+            return statement
+        gap = selection_gap(selection.sensitivity, selection.epsilon, selection.candidates, SELECTION_FAILURE)
+        return replace(statement, selection_gap=SelectionGap(SELECTION_FAILURE, gap))
 
     def _candidates(self, loaded: LoadedPolicy) -> dict[str, dict[str, ColumnScheme]]:
         assert self.select_scheme is not None

@@ -22,6 +22,7 @@ from privrelease.mechanisms.kinds import MechanismKind, Planned
 from privrelease.policies.fields import ColumnRef, FieldError, Gamma, Issue, Loc, Names, at_least
 
 if TYPE_CHECKING:
+    from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.results import MechanismResult
     from privrelease.policies.loader import LoadedPolicy
     from privrelease.policies.schema import Policy
@@ -85,17 +86,16 @@ class SpluGenMechanism(MechanismKind):
             )
         return Planned(SPLUGen(gamma=self.gamma, sensitive=tuple(self.sensitive)), facts)
 
-    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> dict[str, Any]:
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
         """T_f: counts of at least T_f are estimated within +-epsilon except with probability T_E."""
+        from privrelease.mechanisms.accuracy import AccuracyStatement, LargeSumUtility
+
         utility = loaded.policy.targets.splu_utility
         if utility is None or "t_f" not in planned.facts:
-            return {}
-        return {
-            "estimate": "privrelease estimate",
-            "t_f": planned.facts["t_f"],
-            "epsilon": utility.epsilon,
-            "t_e": utility.t_e,
-        }
+            return None
+        return AccuracyStatement(
+            "privrelease estimate", large_sum=LargeSumUtility(planned.facts["t_f"], utility.epsilon, utility.t_e)
+        )
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         from privrelease.mechanisms.generalization import generalize
