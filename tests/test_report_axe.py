@@ -11,7 +11,7 @@ is checked, and a violation of any impact fails the test with its id, impact, he
 The pages: the disclosure report and the public disclosure statement of the demo, of Adult
 examples (``example_context``) and of a mixed SDGS + DP + SPLU-Gen release (``test_reports.MIXED``)
 and a failed one with hostile names; the compliance index of ``test_report_index``'s audit
-database (five runs, three policy versions, a failed run, HTML in names).
+database (five runs, three policy versions, a failed run, HTML in names) and of an empty one.
 """
 
 from __future__ import annotations
@@ -97,14 +97,23 @@ def test_report_and_statement_have_no_axe_violations(
     )
 
 
-def test_index_has_no_axe_violations(browser: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runs", [5, 0])
+def test_index_has_no_axe_violations(browser: Any, tmp_path: Path, runs: int) -> None:
+    """``test_report_index``'s five runs (failed and hostile ones too, with their reports
+    beside the index), and the index of an empty audit database."""
     from test_audit_chain import audit_database
     from test_report_index import built_in
 
-    from privrelease.reports.index import INDEX_FILE
+    from privrelease.reports.index import write_index
 
     with pytest.MonkeyPatch.context() as patch, audit_database("sqlite", tmp_path) as engine:
-        built = built_in(tmp_path, engine, patch)
-        assert built.result["runs"] == 5
-        violations = page_violations(browser, built.work / "reports" / INDEX_FILE)
+        if runs:
+            built = built_in(tmp_path, engine, patch)
+            result = built.result
+            index = Path(result["path"])
+        else:
+            written = write_index(tmp_path / "empty", engine)
+            result, index = {"runs": written.runs}, written.path
+        assert result["runs"] == runs
+        violations = page_violations(browser, index)
         assert violations == [], describe(violations)
