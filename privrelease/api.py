@@ -19,12 +19,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from privrelease.audit.ledger import Runway
+    from privrelease.audit.verification import VerifyResult
+    from privrelease.flows.context import Published
+    from privrelease.mechanisms.composition import Composition
+    from privrelease.mechanisms.reconstruction import CountEstimate
+    from privrelease.planning import Plan
+    from privrelease.policies.loader import LoadedPolicy
 
 PathLike = str | Path
 
 
-def load(policy: PathLike) -> Any:
+def load(policy: PathLike) -> LoadedPolicy:
     """The validated policy (:class:`privrelease.policies.LoadedPolicy`); every problem of the
     file is reported at once in the :class:`~privrelease.errors.UserError`."""
     from privrelease.policies import load_policy
@@ -32,21 +41,31 @@ def load(policy: PathLike) -> Any:
     return load_policy(policy)
 
 
-def plan(policy: PathLike) -> Any:
+def plan(policy: PathLike) -> Plan:
     """Every guarantee of the policy's release and a check per target
-    (:class:`privrelease.planning.Plan`: ``.passed``, ``.guarantee``, ``.checks``). Reads no data."""
+    (:class:`privrelease.planning.Plan`: ``.passed``, ``.guarantee``, ``.checks``, and
+    ``.accuracy``: per mechanism its typed
+    :class:`~privrelease.mechanisms.accuracy.AccuracyStatement`). Reads no data.
+
+    >>> statement = plan("policies/examples/demo.yaml").accuracy["mean-hours"]
+    >>> statement.noise is not None and statement.noise.half_width[0.95] > 0
+    True
+    """
     from privrelease.planning import plan_policy
 
     return plan_policy(load(policy))
 
 
-def compose(policy: PathLike, *, times: int = 1, delta: float | None = None, epsilon: float | None = None) -> Any:
+def compose(
+    policy: PathLike, *, times: int = 1, delta: float | None = None, epsilon: float | None = None
+) -> Composition:
     """The (epsilon, delta)-DP of ``times`` runs of the policy's release under the policy's
     accounting notion (``targets.accounting``, as the ledger charges it), by the tightest sound
     method (:class:`privrelease.mechanisms.composition.Composition`): give ``delta`` for the
     smallest epsilon, or ``epsilon`` for the delta."""
     from privrelease.errors import UserError
-    from privrelease.mechanisms import accountants, composition
+    from privrelease.mechanisms import composition
+    from privrelease.planning import dp_plan
 
     if (delta is None) == (epsilon is None):
         raise UserError("give exactly one of delta (to get epsilon) or epsilon (to get delta)")
@@ -56,34 +75,32 @@ def compose(policy: PathLike, *, times: int = 1, delta: float | None = None, eps
         raise UserError(f"delta must be in (0, 1); got {delta!r}")
     if epsilon is not None and not 0 <= epsilon < math.inf:
         raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
-    planned = plan(policy)
+    planned = dp_plan(load(policy))
     tree, notion = planned.event, planned.notion
-    stated = accountants.account(tree, notion)
-    if not stated.supported:
-        raise UserError(f"{policy}: the release has no (epsilon, delta)-DP guarantee to compose: {stated.detail}")
     if delta is not None:
         return composition.epsilon_at([tree], delta, times=times, notion=notion)
     assert epsilon is not None, "exactly one of delta and epsilon is given"
     return composition.delta_at([tree], epsilon, times=times, notion=notion)
 
 
-def runway(policy: PathLike) -> Any:
+def runway(policy: PathLike) -> Runway:
     """How many more runs of the policy fit its dataset's lifetime budget, given the audit
     database's ledger (:class:`privrelease.audit.ledger.Runway`: ``.runs``, ``.spent``,
     ``.after_next_run``)."""
     from privrelease.audit import ledger
     from privrelease.audit.database import open_database, session
+    from privrelease.planning import dp_plan
 
-    planned = plan(policy)
+    planned = dp_plan(load(policy))
+    dataset = planned.loaded.require_dataset_id()
+    assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
     stated = planned.loaded.policy.targets.lifetime_budget
     with session(open_database(), readonly=True) as s:
-        status = ledger.status_for(
-            s, planned.loaded.require_dataset_id(), ledger.resolve_lifetime_budget(stated), planned.notion
-        )
+        status = ledger.status_for(s, dataset, ledger.resolve_lifetime_budget(stated), planned.notion)
     return ledger.runway(status, planned.event)
 
 
-def verify(head: PathLike | None = None) -> Any:
+def verify(head: PathLike | None = None) -> VerifyResult:
     """Recompute the audit hash chain and every stored checksum, and replay every stored
     guarantee and ledger charge from its event tree
     (:class:`privrelease.audit.verification.VerifyResult`: ``.ok``, ``.problems``); with ``head``, also
@@ -102,9 +119,10 @@ def run(
     out: PathLike | None = None,
     server_reuse: bool | None = None,
     **options: Any,
-) -> Any:
-    """Run the audited release flow (Prefect) for the policy, quietly; returns the flow's
-    summary (``release_dir``, ``outputs``, ``report``, ``chain_head``, ``run_id``). Records the
+) -> Published:
+    """Run the audited release flow (Prefect) for the policy, quietly; returns what it
+    published (:class:`privrelease.flows.context.Published`: ``release_dir``, ``outputs``,
+    ``report``, ``statement``, ``chain_head``, ``run_id``, ``ledger_after``, ``warnings``). Records the
     run on the configured Prefect API, else on the work folder's kept server
     (:mod:`privrelease.server`; ``server_reuse=False``: a temporary one). ``options``:
     ``output_format``, ``production``, ``engine``, ``dask_address``, ``workers`` as for
@@ -127,4 +145,25 @@ def run(
     finally:
         if server is not None:
             server.stop()
-    return summary
+    from privrelease.flows.context import Published
+
+    return Published(**summary)
+
+
+def estimate(
+    published: PathLike,
+    gamma: int,
+    *,
+    where: dict[str, str] | None = None,
+    sensitive: dict[str, str],
+    confidence: float = 0.95,
+    delimiter: str = ",",
+) -> CountEstimate:
+    """The estimated true count of the rows of a SPLU-Gen table matching ``where`` (published
+    unchanged) and ``sensitive`` (randomized) conditions, as ``privrelease estimate``
+    (:class:`~privrelease.mechanisms.reconstruction.CountEstimate`: ``.estimate``, and for one
+    sensitive value alone ``.interval``, exact at ``confidence``)."""
+    from privrelease.mechanisms.reconstruction import CountQuery, PublishedTable
+
+    table = PublishedTable.read(Path(published), gamma, delimiter=delimiter)
+    return table.estimate(CountQuery.of(where or {}, sensitive), confidence=confidence)

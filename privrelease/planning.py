@@ -134,6 +134,22 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
     return Plan(loaded, mechanisms, tree, composed, facts, checks, accuracy)
 
 
+def dp_plan(loaded: LoadedPolicy) -> Plan:
+    """The plan of a release that has an (epsilon, delta)-DP guarantee to compose or charge
+    (``guarantee compose``, the runway); UserError naming the reason when it has none."""
+    from privrelease.errors import UserError
+
+    plan = plan_policy(loaded)
+    guarantee = accountants.account(plan.event, plan.notion)
+    if not plan.mechanisms or not guarantee.supported:
+        where = loaded.path or f"{loaded.policy.name}@{loaded.policy.version}"
+        raise UserError(
+            f"{where}: the release has no (epsilon, delta)-DP guarantee to compose: "
+            f"{guarantee.detail or 'no differentially private mechanism'}"
+        )
+    return plan
+
+
 def _approximate(loaded: LoadedPolicy, tree: Composed, stated: Guarantee) -> tuple[Guarantee, dict[str, Any]]:
     """The release's approximate-DP guarantee by the tightest composition
     (:mod:`~privrelease.mechanisms.composition`): the smallest epsilon at the target delta, or

@@ -242,12 +242,12 @@ def test_python_api_runs_the_audited_flow(prefect_harness, demo_dir, work, monke
     import privrelease
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_harness)
-    summary = privrelease.run(demo_dir / demo.POLICY_FILE)
-    assert Path(summary["report"]).is_file() and summary["outputs"]
+    published = privrelease.run(demo_dir / demo.POLICY_FILE)
+    assert Path(published.report).is_file() and published.outputs  # typed: flows.context.Published
     assert capsys.readouterr().out == ""
     assert privrelease.verify().ok
     (run,) = runs()
-    assert run.status == "succeeded" and run.id == summary["run_id"]
+    assert run.status == "succeeded" and run.id == published.run_id
     with session(open_database(), readonly=True) as s:
         (entry,) = s.exec(select(LedgerEntry)).all()
     assert entry.state == "committed"

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from privrelease.cli.output import console, print_json
 from privrelease.errors import TargetNotMet, UserError
+
+if TYPE_CHECKING:
+    from privrelease.planning import Plan
 
 JSON = typer.Option(False, "--json", help="Print one JSON document instead of text.")
 
@@ -27,20 +31,12 @@ def register(app: typer.Typer) -> None:
     ledger_app.command("runway")(ledger_runway)
 
 
-def _release_tree(path: Path):
-    """The event tree of one run of the policy at ``path``; UserError for what is not DP."""
-    from privrelease.mechanisms import accountants
-    from privrelease.planning import plan_policy
+def _release_tree(path: Path) -> Plan:
+    """The plan of one run of the policy at ``path``; UserError for what is not DP."""
+    from privrelease.planning import dp_plan
     from privrelease.policies import load_policy
 
-    plan = plan_policy(load_policy(path))
-    guarantee = accountants.account(plan.event, plan.notion)
-    if not plan.mechanisms or not guarantee.supported:
-        raise UserError(
-            f"{path}: the release has no (epsilon, delta)-DP guarantee to compose: "
-            f"{guarantee.detail or 'no differentially private mechanism'}"
-        )
-    return plan
+    return dp_plan(load_policy(path))
 
 
 def _number(value: float) -> str:
@@ -112,6 +108,7 @@ def ledger_runway(
 
     plan = _release_tree(policy)
     dataset = plan.loaded.require_dataset_id()
+    assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
     stated = plan.loaded.policy.targets.lifetime_budget
     with session(_engine(), readonly=True) as s:
         status = ledger.status_for(s, dataset, ledger.resolve_lifetime_budget(stated), plan.notion)
