@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from privrelease import demo
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -128,3 +130,35 @@ def child_cpu_seconds(script: str, cwd: Path | None = None) -> tuple[subprocess.
     imported, baseline = measured(CLI_IMPORTS)
     assert imported.returncode == 0, imported.stderr
     return done, seconds, baseline
+
+
+# --------------------------------------------------------------------------- the demo release
+
+
+@pytest.fixture(scope="module")
+def demo_source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("demo-source")
+    demo.write_demo(folder, seed=7)
+    return folder
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A fresh work dir (audit database, manifests, releases) for each test."""
+    folder = tmp_path / "work"
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(folder))
+    for name in (
+        "PRIVRELEASE_DB_URL",
+        "PRIVRELEASE_PRODUCTION",
+        "PRIVRELEASE_RESERVATION_TTL_SECONDS",
+        "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    return folder
+
+
+@pytest.fixture
+def demo_dir(demo_source, tmp_path, work):
+    folder = tmp_path / "demo"
+    shutil.copytree(demo_source, folder)
+    return folder

@@ -39,35 +39,6 @@ EXAMPLES = REPO / "policies" / "examples"
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def demo_source(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("demo-source")
-    demo.write_demo(folder, seed=7)
-    return folder
-
-
-@pytest.fixture
-def work(tmp_path, monkeypatch):
-    """A fresh work dir (audit database, manifests, releases) for each test."""
-    folder = tmp_path / "work"
-    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(folder))
-    for name in (
-        "PRIVRELEASE_DB_URL",
-        "PRIVRELEASE_PRODUCTION",
-        "PRIVRELEASE_RESERVATION_TTL_SECONDS",
-        "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    return folder
-
-
-@pytest.fixture
-def demo_dir(demo_source, tmp_path, work):
-    folder = tmp_path / "demo"
-    shutil.copytree(demo_source, folder)
-    return folder
-
-
 def variant(demo_dir: Path, name: str, *replacements: tuple[str, str]) -> Path:
     """A copy of the demo policy with text replaced (and its own version)."""
     text = (demo_dir / demo.POLICY_FILE).read_text()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -397,23 +396,6 @@ def _policy(folder: Path, noise: str, extra: str = "", version: str = "nc") -> P
     path = folder / f"{version}.yaml"
     path.write_text(text)
     return path
-
-
-@pytest.fixture(scope="module")
-def demo_source(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("demo-source")
-    demo.write_demo(folder, seed=11)
-    return folder
-
-
-@pytest.fixture
-def demo_dir(demo_source, tmp_path, monkeypatch):
-    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
-    for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET"):
-        monkeypatch.delenv(name, raising=False)
-    folder = tmp_path / "demo"
-    shutil.copytree(demo_source, folder)
-    return folder
 
 
 def test_the_kind_is_one_module_found_by_the_registry():
