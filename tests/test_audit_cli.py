@@ -378,3 +378,23 @@ def test_audit_verify_flags_an_event_tree_that_no_longer_parses(db: Any, tmp_pat
     assert all(f"of run {run_id}: its stored event tree cannot be replayed" in p["message"] for p in found)
     assert any("unknown event kind 'quantum'" in p["message"] for p in found), found
     assert "BROKEN" in run("audit", "verify", code=1)
+
+
+def test_piped_tables_keep_one_line_per_row(db: Any, tmp_path: Path) -> None:
+    """Captured output is not a terminal: a long name is printed whole on its row, never folded
+    over several lines (the old 80-column layout split it)."""
+    long_name = "demo-census-" + "-".join(["a-long-policy-name"] * 6)
+    long_version = "2026-11-25-" + "x" * 40
+    policy = tmp_path / "long.yaml"
+    text = DEMO_POLICY.read_text(encoding="utf-8")
+    policy.write_text(
+        text.replace("name: demo-census\n", f"name: {long_name}\n").replace(
+            'version: "1"', f'version: "{long_version}"'
+        ),
+        encoding="utf-8",
+    )
+    run("policy", "approve", str(policy), "--by", "Ada Lovelace", "--binds", "path")
+    listed = run("policy", "list")
+    (row,) = [line for line in listed.splitlines() if long_name in line]
+    assert long_version in row and "Ada Lovelace" in row
+    assert len([line for line in listed.splitlines() if line.startswith("│")]) == 1
