@@ -62,7 +62,7 @@ def approve(*extra: str) -> Any:
 
 
 def test_policy_approve_list_show(db: Any) -> None:
-    from privrelease.policies import load_policy
+    from privrelease.policies import load_policy, load_policy_text
 
     loaded = load_policy(DEMO_POLICY)
     approval = approve("--note", "first review")
@@ -88,7 +88,20 @@ def test_policy_approve_list_show(db: Any) -> None:
         assert shown["sha256"] == loaded.sha256 and shown["approved"] is True
         assert shown["policy"]["policy"]["name"] == "demo-census"
     human = run("policy", "show", "demo-census@1")
-    assert "Grace Hopper" in human and "first review" in human and "binds whatever is at the path" in human
+    # the approved YAML first (not the canonical JSON), then one row per approval
+    lines = human.splitlines()
+    assert lines[0].startswith(f"# demo-census@1  sha256 {loaded.sha256}")
+    assert "comments and layout are not stored" in lines[1]
+    assert lines[2:4] == ["name: demo-census", "version: '1'"]
+    assert '"canonical_version"' not in human
+    yaml_text = human[: human.index("\napprovals")]
+    assert load_policy_text(yaml_text, DEMO_POLICY.parent).sha256 == loaded.sha256
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 2 and "Ada Lovelace" in rows[0] and "Grace Hopper" in rows[1]
+    os_user = pwd.getpwuid(os.geteuid()).pw_name
+    assert all(f"│ {os_user} " in row and "│ unsigned " in row for row in rows)
+    assert "first review" in rows[0] and "whatever is at the path" in rows[0]
+    assert run_json("policy", "show", "demo-census@1")["policy_yaml"] == yaml_text.split("\n", 2)[2]
     with pytest.raises(UserError, match="no registered policy"):
         run("policy", "show", "demo-census@2")
 
