@@ -393,9 +393,10 @@ def test_audit_verify_flags_an_event_tree_that_no_longer_parses(db: Any, tmp_pat
     assert "BROKEN" in run("audit", "verify", code=1)
 
 
-def test_piped_tables_keep_one_line_per_row(db: Any, tmp_path: Path) -> None:
+def test_piped_tables_keep_one_line_per_row(db: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Captured output is not a terminal: a long name is printed whole on its row, never folded
-    over several lines (the old 80-column layout split it)."""
+    over several lines (the old 80-column layout split it); COLUMNS, when set, still rules."""
+    monkeypatch.delenv("COLUMNS", raising=False)
     long_name = "demo-census-" + "-".join(["a-long-policy-name"] * 6)
     long_version = "2026-11-25-" + "x" * 40
     policy = tmp_path / "long.yaml"
@@ -411,3 +412,5 @@ def test_piped_tables_keep_one_line_per_row(db: Any, tmp_path: Path) -> None:
     (row,) = [line for line in listed.splitlines() if long_name in line]
     assert long_version in row and "Ada Lovelace" in row
     assert len([line for line in listed.splitlines() if line.startswith("│")]) == 1
+    monkeypatch.setenv("COLUMNS", "80")
+    assert max(len(line) for line in run("policy", "list").splitlines()) <= 80

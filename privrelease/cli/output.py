@@ -18,14 +18,14 @@ is folded and no line is wrapped, so piped output has one line per table row (``
 
 class _Console(Console):
     """A Rich console as wide as the terminal it writes to; when its stream is not a terminal
-    (a pipe, a file, a test's captured output), :data:`PIPED_WIDTH` wide, whatever ``COLUMNS`` or
-    the terminal on another stream says. Tables are only as wide as their content, so nothing
-    is padded."""
+    (a pipe, a file, a test's captured output), :data:`PIPED_WIDTH` wide, whatever the terminal
+    on another stream (stdin, stderr) measures, unless ``COLUMNS`` asks for a width. Tables are
+    only as wide as their content, so nothing is padded."""
 
     @property
     def size(self) -> ConsoleDimensions:
         size = super().size
-        if self._width is None and not self.is_terminal:
+        if self._width is None and not self.is_terminal and not self._environ.get("COLUMNS", "").isdigit():
             return ConsoleDimensions(PIPED_WIDTH, size.height)
         return size
 
