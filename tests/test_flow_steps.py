@@ -1051,7 +1051,7 @@ def test_report_list_and_show_of_a_reissue(demo_dir, work, tmp_path):
         assert (row["kind"], row["reissue_of"], row["policy"]) == ("reissue", first.run_id, "demo-census")
     assert listed[copied["run_id"]]["path"] == copied["report"] and listed[again["run_id"]]["path"] == first.report
     table = [line for line in cli("report", "list").output.splitlines() if line.startswith("│")]
-    assert [line.split("│")[6].strip() for line in table] == ["", first.run_id[:12], first.run_id[:12]]
+    assert [line.split("│")[6].strip() for line in table] == ["", first.run_id[:8], first.run_id[:8]]
 
     shown = json.loads(cli("report", "show", copied["run_id"][:10], "--json").output)
     assert (shown["path"], shown["reissue_of"], shown["source"]) == (copied["report"], first.run_id, "file")

@@ -119,7 +119,7 @@ def report_list(json_output: JsonFlag = False) -> None:
     table.add_column("created (UTC)", no_wrap=True)
     reissues = any(row["reissue_of"] for row in rows)
     if reissues:
-        table.add_column("reissue of", no_wrap=True)
+        table.add_column("reissue of", overflow="fold")  # a run id prefix: narrow, for the terminal's sake
     for row in rows:
         table.add_row(
             row["run_id"][:12],
@@ -127,7 +127,7 @@ def report_list(json_output: JsonFlag = False) -> None:
             row["version"] or "",
             row["status"],
             (row["created_at"] or "")[:16].replace("T", " "),
-            *([(row["reissue_of"] or "")[:12]] if reissues else []),
+            *([(row["reissue_of"] or "")[:8]] if reissues else []),
         )
     console.print(table)
     console.print("privrelease report show RUN prints a report's path", style="dim")
