@@ -13,8 +13,13 @@ other value, or the content of a hierarchy file, does.
 from __future__ import annotations
 
 import json
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
+
+import yaml
+from pydantic import BaseModel
 
 from privrelease.files import sha256_text
 
@@ -82,8 +87,6 @@ def canonical_yaml(canonical: str) -> str:
     hash, except that a hierarchy file appears as the ``sha256:<hex>`` of its rows and ``engine``
     is absent (neither is part of what is approved). The file's comments and layout are not
     part of the canonical form: they cannot be recovered."""
-    import yaml
-
     body = json.loads(canonical)["policy"]
     return yaml.dump(
         _schema_ordered(body, Policy),
@@ -118,9 +121,6 @@ def _schema_ordered(value: Any, annotation: Any) -> Any:
 
 def _members(annotation: Any) -> list[Any]:
     """The alternatives of ``annotation`` with ``Annotated`` and unions unwrapped."""
-    import types
-    import typing
-
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return _members(typing.get_args(annotation)[0])
@@ -133,10 +133,6 @@ def _model_for(value: dict[str, Any], annotation: Any) -> Any:
     """The pydantic model among ``annotation``'s alternatives that ``value`` is a dump of: the
     one whose ``Literal`` fields (a kind's ``type``, a noise's ``distribution``) match and that
     knows every key; ``None`` when ``annotation`` is a plain mapping."""
-    import typing
-
-    from pydantic import BaseModel
-
     models = [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
 
     def fits(model: Any) -> bool:
@@ -150,8 +146,6 @@ def _model_for(value: dict[str, Any], annotation: Any) -> Any:
 
 
 def _mapping_value_annotation(annotation: Any) -> Any:
-    import typing
-
     for member in _members(annotation):
         if typing.get_origin(member) is dict:
             return typing.get_args(member)[1]
@@ -159,8 +153,6 @@ def _mapping_value_annotation(annotation: Any) -> Any:
 
 
 def _item_annotations(annotation: Any, count: int) -> list[Any]:
-    import typing
-
     for member in _members(annotation):
         if typing.get_origin(member) in (tuple, list):
             args = typing.get_args(member)
@@ -185,15 +177,9 @@ def _represent_dict(dumper: Any, value: dict[str, Any]) -> Any:
     return dumper.represent_mapping("tag:yaml.org,2002:map", value.items(), flow_style=flow)
 
 
-def _policy_dumper() -> Any:
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        """Block style, but a list of plain values or a small mapping of them on one line."""
-
-    Dumper.add_representer(list, _represent_list)
-    Dumper.add_representer(dict, _represent_dict)
-    return Dumper
+class _PolicyDumper(yaml.SafeDumper):
+    """Block style, but a list of plain values or a small mapping of them on one line."""
 
 
-_PolicyDumper = _policy_dumper()
+_PolicyDumper.add_representer(list, _represent_list)
+_PolicyDumper.add_representer(dict, _represent_dict)
