@@ -322,9 +322,8 @@ def policy_show(
     if not document["approvals"]:
         console.print(styled("approvals: [red]none[/] (privrelease policy approve POLICY.yaml --by NAME)"))
     else:
-        table = Table(
-            "approved (UTC)", "by", "OS user", "signature", "binds", "note", title="approvals", title_justify="left"
-        )
+        say("approvals")
+        table = Table("approved (UTC)", "by", "OS user", "signature", "binds", "note")
         for approval in document["approvals"]:
             signature = approval["signature"] + (f" (key {approval['key']})" if approval["key"] else "")
             table.add_row(
