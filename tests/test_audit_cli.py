@@ -62,7 +62,7 @@ def approve(*extra: str) -> Any:
 
 
 def test_policy_approve_list_show(db: Any) -> None:
-    from privrelease.policies import load_policy
+    from privrelease.policies import load_policy, load_policy_text
 
     loaded = load_policy(DEMO_POLICY)
     approval = approve("--note", "first review")
@@ -88,7 +88,20 @@ def test_policy_approve_list_show(db: Any) -> None:
         assert shown["sha256"] == loaded.sha256 and shown["approved"] is True
         assert shown["policy"]["policy"]["name"] == "demo-census"
     human = run("policy", "show", "demo-census@1")
-    assert "Grace Hopper" in human and "first review" in human and "binds whatever is at the path" in human
+    # the approved YAML first (not the canonical JSON), then one row per approval
+    lines = human.splitlines()
+    assert lines[0].startswith(f"# demo-census@1  sha256 {loaded.sha256}")
+    assert "comments and layout are not stored" in lines[1]
+    assert lines[2:4] == ["name: demo-census", "version: '1'"]
+    assert '"canonical_version"' not in human
+    yaml_text = human[: human.index("\napprovals")]
+    assert load_policy_text(yaml_text, DEMO_POLICY.parent).sha256 == loaded.sha256
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 2 and "Ada Lovelace" in rows[0] and "Grace Hopper" in rows[1]
+    os_user = pwd.getpwuid(os.geteuid()).pw_name
+    assert all(f"│ {os_user} " in row and "│ unsigned " in row for row in rows)
+    assert "first review" in rows[0] and "whatever is at the path" in rows[0]
+    assert run_json("policy", "show", "demo-census@1")["policy_yaml"] == yaml_text.split("\n", 2)[2]
     with pytest.raises(UserError, match="no registered policy"):
         run("policy", "show", "demo-census@2")
 
@@ -378,3 +391,26 @@ def test_audit_verify_flags_an_event_tree_that_no_longer_parses(db: Any, tmp_pat
     assert all(f"of run {run_id}: its stored event tree cannot be replayed" in p["message"] for p in found)
     assert any("unknown event kind 'quantum'" in p["message"] for p in found), found
     assert "BROKEN" in run("audit", "verify", code=1)
+
+
+def test_piped_tables_keep_one_line_per_row(db: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captured output is not a terminal: a long name is printed whole on its row, never folded
+    over several lines (the old 80-column layout split it); COLUMNS, when set, still rules."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    long_name = "demo-census-" + "-".join(["a-long-policy-name"] * 6)
+    long_version = "2026-11-25-" + "x" * 40
+    policy = tmp_path / "long.yaml"
+    text = DEMO_POLICY.read_text(encoding="utf-8")
+    policy.write_text(
+        text.replace("name: demo-census\n", f"name: {long_name}\n").replace(
+            'version: "1"', f'version: "{long_version}"'
+        ),
+        encoding="utf-8",
+    )
+    run("policy", "approve", str(policy), "--by", "Ada Lovelace", "--binds", "path")
+    listed = run("policy", "list")
+    (row,) = [line for line in listed.splitlines() if long_name in line]
+    assert long_version in row and "Ada Lovelace" in row
+    assert len([line for line in listed.splitlines() if line.startswith("│")]) == 1
+    monkeypatch.setenv("COLUMNS", "80")
+    assert max(len(line) for line in run("policy", "list").splitlines()) <= 80

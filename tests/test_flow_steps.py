@@ -997,6 +997,45 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
         reissue(handed["run_id"])
 
 
+def test_report_list_and_show_of_a_reissue(demo_dir, work, tmp_path):
+    """A reissue has no report of its own: `report list` lists it as a reissue of its source run,
+    `report show` gives the report it handed back (its --out copy, else the source's file)."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+    from privrelease.reissue import reissue
+
+    first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    copied = reissue(first.run_id, tmp_path / "copies")
+    again = reissue(first.run_id)
+
+    def cli(*args: str) -> CliRunner:
+        result = CliRunner().invoke(app, list(args))
+        assert result.exit_code == 0 and result.exception is None, result.output
+        return result
+
+    listed = {row["run_id"]: row for row in json.loads(cli("report", "list", "--json").output)["reports"]}
+    assert list(listed) == [first.run_id, copied["run_id"], again["run_id"]]
+    assert listed[first.run_id]["reissue_of"] is None
+    for handed in (copied, again):
+        row = listed[handed["run_id"]]
+        assert (row["kind"], row["reissue_of"], row["policy"]) == ("reissue", first.run_id, "demo-census")
+    assert listed[copied["run_id"]]["path"] == copied["report"] and listed[again["run_id"]]["path"] == first.report
+    table = [line for line in cli("report", "list").output.splitlines() if line.startswith("│")]
+    assert [line.split("│")[6].strip() for line in table] == ["", first.run_id[:8], first.run_id[:8]]
+
+    shown = json.loads(cli("report", "show", copied["run_id"][:10], "--json").output)
+    assert (shown["path"], shown["reissue_of"], shown["source"]) == (copied["report"], first.run_id, "file")
+    assert shown["sha256"] == sha256_file(Path(first.report)) and "this is its copy" in shown["note"]
+    plain = cli("report", "show", again["run_id"])
+    assert plain.stdout == f"{first.report}\n"
+    assert f"is a reissue of run {first.run_id}" in plain.stderr and "ended before" not in plain.stderr
+
+    Path(copied["report"]).unlink()  # the copy gone: the source run's report
+    shown = json.loads(cli("report", "show", copied["run_id"], "--json").output)
+    assert shown["path"] == first.report and "is missing or changed" in shown["note"]
+
+
 def test_open_run_needs_exactly_one_source(work):
     with pytest.raises(UserError, match="either a policy file or the id of a run"):
         release_plain()

@@ -300,6 +300,26 @@ def test_hash_ignores_layout_comments_order_quoting(folder: Path) -> None:
     assert document["policy"]["mechanisms"][0]["beta"] == 0.1
 
 
+def test_canonical_yaml_reads_back_to_the_same_policy(folder: Path) -> None:
+    """``policy show``'s YAML: the schema's field order, unset optional fields left out, and
+    loading it again gives the same canonical JSON (hash); a hierarchy shows its content hash."""
+    from privrelease.policies.canonical import canonical_yaml
+
+    demo = load_policy(EXAMPLES / "demo.yaml")
+    text = canonical_yaml(canonical_json(demo))
+    assert list(yaml.safe_load(text)) == [f for f in Policy.model_fields if f not in ("approval", "engine")]
+    assert "null" not in text and "  id: demo-census\n" in text
+    again = load_policy_text(text, EXAMPLES)
+    assert canonical_json(again) == canonical_json(demo) and again.sha256 == demo.sha256
+
+    base = canonical_yaml(canonical_json(load(BASE, folder)))
+    assert "age: {type: hierarchy, hierarchy: 'sha256:" in base
+    (mechanism,) = yaml.safe_load(base)["mechanisms"]
+    assert list(mechanism)[:5] == ["name", "columns", "k", "beta", "epsilon"]
+    plain = load(edit(BASE, ("  age: {hierarchy: age.csv, level: 1}\n", "  age: keep\n")), folder)
+    assert load_policy_text(canonical_yaml(canonical_json(plain)), folder).sha256 == plain.sha256
+
+
 @pytest.mark.parametrize(
     "old, new",
     [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -41,6 +42,24 @@ lifetime.register(app)
 accuracy.register(app)
 counts.register(app)
 drafting.register(app)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from privrelease.version import VERSION
+
+        print(f"privrelease {VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the package version and exit."),
+    ] = False,
+) -> None:
+    """Publish data about people and prove what the release discloses."""
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ the database schema is created or upgraded on first use.
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json, styled
+from privrelease.cli.output import console, print_json, say, styled
 
 policy_app = typer.Typer(help="Approve, list and show policy versions.", no_args_is_help=True)
 audit_app = typer.Typer(help="Check the hash-chained audit log.", no_args_is_help=True)
@@ -58,6 +59,11 @@ def _short(digest: str) -> str:
 
 
 # --- policy ---------------------------------------------------------------------------------
+
+POLICY_YAML_NOTE = (
+    "the approved content as YAML, from the audit database's canonical form: schema field order, defaults "
+    "filled in, mappings sorted by key; the file's comments and layout are not stored"
+)
 
 
 def _approval_dict(approval: Any, policy: Any = None, registry: Any = None) -> dict[str, Any]:
@@ -278,9 +284,11 @@ def policy_show(
     ref: Annotated[str, typer.Argument(help="NAME, NAME@VERSION or a sha256 prefix.")],
     json_output: JsonFlag = False,
 ) -> None:
-    """One policy version: hash, approvals and its canonical content."""
+    """One policy version: the approved content as YAML, then its approvals (approver, time, OS
+    user, signature status)."""
     from privrelease.audit import approvals
     from privrelease.audit.database import session
+    from privrelease.policies.canonical import canonical_yaml
 
     with session(_engine(), readonly=True) as s:
         version = approvals.find_policy(s, ref)
@@ -299,30 +307,38 @@ def policy_show(
         "approvals": [{**_approval_dict(a, version, registry), "revoked": a.id not in current} for a in approved],
         "other_versions": others,
         "policy": json.loads(version.canonical_json),
+        "policy_yaml": canonical_yaml(version.canonical_json),
     }
     if json_output:
         print_json(document)
         return
-    console.print(styled("[bold]{}@{}[/]", version.name, version.version), highlight=False, soft_wrap=True)
-    console.print(f"sha256      {version.sha256}", highlight=False, soft_wrap=True)
-    console.print(f"registered  {document['registered_at']} UTC", highlight=False, soft_wrap=True)
-    if not current:
-        console.print(styled("approvals   [red]none current[/]"))
-    for approval in document["approvals"]:
-        note = f": {approval['note']}" if approval["note"] else ""
-        revoked = " (REVOKED)" if approval["revoked"] else ""
-        key = f"key {approval['key']}, " if approval["key"] else ""
-        console.print(
-            f"approved    {approval['approved_at']} UTC by {approval['approved_by']} "
-            f"(OS user {approval['os_user']}; {key}{approval['signature']}); binds "
-            f"{approval['binds']['description']}{note}{revoked}",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+    say(
+        f"# {version.name}@{version.version}  sha256 {version.sha256}  registered {_minute(document['registered_at'])} UTC"
+    )
+    say(f"# {POLICY_YAML_NOTE}")
+    sys.stdout.write(document["policy_yaml"])
+    sys.stdout.flush()
+    say("")
+    if not document["approvals"]:
+        console.print(styled("approvals: [red]none[/] (privrelease policy approve POLICY.yaml --by NAME)"))
+    else:
+        say("approvals")
+        table = Table("approved (UTC)", "by", "OS user", "signature", "binds", "note")
+        for approval in document["approvals"]:
+            signature = approval["signature"] + (f" (key {approval['key']})" if approval["key"] else "")
+            table.add_row(
+                (approval["approved_at"] or "")[:19].replace("T", " "),
+                approval["approved_by"],
+                approval["os_user"],
+                signature,
+                approval["binds"]["description"],
+                (approval["note"] or "") + (" REVOKED" if approval["revoked"] else ""),
+            )
+        console.print(table)
+        if not current:
+            console.print(styled("[red]no current approval[/]: every approval of this version was revoked"))
     if others:
-        console.print(f"other versions: {', '.join(others)}", highlight=False, markup=False)
-    console.print_json(json.dumps(document["policy"]))
+        say(f"other versions: {', '.join(others)}")
 
 
 # --- audit ----------------------------------------------------------------------------------

@@ -7,14 +7,37 @@ import math
 import sys
 from typing import Any, NoReturn
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.text import Text
 
+PIPED_WIDTH = 100_000
+"""The width a console has when it does not write to a terminal: wide enough that no table cell
+is folded and no line is wrapped, so piped output has one line per table row (``grep``, ``cut``)."""
+
+
+class _Console(Console):
+    """A Rich console as wide as the terminal it writes to; when its stream is not a terminal
+    (a pipe, a file, a test's captured output), :data:`PIPED_WIDTH` wide, whatever the terminal
+    on another stream (stdin, stderr) measures, unless ``COLUMNS`` asks for a width. Tables are
+    only as wide as their content, so nothing is padded."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal and not self._environ.get("COLUMNS", "").isdigit():
+            return ConsoleDimensions(PIPED_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
 # Markup off: user text (names, notes, approvers, data labels) always prints as written, in
 # table cells too; our own styling goes through :func:`styled`.
-console = Console(markup=False)
-error_console = Console(stderr=True, markup=False)
+console = _Console(markup=False)
+error_console = _Console(stderr=True, markup=False)
 
 
 def styled(template: str, *values: Any) -> Text:

@@ -1,8 +1,10 @@
 """``privrelease report``: the disclosure reports stored in the audit database.
 
-``report list`` shows the runs with a stored report; ``report show RUN_ID`` prints the path of
-the run's report file, writing it out from the audit database's copy (under the work dir) when
-the file is missing or no longer matches the recorded sha256; ``report open RUN_ID`` opens it
+``report list`` shows the runs with a stored report, and the reissues of those runs (a reissue
+hands back its source run's outputs and report unchanged: it has no report of its own);
+``report show RUN_ID`` prints the path of the run's report file (a reissue's: the copy it made
+with ``--out``, else its source run's), writing it out from the audit database's copy (under
+the work dir) when the file is missing or no longer matches the recorded sha256; ``report open RUN_ID`` opens it
 in the default browser. Run ids may be abbreviated to a unique prefix. ``report index`` writes
 a static HTML index of every run, with each run's report beside it, for compliance review
 (:mod:`privrelease.reports.index`).
@@ -45,7 +47,8 @@ def _when(value: datetime | None) -> str | None:
 
 @report_app.command("list")
 def report_list(json_output: JsonFlag = False) -> None:
-    """Runs that have a stored report: run id, policy, version, status, created."""
+    """Runs that have a stored report, and reissues of them: run id, policy, version, status,
+    created (a reissue: when it was made; the run it reissued)."""
     from sqlmodel import col, select
 
     from privrelease.audit.database import open_database, session
@@ -84,6 +87,23 @@ def report_list(json_output: JsonFlag = False) -> None:
                 "sha256": sha256,
                 "path": path,
             }
+        for row in latest.values():
+            row["reissue_of"] = None
+        for reissue in s.exec(
+            select(Run).where(Run.kind == "reissue", Run.status == "succeeded").order_by(col(Run.started_at))
+        ).all():
+            source = latest.get(reissue.source_run_id or "")
+            if source is None:
+                continue  # its source has no stored report: nothing was handed back with one
+            latest[reissue.id] = {
+                **source,
+                "run_id": reissue.id,
+                "status": reissue.status,
+                "kind": reissue.kind,
+                "created_at": _when(reissue.finished_at or reissue.started_at),
+                "path": _reissued_copy(s, reissue.id, source["sha256"]) or source["path"],
+                "reissue_of": source["run_id"],
+            }
     rows = sorted(latest.values(), key=lambda row: row["created_at"] or "")
     if json_output:
         print_json({"reports": rows})
@@ -97,6 +117,9 @@ def report_list(json_output: JsonFlag = False) -> None:
     table.add_column("version", overflow="fold")
     table.add_column("status", no_wrap=True)
     table.add_column("created (UTC)", no_wrap=True)
+    reissues = any(row["reissue_of"] for row in rows)
+    if reissues:
+        table.add_column("reissue of", overflow="fold")  # a run id prefix: narrow, for the terminal's sake
     for row in rows:
         table.add_row(
             row["run_id"][:12],
@@ -104,6 +127,7 @@ def report_list(json_output: JsonFlag = False) -> None:
             row["version"] or "",
             row["status"],
             (row["created_at"] or "")[:16].replace("T", " "),
+            *([(row["reissue_of"] or "")[:8]] if reissues else []),
         )
     console.print(table)
     console.print("privrelease report show RUN prints a report's path", style="dim")
@@ -120,6 +144,8 @@ class Located:
     """``file``: the recorded file, intact; ``audit-db``: written out from the database copy."""
     recorded_path: str | None
     note: str | None = None
+    reissue_of: str | None = None
+    """For a reissue: the run whose report (and outputs) it handed back unchanged."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +155,20 @@ class Located:
             "source": self.source,
             "recorded_path": self.recorded_path,
             "note": self.note,
+            "reissue_of": self.reissue_of,
         }
+
+
+def _reissued_copy(s: Any, reissue_id: str, sha256: str) -> str | None:
+    """The path of the report copy a reissue with ``--out`` recorded among its outputs (the
+    output with the report's sha256), or None (a reissue without ``--out`` copies nothing)."""
+    from sqlmodel import col, select
+
+    from privrelease.audit.models import Output
+
+    return s.exec(
+        select(Output.path).where(Output.run_id == reissue_id, Output.sha256 == sha256).order_by(col(Output.id))
+    ).first()
 
 
 def _candidates(recorded: str, work_dir: Path) -> list[Path]:
@@ -142,50 +181,94 @@ def _candidates(recorded: str, work_dir: Path) -> list[Path]:
 def locate_report(ref: str) -> Located:
     """The run's newest stored report as a file whose bytes match the recorded sha256: the
     recorded file when it is intact, otherwise the audit database's copy written (atomically)
-    to ``<work_dir>/reports/<run id>.html``."""
+    to ``<work_dir>/reports/<run id>.html``. A reissue has no report of its own: it hands back
+    its source run's outputs and report unchanged, so its report is the source's (the copy it
+    made with ``--out`` when that is intact)."""
     from sqlmodel import col, select
 
     from privrelease.audit.database import open_database, session
     from privrelease.audit.models import Report
     from privrelease.audit.records import find_run
-    from privrelease.settings import get_settings
+
+    def newest(s: Any, run_id: str) -> Report | None:
+        return s.exec(
+            select(Report).where(Report.run_id == run_id).order_by(col(Report.created_at).desc(), col(Report.id).desc())
+        ).first()
 
     with session(open_database(), readonly=True) as s:
         run = find_run(s, ref)
-        report = s.exec(
-            select(Report).where(Report.run_id == run.id).order_by(col(Report.created_at).desc(), col(Report.id).desc())
-        ).first()
+        report = newest(s, run.id)
+        copy = None
+        if report is None and run.kind == "reissue" and run.source_run_id:
+            report = newest(s, run.source_run_id)
+            if report is not None:
+                copy = _reissued_copy(s, run.id, report.sha256)
     if report is None:
+        if run.kind == "reissue":
+            raise UserError(
+                f"run {run.id} is a reissue of run {run.source_run_id} ({run.status}), which has no stored report"
+            )
         raise UserError(
             f"run {run.id} has no stored report (status {run.status}): it ended before its report was rendered"
         )
+    if report.run_id == run.id:
+        return _located(report, report.path)
+    said = (
+        f"run {run.id} is a reissue of run {report.run_id}: it published that run's outputs and report "
+        "unchanged (no new charge)"
+    )
+    if copy is not None and (path := _intact(copy, report.sha256)) is not None:
+        return Located(run.id, path, report.sha256, "file", copy, f"{said}; this is its copy", report.run_id)
+    found = _located(report, report.path)
+    missing = f"its copy {copy} is missing or changed; " if copy is not None else ""
+    note = f"{said}; {missing}this is run {report.run_id}'s report" + (f" ({found.note})" if found.note else "")
+    return Located(run.id, found.path, found.sha256, found.source, found.recorded_path, note, report.run_id)
+
+
+def _intact(recorded: str, sha256: str) -> Path | None:
+    """The file at ``recorded`` (absolute, or relative to the current or work dir) when its
+    bytes have ``sha256``."""
+    from privrelease.settings import get_settings
+
+    for candidate in _candidates(recorded, get_settings().work_dir):
+        if candidate.is_file() and sha256_file(candidate) == sha256:
+            return candidate.resolve()
+    return None
+
+
+def _located(report: Any, recorded: str | None) -> Located:
+    """``report`` (a stored Report) at ``recorded`` when that file is intact, otherwise its
+    audit database copy written out under the work dir."""
+    from privrelease.settings import get_settings
+
+    run_id = report.run_id
     data = report.html.encode("utf-8")
     if sha256_bytes(data) != report.sha256:
         raise UserError(
-            f"the audit database's copy of run {run.id}'s report does not match its recorded sha256 "
+            f"the audit database's copy of run {run_id}'s report does not match its recorded sha256 "
             f"{report.sha256[:12]}: run `privrelease audit verify`"
         )
     work_dir = get_settings().work_dir
     note = None
-    if report.path:
-        for candidate in _candidates(report.path, work_dir):
+    if recorded:
+        for candidate in _candidates(recorded, work_dir):
             if candidate.is_file():
                 if sha256_file(candidate) == report.sha256:
-                    return Located(run.id, candidate.resolve(), report.sha256, "file", report.path)
+                    return Located(run_id, candidate.resolve(), report.sha256, "file", recorded)
                 note = (
                     f"the report file {candidate} was changed since it was recorded; showing the audit database's copy"
                 )
                 break
         else:
-            note = f"the report file {report.path} is missing; written out from the audit database"
+            note = f"the report file {recorded} is missing; written out from the audit database"
     else:
         note = "no report file was recorded; written out from the audit database"
-    target = work_dir / RESTORED_DIR / f"{run.id}.html"
+    target = work_dir / RESTORED_DIR / f"{run_id}.html"
     if not (target.is_file() and sha256_file(target) == report.sha256):
         from privrelease.reports import write_html
 
         write_html(report.html, target)
-    return Located(run.id, target, report.sha256, "audit-db", report.path, note)
+    return Located(run_id, target, report.sha256, "audit-db", recorded, note)
 
 
 @report_app.command("show")
