@@ -10,13 +10,10 @@ import secrets
 from pathlib import Path
 
 import pytest
-import test_flow_steps as shared
 
 from privrelease import demo
 from privrelease.errors import UserError
 from privrelease.flows.steps import DataStepError
-
-work, demo_source, demo_dir = shared.work, shared.demo_source, shared.demo_dir
 
 
 def _planted(demo_dir: Path, token: str, where: str) -> Path:

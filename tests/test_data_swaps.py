@@ -12,13 +12,10 @@ from pathlib import Path
 import pytest
 from test_flow_steps import (  # noqa: F401 (fixtures)
     assert_nothing_published,
-    demo_dir,
-    demo_source,
     ledger_entries,
     runs,
     variant,
     verify_intact,
-    work,
 )
 
 from privrelease import datafiles, demo

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_flow_steps import demo_dir, demo_source, runs, verify_intact, work  # noqa: F401  (fixtures)
+from test_flow_steps import runs, verify_intact
 
 from privrelease import demo
 from privrelease.audit import identities, ledger

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import test_flow_steps as shared
 
 from privrelease.audit import signing
 from privrelease.flows.steps import release_plain
@@ -30,8 +29,6 @@ SKIPPED = (
     "privrelease report open ",
     "privrelease server start",
 )
-
-work = shared.work
 
 
 def readme_commands() -> list[str]:

@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "policies" / "examples"
 
 # the fixtures and helpers of the plain-step tests
-work, demo_source, demo_dir = shared.work, shared.demo_source, shared.demo_dir
 runs, verify_intact = shared.runs, shared.verify_intact
 
 

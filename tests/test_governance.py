@@ -22,7 +22,6 @@ from privrelease.audit import approvals, approvers, chain, database, governance,
 from privrelease.audit.models import Approval, AuditEvent
 from privrelease.errors import UserError
 
-work, demo_source, demo_dir = flow_steps.work, flow_steps.demo_source, flow_steps.demo_dir
 engine, keys = signed.engine, signed.keys
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-import test_flow_steps as flow_steps
 from sqlmodel import select
 from test_audit_chain import BACKENDS, audit_database, check, fresh_engine
 from test_migration_identity import Writer0001
@@ -352,9 +351,6 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
         assert approvers.check(policy, old, None).status == "unsigned"
     assert (old.approved_by, old.binds, old.data_path, old.data_sha256, old.os_uid) == ("Ada", None, None, None, None)
     assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
-
-
-work, demo_source, demo_dir = flow_steps.work, flow_steps.demo_source, flow_steps.demo_dir
 
 
 def test_a_production_release_shows_who_approved_with_which_key(
