@@ -18,6 +18,7 @@ from test_audit_chain import BACKENDS, audit_database, check
 from privrelease.audit import approvals, bindings, database, ledger
 from privrelease.audit.bindings import Account, Binding
 from privrelease.errors import UserError
+from privrelease.policies.schema import LifetimeBudget
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = "/data/census.csv"
@@ -197,7 +198,7 @@ def test_lifetime_budget_from_the_policy_or_the_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("PRIVRELEASE_DEFAULT_LIFETIME_BUDGET", raising=False)
-    stated = SimpleNamespace(epsilon=20.0, delta=1e-6)
+    stated = LifetimeBudget(epsilon=20.0, delta=1e-6)
     assert ledger.resolve_lifetime_budget(stated) == ledger.Budget(20.0, 1e-6)
     with pytest.raises(UserError, match="lifetime_budget"):
         ledger.resolve_lifetime_budget(None)
