@@ -117,8 +117,9 @@ def splits_at_newlines(encoding: str) -> bool:
     try:
         if ascii_bytes.decode(name) != ascii_bytes.decode("ascii"):
             return False
-        return all(len(bytes([byte]).decode(name, errors="replace")) == 1 for byte in range(128, 256)) and len(
-            bytes(range(128, 256)).decode(name, errors="replace")
-        ) == 128
+        return (
+            all(len(bytes([byte]).decode(name, errors="replace")) == 1 for byte in range(128, 256))
+            and len(bytes(range(128, 256)).decode(name, errors="replace")) == 128
+        )
     except (UnicodeDecodeError, LookupError):
         return False
