@@ -194,6 +194,19 @@ class RunContext:
         return self.policy.load()
 
 
+def csv_arguments(options: Any) -> dict[str, Any]:
+    """:func:`privrelease.datasets.read_dataset`'s CSV arguments (delimiter, quote, header, encoding) of a
+    policy's ``dataset.csv`` (None: the defaults, delimiter sniffed)."""
+    if options is None:
+        return {"delimiter": None, "quote": '"', "header": True, "encoding": "utf-8"}
+    return {
+        "delimiter": options.delimiter,
+        "quote": options.quote,
+        "header": options.header,
+        "encoding": options.encoding,
+    }
+
+
 @dataclass(frozen=True)
 class DataFile:
     """One data file as fingerprinted, all from one read of its bytes: path, sha256 and size;

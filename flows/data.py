@@ -25,6 +25,7 @@ from privrelease.flows.context import (
     ReservationFacts,
     RunContext,
     _session,
+    csv_arguments,
     plan_of,
     withholding,
 )
@@ -83,19 +84,6 @@ def csv_header(first_line: bytes, path: Path, options: Any) -> list[str] | None:
     return csv_first_line(first_line, path, **arguments)[1]
 
 
-def csv_arguments(options: Any) -> dict[str, Any]:
-    """:func:`.datasets.read_dataset`'s CSV arguments (delimiter, quote, header, encoding) of a
-    policy's ``dataset.csv`` (None: the defaults, delimiter sniffed)."""
-    if options is None:
-        return {"delimiter": None, "quote": '"', "header": True, "encoding": "utf-8"}
-    return {
-        "delimiter": options.delimiter,
-        "quote": options.quote,
-        "header": options.header,
-        "encoding": options.encoding,
-    }
-
-
 def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     """sha256, size and row count of the dataset (no contents), checked against the policy's
     columns, pinned sha256 and, for a rerun, the repeated run's fingerprint. Not against the
@@ -104,7 +92,8 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     refused); N is a public constant (a mean's denominator) and a different count is an
     operator warning (:func:`.release_facts.warnings`). A Parquet
     folder, or any data on the Dask engine, is fingerprinted file by file
-    (:func:`.partitions.scan_file`; on Dask, on the workers: no process reads it all)."""
+    (:func:`.partitions.scan_file`; a CSV file on Dask in blocks of lines,
+    :func:`.partitions.scan_csv`; on Dask, on the workers: no process reads it all)."""
     loaded = run.loaded()
     dataset = loaded.policy.dataset
     path = Path(run.data_path)

@@ -1,6 +1,13 @@
-"""A Parquet dataset (one file, or a folder of ``*.parquet`` files) as partitions: what the
-Dask engine fingerprints, reads and computes on its workers, one partition at a time, so that
-no process holds the data (the in-process engine reads a folder through the same functions).
+"""A Parquet dataset (one file, or a folder of ``*.parquet`` files) or a CSV file as
+partitions: what the Dask engine fingerprints, reads and computes on its workers, one
+partition at a time, so that no process holds the data (the in-process engine reads a Parquet
+folder through the same functions).
+
+A CSV file is the same in blocks of whole lines (:func:`scan_csv`: the sha256 of the file, of
+its first line and of each block's byte range, from one pass; a partition verifies the first
+line and its blocks, then parses them in the dialect of the first line exactly as the
+in-process reader parses the file, :func:`privrelease.datasets.parse_csv_lines`, which refuses
+a quoted field spanning a line end; errors name the file's own data rows). The Parquet steps:
 
 - Fingerprint (:func:`scan_file`, one call per file, on the workers): one streaming pass over
   each file's bytes gives its sha256 and size, and the sha256 of each row group's byte range
@@ -39,7 +46,7 @@ import pyarrow.parquet as pq
 from privrelease.datafiles import open_checked
 from privrelease.errors import UserError
 from privrelease.files import sha256_bytes, sha256_text
-from privrelease.flows.context import DataFile, DataStepError, withholding
+from privrelease.flows.context import DataFile, DataStepError, csv_arguments, withholding
 
 FOLDER_DOMAIN = "privrelease-parquet-folder"
 _CHUNK = 1 << 22
@@ -64,12 +71,10 @@ class ReadSpec:
     missing_values: tuple[str, ...]
     domains: dict[str, tuple[Any, ...]]
     csv: dict[str, Any] | None = None
-    """A CSV file's options (:func:`.data.csv_arguments`: delimiter, quote, header, encoding)."""
+    """A CSV file's options (:func:`.context.csv_arguments`: delimiter, quote, header, encoding)."""
 
     @classmethod
     def of(cls, dataset: Any) -> ReadSpec:
-        from privrelease.flows.data import csv_arguments
-
         return cls(
             columns={name: spec.type for name, spec in dataset.columns.items()},
             missing=dataset.missing,
@@ -154,7 +159,7 @@ def scan_csv(path: str, csv: dict[str, Any], rows_per_block: int, handle: Binary
     partition reads must hash as fingerprinted (:func:`read_partition`), as a Parquet row group
     does. A block counts its data rows as the reader does (blank lines skipped); a newline
     inside a quoted field is no record boundary, which the read proves or refuses
-    (:func:`privrelease.datasets.parse_csv_lines`). ``csv``: :func:`.data.csv_arguments`."""
+    (:func:`privrelease.datasets.parse_csv_lines`). ``csv``: :func:`.context.csv_arguments`."""
     import numpy as np
 
     from privrelease.datasets import csv_first_line

@@ -557,7 +557,7 @@ def test_csv_histogram_counts_are_exact_at_beta_one(cluster, work, demo):
     publishes exactly the cells and counts of the in-process run on the whole file."""
     from privrelease.datasets import read_dataset
     from privrelease.flows import engines, partitions
-    from privrelease.flows.data import csv_arguments
+    from privrelease.flows.context import csv_arguments
     from privrelease.flows.scaled import read_partials
     from privrelease.policies import load_policy
 
