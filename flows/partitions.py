@@ -348,7 +348,7 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
     """The partition's declared columns, checked (a :class:`~privrelease.datasets.DatasetRead`),
     parsed from its file's footer and its row groups' bytes only, each of which must hash as
     fingerprinted (what is read is what was charged). A user error names the file and rows."""
-    from privrelease.datasets import check_dataset, parse_parquet
+    from privrelease.datasets import parse_parquet
 
     file = partition.file
     if file.format == "csv":
@@ -372,14 +372,7 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
             metadata=metadata,
             row_groups=partition.row_groups,
         )
-        return check_dataset(
-            raw,
-            path,
-            spec.columns,
-            missing=spec.missing,
-            missing_values=spec.missing_values,
-            domains=dict(spec.domains),
-        )
+        return _checked(raw, path, spec)
     except UserError as error:
         raise UserError(
             f"{error} (in data rows {partition.first_row + 1}-{partition.first_row + partition.rows} of "
@@ -387,11 +380,26 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
         ) from None
 
 
+def _checked(raw: pa.Table, path: Path, spec: ReadSpec, first_row: int = 0) -> Any:
+    """The parsed ``raw`` rows checked as declared in ``spec`` (rows from ``first_row + 1``)."""
+    from privrelease.datasets import check_dataset
+
+    return check_dataset(
+        raw,
+        path,
+        spec.columns,
+        missing=spec.missing,
+        missing_values=spec.missing_values,
+        domains=dict(spec.domains),
+        first_row=first_row,
+    )
+
+
 def _read_csv_partition(partition: Partition, spec: ReadSpec) -> Any:
     """A CSV partition: the file's first line (the dialect's and the header's) and the
     partition's blocks of whole lines, each hashing as fingerprinted, parsed and checked as the
     in-process reader does the whole file; errors name the file's own data row numbers."""
-    from privrelease.datasets import check_dataset, parse_csv_lines
+    from privrelease.datasets import parse_csv_lines
 
     file, csv = partition.file, spec.csv
     assert csv is not None, "a CSV file is read with the policy's CSV options"
@@ -410,15 +418,7 @@ def _read_csv_partition(partition: Partition, spec: ReadSpec) -> Any:
         raw = parse_csv_lines(
             first_line, data, path, spec.columns, records=partition.rows, first_row=partition.first_row, **csv
         )
-        return check_dataset(
-            raw,
-            path,
-            spec.columns,
-            missing=spec.missing,
-            missing_values=spec.missing_values,
-            domains=dict(spec.domains),
-            first_row=partition.first_row,
-        )
+        return _checked(raw, path, spec, partition.first_row)
     except UserError as error:
         raise UserError(
             f"{error} (in data rows {partition.first_row + 1}-{partition.first_row + partition.rows} of "

@@ -116,7 +116,8 @@ def read_dataset(
     else:
         data = _read_bytes(handle, path, expected_sha256)
     if format == "csv":
-        raw = _read_csv(data, path, columns, delimiter, quote, header, encoding)
+        dialect, names = _csv_names(_first_line(data), path, columns, delimiter, quote, header, encoding)
+        raw = _parse_csv(data, path, columns, dialect, names, encoding, skip_rows=1 if header else 0)
     else:
         raw = parse_parquet(pa.BufferReader(data), path, columns)
     return check_dataset(raw, path, columns, missing=missing, missing_values=missing_values, domains=domains)
@@ -260,19 +261,6 @@ def csv_first_line(
             key=lambda candidate: len(candidate.fields(line)),
         )
     return dialect, dialect.fields(line)
-
-
-def _read_csv(
-    data: pa.Buffer,
-    path: Path,
-    columns: dict[str, str],
-    delimiter: str | None,
-    quote: str | None,
-    header: bool,
-    encoding: str,
-) -> pa.Table:
-    dialect, names = _csv_names(_first_line(data), path, columns, delimiter, quote, header, encoding)
-    return _parse_csv(data, path, columns, dialect, names, encoding, skip_rows=1 if header else 0)
 
 
 def _csv_names(
