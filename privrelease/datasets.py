@@ -349,7 +349,15 @@ def parse_csv_lines(
         )
     sentinel = (dialect.delimiter * (len(names) - 1) + "\n").encode(encoding)
     ended = data if data.endswith(b"\n") else data + b"\n"
-    table = _parse_csv(ended + sentinel, path, columns, dialect, names, encoding, skip_rows=0)
+    try:
+        table = _parse_csv(ended + sentinel, path, columns, dialect, names, encoding, skip_rows=0)
+    except UserError as error:
+        if dialect.quote is None or dialect.quote.encode(encoding) not in data:
+            raise
+        raise UserError(  # a block cut inside a quoted field starts with the field's rest
+            f"{error} (if a quoted field spans a line end there or in the rows before: the Dask engine splits "
+            "CSV at line ends and reads such files only with --engine local)"
+        ) from None
     if table.num_rows != records + 1 or any(table.column(name)[-1].as_py() != "" for name in columns):
         row = first_row + _first_spanning_line(ended, records, path, columns, dialect, names, encoding) + 1
         raise UserError(
