@@ -498,12 +498,11 @@ def demo_policy(work: Path, cluster, rows_per_partition: int, *, name: str = "de
 
 
 @pytest.fixture
-def demo(work) -> Path:
-    """The demo's CSV (seeded test data) and policy in ``work/demo``."""
-    from privrelease.demo import write_demo
+def demo(demo_dir) -> Path:
+    """The demo's CSV (conftest's seeded copy) and policy in ``work/demo``."""
+    from privrelease.demo import DATA_FILE
 
-    _, data = write_demo(work / "demo", seed=12)
-    return data
+    return demo_dir / DATA_FILE
 
 
 def release_document(published) -> dict:
