@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from privrelease.errors import UserError
 from privrelease.flows import recovery
@@ -194,11 +194,28 @@ class RunContext:
         return self.policy.load()
 
 
+def csv_arguments(options: Any) -> dict[str, Any]:
+    """:func:`privrelease.datasets.read_dataset`'s CSV arguments (delimiter, quote, header, encoding) of a
+    policy's ``dataset.csv`` (None: the defaults, delimiter sniffed)."""
+    if options is None:
+        return {"delimiter": None, "quote": '"', "header": True, "encoding": "utf-8"}
+    return {
+        "delimiter": options.delimiter,
+        "quote": options.quote,
+        "header": options.header,
+        "encoding": options.encoding,
+    }
+
+
 @dataclass(frozen=True)
 class DataFile:
-    """One Parquet file of a dataset as fingerprinted, all from one read of its bytes: path,
-    sha256 and size; its column names; per row group its rows, byte range (all its column
-    chunks) and that range's sha256; and the sha256 of the footer (the last ``footer_bytes``)."""
+    """One data file as fingerprinted, all from one read of its bytes: path, sha256 and size;
+    its column names. Parquet (``format``): per row group its rows, byte range (all its column
+    chunks) and that range's sha256; and the sha256 of the footer (the last ``footer_bytes``).
+    CSV: per block of whole lines its data rows (blank lines, which the reader skips, not
+    counted), byte range and that range's sha256; the first line (the header, or the first
+    data row: the dialect is decided from it) is the first ``head_bytes``, with its sha256;
+    ``line_rows``: the rows the fingerprint reports (lines, less the header, as in-process)."""
 
     path: str
     sha256: str
@@ -209,10 +226,14 @@ class DataFile:
     range_sha256: tuple[str, ...]
     footer_bytes: int
     footer_sha256: str
+    format: Literal["parquet", "csv"] = "parquet"
+    head_bytes: int = 0
+    head_sha256: str = ""
+    line_rows: int | None = None
 
     @property
     def rows(self) -> int:
-        return sum(self.row_groups)
+        return sum(self.row_groups) if self.line_rows is None else self.line_rows
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from privrelease.flows.context import (
     ReservationFacts,
     RunContext,
     _session,
+    csv_arguments,
     plan_of,
     withholding,
 )
@@ -83,19 +84,6 @@ def csv_header(first_line: bytes, path: Path, options: Any) -> list[str] | None:
     return csv_first_line(first_line, path, **arguments)[1]
 
 
-def csv_arguments(options: Any) -> dict[str, Any]:
-    """:func:`.datasets.read_dataset`'s CSV arguments (delimiter, quote, header, encoding) of a
-    policy's ``dataset.csv`` (None: the defaults, delimiter sniffed)."""
-    if options is None:
-        return {"delimiter": None, "quote": '"', "header": True, "encoding": "utf-8"}
-    return {
-        "delimiter": options.delimiter,
-        "quote": options.quote,
-        "header": options.header,
-        "encoding": options.encoding,
-    }
-
-
 def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     """sha256, size and row count of the dataset (no contents), checked against the policy's
     columns, pinned sha256 and, for a rerun, the repeated run's fingerprint. Not against the
@@ -104,7 +92,8 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
     refused); N is a public constant (a mean's denominator) and a different count is an
     operator warning (:func:`.release_facts.warnings`). A Parquet
     folder, or any data on the Dask engine, is fingerprinted file by file
-    (:func:`.partitions.scan_file`; on Dask, on the workers: no process reads it all)."""
+    (:func:`.partitions.scan_file`; a CSV file on Dask in blocks of lines,
+    :func:`.partitions.scan_csv`; on Dask, on the workers: no process reads it all)."""
     loaded = run.loaded()
     dataset = loaded.policy.dataset
     path = Path(run.data_path)
@@ -174,26 +163,42 @@ def _require_columns(path: Path, dataset: Any, header: Sequence[str]) -> None:
 
 
 def _fingerprint_files(run: RunContext | None, loaded: Any, path: Path) -> DatasetFacts:
-    """A Parquet file or folder, file by file (on Dask, on the run's cluster, connected here:
-    an unreachable scheduler is refused before anything is reserved; without a ``run``, in this
-    process); the fingerprint combines the files' (:func:`.partitions.combined_sha256`)."""
+    """A Parquet file or folder, file by file, or a CSV file in blocks of lines (on Dask, on
+    the run's cluster, connected here: an unreachable scheduler is refused before anything is
+    reserved; without a ``run``, in this process); the fingerprint combines the files'
+    (:func:`.partitions.combined_sha256`: a single file's own sha256, as in-process)."""
     from privrelease.flows import partitions
     from privrelease.policies.loader import confine
 
-    if loaded.policy.dataset.format != "parquet":
-        raise UserError(
-            f"dataset {str(path)!r}: dataset.format is {loaded.policy.dataset.format!r}, but a folder (or the Dask "
-            "engine) needs Parquet files",
-            field="dataset.format",
-        )
-    paths = [str(confine(file, loaded.base_dir, what="dataset file")) for file in partitions.dataset_files(path)]
-    if run is not None and run.engine.scaled:
+    dataset = loaded.policy.dataset
+    if dataset.format == "csv":
+        if path.is_dir():
+            raise UserError(
+                f"dataset {str(path)!r}: dataset.format is 'csv', but a folder dataset needs Parquet files",
+                field="dataset.format",
+            )
+        assert run is not None and run.engine.scaled, "a CSV file is fingerprinted whole in-process"
         engines.connect(run.run_id, run.engine)
-        files = engines.map_gather(run.run_id, partitions.scan_file, paths)
+        arguments = csv_arguments(dataset.csv)
+        files = engines.map_gather(
+            run.run_id,
+            partitions.scan_csv,
+            [str(confine(path, loaded.base_dir, what="dataset file"))],
+            csv=arguments,
+            rows_per_block=run.engine.rows_per_partition,
+        )
+        if not sum(files[0].row_groups):
+            raise UserError(f"dataset file {str(path)!r} has no data rows")
     else:
-        files = [partitions.scan_file(file) for file in paths]
+        paths = [str(confine(file, loaded.base_dir, what="dataset file")) for file in partitions.dataset_files(path)]
+        if run is not None and run.engine.scaled:
+            engines.connect(run.run_id, run.engine)
+            files = engines.map_gather(run.run_id, partitions.scan_file, paths)
+        else:
+            files = [partitions.scan_file(file) for file in paths]
     for file in files:
-        _require_columns(Path(file.path), loaded.policy.dataset, file.columns)
+        if file.format == "parquet" or dataset.csv is None or dataset.csv.header:
+            _require_columns(Path(file.path), dataset, file.columns)
     return DatasetFacts(
         str(path),
         partitions.combined_sha256(files),

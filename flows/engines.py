@@ -34,7 +34,7 @@ CONNECT_TIMEOUT_SECONDS = 10
 class Engine:
     """How a run computes: ``name`` (``local`` or ``dask``); for Dask the scheduler's
     ``address`` (None: a local cluster of ``workers`` processes with ``memory_limit`` each) and
-    about how many rows a partition holds (whole Parquet row groups)."""
+    about how many rows a partition holds (whole Parquet row groups, or whole lines of a CSV file)."""
 
     name: str = "local"
     address: str | None = None

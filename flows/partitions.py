@@ -1,6 +1,13 @@
-"""A Parquet dataset (one file, or a folder of ``*.parquet`` files) as partitions: what the
-Dask engine fingerprints, reads and computes on its workers, one partition at a time, so that
-no process holds the data (the in-process engine reads a folder through the same functions).
+"""A Parquet dataset (one file, or a folder of ``*.parquet`` files) or a CSV file as
+partitions: what the Dask engine fingerprints, reads and computes on its workers, one
+partition at a time, so that no process holds the data (the in-process engine reads a Parquet
+folder through the same functions).
+
+A CSV file is the same in blocks of whole lines (:func:`scan_csv`: the sha256 of the file, of
+its first line and of each block's byte range, from one pass; a partition verifies the first
+line and its blocks, then parses them in the dialect of the first line exactly as the
+in-process reader parses the file, :func:`privrelease.datasets.parse_csv_lines`, which refuses
+a quoted field spanning a line end; errors name the file's own data rows). The Parquet steps:
 
 - Fingerprint (:func:`scan_file`, one call per file, on the workers): one streaming pass over
   each file's bytes gives its sha256 and size, and the sha256 of each row group's byte range
@@ -39,7 +46,7 @@ import pyarrow.parquet as pq
 from privrelease.datafiles import open_checked
 from privrelease.errors import UserError
 from privrelease.files import sha256_bytes, sha256_text
-from privrelease.flows.context import DataFile, DataStepError, withholding
+from privrelease.flows.context import DataFile, DataStepError, csv_arguments, withholding
 
 FOLDER_DOMAIN = "privrelease-parquet-folder"
 _CHUNK = 1 << 22
@@ -63,6 +70,8 @@ class ReadSpec:
     missing: Literal["reject", "drop"]
     missing_values: tuple[str, ...]
     domains: dict[str, tuple[Any, ...]]
+    csv: dict[str, Any] | None = None
+    """A CSV file's options (:func:`.context.csv_arguments`: delimiter, quote, header, encoding)."""
 
     @classmethod
     def of(cls, dataset: Any) -> ReadSpec:
@@ -71,6 +80,7 @@ class ReadSpec:
             missing=dataset.missing,
             missing_values=tuple(dataset.missing_values),
             domains={name: tuple(spec.values) for name, spec in dataset.columns.items() if spec.values},
+            csv=csv_arguments(dataset.csv) if dataset.format == "csv" else None,
         )
 
 
@@ -138,6 +148,89 @@ def scan_file(path: str, handle: BinaryIO | None = None) -> DataFile:
         range_sha256=tuple(digest.hexdigest() for digest in digests),
         footer_bytes=len(footer),
         footer_sha256=tail.hexdigest(),
+    )
+
+
+def scan_csv(path: str, csv: dict[str, Any], rows_per_block: int, handle: BinaryIO | None = None) -> DataFile:
+    """Fingerprint a CSV file in one streaming pass over its bytes (memory: one chunk), on a
+    worker: its sha256 and size, its first line (the dialect's and the header's, hashed on its
+    own) and blocks of ``rows_per_block`` whole lines after the header (the first line too
+    without one), each block's byte range ending just after a newline, and its sha256: what a
+    partition reads must hash as fingerprinted (:func:`read_partition`), as a Parquet row group
+    does. A block counts its data rows as the reader does (blank lines skipped); a newline
+    inside a quoted field is no record boundary, which the read proves or refuses
+    (:func:`privrelease.datasets.parse_csv_lines`). ``csv``: :func:`.context.csv_arguments`."""
+    import numpy as np
+
+    from privrelease.datasets import csv_first_line
+
+    if handle is None:
+        with open_checked(path) as opened:
+            return scan_csv(path, csv, rows_per_block, opened)
+    header = bool(csv["header"])
+    whole, first_line, first_done = hashlib.sha256(), bytearray(), False
+    blocks: list[tuple[int, int, str, int]] = []  # start, end, sha256, data rows
+    digest, block_start, block_lines, block_rows = hashlib.sha256(), -1 if header else 0, 0, 0
+    position = newlines = 0
+    previous_newline, previous_byte = -1, 10  # the data starts as if after a newline
+    try:
+        handle.seek(0)
+        while chunk := handle.read(_CHUNK):
+            whole.update(chunk)
+            array = np.frombuffer(chunk, np.uint8)
+            ends = np.flatnonzero(array == 10)
+            if not first_done:
+                first_line += chunk if not len(ends) else chunk[: ends[0] + 1]
+                first_done = bool(len(ends))
+                if first_done and header:
+                    block_start = previous_newline = len(first_line) - 1
+                    block_start += 1
+            newlines += len(ends)
+            if block_start >= 0:
+                data_ends = ends[ends + position >= block_start]  # the newlines after the header
+                gaps = np.diff(data_ends + position, prepend=previous_newline)
+                short = data_ends[gaps == 2]  # a blank line may be a lone carriage return
+                blank = gaps == 1
+                blank[gaps == 2] = np.where(short > 0, array[np.maximum(short - 1, 0)], previous_byte) == 13
+                taken = max(block_start - position, 0)
+                while len(data_ends):
+                    count = min(rows_per_block - block_lines, len(data_ends))
+                    cut = int(data_ends[count - 1]) + 1
+                    digest.update(chunk[taken:cut])
+                    block_lines += count
+                    block_rows += count - int(blank[:count].sum())
+                    data_ends, blank, taken = data_ends[count:], blank[count:], cut
+                    if block_lines == rows_per_block:
+                        blocks.append((block_start, position + cut, digest.hexdigest(), block_rows))
+                        digest, block_start, block_lines, block_rows = hashlib.sha256(), position + cut, 0, 0
+                digest.update(chunk[taken:])
+                if len(ends):
+                    previous_newline = position + int(ends[-1])
+            previous_byte = chunk[-1]
+            position += len(chunk)
+    except OSError as error:
+        raise UserError(f"cannot read dataset file {path!r}: {error.strerror or error}") from None
+    if 0 <= block_start < position:
+        last = position - previous_newline - 1  # bytes after the last newline
+        tail_row = 1 if last > 1 or (last == 1 and previous_byte != 13) else 0
+        blocks.append((block_start, position, digest.hexdigest(), block_rows + tail_row))
+    lines = newlines + (1 if position and previous_byte != 10 else 0)
+    arguments = {key: csv[key] for key in ("delimiter", "quote", "encoding")}
+    _, found = csv_first_line(bytes(first_line), Path(path), **arguments)
+    return DataFile(
+        path=path,
+        sha256=whole.hexdigest(),
+        bytes=position,
+        columns=tuple(found) if csv["header"] else (),
+        row_groups=tuple(rows for *_, rows in blocks),
+        ranges=tuple((start, end) for start, end, *_ in blocks),
+        range_sha256=tuple(sha for _, _, sha, _ in blocks),
+        footer_bytes=0,
+        footer_sha256=sha256_bytes(b""),
+        format="csv",
+        head_bytes=len(first_line),
+        head_sha256=sha256_bytes(bytes(first_line)),
+        line_rows=lines - (1 if csv["header"] else 0),
     )
 
 
@@ -255,9 +348,11 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
     """The partition's declared columns, checked (a :class:`~privrelease.datasets.DatasetRead`),
     parsed from its file's footer and its row groups' bytes only, each of which must hash as
     fingerprinted (what is read is what was charged). A user error names the file and rows."""
-    from privrelease.datasets import check_dataset, parse_parquet
+    from privrelease.datasets import parse_parquet
 
     file = partition.file
+    if file.format == "csv":
+        return _read_csv_partition(partition, spec)
     path = Path(file.path)
     with open_checked(path) as handle:
         try:
@@ -277,18 +372,57 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
             metadata=metadata,
             row_groups=partition.row_groups,
         )
-        return check_dataset(
-            raw,
-            path,
-            spec.columns,
-            missing=spec.missing,
-            missing_values=spec.missing_values,
-            domains=dict(spec.domains),
-        )
+        return _checked(raw, path, spec)
     except UserError as error:
         raise UserError(
             f"{error} (in data rows {partition.first_row + 1}-{partition.first_row + partition.rows} of "
             f"{path.name!r}: row numbers count from the first of them)"
+        ) from None
+
+
+def _checked(raw: pa.Table, path: Path, spec: ReadSpec, first_row: int = 0) -> Any:
+    """The parsed ``raw`` rows checked as declared in ``spec`` (rows from ``first_row + 1``)."""
+    from privrelease.datasets import check_dataset
+
+    return check_dataset(
+        raw,
+        path,
+        spec.columns,
+        missing=spec.missing,
+        missing_values=spec.missing_values,
+        domains=dict(spec.domains),
+        first_row=first_row,
+    )
+
+
+def _read_csv_partition(partition: Partition, spec: ReadSpec) -> Any:
+    """A CSV partition: the file's first line (the dialect's and the header's) and the
+    partition's blocks of whole lines, each hashing as fingerprinted, parsed and checked as the
+    in-process reader does the whole file; errors name the file's own data row numbers."""
+    from privrelease.datasets import parse_csv_lines
+
+    file, csv = partition.file, spec.csv
+    assert csv is not None, "a CSV file is read with the policy's CSV options"
+    path = Path(file.path)
+    with open_checked(path) as handle:
+        try:
+            first_line = _verified(handle, file, 0, file.head_bytes, file.head_sha256)
+            start, end = file.ranges[partition.row_groups[0]][0], file.ranges[partition.row_groups[-1]][1]
+            data = b"".join(
+                _verified(handle, file, *file.ranges[block], file.range_sha256[block]) for block in partition.row_groups
+            )
+        except OSError as error:
+            raise UserError(f"cannot read dataset file {file.path!r}: {error.strerror or error}") from None
+    assert len(data) == end - start, "a partition's blocks are consecutive"
+    try:
+        raw = parse_csv_lines(
+            first_line, data, path, spec.columns, records=partition.rows, first_row=partition.first_row, **csv
+        )
+        return _checked(raw, path, spec, partition.first_row)
+    except UserError as error:
+        raise UserError(
+            f"{error} (in data rows {partition.first_row + 1}-{partition.first_row + partition.rows} of "
+            f"{path.name!r}, bytes {start}-{end})"
         ) from None
 
 

@@ -81,15 +81,20 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
 
 def check_engine(loaded: Any, engine: Any) -> None:
     """UserError when the policy cannot run on ``engine``: a mechanism that runs in-process
-    only, or a dataset that is not Parquet (the engine reads Parquet row groups)."""
+    only, or a CSV file the engine cannot split at line ends (an encoding in which a newline,
+    the delimiter or the quote is not one byte of its own: :func:`splits_at_newlines`)."""
     if not engine.scaled:
         return
-    if loaded.policy.dataset.format != "parquet":
-        raise UserError(
-            f"dataset.format is {loaded.policy.dataset.format!r}: the Dask engine reads Parquet (a file or a folder "
-            "of .parquet files); convert the data or run with --engine local",
-            field="dataset.format",
-        )
+    dataset = loaded.policy.dataset
+    if dataset.format == "csv":
+        options = dataset.csv
+        encoding = "utf-8" if options is None else options.encoding
+        if not splits_at_newlines(encoding):
+            raise UserError(
+                f"dataset.csv.encoding is {encoding!r}: the Dask engine splits a CSV file at newline bytes, which "
+                "needs UTF-8 or a single-byte encoding (latin-1, cp1252, ...); run with --engine local",
+                field="dataset.csv.encoding",
+            )
     for spec in loaded.policy.mechanisms:
         if spec.job(loaded) is None:
             raise UserError(
@@ -97,3 +102,24 @@ def check_engine(loaded: Any, engine: Any) -> None:
                 "run this policy with --engine local",
                 field="engine",
             )
+
+
+def splits_at_newlines(encoding: str) -> bool:
+    """Whether every newline byte of text in ``encoding`` is a newline (and ASCII bytes are
+    ASCII characters): UTF-8 (no byte of a multi-byte character is ASCII) or a single-byte
+    encoding (each of the 256 bytes one character), never UTF-16 or Shift JIS."""
+    import codecs
+
+    name = codecs.lookup(encoding).name
+    if name in ("utf-8", "utf-8-sig", "ascii"):
+        return True
+    ascii_bytes = bytes(range(128))
+    try:
+        if ascii_bytes.decode(name) != ascii_bytes.decode("ascii"):
+            return False
+        return (
+            all(len(bytes([byte]).decode(name, errors="replace")) == 1 for byte in range(128, 256))
+            and len(bytes(range(128, 256)).decode(name, errors="replace")) == 128
+        )
+    except (UnicodeDecodeError, LookupError):
+        return False

@@ -484,7 +484,7 @@ class EngineSection(Model):
     """Where a release's data work runs by default (``privrelease run --engine``,
     ``--dask-address`` and ``--workers`` override it): ``local`` (in the flow's process) or
     ``dask`` (the cluster at ``address``, or a local cluster of ``workers`` processes; about
-    ``rows_per_partition`` rows, whole Parquet row groups, per task). The release and its
+    ``rows_per_partition`` rows, whole Parquet row groups or CSV lines, per task). The release and its
     guarantees are the same on either."""
 
     name: Literal["local", "dask"] = "local"

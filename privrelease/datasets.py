@@ -116,7 +116,8 @@ def read_dataset(
     else:
         data = _read_bytes(handle, path, expected_sha256)
     if format == "csv":
-        raw = _read_csv(data, path, columns, delimiter, quote, header, encoding)
+        dialect, names = _csv_names(_first_line(data), path, columns, delimiter, quote, header, encoding)
+        raw = _parse_csv(data, path, columns, dialect, names, encoding, skip_rows=1 if header else 0)
     else:
         raw = parse_parquet(pa.BufferReader(data), path, columns)
     return check_dataset(raw, path, columns, missing=missing, missing_values=missing_values, domains=domains)
@@ -130,13 +131,15 @@ def check_dataset(
     missing: Literal["reject", "drop"] = "reject",
     missing_values: tuple[str, ...] = ("", "?"),
     domains: dict[str, Sequence[Any]] | None = None,
+    first_row: int = 0,
 ) -> DatasetRead:
-    """The parsed ``raw`` columns of ``path`` checked and typed as :func:`read_dataset` does."""
+    """The parsed ``raw`` columns of ``path`` checked and typed as :func:`read_dataset` does;
+    ``raw`` holds the file's data rows ``first_row + 1`` on (the row numbers errors name)."""
     if raw.num_rows == 0:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
-    read = _check_columns(raw, columns, missing, missing_values, path)
+    read = _check_columns(raw, columns, missing, missing_values, path, first_row)
     for name, values in (domains or {}).items():
-        _check_domain(read.table.column(name), name, values)
+        _check_domain(read.table.column(name), name, values, first_row)
     return read
 
 
@@ -157,7 +160,7 @@ def _read_bytes(handle: BinaryIO, path: Path, expected_sha256: str | None) -> pa
     return pa.py_buffer(data)
 
 
-def _check_domain(column: pa.ChunkedArray, name: str, values: Sequence[Any]) -> None:
+def _check_domain(column: pa.ChunkedArray, name: str, values: Sequence[Any], first_row: int = 0) -> None:
     """UserError naming the first data row whose value is not declared (exact match: a value
     with a stray space is a different value)."""
     plain = column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
@@ -166,7 +169,7 @@ def _check_domain(column: pa.ChunkedArray, name: str, values: Sequence[Any]) -> 
         return
     row = int(np.argmin(allowed.to_numpy(zero_copy_only=False)))
     raise UserError(
-        f"column {name!r}, data row {row + 1}: {plain[row].as_py()!r} is not one of the {len(values)} values "
+        f"column {name!r}, data row {first_row + row + 1}: {plain[row].as_py()!r} is not one of the {len(values)} values "
         f"declared in dataset.columns.{name}.values; declare it there or correct the data"
     )
 
@@ -260,29 +263,44 @@ def csv_first_line(
     return dialect, dialect.fields(line)
 
 
-def _read_csv(
-    data: pa.Buffer,
+def _csv_names(
+    first_line: bytes,
     path: Path,
     columns: dict[str, str],
     delimiter: str | None,
     quote: str | None,
     header: bool,
     encoding: str,
+) -> tuple[CsvDialect, list[str]]:
+    """The dialect (:func:`csv_first_line`) and every field's name: the header's, checked to
+    hold each declared column once, or (no header) the declared columns, as many as the
+    first line has fields."""
+    dialect, found = csv_first_line(first_line, path, delimiter=delimiter, quote=quote, encoding=encoding)
+    if header:
+        _require_present(path, columns, found)
+        _require_unique(path, columns, found)
+        return dialect, found
+    if len(found) != len(columns):
+        raise UserError(
+            f"dataset file {str(path)!r} has {len(found)} fields per row and no header;"
+            f" {len(columns)} columns are declared (without a header they must match)"
+        )
+    return dialect, list(columns)
+
+
+def _parse_csv(
+    data: pa.Buffer | bytes,
+    path: Path,
+    columns: dict[str, str],
+    dialect: CsvDialect,
+    names: list[str],
+    encoding: str,
+    *,
+    skip_rows: int,
 ) -> pa.Table:
-    dialect, found = csv_first_line(_first_line(data), path, delimiter=delimiter, quote=quote, encoding=encoding)
-    parse = dialect.parse_options()
+    """The declared ``columns`` (text) of the CSV ``data`` whose fields are ``names``."""
     try:
-        if header:
-            _require_present(path, columns, found)
-            _require_unique(path, columns, found)
-            read = pcsv.ReadOptions(encoding=encoding, column_names=found, skip_rows=1)
-        elif len(found) != len(columns):
-            raise UserError(
-                f"dataset file {str(path)!r} has {len(found)} fields per row and no header;"
-                f" {len(columns)} columns are declared (without a header they must match)"
-            )
-        else:
-            read = pcsv.ReadOptions(encoding=encoding, column_names=list(columns))
+        read = pcsv.ReadOptions(encoding=encoding, column_names=names, skip_rows=skip_rows)
         convert = pcsv.ConvertOptions(
             column_types={name: pa.string() for name in columns},
             include_columns=list(columns),
@@ -290,11 +308,93 @@ def _read_csv(
             strings_can_be_null=False,
             quoted_strings_can_be_null=False,
         )
-        return pcsv.read_csv(pa.BufferReader(data), read_options=read, parse_options=parse, convert_options=convert)
+        return pcsv.read_csv(
+            pa.BufferReader(data), read_options=read, parse_options=dialect.parse_options(), convert_options=convert
+        )
     except (pa.ArrowInvalid, UnicodeDecodeError, LookupError) as exc:
         if "Empty CSV file" in str(exc):
             raise UserError(f"dataset file {str(path)!r} has no header and no rows") from exc
         raise UserError(f"dataset file {str(path)!r} is not valid CSV: {exc}") from exc
+
+
+def parse_csv_lines(
+    first_line: bytes,
+    data: bytes,
+    path: Path,
+    columns: dict[str, str],
+    *,
+    records: int,
+    first_row: int,
+    delimiter: str | None,
+    quote: str | None,
+    header: bool,
+    encoding: str,
+) -> pa.Table:
+    """The declared columns (text) of ``data``: whole lines of the CSV file ``path`` holding its
+    data rows ``first_row + 1 .. first_row + records`` (``records``: its lines that are not
+    blank), parsed in the dialect and with the names of its ``first_line``, exactly as
+    :func:`read_dataset` parses the whole file (a header in ``data`` would be read as a row).
+
+    The lines must be whole records: a quoted field spanning a line end (or a bare carriage
+    return, a line end to the parser) is refused, naming the first data row it touches. Proof:
+    a sentinel line of empty fields is parsed after ``data``; the parser yields one row per
+    non-blank line and the sentinel as a row of its own exactly when no record spans a line
+    end and ``data`` does not end inside a quoted field (which would swallow the sentinel)."""
+    dialect, names = _csv_names(first_line, path, columns, delimiter, quote, header, encoding)
+    if data.count(b"\r") != data.count(b"\r\n"):
+        raise UserError(
+            f"dataset file {str(path)!r} has a carriage return that does not end a line in data rows "
+            f"{first_row + 1}-{first_row + records}: the Dask engine splits CSV at line ends; correct the "
+            "data or run with --engine local"
+        )
+    sentinel = (dialect.delimiter * (len(names) - 1) + "\n").encode(encoding)
+    ended = data if data.endswith(b"\n") else data + b"\n"
+    try:
+        table = _parse_csv(ended + sentinel, path, columns, dialect, names, encoding, skip_rows=0)
+    except UserError as error:
+        if dialect.quote is None or dialect.quote.encode(encoding) not in data:
+            raise
+        raise UserError(  # a block cut inside a quoted field starts with the field's rest
+            f"{error} (if a quoted field spans a line end there or in the rows before: the Dask engine splits "
+            "CSV at line ends and reads such files only with --engine local)"
+        ) from None
+    if table.num_rows != records + 1 or any(table.column(name)[-1].as_py() != "" for name in columns):
+        row = first_row + _first_spanning_line(ended, records, path, columns, dialect, names, encoding) + 1
+        raise UserError(
+            f"dataset file {str(path)!r}: a quoted field spans a line end at data row {row}; "
+            "the Dask engine splits CSV at line ends and reads such files only with --engine local"
+        )
+    return table.slice(0, records)
+
+
+def _first_spanning_line(
+    data: bytes, records: int, path: Path, columns: dict[str, str], dialect: CsvDialect, names: list[str], encoding: str
+) -> int:
+    """How many non-blank lines of ``data`` precede the first that is not a whole record
+    (bisection over line prefixes: only on the error path, O(n log n) parsing in total)."""
+    array = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(array == 10) + 1
+    starts = np.concatenate([[0], ends[:-1]])
+    blank = (ends - starts == 1) | ((ends - starts == 2) & (array[np.maximum(ends - 2, 0)] == 13))
+    before = np.concatenate([[0], np.cumsum(~blank)])  # non-blank lines among the first k
+    sentinel = (dialect.delimiter * (len(names) - 1) + "\n").encode(encoding)
+
+    def whole(lines: int) -> bool:
+        prefix = data[: int(ends[lines - 1])] if lines else b""
+        try:
+            table = _parse_csv(prefix + sentinel, path, columns, dialect, names, encoding, skip_rows=0)
+        except UserError:
+            return False
+        return table.num_rows == int(before[lines]) + 1
+
+    lo, hi = 0, len(ends)  # whole(lo); the first bad line is in lines lo+1..hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if whole(mid):
+            lo = mid
+        else:
+            hi = mid
+    return min(int(before[lo]), max(records - 1, 0))
 
 
 def _first_line(data: pa.Buffer) -> bytes:
@@ -377,6 +477,7 @@ def _check_columns(
     missing: str,
     missing_values: tuple[str, ...],
     path: Path,
+    first_row: int = 0,
 ) -> DatasetRead:
     rows_read = raw.num_rows
     drop = None
@@ -388,16 +489,16 @@ def _check_columns(
             row = int(np.argmax(mask))
             raise UserError(
                 f"column {name!r} has a missing value {_display(raw.column(name)[row])} at data row"
-                f" {row + 1}; missing values are rejected (missing='reject'; 'drop' drops such rows)"
+                f" {first_row + row + 1}; missing values are rejected (missing='reject'; 'drop' drops such rows)"
             )
         drop = mask if drop is None else drop | mask
     kept = None  # data row numbers (1-based) of the kept rows, when rows were dropped
     if drop is not None:
-        kept = np.flatnonzero(~drop) + 1
+        kept = np.flatnonzero(~drop) + 1 + first_row
         if kept.size == 0:
             raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
         raw = raw.filter(pa.array(~drop))
-    checked = {name: _convert(raw.column(name), name, kind, kept) for name, kind in columns.items()}
+    checked = {name: _convert(raw.column(name), name, kind, kept, first_row) for name, kind in columns.items()}
     return DatasetRead(pa.table(checked), rows_read=rows_read, rows_dropped=rows_read - raw.num_rows)
 
 
@@ -405,9 +506,11 @@ def _display(value: pa.Scalar) -> str:
     return "null" if not value.is_valid else repr(value.as_py())
 
 
-def _convert(column: pa.ChunkedArray, name: str, kind: str, kept: np.ndarray | None) -> pa.ChunkedArray:
+def _convert(
+    column: pa.ChunkedArray, name: str, kind: str, kept: np.ndarray | None, first_row: int = 0
+) -> pa.ChunkedArray:
     """``column`` (no missing values left) as the declared type; ``kept``: the data row number
-    of each row (None: row i is data row i + 1), for error messages."""
+    of each row (None: row i is data row first_row + i + 1), for error messages."""
     if kind == "string":
         if not _is_text(column.type):
             column = column.cast(pa.string())
@@ -426,7 +529,7 @@ def _convert(column: pa.ChunkedArray, name: str, kind: str, kept: np.ndarray | N
     except pa.ArrowInvalid:
         row = _first_unparsable(text, target)
         raise UserError(
-            f"column {name!r} is declared {kind} but data row {_row_number(row, kept)} holds"
+            f"column {name!r} is declared {kind} but data row {_row_number(row, kept, first_row)} holds"
             f" {text[row].as_py()!r}, which is not {'an integer' if kind == 'integer' else 'a number'}"
         ) from None
     if kind == "float":
@@ -434,14 +537,14 @@ def _convert(column: pa.ChunkedArray, name: str, kind: str, kept: np.ndarray | N
         if not finite.all():
             row = int(np.argmin(finite))
             raise UserError(
-                f"column {name!r} is declared float but data row {_row_number(row, kept)} holds"
+                f"column {name!r} is declared float but data row {_row_number(row, kept, first_row)} holds"
                 f" {text[row].as_py()!r}, which is not a finite number"
             )
     return converted
 
 
-def _row_number(index: int, kept: np.ndarray | None) -> int:
-    return index + 1 if kept is None else int(kept[index])
+def _row_number(index: int, kept: np.ndarray | None, first_row: int = 0) -> int:
+    return first_row + index + 1 if kept is None else int(kept[index])
 
 
 def _first_unparsable(text: pa.ChunkedArray, target: pa.DataType) -> int:

@@ -13,7 +13,12 @@ LocalCluster of two worker processes with a memory limit.
   partial release; the reservation is released;
 - an unreachable scheduler: one line naming the address, exit 2, nothing recorded;
 - a file without a declared column: the error names the file and column;
-- SPLU-Gen or a CSV dataset: refused before anything runs.
+- SPLU-Gen, or a CSV file in an encoding whose newlines are not newline bytes: refused before
+  anything runs;
+- a CSV dataset (the demo data): fingerprinted in blocks of lines, each block's bytes verified
+  when a partition reads it; the same guarantees and cells as in-process (exact histogram
+  counts at beta = 1), a changed file refused, a bad value named by its row in the file, a
+  quoted field spanning a line end refused naming its row.
 """
 
 from __future__ import annotations
@@ -366,7 +371,13 @@ def test_schema_mismatch_names_file_and_column(cluster, work):
     assert entries == []
 
 
-def test_splu_gen_and_csv_are_refused_on_dask(work):
+def test_splu_gen_and_a_utf16_csv_are_refused_on_dask(work):
+    """SPLU-Gen runs in-process only; a CSV is accepted on Dask (:func:`.scaled.check_engine`)
+    unless its encoding's newlines are not newline bytes (UTF-16)."""
+    from privrelease.flows.engines import Engine
+    from privrelease.flows.scaled import check_engine
+    from privrelease.policies import load_policy
+
     policy = policy_file(
         work, "wide.parquet", extra="  - {name: s, type: splu_gen, sensitive: [sex], gamma: 2}", engine=""
     )
@@ -374,7 +385,9 @@ def test_splu_gen_and_csv_are_refused_on_dask(work):
         release_plain(policy_path=str(policy), engine="dask")
     csv_policy = policy_file(work, "wide.csv").read_text().replace("format: parquet", "format: csv")
     (work / "wide.yaml").write_text(csv_policy)
-    with pytest.raises(UserError, match="the Dask engine reads Parquet"):
+    check_engine(load_policy(work / "wide.yaml"), Engine("dask"))  # no longer refused
+    (work / "wide.yaml").write_text(csv_policy.replace("format: csv", "format: csv\n  csv: {encoding: utf-16}"))
+    with pytest.raises(UserError, match="'utf-16': the Dask engine splits a CSV file at newline bytes"):
         release_plain(policy_path=str(work / "wide.yaml"), engine="dask")
 
 
@@ -471,3 +484,197 @@ def test_worker_lost_mid_map(cluster, work, allowed_failures):
         assert run.status == "failed" and [e.state for e in entries] == ["released"]
         out = work / "out"
         assert not out.exists() or [p for p in out.iterdir() if not p.name.startswith(".")] == []
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def demo_policy(work: Path, cluster, rows_per_partition: int, *, name: str = "demo.yaml") -> Path:
+    """The demo policy (``privrelease.demo``: its synthetic 50,000-row CSV) on Dask."""
+    text = (work / "demo" / "demo.yaml").read_text()
+    path = work / "demo" / name
+    path.write_text(text + dask_engine(cluster, rows_per_partition) + "\n")
+    return path
+
+
+@pytest.fixture
+def demo(demo_dir) -> Path:
+    """The demo's CSV (conftest's seeded copy) and policy in ``work/demo``."""
+    from privrelease.demo import DATA_FILE
+
+    return demo_dir / DATA_FILE
+
+
+def release_document(published) -> dict:
+    import json
+
+    return json.loads((Path(published.release_dir) / "release.json").read_text())
+
+
+def test_csv_same_release_as_in_process(cluster, work, demo):
+    """The demo policy (SDGS and a histogram at beta 0.1, a mean) on its 50,000-row CSV,
+    in-process and on Dask in 5 partitions: the same fingerprint, rows and guarantees; every
+    true histogram cell published with a beta-sampled count (6-sigma binomial bounds), the
+    mean within its noise; the report names the engine and partitions."""
+    import pyarrow.csv as pcsv
+
+    truth_table = pcsv.read_csv(demo)
+    hours = truth_table.column("hours-per-week").to_numpy()
+    labels = np.array(["1-19", "20-34", "35-40", "41-59", "60-99"])[np.digitize(hours, [20, 35, 41, 60])]
+    truth = Counter(zip(labels.tolist(), truth_table.column("sex").to_pylist(), strict=True))
+    in_process = release_plain(policy_path=str(work / "demo" / "demo.yaml"), out_dir=str(work / "local"))
+    on_dask = release_plain(policy_path=str(demo_policy(work, cluster, 10_000)), out_dir=str(work / "dask"))
+    first, second = release_document(in_process), release_document(on_dask)
+    assert first["guarantee"] == second["guarantee"] and first["policy"] == second["policy"]
+    for a, b in zip(first["outputs"], second["outputs"], strict=True):
+        assert (a["mechanism"], a["guarantees"], a["accuracy"]) == (b["mechanism"], b["guarantees"], b["accuracy"])
+    local_run, _ = run_record(in_process.run_id)
+    dask_run, entries = run_record(on_dask.run_id)
+    assert local_run.dataset_fingerprint == dask_run.dataset_fingerprint
+    assert dask_run.status == "succeeded" and [e.state for e in entries] == ["committed"]
+    mean = float(hours.mean())
+    for published in (in_process, on_dask):
+        found = outputs(published)
+        cells = Counter({(r["hours-per-week"], r["sex"]): r["count"] for r in found["hours-by-sex"].to_pylist()})
+        assert set(cells) <= set(truth) and all(count >= 20 for count in cells.values())
+        large = Counter(
+            {cell: size for cell, size in truth.items() if size * 0.1 > 60}
+        )  # each published but w.p. < 1e-7
+        assert len(large) >= 5
+        sampled_within_binomial_bounds(Counter({cell: cells[cell] for cell in large}), large, 0.1)
+        assert abs(found["mean-hours"].column("value")[0].as_py() - mean) < 1.0
+        assert found["microdata"].schema.names == ["age", "sex", "education", "salary-class"]
+    report = Path(on_dask.report).read_text()
+    assert "Dask, on the cluster at" in report and "5 partitions on 2 workers" in report
+    assert "50,000" in report or "50000" in report
+    verify_intact()
+
+
+def test_csv_histogram_counts_are_exact_at_beta_one(cluster, work, demo):
+    """A histogram at beta = 1 (no sampling: a function of the data) of the demo CSV: its
+    Dask job (7 partitions of the CSV, read from verified byte ranges) merged and finished
+    publishes exactly the cells and counts of the in-process run on the whole file."""
+    from privrelease.datasets import read_dataset
+    from privrelease.flows import engines, partitions
+    from privrelease.flows.context import csv_arguments
+    from privrelease.flows.scaled import read_partials
+    from privrelease.policies import load_policy
+
+    text = (work / "demo" / "demo.yaml").read_text()
+    exact = text[: text.index("mechanisms:")] + (
+        "mechanisms:\n"
+        "  - {name: hours-by-sex, type: histogram, columns: [hours-per-week, sex, race], k: 20, beta: 1.0, epsilon: 1.0}\n"
+    )
+    (work / "demo" / "exact.yaml").write_text(exact)
+    loaded = load_policy(work / "demo" / "exact.yaml")
+    (spec,) = loaded.policy.mechanisms
+    dataset = loaded.policy.dataset
+    local, _ = cluster
+    engine = engines.Engine("dask", address=local.scheduler_address, rows_per_partition=7_500)
+    file = partitions.scan_csv(str(demo), csv_arguments(dataset.csv), engine.rows_per_partition)
+    try:
+        engines.connect("exact-csv", engine)
+        read = read_partials("exact-csv", loaded, [file], engine)
+    finally:
+        engines.release("exact-csv")
+    assert read.partitions == 7 and read.rows_read == 50_000
+    table = read_dataset(
+        demo, format="csv", columns={n: c.type for n, c in dataset.columns.items()}, **csv_arguments(dataset.csv)
+    ).table
+    scaled, whole = spec.finish(loaded, read.partials[spec.name]).table, spec.run(loaded, table).table
+
+    def cells(histogram: pa.Table) -> Counter:
+        return Counter({row[:-1]: row[-1] for row in rows_of(histogram).keys()})
+
+    assert cells(scaled) == cells(whole) and len(cells(whole)) > 10
+
+
+def test_csv_bad_value_in_a_later_partition_names_its_row(cluster, work, demo):
+    """``sex = 'planted-X7'`` on data row 37,123 of the demo CSV, read in partitions of
+    10,000 rows: the run fails, nothing is charged or published, and the operator's error
+    names the value's own row in the file and the partition's rows; the record quotes nothing."""
+    lines = demo.read_bytes().split(b"\n")
+    fields = lines[37_123].split(b",")  # line 0 is the header
+    fields[1] = b"planted-X7"
+    lines[37_123] = b",".join(fields)
+    demo.write_bytes(b"\n".join(lines))
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(demo_policy(work, cluster, 10_000)), out_dir=str(work / "out"))
+    detail = caught.value.detail
+    assert "planted-X7" in detail and "data row 37123:" in detail and "data rows 30001-40000" in detail
+    assert "planted-X7" not in str(caught.value)
+    run, entries = latest_run()
+    assert run.status == "failed" and "planted-X7" not in (run.error or "")
+    assert [e.state for e in entries] == ["released"]
+    from privrelease.datasets import read_dataset
+
+    with pytest.raises(UserError, match="data row 37123:"):  # the row the in-process reader names
+        read_dataset(demo, format="csv", columns={"sex": "string"}, domains={"sex": ["Male", "Female"]})
+
+
+def test_csv_changed_after_the_fingerprint_is_not_read(cluster, work, demo, monkeypatch):
+    """One byte of a later block changes between the fingerprint and the read (same size):
+    that partition's range no longer hashes as fingerprinted; nothing is published."""
+    from privrelease.flows import steps
+
+    original = steps.read_data
+
+    def change_then_read(run, dataset):
+        data = bytearray(demo.read_bytes())
+        at = data.index(b"Female", len(data) // 2)
+        data[at : at + 6] = b"Femal3"
+        demo.write_bytes(bytes(data))
+        return original(run, dataset)
+
+    monkeypatch.setattr(steps, "read_data", change_then_read)
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(demo_policy(work, cluster, 10_000)), out_dir=str(work / "out"))
+    assert "changed after it was fingerprinted" in caught.value.detail and "Femal3" not in caught.value.detail
+    run, entries = latest_run()
+    assert run.status == "failed" and [e.state for e in entries] == ["released"]
+
+
+CSV_LINES = [b"n,b", b"1,x", b"", b"2,y", b'3,"q""r"', b"\r", b"4,w", b"5,v", b"6,u"]
+"""A header, six data rows, two blank lines (the second a lone CR before an LF: blank too)."""
+
+
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+@pytest.mark.parametrize("header", [True, False], ids=["header", "no-header"])
+def test_csv_blocks_read_as_the_whole_file(tmp_path, line_end, header):
+    """Blank lines, CRLF, doubled quotes, with or without a header, no newline at the end:
+    every way of cutting the file into blocks of lines reads the in-process table, and the
+    fingerprint is the file's sha256 with the header hashed as its first piece."""
+    from privrelease.datasets import read_dataset
+    from privrelease.files import sha256_bytes
+    from privrelease.flows.partitions import ReadSpec, plan_partitions, read_partition, scan_csv
+
+    lines = [line for line in CSV_LINES[0 if header else 1 :] if line != b"\r" or line_end == b"\n"]
+    data = line_end.join(lines)
+    path = tmp_path / "small.csv"
+    path.write_bytes(data)
+    csv = {"delimiter": None, "quote": '"', "header": header, "encoding": "utf-8"}
+    columns = {"n": "integer", "b": "string"}
+    whole = read_dataset(path, format="csv", columns=columns, **csv).table
+    for size in range(1, len(lines) + 1):
+        file = scan_csv(str(path), csv, size)
+        assert file.sha256 == sha256_bytes(data) and file.head_sha256 == sha256_bytes(data[: file.head_bytes])
+        assert sum(file.row_groups) == 6 and file.ranges[-1][1] == len(data)
+        spec = ReadSpec(columns, "reject", ("", "?"), {}, csv)
+        parts = [read_partition(part, spec).table for part in plan_partitions([file], size)]
+        assert pa.concat_tables(parts).to_pylist() == whole.to_pylist(), size
+
+
+def test_csv_quoted_newline_is_refused_naming_its_row(tmp_path):
+    """A quoted field holding a newline on data row 4 (read in-process as one value): refused
+    on Dask, naming row 4, wherever the blocks are cut."""
+    from privrelease.flows.partitions import ReadSpec, plan_partitions, read_partition, scan_csv
+
+    path = tmp_path / "quoted.csv"
+    path.write_bytes(b'n,b\n1,x\n2,y\n\n3,z\n4,"two\nlines"\n5,v\n6,u\n')
+    csv = {"delimiter": None, "quote": '"', "header": True, "encoding": "utf-8"}
+    spec = ReadSpec({"n": "integer", "b": "string"}, "reject", ("", "?"), {}, csv)
+    for size in range(1, 9):
+        file = scan_csv(str(path), csv, size)
+        with pytest.raises(UserError, match="a quoted field spans a line end at data row 4;"):
+            for part in plan_partitions([file], size):
+                read_partition(part, spec)
