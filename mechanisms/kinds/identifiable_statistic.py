@@ -21,7 +21,14 @@ import numpy as np
 import pyarrow as pa
 from pydantic import model_validator
 
-from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.mechanisms.kinds import (
+    AccuracyCheck,
+    Frontier,
+    MechanismKind,
+    Planned,
+    epsilon_at_target,
+    privacy_label,
+)
 from privrelease.policies.fields import ColumnRef, FieldError, Issue, Loc, Name, Names, Number, Rho, num
 
 if TYPE_CHECKING:
@@ -33,6 +40,15 @@ if TYPE_CHECKING:
 
 COUNT_COLUMN = "__privrelease_rows__"
 """The constant value column that stands in for a count."""
+
+FRONTIER_STEPS = 8
+"""A frontier's log grid of rho: this many points a decade, a decade either side of the
+policy's rho, within the feasible (1/m, RHO_TOP]."""
+
+RHO_TOP = 0.95
+
+FRONTIER_CONFIDENCE = 0.95
+"""The confidence of a frontier's half-width without an accuracy target."""
 
 
 class IdentifiableStatisticMechanism(MechanismKind):
@@ -158,6 +174,52 @@ class IdentifiableStatisticMechanism(MechanismKind):
         scale = planned.facts.get("lambda")
         half = laplace_half_width(scale, target.confidence) if scale is not None else None
         return AccuracyCheck("noise half-width", "<=", target.absolute_error, half, "none: rho infeasible")
+
+    def frontier(self, loaded: LoadedPolicy) -> Frontier | None:
+        """Over rho (log grid, feasible values only): the statistic's epsilon at the target
+        delta (its Laplace event with that rho, :func:`.epsilon_at_target`) and the Laplace
+        half-width lambda ln(1 / (1 - C)) at the accuracy target's confidence (default 95%).
+        None when the policy's rho is infeasible."""
+        from privrelease.mechanisms.accuracy import laplace_half_width
+
+        calibration = self.calibration(loaded)
+        if not calibration.feasible:
+            return None
+        targets = loaded.policy.targets
+        target = next((t for t in targets.accuracy if t.mechanism == self.name and t.absolute_error), None)
+        confidence = target.confidence if target is not None else FRONTIER_CONFIDENCE
+        steps = np.arange(-FRONTIER_STEPS, FRONTIER_STEPS + 1) / FRONTIER_STEPS
+        floor = 1 / calibration.universe_size
+        values = [float(r) for r in self.rho * 10.0**steps if floor < r <= RHO_TOP]
+        privacy, accuracy, kept = [], [], []
+        for rho in sorted({*values, self.rho}):
+            planned = self.model_copy(update={"rho": rho}).plan(loaded)
+            if planned.event is None:
+                continue  # rho too close to 1/m for floating point
+            kept.append(rho)
+            privacy.append(epsilon_at_target(loaded, planned.event))
+            accuracy.append(laplace_half_width(planned.facts["lambda"], confidence))
+        unit = "" if self.query == "count" else f" ({self.query} of {self.column})"
+        return Frontier(
+            "ρ",
+            "rho",
+            tuple(kept),
+            tuple(privacy),
+            privacy_label(loaded),
+            tuple(accuracy),
+            f"{confidence:.0%} half-width of the published value{unit}",
+            self.rho,
+            False,
+            privacy_target=targets.max_epsilon,
+            accuracy_target=target.absolute_error if target is not None else None,
+            accuracy_target_label=f"required ±{target.absolute_error:g}" if target is not None else "",
+            log_x=True,
+            note=(
+                f"Accuracy: the published value is within ± the half-width of the true one with probability "
+                f"{confidence:.0%} (Laplace noise of scale λ; universe size m = {calibration.universe_size}, "
+                f"so ρ must exceed 1/m)."
+            ),
+        )
 
     def job(self, loaded: LoadedPolicy) -> StatisticJob:
         by = {name: loaded.scheme(name) if loaded.policy.scheme_for(name) is not None else _keep() for name in self.by}
