@@ -45,7 +45,7 @@ def test_sdgs_series_recomputed_at_every_beta(adult_dir: Path) -> None:
     delta = loaded.policy.targets.delta
     assert delta == 1e-9
     for beta, epsilon, within in zip(frontier.values, frontier.privacy, frontier.accuracy, strict=True):
-        if beta ** mechanism.k > delta:  # all k copies of a k-cell sampled: delta >= beta^k, no epsilon reaches it
+        if beta**mechanism.k > delta:  # all k copies of a k-cell sampled: delta >= beta^k, no epsilon reaches it
             assert epsilon == math.inf
         else:
             assert epsilon == pytest.approx(smallest_epsilon(mechanism.k, beta, delta, "approximate").epsilon, rel=1e-6)
@@ -76,7 +76,9 @@ def test_probabilistic_frontier_uses_theorem1(adult_dir: Path) -> None:
     assert frontier is not None and "probabilistic" in frontier.privacy_label
     for beta, epsilon in zip(frontier.values, frontier.privacy, strict=True):
         if math.isfinite(epsilon):
-            assert epsilon == pytest.approx(smallest_epsilon(mechanism.k, beta, 1e-9, "probabilistic").epsilon, rel=1e-9)
+            assert epsilon == pytest.approx(
+                smallest_epsilon(mechanism.k, beta, 1e-9, "probabilistic").epsilon, rel=1e-9
+            )
 
 
 def test_noisy_counts_series_recomputed(adult_dir: Path) -> None:

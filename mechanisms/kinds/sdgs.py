@@ -153,9 +153,7 @@ class Generalizing(MechanismKind):
         from privrelease.mechanisms.accuracy import count_accuracy
 
         targets = loaded.policy.targets
-        target = next(
-            (t for t in targets.accuracy if t.mechanism == self.name and t.count and t.relative_error), None
-        )
+        target = next((t for t in targets.accuracy if t.mechanism == self.name and t.count and t.relative_error), None)
         count = target.count if target is not None and target.count else FRONTIER_COUNT
         error = target.relative_error if target is not None and target.relative_error else FRONTIER_RELATIVE_ERROR
         single = len(leaves(self.plan(loaded).event or Composed(events=()))) == 1
