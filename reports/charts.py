@@ -875,7 +875,7 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
 def frontier_charts(plan: Plan) -> list[Chart]:
     """One :func:`frontier_chart` for each mechanism of the policy whose kind has a frontier
     (:meth:`~privrelease.mechanisms.kinds.MechanismKind.frontier`)."""
-    charts = []
+    charts: list[Chart] = []
     for mechanism in plan.loaded.policy.mechanisms:
         frontier = mechanism.frontier(plan.loaded)
         if frontier is not None:
