@@ -29,7 +29,7 @@ import functools
 import importlib
 import math
 import pkgutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -115,6 +115,13 @@ class Frontier:
         return self.values.index(self.chosen)
 
 
+FRONTIER_STEPS = 8
+"""Points a decade of a frontier's log grid (:func:`log_grid`)."""
+
+FRONTIER_CONFIDENCE = 0.95
+"""The confidence of a frontier's half-width without an accuracy target naming the mechanism."""
+
+
 def epsilon_at_target(loaded: LoadedPolicy, event: Event) -> float:
     """The epsilon of ``event`` alone at the policy's ``targets.delta`` under its
     ``targets.accounting``, by the tightest method (:func:`~privrelease.mechanisms.composition.epsilon_at`,
@@ -129,12 +136,77 @@ def epsilon_at_target(loaded: LoadedPolicy, event: Event) -> float:
     return composition.epsilon_at([event], targets.delta, notion=targets.accounting).epsilon
 
 
-def privacy_label(loaded: LoadedPolicy) -> str:
-    """The privacy axis of a frontier: "ε at δ = 1e-09 (approximate)"."""
+def log_grid(chosen: float, low: float = 0.0, high: float = math.inf) -> list[float]:
+    """``chosen`` times 10^(i / FRONTIER_STEPS) for i = -FRONTIER_STEPS..FRONTIER_STEPS (a
+    decade either side), those in (low, high], and ``chosen``."""
+    steps = [chosen * 10.0 ** (i / FRONTIER_STEPS) for i in range(-FRONTIER_STEPS, FRONTIER_STEPS + 1)]
+    return sorted({*(v for v in steps if low < v <= high), chosen})
+
+
+def half_width_target(loaded: LoadedPolicy, name: str) -> tuple[float, float | None, str]:
+    """The confidence, limit and rule label of the ``absolute_error`` accuracy target naming
+    mechanism ``name`` (default confidence :data:`FRONTIER_CONFIDENCE`, no limit)."""
+    for target in loaded.policy.targets.accuracy:
+        if target.mechanism == name and target.absolute_error is not None:
+            return target.confidence, target.absolute_error, f"required ±{target.absolute_error:g}"
+    return FRONTIER_CONFIDENCE, None, ""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """How a kind names its frontier's parameter and accuracy (:func:`frontier_of`)."""
+
+    parameter: str
+    setting: str
+    accuracy_label: str
+    higher_is_more_accurate: bool
+    note: str
+    accuracy_target: float | None = None
+    accuracy_target_label: str = ""
+    log_x: bool = False
+
+
+def frontier_of(
+    loaded: LoadedPolicy,
+    axis: Axis,
+    chosen: float,
+    values: Iterable[float],
+    event_of: Callable[[float], Event | None],
+    accuracy_of: Callable[[float], float],
+) -> Frontier:
+    """A :class:`Frontier` at ``values`` (with ``chosen``): each value's release ``event_of``
+    (None: not a release, left out) at :func:`epsilon_at_target`, its ``accuracy_of``."""
+    kept, privacy, accuracy = [], [], []
+    for value in sorted({*values, chosen}):
+        event = event_of(value)
+        if event is None:
+            assert value != chosen, "the policy's own value plans a release"
+            continue
+        kept.append(value)
+        privacy.append(epsilon_at_target(loaded, event))
+        accuracy.append(float(accuracy_of(value)))
     targets = loaded.policy.targets
-    if targets.delta is None:
-        return f"ε (pure, {targets.accounting})"
-    return f"ε at δ = {targets.delta:g} ({targets.accounting})"
+    label = (
+        f"ε (pure, {targets.accounting})"
+        if targets.delta is None
+        else f"ε at δ = {targets.delta:g} ({targets.accounting})"
+    )
+    return Frontier(
+        axis.parameter,
+        axis.setting,
+        tuple(kept),
+        tuple(privacy),
+        label,
+        tuple(accuracy),
+        axis.accuracy_label,
+        chosen,
+        axis.higher_is_more_accurate,
+        privacy_target=targets.max_epsilon,
+        accuracy_target=axis.accuracy_target,
+        accuracy_target_label=axis.accuracy_target_label,
+        log_x=axis.log_x,
+        note=axis.note,
+    )
 
 
 class Job(Protocol):

@@ -23,11 +23,13 @@ from pydantic import model_validator
 
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
+    Axis,
     Frontier,
     MechanismKind,
     Planned,
-    epsilon_at_target,
-    privacy_label,
+    frontier_of,
+    half_width_target,
+    log_grid,
 )
 from privrelease.policies.fields import ColumnRef, FieldError, Issue, Loc, Name, Names, Number, Rho, num
 
@@ -41,14 +43,8 @@ if TYPE_CHECKING:
 COUNT_COLUMN = "__privrelease_rows__"
 """The constant value column that stands in for a count."""
 
-FRONTIER_STEPS = 8
-"""A frontier's log grid of rho: this many points a decade, a decade either side of the
-policy's rho, within the feasible (1/m, RHO_TOP]."""
-
 RHO_TOP = 0.95
-
-FRONTIER_CONFIDENCE = 0.95
-"""The confidence of a frontier's half-width without an accuracy target."""
+"""The largest rho a frontier is drawn at."""
 
 
 class IdentifiableStatisticMechanism(MechanismKind):
@@ -185,40 +181,31 @@ class IdentifiableStatisticMechanism(MechanismKind):
         calibration = self.calibration(loaded)
         if not calibration.feasible:
             return None
-        targets = loaded.policy.targets
-        target = next((t for t in targets.accuracy if t.mechanism == self.name and t.absolute_error), None)
-        confidence = target.confidence if target is not None else FRONTIER_CONFIDENCE
-        steps = np.arange(-FRONTIER_STEPS, FRONTIER_STEPS + 1) / FRONTIER_STEPS
-        floor = 1 / calibration.universe_size
-        values = [float(r) for r in self.rho * 10.0**steps if floor < r <= RHO_TOP]
-        privacy, accuracy, kept = [], [], []
-        for rho in sorted({*values, self.rho}):
-            planned = self.model_copy(update={"rho": rho}).plan(loaded)
-            if planned.event is None:
-                continue  # rho too close to 1/m for floating point
-            kept.append(rho)
-            privacy.append(epsilon_at_target(loaded, planned.event))
-            accuracy.append(laplace_half_width(planned.facts["lambda"], confidence))
+        confidence, limit, label = half_width_target(loaded, self.name)
         unit = "" if self.query == "count" else f" ({self.query} of {self.column})"
-        return Frontier(
+        axis = Axis(
             "ρ",
             "rho",
-            tuple(kept),
-            tuple(privacy),
-            privacy_label(loaded),
-            tuple(accuracy),
             f"{confidence:.0%} half-width of the published value{unit}",
-            self.rho,
             False,
-            privacy_target=targets.max_epsilon,
-            accuracy_target=target.absolute_error if target is not None else None,
-            accuracy_target_label=f"required ±{target.absolute_error:g}" if target is not None else "",
+            f"Accuracy: the published value is within ± the half-width of the true one with probability "
+            f"{confidence:.0%} (Laplace noise of scale λ; universe size m = {calibration.universe_size}, "
+            f"so ρ must exceed 1/m).",
+            limit,
+            label,
             log_x=True,
-            note=(
-                f"Accuracy: the published value is within ± the half-width of the true one with probability "
-                f"{confidence:.0%} (Laplace noise of scale λ; universe size m = {calibration.universe_size}, "
-                f"so ρ must exceed 1/m)."
-            ),
+        )
+        planned = {
+            rho: self.model_copy(update={"rho": rho}).plan(loaded)
+            for rho in log_grid(self.rho, low=1 / calibration.universe_size, high=RHO_TOP)
+        }
+        return frontier_of(
+            loaded,
+            axis,
+            self.rho,
+            planned,
+            lambda rho: planned[rho].event,  # None: rho too close to 1/m for floating point
+            lambda rho: laplace_half_width(planned[rho].facts["lambda"], confidence),
         )
 
     def job(self, loaded: LoadedPolicy) -> StatisticJob:

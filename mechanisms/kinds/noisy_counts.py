@@ -73,11 +73,13 @@ from privrelease.mechanisms.events import Event
 from privrelease.mechanisms.guarantees import Guarantee, Notion, pure
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
+    Axis,
     Frontier,
     MechanismKind,
     Planned,
-    epsilon_at_target,
-    privacy_label,
+    frontier_of,
+    half_width_target,
+    log_grid,
 )
 from privrelease.mechanisms.schemes import Keep
 from privrelease.policies.fields import ColumnRef, Epsilon, Issue, Loc, Model, Names, at_least, checked
@@ -413,12 +415,6 @@ MAX_CELLS = 1_000_000
 
 MAX_NOISE = 1e6
 
-FRONTIER_STEPS = 8
-"""A frontier's log grid: this many points a decade, one decade either side of the policy's noise."""
-
-FRONTIER_CONFIDENCE = 0.95
-"""The confidence of a frontier's half-width without an accuracy target."""
-
 
 class DiscreteGaussian(Event):
     """A table of counts of sensitivity 1 with discrete Gaussian noise ``sigma``, its guarantee
@@ -572,32 +568,25 @@ class NoisyCountsMechanism(MechanismKind):
         :func:`.epsilon_at_target`) and the half-width :func:`half_width` at the accuracy
         target's confidence (default 95%)."""
         distribution, parameter = self._distribution
-        name = _parameter_name(distribution)
-        targets = loaded.policy.targets
-        target = next((t for t in targets.accuracy if t.mechanism == self.name and t.absolute_error), None)
-        confidence = target.confidence if target is not None else FRONTIER_CONFIDENCE
-        steps = np.arange(-FRONTIER_STEPS, FRONTIER_STEPS + 1) / FRONTIER_STEPS
-        values = tuple(sorted({*(float(v) for v in parameter * 10.0**steps if v <= MAX_NOISE), parameter}))
-        privacy = tuple(epsilon_at_target(loaded, self._with_noise(value)._event(loaded)) for value in values)
-        accuracy = tuple(float(half_width(distribution, value, confidence)) for value in values)
-        return Frontier(
+        confidence, limit, label = half_width_target(loaded, self.name)
+        axis = Axis(
             "σ" if distribution == "gaussian" else "scale",
-            f"noise.{name}",
-            values,
-            privacy,
-            privacy_label(loaded),
-            accuracy,
+            f"noise.{_parameter_name(distribution)}",
             f"{confidence:.0%} half-width of a count (people)",
-            parameter,
             False,
-            privacy_target=targets.max_epsilon,
-            accuracy_target=target.absolute_error if target is not None else None,
-            accuracy_target_label=f"required ±{target.absolute_error:g}" if target is not None else "",
+            f"Accuracy: every published count is within ± the half-width of its true count with probability "
+            f"at least {confidence:.0%} (discrete {distribution.capitalize()} noise, exact).",
+            limit,
+            label,
             log_x=True,
-            note=(
-                f"Accuracy: every published count is within ± the half-width of its true count with probability "
-                f"at least {confidence:.0%} (discrete {distribution.capitalize()} noise, exact)."
-            ),
+        )
+        return frontier_of(
+            loaded,
+            axis,
+            parameter,
+            log_grid(parameter, high=MAX_NOISE),
+            lambda value: self._with_noise(value)._event(loaded),
+            lambda value: half_width(distribution, value, confidence),
         )
 
     def _with_noise(self, value: float) -> NoisyCountsMechanism:

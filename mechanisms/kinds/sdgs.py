@@ -15,21 +15,13 @@ uniformly random order of the published rows (:mod:`privrelease.mechanisms.parti
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import model_validator
 
 from privrelease.mechanisms.events import SDGS, Composed, Event, ExponentialSelection, leaves
-from privrelease.mechanisms.kinds import (
-    AccuracyCheck,
-    Frontier,
-    MechanismKind,
-    Planned,
-    epsilon_at_target,
-    privacy_label,
-)
+from privrelease.mechanisms.kinds import AccuracyCheck, Axis, Frontier, MechanismKind, Planned, frontier_of
 from privrelease.mechanisms.results import MechanismResult, Pieces
 from privrelease.policies.fields import (
     Beta,
@@ -157,34 +149,30 @@ class Generalizing(MechanismKind):
         count = target.count if target is not None and target.count else FRONTIER_COUNT
         error = target.relative_error if target is not None and target.relative_error else FRONTIER_RELATIVE_ERROR
         single = len(leaves(self.plan(loaded).event or Composed(events=()))) == 1
-        betas = tuple(sorted({*(FRONTIER_BETAS if single else FRONTIER_BETAS_COMPOSED), self.beta}))
-        privacy = tuple(self._frontier_epsilon(loaded, beta) for beta in betas)
-        accuracy = tuple(
-            float(count_accuracy(self.k, beta, count, relative_error=error).within or 0.0) for beta in betas
-        )
-        return Frontier(
+        axis = Axis(
             "β",
             "beta",
-            betas,
-            privacy,
-            privacy_label(loaded),
-            accuracy,
             f"P(a cell of {count:,} published and within ±{error:.0%})",
-            self.beta,
             True,
-            privacy_target=targets.max_epsilon,
-            accuracy_target=target.confidence if target is not None else None,
-            accuracy_target_label=f"required confidence {target.confidence:g}" if target is not None else "",
-            note=(
-                f"Accuracy: the probability that a cell of {count:,} people is published (at least k = {self.k} "
-                f"of them sampled) and its estimate count/β is within ±{error:.0%}"
-                + ("" if target is not None else " (no accuracy target names this mechanism: a default cell)")
-                + "."
-            ),
+            f"Accuracy: the probability that a cell of {count:,} people is published (at least k = {self.k} "
+            f"of them sampled) and its estimate count/β is within ±{error:.0%}"
+            + ("" if target is not None else " (no accuracy target names this mechanism: a default cell)")
+            + ".",
+            target.confidence if target is not None else None,
+            f"required confidence {target.confidence:g}" if target is not None else "",
+        )
+        return frontier_of(
+            loaded,
+            axis,
+            self.beta,
+            FRONTIER_BETAS if single else FRONTIER_BETAS_COMPOSED,
+            lambda beta: self._frontier_event(loaded, beta),
+            lambda beta: count_accuracy(self.k, beta, count, relative_error=error).within or 0.0,
         )
 
-    def _frontier_epsilon(self, loaded: LoadedPolicy, beta: float) -> float:
-        """The release's epsilon at the target delta with sampling rate ``beta``."""
+    def _frontier_event(self, loaded: LoadedPolicy, beta: float) -> Event | None:
+        """The release with sampling rate ``beta`` (under ``probabilistic``, stated at the
+        smallest epsilon where Theorem 1 reaches the target delta, when one does)."""
         from privrelease.mechanisms.sdgs_calibration import CalibrationError, smallest_epsilon
 
         targets = loaded.policy.targets
@@ -193,9 +181,8 @@ class Generalizing(MechanismKind):
             try:
                 update["epsilon"] = smallest_epsilon(self.k, beta, targets.delta, "probabilistic").epsilon
             except CalibrationError:
-                return math.inf
-        event = self.model_copy(update=update).plan(loaded).event
-        return math.inf if event is None else epsilon_at_target(loaded, event)
+                pass  # stated at the policy's epsilon, whose delta misses the target: epsilon inf
+        return self.model_copy(update=update).plan(loaded).event
 
     def explanations(self) -> tuple[str, ...]:
         return (KDGS,) if self.beta >= 1 else (SAMPLED,)
