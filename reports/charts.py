@@ -849,11 +849,12 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
     caption = (
         f"What {frontier.parameter} ({frontier.setting} in the policy) costs and buys, before any data is read: "
         f"above, {frontier.privacy_label} of this mechanism alone; below, its accuracy. The policy's "
-        f"{frontier.parameter} = {chosen:g} gives ε = {fmt(privacy[at], 4)} and {fmt(accuracy[at], 4)}. "
+        f"{frontier.parameter} = {chosen:g} gives ε = {fmt(privacy[at], 4)} and "
+        f"{frontier.accuracy_label} = {fmt(accuracy[at], 4)}. "
         f"{frontier.note}"
         + (
             f" Not drawn above (ε beyond {top:g}, or no ε reaches the target δ): "
-            f"{frontier.parameter} = {', '.join(f'{v:g}' for v in off)}."
+            f"{frontier.parameter} = {', '.join(fmt(v, 4) for v in off)}."
             if off
             else ""
         )
