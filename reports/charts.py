@@ -12,6 +12,10 @@ Every number plotted comes from :mod:`privrelease.mechanisms` (never typed in):
 * :func:`ledger_chart` — the dataset's lifetime privacy curve: delta against epsilon of every
   counting release composed before and after this one
   (:func:`~privrelease.audit.ledger.history_curve`), with the lifetime budget marked.
+* :func:`frontier_charts` — for each mechanism whose kind has a tunable parameter, its
+  privacy-accuracy frontier (:meth:`~privrelease.mechanisms.kinds.MechanismKind.frontier`):
+  epsilon at the target delta and the kind's accuracy over the parameter, the policy's value
+  marked, in two panels sharing the x axis.
 * :func:`splu_charts` — SPLU-Gen's probability that a true count f = 1..30 is estimated with a
   relative error above eps (Fu et al., Lemma 2, Fig. 5;
   :func:`~privrelease.mechanisms.splu_guarantees.privacy_curve`).
@@ -35,6 +39,7 @@ from markupsafe import Markup, escape
 
 from privrelease.mechanisms import accountants, splu_guarantees
 from privrelease.mechanisms.events import SDGS, Composed, SPLUGen, leaves
+from privrelease.mechanisms.kinds import Frontier
 from privrelease.mechanisms.sdgs_math import (
     SdgsDelta,
     exact_grid,
@@ -177,6 +182,18 @@ def decade_ticks(low: float, high: float, most: int = 7) -> list[float]:
     return [float(d) for d in range(math.ceil(low / step) * step, math.floor(high) + 1, step)]
 
 
+def log_ticks(low: float, high: float) -> list[tuple[float, float]]:
+    """(log10 position, value) of the values 1, 2 and 5 times a power of ten between the
+    decades ``low`` and ``high``."""
+    ticks = []
+    for decade in range(math.floor(low), math.ceil(high) + 1):
+        for step in (1, 2, 5):
+            value = float(f"{step * 10.0**decade:.12g}")
+            if low - 1e-9 <= math.log10(value) <= high + 1e-9:
+                ticks.append((math.log10(value), value))
+    return ticks
+
+
 def _decade_label(decade: float) -> str:
     exponent = int(decade)
     if exponent == 0:
@@ -232,9 +249,11 @@ def plot(
     points: Sequence[Point] = (),
     rules: Sequence[Rule] = (),
     band: tuple[float, float, str] | None = None,
+    log_x: bool = False,
 ) -> Markup:
     """One self-contained SVG chart: axes with ticks and labels, grid, curves, reference lines,
-    highlighted points and a legend below the plot. ``log_y``: y values are log10 (decades).
+    highlighted points and a legend below the plot. ``log_y``: y values are log10 (decades);
+    ``log_x``: x values are log10, ticked at 1, 2 and 5 times a power of ten.
     ``band``: (x_low, x_high, label) shaded."""
     if log_y:
         y_range = snap_decades(*y_range)
@@ -266,11 +285,12 @@ def plot(
         )
     # grid and ticks
     out.append('<g class="axis x-axis">')
-    for tick in linear_ticks(*x_range):
+    x_ticks = log_ticks(*x_range) if log_x else [(tick, tick) for tick in linear_ticks(*x_range)]
+    for tick, value in x_ticks:
         x = _num(frame.px(tick))
         out.append(f'<line x1="{x}" y1="{TOP}" x2="{x}" y2="{plot_bottom}" stroke="#e3e3e3"/>')
         out.append(f'<line x1="{x}" y1="{plot_bottom}" x2="{x}" y2="{plot_bottom + 5}" stroke="#333"/>')
-        out.append(f'<text x="{x}" y="{plot_bottom + 18}" text-anchor="middle">{e(_tick_label(tick))}</text>')
+        out.append(f'<text x="{x}" y="{plot_bottom + 18}" text-anchor="middle">{e(_tick_label(value))}</text>')
     out.append(
         f'<text x="{_num((LEFT + plot_right) / 2)}" y="{plot_bottom + 38}" text-anchor="middle" '
         f'font-weight="bold">{e(x_label)}</text></g>'
@@ -727,14 +747,151 @@ def publication_charts(plan: Plan) -> list[Chart]:
     return charts
 
 
+FRONTIER_REACH = 4.0
+"""A frontier's privacy axis reaches this many times the larger of the policy's epsilon and
+``max_epsilon``; larger epsilons are left off the drawing (they stay in the table)."""
+
+
+def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
+    """The privacy-accuracy frontier of one mechanism's parameter, in two panels sharing the x
+    axis (the parameter, log scale when ``frontier.log_x``): above, the epsilon at the target
+    delta (the policy's ``max_epsilon`` as a rule); below, the kind's accuracy measure (the
+    accuracy target as a rule); the policy's value marked on both. Drawn from the
+    :class:`~privrelease.mechanisms.kinds.Frontier` alone: any kind's frontier."""
+    values, privacy, accuracy, chosen = frontier.values, frontier.privacy, frontier.accuracy, frontier.chosen
+    at = frontier.chosen_index
+
+    def x(value: float) -> float:
+        return math.log10(value) if frontier.log_x else value
+
+    x_range = (x(values[0]), x(values[-1])) if frontier.log_x else (0.0, nice_ceiling(values[-1]))
+    finite = [p for p in privacy if math.isfinite(p)]
+    anchors = [v for v in (privacy[at], frontier.privacy_target) if v is not None and math.isfinite(v) and v > 0]
+    reach = FRONTIER_REACH * max(anchors) if anchors else max(finite, default=1.0)
+    top = nice_ceiling(max(min(max(finite, default=1.0), reach), 1.1 * (frontier.privacy_target or 0.0)))
+    drawn = [(x(v), p if math.isfinite(p) and p <= top else None) for v, p in zip(values, privacy, strict=True)]
+    rule = Rule("x", x(chosen), f"the policy's {frontier.parameter} = {chosen:g}", PALETTE[2], "6 4")
+    param = f"{frontier.parameter} (log scale)" if frontier.log_x else frontier.parameter
+    privacy_points = []
+    if math.isfinite(privacy[at]):
+        privacy_points.append(
+            Point(
+                x(chosen),
+                privacy[at],
+                PALETTE[0],
+                f"{name}: {frontier.parameter} = {chosen:g}, {frontier.privacy_label}: {fmt(privacy[at])}",
+                {"parameter": float(chosen), "epsilon": float(privacy[at])},
+            )
+        )
+    privacy_svg = plot(
+        chart_id=f"{chart_id}-privacy",
+        title=f"Privacy of {name} against {frontier.parameter}",
+        description=(
+            f"{frontier.privacy_label} for {frontier.parameter} from {values[0]:g} to {values[-1]:g}; "
+            f"the policy's {frontier.parameter} is {chosen:g}, where it is {fmt(privacy[at])}."
+        ),
+        x_label=param,
+        y_label="ε (lower: more private)",
+        x_range=x_range,
+        y_range=(0.0, top),
+        log_y=False,
+        log_x=frontier.log_x,
+        series=[Series(frontier.privacy_label, drawn, PALETTE[0], dots=True)],
+        points=privacy_points,
+        rules=[rule]
+        + (
+            [Rule("y", frontier.privacy_target, f"max ε = {frontier.privacy_target:g} (the whole release)", PALETTE[1])]
+            if frontier.privacy_target is not None
+            else []
+        ),
+    )
+    accuracy_top = nice_ceiling(max([*accuracy, frontier.accuracy_target or 0.0]))
+    better = "higher" if frontier.higher_is_more_accurate else "lower"
+    accuracy_svg = plot(
+        chart_id=f"{chart_id}-accuracy",
+        title=f"Accuracy of {name} against {frontier.parameter}",
+        description=(
+            f"{frontier.accuracy_label} for {frontier.parameter} from {values[0]:g} to {values[-1]:g}; "
+            f"the policy's {frontier.parameter} is {chosen:g}, where it is {fmt(accuracy[at])}."
+        ),
+        x_label=param,
+        y_label=f"accuracy ({better}: better)",
+        x_range=x_range,
+        y_range=(0.0, accuracy_top),
+        log_y=False,
+        log_x=frontier.log_x,
+        series=[
+            Series(
+                frontier.accuracy_label,
+                [(x(v), a) for v, a in zip(values, accuracy, strict=True)],
+                PALETTE[4],
+                "7 3",
+                dots=True,
+            )
+        ],
+        points=[
+            Point(
+                x(chosen),
+                accuracy[at],
+                PALETTE[4],
+                f"{name}: {frontier.parameter} = {chosen:g}, {frontier.accuracy_label}: {fmt(accuracy[at])}",
+                {"parameter": float(chosen), "accuracy": float(accuracy[at])},
+            )
+        ],
+        rules=[rule]
+        + (
+            [Rule("y", frontier.accuracy_target, frontier.accuracy_target_label or "accuracy target", PALETTE[1])]
+            if frontier.accuracy_target is not None
+            else []
+        ),
+    )
+    off = [v for v, p in zip(values, privacy, strict=True) if not (math.isfinite(p) and p <= top)]
+    caption = (
+        f"What {frontier.parameter} ({frontier.setting} in the policy) costs and buys, before any data is read: "
+        f"above, {frontier.privacy_label} of this mechanism alone; below, its accuracy. The policy's "
+        f"{frontier.parameter} = {chosen:g} gives ε = {fmt(privacy[at], 4)} and "
+        f"{frontier.accuracy_label} = {fmt(accuracy[at], 4)}. "
+        f"{frontier.note}"
+        + (
+            f" Not drawn above (ε beyond {top:g}, or no ε reaches the target δ): "
+            f"{frontier.parameter} = {', '.join(fmt(v, 4) for v in off)}."
+            if off
+            else ""
+        )
+    )
+    rows = tuple(
+        (f"{v:g}", fmt(p), fmt(a), "policy" if v == chosen else "")
+        for v, p, a in zip(values, privacy, accuracy, strict=True)
+    )
+    return Chart(
+        chart_id,
+        f"Privacy-accuracy frontier of {name} over {frontier.parameter}",
+        caption,
+        Markup(f"{privacy_svg}\n{accuracy_svg}"),
+        (frontier.parameter, frontier.privacy_label, frontier.accuracy_label, "policy"),
+        rows,
+    )
+
+
+def frontier_charts(plan: Plan) -> list[Chart]:
+    """One :func:`frontier_chart` for each mechanism of the policy whose kind has a frontier
+    (:meth:`~privrelease.mechanisms.kinds.MechanismKind.frontier`)."""
+    charts: list[Chart] = []
+    for mechanism in plan.loaded.policy.mechanisms:
+        frontier = mechanism.frontier(plan.loaded)
+        if frontier is not None:
+            charts.append(frontier_chart(mechanism.name, frontier, f"chart-frontier-{len(charts) + 1}"))
+    return charts
+
+
 def all_charts(plan: Plan) -> list[Chart]:
     """Every chart of the plan: SDGS delta curves, the f-smooth curve, publication curves,
-    SPLU curves."""
+    SPLU curves, privacy-accuracy frontiers."""
     charts = sdgs_charts(plan)
     smooth = fsmooth_chart(plan)
     if smooth is not None:
         charts.append(smooth)
-    return charts + publication_charts(plan) + splu_charts(plan)
+    return charts + publication_charts(plan) + splu_charts(plan) + frontier_charts(plan)
 
 
 def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:

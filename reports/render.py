@@ -37,6 +37,7 @@ from privrelease.reports.html import jinja_environment, write_html
 __all__ = [
     "ReportContext",
     "environment",
+    "plan_charts_html",
     "report_html",
     "view",
     "write_html",
@@ -369,6 +370,24 @@ def report_pages(context: ReportContext) -> tuple[str, str]:
     charts and figures computed once for both)."""
     template, shown = environment().get_template(TEMPLATE), view(context)
     return template.render(**shown, public_only=False), template.render(**shown, public_only=True)
+
+
+def plan_charts_html(plan: Any) -> str:
+    """Every chart of a plan (:func:`~privrelease.reports.charts.all_charts`: the report's
+    charts section, privacy-accuracy frontiers included) as one self-contained HTML page, for
+    ``privrelease plan --chart``. Deterministic."""
+    policy = plan.loaded.policy
+    return (
+        environment()
+        .get_template("plan_charts.html.j2")
+        .render(
+            name=policy.name,
+            version=policy.version,
+            sha256=plan.loaded.sha256,
+            accounting=NOTION_NAMES.get(plan.notion, plan.notion),
+            charts=all_charts(plan),
+        )
+    )
 
 
 def write_report(context: ReportContext, path: str | Path, *, public_only: bool = False) -> str:

@@ -95,6 +95,7 @@ def test_every_readme_command_runs_as_written(released) -> None:
         "PUBLISHED.csv": splu_output["path"],
         "RELEASE_DIR": published["adult-sdgs.yaml"].release_dir,
         "KEY.pub": str(work_dir.parent / "agency.key.pub"),
+        "CHARTS.html": str(work_dir.parent / "charts.html"),
     }
     ran = []
     for command in readme_commands():

@@ -60,7 +60,9 @@ def test_report_renders_with_visible_charts(browser: Any, tmp_path: Path) -> Non
         assert page.locator("h2#public-title").is_visible()
         assert page.locator("h2#internal-title").is_visible()
         charts = page.locator("svg.chart")
-        assert charts.count() == 6  # two (k, beta) delta charts, f-smooth, two publication curves, SPLU
+        # two (k, beta) delta charts, f-smooth, two publication curves, SPLU, and a privacy-accuracy
+        # frontier (two panels) for each of the three mechanisms with a parameter
+        assert charts.count() == 6 + 3 * 2
         for i in range(charts.count()):
             chart = charts.nth(i)
             chart.scroll_into_view_if_needed()
@@ -94,7 +96,7 @@ def test_hostile_names_stay_text_in_the_browser(browser: Any, tmp_path: Path) ->
         assert page.locator("h1").inner_text().startswith(EVIL_NAME)
         assert page.locator("script, iframe, img").count() == 0
         assert page.get_by_text(EVIL_MECHANISM, exact=False).first.is_visible()
-        assert page.locator("svg.chart").count() == 4
+        assert page.locator("svg.chart").count() == 4 + 2 * 2  # and two frontiers of two panels
         page.screenshot(path=str(tmp_path / "hostile.png"), full_page=True)
         assert seen["dialogs"] == [], "injected script ran"
         assert seen["console"] == [] and seen["errors"] == []

@@ -403,12 +403,16 @@ def test_kdgs_and_splu_are_said_not_to_be_dp(evil) -> None:
     assert "SPLU-Gen is not differential privacy" in public
     assert "no (ε, δ)-differential-privacy guarantee" in public
     assert "Proposition 4" in public
-    # no delta curve for beta = 1: only the sampled SDGS release has one
+    # no delta curve for beta = 1: only the sampled SDGS release has one (both have a frontier over beta)
     assert [svg.get("id") for svg in svgs(html)] == [
         "chart-sdgs-1",
         "chart-fsmooth",
         "chart-publication-1",
         "chart-splu-1",
+        "chart-frontier-1-privacy",
+        "chart-frontier-1-accuracy",
+        "chart-frontier-2-privacy",
+        "chart-frontier-2-accuracy",
     ]
 
 

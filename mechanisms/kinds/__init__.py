@@ -12,7 +12,9 @@ validation) and, on the same class,
 * its **engines**: :meth:`~MechanismKind.run` in one process over the whole table, and
   optionally :meth:`~MechanismKind.job` (what a Dask worker computes on one partition) and
   :meth:`~MechanismKind.finish` (the result from the merged partial results);
-* its **report**: ``label`` and :meth:`~MechanismKind.explanations`.
+* its **report**: ``label``, :meth:`~MechanismKind.explanations` and, when it has a tunable
+  noise or sampling parameter, :meth:`~MechanismKind.frontier` (what that parameter costs in
+  privacy and buys in accuracy, drawn by :mod:`privrelease.reports.charts`).
 
 Everything else (the policy schema's union, the plan, the accountants, PLD, the flow, Dask, the
 report, release.json, CLI hints) is derived from the set of kinds: :func:`all_kinds`. Kinds are
@@ -25,8 +27,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import pkgutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -74,6 +77,137 @@ class AccuracyCheck:
         if self.value is None:
             return False
         return self.value <= self.limit if self.relation == "<=" else self.value >= self.limit
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """The privacy-accuracy frontier of a mechanism's tunable parameter, as plain data: at each
+    of ``values`` of the parameter (the policy's own, ``chosen``, among them), the epsilon at
+    the policy's target delta by the policy's accountant (:func:`epsilon_at_target`; inf where
+    no epsilon reaches it) and the kind's accuracy measure. ``accuracy_target`` (a rule on the
+    accuracy axis) and ``privacy_target`` (``targets.max_epsilon``) are None when the policy
+    sets none; ``log_x``: the values are drawn on a log axis."""
+
+    parameter: str
+    """How the parameter is written, e.g. "β" or "σ"."""
+    setting: str
+    """Where it sits in the mechanism's policy section, e.g. "beta" or "noise.sigma"."""
+    values: tuple[float, ...]
+    privacy: tuple[float, ...]
+    privacy_label: str
+    accuracy: tuple[float, ...]
+    accuracy_label: str
+    chosen: float
+    higher_is_more_accurate: bool
+    privacy_target: float | None = None
+    accuracy_target: float | None = None
+    accuracy_target_label: str = ""
+    log_x: bool = False
+    note: str = ""
+    """A sentence for the caption (what the accuracy measure is, defaults used)."""
+
+    def __post_init__(self) -> None:
+        assert len(self.values) == len(self.privacy) == len(self.accuracy) >= 2, "one privacy and accuracy per value"
+        assert list(self.values) == sorted(set(self.values)), "values increase"
+        assert self.chosen in self.values, "the policy's value is on the frontier"
+
+    @property
+    def chosen_index(self) -> int:
+        return self.values.index(self.chosen)
+
+
+FRONTIER_STEPS = 8
+"""Points a decade of a frontier's log grid (:func:`log_grid`)."""
+
+FRONTIER_CONFIDENCE = 0.95
+"""The confidence of a frontier's half-width without an accuracy target naming the mechanism."""
+
+
+def epsilon_at_target(loaded: LoadedPolicy, event: Event) -> float:
+    """The epsilon of ``event`` alone at the policy's ``targets.delta`` under its
+    ``targets.accounting``, by the tightest method (:func:`~privrelease.mechanisms.composition.epsilon_at`,
+    as the plan states a release's guarantee); without a delta target, its pure epsilon
+    (:func:`~privrelease.mechanisms.accountants.account`), inf when it has none."""
+    from privrelease.mechanisms import accountants, composition
+
+    targets = loaded.policy.targets
+    if targets.delta is None:
+        guarantee = accountants.account(event, targets.accounting)
+        return guarantee.epsilon if guarantee.supported and guarantee.delta == 0 else math.inf
+    return composition.epsilon_at([event], targets.delta, notion=targets.accounting).epsilon
+
+
+def log_grid(chosen: float, low: float = 0.0, high: float = math.inf) -> list[float]:
+    """``chosen`` times 10^(i / FRONTIER_STEPS) for i = -FRONTIER_STEPS..FRONTIER_STEPS (a
+    decade either side), those in (low, high], and ``chosen``."""
+    steps = [chosen * 10.0 ** (i / FRONTIER_STEPS) for i in range(-FRONTIER_STEPS, FRONTIER_STEPS + 1)]
+    return sorted({*(v for v in steps if low < v <= high), chosen})
+
+
+def half_width_target(loaded: LoadedPolicy, name: str) -> tuple[float, float | None, str]:
+    """The confidence, limit and rule label of the ``absolute_error`` accuracy target naming
+    mechanism ``name`` (default confidence :data:`FRONTIER_CONFIDENCE`, no limit)."""
+    for target in loaded.policy.targets.accuracy:
+        if target.mechanism == name and target.absolute_error is not None:
+            return target.confidence, target.absolute_error, f"required ±{target.absolute_error:g}"
+    return FRONTIER_CONFIDENCE, None, ""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """How a kind names its frontier's parameter and accuracy (:func:`frontier_of`)."""
+
+    parameter: str
+    setting: str
+    accuracy_label: str
+    higher_is_more_accurate: bool
+    note: str
+    accuracy_target: float | None = None
+    accuracy_target_label: str = ""
+    log_x: bool = False
+
+
+def frontier_of(
+    loaded: LoadedPolicy,
+    axis: Axis,
+    chosen: float,
+    values: Iterable[float],
+    event_of: Callable[[float], Event | None],
+    accuracy_of: Callable[[float], float],
+) -> Frontier:
+    """A :class:`Frontier` at ``values`` (with ``chosen``): each value's release ``event_of``
+    (None: not a release, left out) at :func:`epsilon_at_target`, its ``accuracy_of``."""
+    kept, privacy, accuracy = [], [], []
+    for value in sorted({*values, chosen}):
+        event = event_of(value)
+        if event is None:
+            assert value != chosen, "the policy's own value plans a release"
+            continue
+        kept.append(value)
+        privacy.append(epsilon_at_target(loaded, event))
+        accuracy.append(float(accuracy_of(value)))
+    targets = loaded.policy.targets
+    label = (
+        f"ε (pure, {targets.accounting})"
+        if targets.delta is None
+        else f"ε at δ = {targets.delta:g} ({targets.accounting})"
+    )
+    return Frontier(
+        axis.parameter,
+        axis.setting,
+        tuple(kept),
+        tuple(privacy),
+        label,
+        tuple(accuracy),
+        axis.accuracy_label,
+        chosen,
+        axis.higher_is_more_accurate,
+        privacy_target=targets.max_epsilon,
+        accuracy_target=axis.accuracy_target,
+        accuracy_target_label=axis.accuracy_target_label,
+        log_x=axis.log_x,
+        note=axis.note,
+    )
 
 
 class Job(Protocol):
@@ -160,6 +294,11 @@ class MechanismKind(Model):
         raise NotImplementedError(f"mechanism type {self.kind_type()!r} does not run on Dask")
 
     # --- report ---------------------------------------------------------------------------
+
+    def frontier(self, loaded: LoadedPolicy) -> Frontier | None:
+        """Its privacy-accuracy frontier over its tunable parameter, from the policy alone (None:
+        it has no such parameter, or the policy's value cannot be charted)."""
+        return None
 
     def explanations(self) -> tuple[str, ...]:
         """Paragraphs for the report's "What these guarantees mean" (Jinja: ``<dt>``/``<dd>``

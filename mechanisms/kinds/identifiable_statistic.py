@@ -21,7 +21,16 @@ import numpy as np
 import pyarrow as pa
 from pydantic import model_validator
 
-from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.mechanisms.kinds import (
+    AccuracyCheck,
+    Axis,
+    Frontier,
+    MechanismKind,
+    Planned,
+    frontier_of,
+    half_width_target,
+    log_grid,
+)
 from privrelease.policies.fields import ColumnRef, FieldError, Issue, Loc, Name, Names, Number, Rho, num
 
 if TYPE_CHECKING:
@@ -34,6 +43,9 @@ if TYPE_CHECKING:
 
 COUNT_COLUMN = "__privrelease_rows__"
 """The constant value column that stands in for a count."""
+
+RHO_TOP = 0.95
+"""The largest rho a frontier is drawn at."""
 
 
 class IdentifiableStatisticMechanism(MechanismKind):
@@ -156,6 +168,43 @@ class IdentifiableStatisticMechanism(MechanismKind):
         scale = planned.facts.get("lambda")
         half = laplace_half_width(scale, target.confidence) if scale is not None else None
         return AccuracyCheck("noise half-width", "<=", target.absolute_error, half, "none: rho infeasible")
+
+    def frontier(self, loaded: LoadedPolicy) -> Frontier | None:
+        """Over rho (log grid, feasible values only): the statistic's epsilon at the target
+        delta (its Laplace event with that rho, :func:`.epsilon_at_target`) and the Laplace
+        half-width lambda ln(1 / (1 - C)) at the accuracy target's confidence (default 95%).
+        None when the policy's rho is infeasible."""
+        from privrelease.mechanisms.accuracy import laplace_half_width
+
+        calibration = self.calibration(loaded)
+        if not calibration.feasible:
+            return None
+        confidence, limit, label = half_width_target(loaded, self.name)
+        unit = "" if self.query == "count" else f" ({self.query} of {self.column})"
+        axis = Axis(
+            "ρ",
+            "rho",
+            f"{confidence:.0%} half-width of the published value{unit}",
+            False,
+            f"Accuracy: the published value is within ± the half-width of the true one with probability "
+            f"{confidence:.0%} (Laplace noise of scale λ; universe size m = {calibration.universe_size}, "
+            f"so ρ must exceed 1/m).",
+            limit,
+            label,
+            log_x=True,
+        )
+        planned = {
+            rho: self.model_copy(update={"rho": rho}).plan(loaded)
+            for rho in log_grid(self.rho, low=1 / calibration.universe_size, high=RHO_TOP)
+        }
+        return frontier_of(
+            loaded,
+            axis,
+            self.rho,
+            planned,
+            lambda rho: planned[rho].event,  # None: rho too close to 1/m for floating point
+            lambda rho: laplace_half_width(planned[rho].facts["lambda"], confidence),
+        )
 
     def job(self, loaded: LoadedPolicy) -> StatisticJob:
         by = {name: loaded.scheme(name) if loaded.policy.scheme_for(name) is not None else _keep() for name in self.by}

@@ -71,7 +71,16 @@ from pydantic import Field, StrictBool
 from privrelease.errors import UserError
 from privrelease.mechanisms.events import Event
 from privrelease.mechanisms.guarantees import Guarantee, Notion, pure
-from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.mechanisms.kinds import (
+    AccuracyCheck,
+    Axis,
+    Frontier,
+    MechanismKind,
+    Planned,
+    frontier_of,
+    half_width_target,
+    log_grid,
+)
 from privrelease.mechanisms.schemes import Keep
 from privrelease.policies.fields import ColumnRef, Epsilon, Issue, Loc, Model, Names, at_least, checked
 
@@ -548,6 +557,41 @@ class NoisyCountsMechanism(MechanismKind):
         distribution, parameter = self._distribution
         return AccuracyCheck(
             "noise half-width", "<=", target.absolute_error, half_width(distribution, parameter, target.confidence)
+        )
+
+    def frontier(self, loaded: LoadedPolicy) -> Frontier:
+        """Over sigma (Gaussian) or scale (Laplace) on a log grid, a decade either side of the
+        policy's: the table's epsilon at the target delta (its event with that noise,
+        :func:`.epsilon_at_target`) and the half-width :func:`half_width` at the accuracy
+        target's confidence (default 95%)."""
+        distribution, parameter = self._distribution
+        confidence, limit, label = half_width_target(loaded, self.name)
+        axis = Axis(
+            "σ" if distribution == "gaussian" else "scale",
+            f"noise.{_parameter_name(distribution)}",
+            f"{confidence:.0%} half-width of a count (people)",
+            False,
+            f"Accuracy: every published count is within ± the half-width of its true count with probability "
+            f"at least {confidence:.0%} (discrete {distribution.capitalize()} noise, exact).",
+            limit,
+            label,
+            log_x=True,
+        )
+        return frontier_of(
+            loaded,
+            axis,
+            parameter,
+            log_grid(parameter, high=MAX_NOISE),
+            lambda value: self._with_noise(value)._event(loaded),
+            lambda value: half_width(distribution, value, confidence),
+        )
+
+    def _with_noise(self, value: float) -> NoisyCountsMechanism:
+        """This table with noise parameter ``value`` (its delta stated at the target delta)."""
+        distribution, _ = self._distribution
+        noise = GaussianNoise(distribution="gaussian", sigma=value) if distribution == "gaussian" else None
+        return self.model_copy(
+            update={"noise": noise or LaplaceNoise(distribution="laplace", scale=value), "epsilon": None}
         )
 
     def job(self, loaded: LoadedPolicy) -> CountJob:

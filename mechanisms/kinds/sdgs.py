@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import model_validator
 
-from privrelease.mechanisms.events import SDGS, Composed, Event, ExponentialSelection
-from privrelease.mechanisms.kinds import AccuracyCheck, MechanismKind, Planned
+from privrelease.mechanisms.events import SDGS, Composed, Event, ExponentialSelection, leaves
+from privrelease.mechanisms.kinds import AccuracyCheck, Axis, Frontier, MechanismKind, Planned, frontier_of
 from privrelease.mechanisms.results import MechanismResult, Pieces
 from privrelease.policies.fields import (
     Beta,
@@ -49,6 +49,19 @@ ROWS_PER_PIECE = 1_000_000
 
 SELECTION_FAILURE = 0.05
 """The failure probability t at which the selection's utility gap is stated."""
+
+FRONTIER_BETAS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+"""The sampling rates a frontier is drawn at (with the policy's own): denser where the
+privacy loss moves fastest (one release: its exact curve inverted, about 10 ms a point)."""
+
+FRONTIER_BETAS_COMPOSED = (0.02, 0.05, 0.2)
+"""The coarser grid when the release composes two events (``select_scheme``): each point then
+builds the SDGS privacy loss distribution (0.1 to 0.3 s, more for a larger beta; the policy's own is
+cached by the plan)."""
+
+FRONTIER_COUNT = 1000
+FRONTIER_RELATIVE_ERROR = 0.25
+"""The cell (people, relative error) a frontier's accuracy is stated for without an accuracy target."""
 
 
 class SelectScheme(Model):
@@ -123,6 +136,54 @@ class Generalizing(MechanismKind):
 
     def job(self, loaded: LoadedPolicy) -> CellJob | SelectionJob:
         return CellJob(loaded.schemes(self.columns), self.beta)
+
+    def frontier(self, loaded: LoadedPolicy) -> Frontier:
+        """Over beta: the epsilon of the release at the target delta (this kind with that beta
+        planned, :func:`.epsilon_at_target`; under ``probabilistic``, the release stated at
+        the smallest epsilon where Theorem 1 reaches the target delta) and the probability that
+        a cell of the accuracy target's count N (default 1,000) is published and within
+        +-r (default 25%): :func:`.accuracy.count_accuracy`'s ``within``."""
+        from privrelease.mechanisms.accuracy import count_accuracy
+
+        targets = loaded.policy.targets
+        target = next((t for t in targets.accuracy if t.mechanism == self.name and t.count and t.relative_error), None)
+        count = target.count if target is not None and target.count else FRONTIER_COUNT
+        error = target.relative_error if target is not None and target.relative_error else FRONTIER_RELATIVE_ERROR
+        single = len(leaves(self.plan(loaded).event or Composed(events=()))) == 1
+        axis = Axis(
+            "β",
+            "beta",
+            f"P(a cell of {count:,} published and within ±{error:.0%})",
+            True,
+            f"Accuracy: the probability that a cell of {count:,} people is published (at least k = {self.k} "
+            f"of them sampled) and its estimate count/β is within ±{error:.0%}"
+            + ("" if target is not None else " (no accuracy target names this mechanism: a default cell)")
+            + ".",
+            target.confidence if target is not None else None,
+            f"required confidence {target.confidence:g}" if target is not None else "",
+        )
+        return frontier_of(
+            loaded,
+            axis,
+            self.beta,
+            FRONTIER_BETAS if single else FRONTIER_BETAS_COMPOSED,
+            lambda beta: self._frontier_event(loaded, beta),
+            lambda beta: count_accuracy(self.k, beta, count, relative_error=error).within or 0.0,
+        )
+
+    def _frontier_event(self, loaded: LoadedPolicy, beta: float) -> Event | None:
+        """The release with sampling rate ``beta`` (under ``probabilistic``, stated at the
+        smallest epsilon where Theorem 1 reaches the target delta, when one does)."""
+        from privrelease.mechanisms.sdgs_calibration import CalibrationError, smallest_epsilon
+
+        targets = loaded.policy.targets
+        update: dict[str, Any] = {"beta": beta}
+        if targets.accounting == "probabilistic" and targets.delta is not None and beta < 1:
+            try:
+                update["epsilon"] = smallest_epsilon(self.k, beta, targets.delta, "probabilistic").epsilon
+            except CalibrationError:
+                pass  # stated at the policy's epsilon, whose delta misses the target: epsilon inf
+        return self.model_copy(update=update).plan(loaded).event
 
     def explanations(self) -> tuple[str, ...]:
         return (KDGS,) if self.beta >= 1 else (SAMPLED,)

@@ -72,19 +72,35 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 # --- plan ----------------------------------------------------------------------------------------
 
 
-def plan(policy: Path = typer.Argument(..., help="The release policy (YAML)."), json_out: bool = JSON) -> None:
+def plan(
+    policy: Path = typer.Argument(..., help="The release policy (YAML)."),
+    json_out: bool = JSON,
+    chart: Path | None = typer.Option(
+        None,
+        "--chart",
+        help="Also write the plan's charts (the report's: privacy curves, publication curves, "
+        "privacy-accuracy frontiers) to this HTML file.",
+    ),
+) -> None:
     """Validate a policy and list every guarantee and target check. Reads no data. Warns when
     the audit database has its name@version registered with other content (`run` refuses it)."""
     from privrelease.planning import plan_policy
     from privrelease.policies import load_policy
 
     result = plan_policy(load_policy(policy))
+    if chart is not None:
+        from privrelease.reports.html import write_html
+        from privrelease.reports.render import plan_charts_html
+
+        write_html(plan_charts_html(result), chart)
     checked, clash = _version_clash(result.loaded)
     if json_out:
         conflict = None if clash is None else clash.as_dict()
         print_json({**result.as_dict(), "version_checked": checked, "version_conflict": conflict})
     else:
         _print_plan(result)
+        if chart is not None:
+            console.print(f"charts written to {chart}", highlight=False, soft_wrap=True)
         if clash is not None:
             console.print(styled("[yellow]warning:[/] {}", clash.message), highlight=False, soft_wrap=True)
     if not result.passed:
