@@ -191,7 +191,7 @@ def _exact_curve(releases: Releases) -> Callable[[float], float] | None:
     return None
 
 
-def _bisect_epsilon(delta_of, delta: float, high: float) -> float:
+def smallest_epsilon(delta_of: Callable[[float], float], delta: float, high: float) -> float:
     """The smallest epsilon in [0, high] with delta_of(epsilon) <= delta (nonincreasing), to a
     relative 1e-9 and rounded up; inf when even ``high`` does not reach it."""
     if delta_of(high) > delta:
@@ -214,12 +214,12 @@ def _candidates_epsilon(releases: Releases, delta: float) -> dict[str, tuple[flo
     found: dict[str, tuple[float, float]] = {}
     basic_eps, basic_delta = _basic(points)
     if (curve := _exact_curve(releases)) is not None:
-        found[EXACT] = (_bisect_epsilon(curve, delta, _MAX_EPSILON), delta)
+        found[EXACT] = (smallest_epsilon(curve, delta, _MAX_EPSILON), delta)
     if _by_pld(total):
         found[PLD] = (pld.epsilon_for_delta(pld.composed_pld(releases), delta), delta)
     if 1 < total <= OPTIMAL_RELEASES:
         each = _each(points)
-        found[OPTIMAL] = (_bisect_epsilon(lambda e: optimal_composition_delta(each, e), delta, basic_eps), delta)
+        found[OPTIMAL] = (smallest_epsilon(lambda e: optimal_composition_delta(each, e), delta, basic_eps), delta)
     if total > 1:
         found[ADVANCED] = (_advanced_epsilon(points, delta), delta)
     found[BASIC] = (basic_eps if basic_delta <= delta else math.inf, delta)

@@ -93,6 +93,15 @@ class LoadedPolicy:
         """Compiled schemes of ``columns``, in that order."""
         return {column: self.scheme(column, candidate) for column in columns}
 
+    def published_schemes(self, columns: Iterable[str]) -> dict[str, ColumnScheme]:
+        """Compiled schemes of ``columns``, in that order; a column the policy generalizes by
+        no scheme is published as it is (:class:`~privrelease.mechanisms.schemes.Keep`)."""
+        from privrelease.mechanisms.schemes import Keep
+
+        return {
+            column: self.scheme(column) if self.policy.scheme_for(column) is not None else Keep() for column in columns
+        }
+
     def labels(self, columns: Iterable[str]) -> dict[str, list[str]]:
         """The labels each column can be published with, fixed by the policy alone: its
         declared ``values`` generalized by its scheme (kept as they are without one), or, for a
@@ -101,7 +110,6 @@ class LoadedPolicy:
         import pyarrow as pa
 
         from privrelease.mechanisms.generalization import generalize
-        from privrelease.mechanisms.schemes import Keep
 
         found: dict[str, list[str]] = {}
         for column in columns:
@@ -115,10 +123,8 @@ class LoadedPolicy:
             array = pa.array(
                 spec.values, type={"integer": pa.int64(), "float": pa.float64()}.get(spec.type, pa.string())
             )
-            compiled = self.scheme(column) if scheme is not None else Keep()
-            found[column] = sorted(
-                set(generalize(pa.table({column: array}), {column: compiled}).column(column).to_pylist())
-            )
+            generalized = generalize(pa.table({column: array}), self.published_schemes([column]))
+            found[column] = sorted(set(generalized.column(column).to_pylist()))
         return found
 
 

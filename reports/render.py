@@ -235,10 +235,9 @@ def _dp_only(all_leaves: list[Any], notion: str) -> dict[str, Any] | None:
 
 def _explanations(policy: Any) -> list[Markup]:
     """Each kind's paragraphs for "What these guarantees mean", once each, rendered with the
-    policy's targets (:meth:`~privrelease.mechanisms.kinds.MechanismKind.explanations`)."""
+    policy's ``targets`` (:meth:`~privrelease.mechanisms.kinds.MechanismKind.explanations`)."""
     sources = dict.fromkeys(text for spec in policy.mechanisms for text in spec.explanations())
-    values = {"splu_targets": policy.targets.splu_privacy, "splu_utility": policy.targets.splu_utility}
-    return [Markup(environment().from_string(source).render(targets=policy.targets, **values)) for source in sources]
+    return [Markup(environment().from_string(source).render(targets=policy.targets)) for source in sources]
 
 
 def _remaining(budget: dict[str, Any], spent: dict[str, Any], key: str) -> str:

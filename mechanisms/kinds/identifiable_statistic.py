@@ -207,7 +207,7 @@ class IdentifiableStatisticMechanism(MechanismKind):
         )
 
     def job(self, loaded: LoadedPolicy) -> StatisticJob:
-        by = {name: loaded.scheme(name) if loaded.policy.scheme_for(name) is not None else _keep() for name in self.by}
+        by = loaded.published_schemes(self.by)
         domain = loaded.labels(self.by) if self.by else None
         return StatisticJob(
             self.column,
@@ -235,12 +235,6 @@ class IdentifiableStatisticMechanism(MechanismKind):
 
 
 KINDS = (IdentifiableStatisticMechanism,)
-
-
-def _keep() -> ColumnScheme:
-    from privrelease.mechanisms.schemes import Keep
-
-    return Keep()
 
 
 @dataclass(frozen=True)

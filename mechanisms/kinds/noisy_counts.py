@@ -81,7 +81,6 @@ from privrelease.mechanisms.kinds import (
     half_width_target,
     log_grid,
 )
-from privrelease.mechanisms.schemes import Keep
 from privrelease.policies.fields import ColumnRef, Epsilon, Issue, Loc, Model, Names, at_least, checked
 
 if TYPE_CHECKING:
@@ -416,6 +415,10 @@ MAX_CELLS = 1_000_000
 
 MAX_NOISE = 1e6
 
+STATED_EPSILON_LIMIT = 100.0
+"""The largest epsilon a Gaussian table's guarantee is stated at (a policy's epsilons are at
+most 100: beyond, a guarantee says nothing)."""
+
 
 class DiscreteGaussian(Event):
     """A table of counts of sensitivity 1 with discrete Gaussian noise ``sigma``, its guarantee
@@ -596,21 +599,22 @@ class NoisyCountsMechanism(MechanismKind):
 
     def job(self, loaded: LoadedPolicy) -> CountJob:
         domain = loaded.labels(self.columns)
-        schemes = {
-            column: loaded.scheme(column) if loaded.policy.scheme_for(column) is not None else Keep()
-            for column in self.columns
-        }
-        return CountJob(schemes, {column: tuple(labels) for column, labels in domain.items()})
+        return CountJob(
+            loaded.published_schemes(self.columns), {column: tuple(labels) for column, labels in domain.items()}
+        )
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         job = self.job(loaded)
-        return self.finish(loaded, job.partial(table))
+        return self._release(loaded, job, job.partial(table))
 
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
         """Noise added once to the exact counts of every cell (merged over partitions on Dask)."""
+        return self._release(loaded, self.job(loaded), merged)
+
+    def _release(self, loaded: LoadedPolicy, job: CountJob, merged: Any) -> MechanismResult:
+        """The table: ``merged`` (exact counts, row-major over ``job``'s domain) with noise."""
         from privrelease.mechanisms.results import MechanismResult
 
-        job = self.job(loaded)
         distribution, parameter = self._distribution
         noisy = add_noise(np.asarray(merged, dtype=np.int64), distribution, parameter)
         if self.nonnegative:
@@ -634,14 +638,10 @@ KINDS = (NoisyCountsMechanism,)
 
 def _smallest_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
     """The smallest epsilon in [0, 100] with delta_of(epsilon) <= delta (nonincreasing), to a
-    relative 1e-9 and rounded up."""
-    low, high = 0.0, 100.0
-    if delta_of(low) <= delta:
-        return 0.0
-    while high - low > 1e-9 * high:
-        middle = (low + high) / 2
-        low, high = (low, middle) if delta_of(middle) <= delta else (middle, high)
-    return high
+    relative 1e-9 and rounded up (:func:`.composition.smallest_epsilon`); 100 when none is."""
+    from privrelease.mechanisms.composition import smallest_epsilon
+
+    return min(smallest_epsilon(delta_of, delta, STATED_EPSILON_LIMIT), STATED_EPSILON_LIMIT)
 
 
 @dataclass(frozen=True)

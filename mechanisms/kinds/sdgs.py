@@ -98,9 +98,11 @@ class Generalizing(MechanismKind):
             )
         return self
 
+    output: ClassVar[Literal["microdata", "histogram"]]
+    """What it publishes: the rows, or only the counts per cell (the same information)."""
+
     def _event(self) -> SDGS:
-        output: Literal["microdata", "histogram"] = "microdata" if isinstance(self, SdgsMechanism) else "histogram"
-        return SDGS(k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0, output=output)
+        return SDGS(k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0, output=self.output)
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
         return Planned(
@@ -198,6 +200,7 @@ class SdgsMechanism(Generalizing):
     select_scheme: SelectScheme | None = None
 
     label: ClassVar[str] = "(k, β)-SDGS microdata"
+    output: ClassVar[Literal["microdata", "histogram"]] = "microdata"
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -309,6 +312,7 @@ class HistogramMechanism(Generalizing):
     type: Literal["histogram"]
 
     label: ClassVar[str] = "crowd-blending histogram"
+    output: ClassVar[Literal["microdata", "histogram"]] = "histogram"
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         from privrelease.mechanisms.histogram import crowd_blending_histogram
