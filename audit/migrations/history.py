@@ -51,3 +51,18 @@ def append_records(bind: sa.Connection, rows: list[Row], *, signed: bool = False
         bind.execute(events.insert().values(**record))
         previous = digest
     bind.execute(sa.text("UPDATE chain_head SET seq = :seq, hash = :hash WHERE id = 1"), {"seq": seq, "hash": previous})
+
+
+def migrated(table: str, columns: dict[str, Any], key: Any, **facts: Any) -> Row:
+    """The ``<table>_migrated`` record of one row: its columns as the revision leaves them, and
+    the payload naming it (``table``, ``key``, and ``facts``)."""
+    return (f"{table}_migrated", columns, {"table": table, "key": key, **facts})
+
+
+def append_migration(bind: sa.Connection, from_revision: str | None, to_revision: str, rows: list[Row]) -> None:
+    """The records of a revision that changed audited rows: one ``schema_migrated`` record, then
+    ``rows`` (:func:`migrated`), signed when ``PRIVRELEASE_SIGNING_KEY`` is set; nothing when no
+    row changed."""
+    if rows:
+        schema: Row = ("schema_migrated", {}, {"from_revision": from_revision, "to_revision": to_revision})
+        append_records(bind, [schema, *rows], signed=True)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from privrelease.audit.migrations.history import Row, append_records
+from privrelease.audit.migrations.history import append_migration, migrated
 
 revision: str = "0005_approval_binds_data"
 down_revision: str | None = "0004_signed_approvals"
@@ -51,13 +51,11 @@ def upgrade() -> None:
         batch.add_column(sa.Column("data_sha256", sa.String(length=64), nullable=True))
         batch.add_column(sa.Column("os_uid", sa.Integer(), nullable=True))
     bind = op.get_bind()
-    rows: list[Row] = [
-        ("approval_migrated", dict(row), {"table": "approval", "key": row["id"], "sha256": row["policy_sha256"]})
+    rows = [
+        migrated("approval", dict(row), row["id"], sha256=row["policy_sha256"])
         for row in bind.execute(sa.select(APPROVAL).order_by(APPROVAL.c.id)).mappings()
     ]
-    if rows:
-        schema: Row = ("schema_migrated", {}, {"from_revision": down_revision, "to_revision": revision})
-        append_records(bind, [schema, *rows], signed=True)
+    append_migration(bind, down_revision, revision, rows)
 
 
 def downgrade() -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from privrelease.audit.migrations.history import Row, append_records
+from privrelease.audit.migrations.history import Row, append_migration, migrated
 
 revision: str = "0006_governance"
 down_revision: str | None = "0005_approval_binds_data"
@@ -53,14 +53,10 @@ def upgrade() -> None:
     for row in bind.execute(sa.select(APPROVAL).order_by(APPROVAL.c.id)).mappings():
         columns = {**row, "nonce": uuid.uuid4().hex}
         bind.execute(APPROVAL.update().where(APPROVAL.c.id == row["id"]).values(nonce=columns["nonce"]))
-        rows.append(
-            ("approval_migrated", columns, {"table": "approval", "key": row["id"], "sha256": row["policy_sha256"]})
-        )
+        rows.append(migrated("approval", columns, row["id"], sha256=row["policy_sha256"]))
     with op.batch_alter_table("approval") as batch:
         batch.alter_column("nonce", existing_type=sa.String(length=32), nullable=False)
-    if rows:
-        schema: Row = ("schema_migrated", {}, {"from_revision": down_revision, "to_revision": revision})
-        append_records(bind, [schema, *rows], signed=True)
+    append_migration(bind, down_revision, revision, rows)
 
 
 def downgrade() -> None:

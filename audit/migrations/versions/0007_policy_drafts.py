@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from privrelease.audit.migrations.history import Row, append_records
+from privrelease.audit.migrations.history import append_migration, migrated
 
 revision: str = "0007_policy_drafts"
 down_revision: str | None = "0006_governance"
@@ -53,17 +53,11 @@ def upgrade() -> None:
         postgresql_where=sa.text("NOT draft"),
     )
     bind = op.get_bind()
-    rows: list[Row] = [
-        (
-            "policy_version_migrated",
-            {**row, "draft": False},
-            {"table": "policy_version", "key": row["id"], "sha256": row["sha256"]},
-        )
+    rows = [
+        migrated("policy_version", {**row, "draft": False}, row["id"], sha256=row["sha256"])
         for row in bind.execute(sa.select(POLICY_VERSION).order_by(POLICY_VERSION.c.id)).mappings()
     ]
-    if rows:
-        schema: Row = ("schema_migrated", {}, {"from_revision": down_revision, "to_revision": revision})
-        append_records(bind, [schema, *rows], signed=True)
+    append_migration(bind, down_revision, revision, rows)
 
 
 def downgrade() -> None:
