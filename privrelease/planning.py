@@ -117,9 +117,7 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
         guarantees: dict[str, accountants.Guarantee] = {
             notion: accountants.account(event, notion) for notion in accountants.NOTIONS
         }
-        fsmooth = accountants.fsmooth(event)
-        if fsmooth is not None and all(eps0 >= min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
-            facts["fsmooth"] = {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}
+        facts.update(_fsmooth_fact(event))
         rho = accountants.identifiability(event)
         if rho is not None:
             facts["rho_achieved"] = rho
@@ -165,14 +163,21 @@ def _approximate(loaded: LoadedPolicy, tree: Composed, stated: Guarantee) -> tup
     return guarantee, facts
 
 
+def _fsmooth_fact(event: Event) -> dict[str, Any]:
+    """``{"fsmooth": ...}`` when the event's SDGS releases have Theorem 6's f-smooth bound
+    (composed by Theorem 5; stated for eps0 >= -ln(1 - beta) only), else nothing."""
+    fsmooth = accountants.fsmooth(event)
+    if fsmooth is None or any(eps0 < min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
+        return {}
+    return {"fsmooth": {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}}
+
+
 def _composed_facts(loaded: LoadedPolicy, tree: Composed) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     laplace = Composed(events=tuple(leaf for leaf in leaves(tree) if isinstance(leaf, Laplace)))
     if laplace.events:
         facts["rho_composed_statistics"] = accountants.identifiability(laplace)
-    fsmooth = accountants.fsmooth(tree)
-    if fsmooth is not None and all(eps0 >= min_theorem1_epsilon(beta) for _, beta, eps0 in fsmooth.parts):
-        facts["fsmooth"] = {"epsilon0": fsmooth.epsilon0, "delta0": fsmooth.delta0, "f(2)": fsmooth.f(2.0)}
+    facts.update(_fsmooth_fact(tree))
     if not is_dp(tree):
         facts["not_dp"] = (
             "SPLU-Gen output is not differentially private: the release as a whole has no (eps, delta)-DP guarantee"
