@@ -457,21 +457,22 @@ class DiscreteLaplace(Event):
         return noise_pld("laplace", self.scale, discretization)
 
 
-NoiseParameter = Annotated[float, checked("noise", f"a number in (0, {MAX_NOISE:g}]", lambda v: 0 < v <= MAX_NOISE)]
+Sigma = Annotated[float, checked("sigma", f"a number in (0, {MAX_NOISE:g}]", lambda v: 0 < v <= MAX_NOISE)]
+Scale = Annotated[float, checked("scale", f"a number in (0, {MAX_NOISE:g}]", lambda v: 0 < v <= MAX_NOISE)]
 
 
 class GaussianNoise(Model):
     """Discrete Gaussian noise N_Z(0, sigma^2) on every cell."""
 
     distribution: Literal["gaussian"]
-    sigma: NoiseParameter
+    sigma: Sigma
 
 
 class LaplaceNoise(Model):
     """Discrete Laplace noise of scale ``scale`` on every cell: (1/scale)-DP."""
 
     distribution: Literal["laplace"]
-    scale: NoiseParameter
+    scale: Scale
 
 
 class NoisyCountsMechanism(MechanismKind):
