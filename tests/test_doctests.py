@@ -15,6 +15,7 @@ MODULES = [
     "privrelease.mechanisms.identifiability",
     "privrelease.api",
     "privrelease.settings",
+    "privrelease.audit.registered",
 ]
 
 

@@ -21,7 +21,7 @@ import pytest
 from sqlmodel import col, select
 
 from privrelease import demo
-from privrelease.audit import approvals, chain, verification
+from privrelease.audit import approvals, chain, registered, verification
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
 from privrelease.errors import TargetNotMet, UserError
@@ -31,6 +31,7 @@ from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import composition
 from privrelease.mechanisms.events import event_from_json
 from privrelease.policies import load_policy
+from privrelease.settings import get_settings
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "policies" / "examples"
@@ -686,11 +687,11 @@ def test_plan_warns_when_the_version_is_registered_with_other_content(demo_dir, 
     approve(policy)
     with session(open_database(), readonly=True) as s:
         (approval,) = approvals.approvals_of(s, load_policy(policy).sha256)
-    registered, mine = load_policy(policy).sha256, load_policy(edited).sha256
+    registered_sha, mine = load_policy(policy).sha256, load_policy(edited).sha256
     result = runner.invoke(app, ["plan", str(edited)])
     assert result.exit_code == 0, result.output
     message = (
-        f"policy demo-census@1 is registered with other content (sha256 {registered[:12]}, approved "
+        f"policy demo-census@1 is registered with other content (sha256 {registered_sha[:12]}, approved "
         f"{approval.approved_at:%Y-%m-%d %H:%M} UTC by 'test reviewer'); this file has sha256 {mine[:12]}: "
         'give this draft a new `version`, e.g. version: "2"'
     )
@@ -699,12 +700,40 @@ def test_plan_warns_when_the_version_is_registered_with_other_content(demo_dir, 
     assert document["passed"] is True and document["version_checked"] is True
     conflict = document["version_conflict"]
     assert conflict["message"] == message and conflict["suggested"] == "2"
-    assert (conflict["registered_sha256"], conflict["sha256"]) == (registered, mine)
+    assert (conflict["registered_sha256"], conflict["sha256"]) == (registered_sha, mine)
     with pytest.raises(UserError) as caught:  # `run` refuses it with the same words, before reading anything
         release_plain(policy_path=str(edited))
     assert str(caught.value) == message
     document = json.loads(runner.invoke(app, ["plan", str(policy), "--json"]).output)
     assert document["version_conflict"] is None  # the registered content itself
+    # plan's cheap read of the SQLite file (audit.registered) agrees with the audit models
+    url = get_settings().db_url
+    assert registered.peek(url, "demo-census", "1") == registered.Peek(database=True, sha256=registered_sha)
+    assert registered.peek(url, "demo-census", "2") == registered.Peek(database=True, sha256=None)
+    assert registered.peek(url + "?mode=ro", "demo-census", "1") is None  # options: asked through SQLAlchemy
+
+
+def test_plan_reads_the_registered_version_without_loading_sqlalchemy(demo_dir, work):
+    """`plan` asks the audit database on every call; in the usual case (nothing or this very
+    policy registered under its name@version) the SQLite file is read with the standard library,
+    so plan stays as fast as before the check (bench/cli.py); a clash loads the audit models."""
+    policy = demo_dir / demo.POLICY_FILE
+    approve(policy)
+    edited = variant(demo_dir, "1", ("k: 20", "k: 25"))
+    probe = (
+        "import json, sys\n"
+        "from privrelease.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(json.dumps('sqlalchemy' in sys.modules), file=sys.stderr)\n"
+    )
+    loaded = {}
+    for path in (policy, edited):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, "plan", str(path), "--json"], capture_output=True, text=True, env=os.environ
+        )
+        document = json.loads(done.stdout)
+        loaded[path.name] = (json.loads(done.stderr.strip().splitlines()[-1]), document["version_conflict"] is None)
+    assert loaded == {policy.name: (False, True), edited.name: (True, False)}
 
 
 def test_budget_exhausted(demo_dir, work):

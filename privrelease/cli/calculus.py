@@ -112,6 +112,14 @@ def _version_clash(loaded) -> tuple[bool, Any]:
     when it has the policy's name@version registered (approved or published) with other
     content, else None. Without an audit database (plan creates none) or when it cannot be
     reached, nothing is checked: a warning, never a failed plan (the run checks again)."""
+    from privrelease.audit.registered import peek
+    from privrelease.settings import get_settings
+
+    policy = loaded.policy
+    quick = peek(get_settings().db_url, str(policy.name), str(policy.version))
+    if quick is not None and quick.sha256 in (None, loaded.sha256):
+        return quick.database, None
+
     from sqlalchemy.exc import OperationalError
 
     from privrelease.audit import approvals
