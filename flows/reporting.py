@@ -93,13 +93,13 @@ def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
     """Render the disclosure report (full, internal) and the public disclosure statement into
     the staging folder; ``facts``: the keyword arguments of :func:`report_context`."""
     from privrelease.reports import write_html
-    from privrelease.reports.render import report_html
+    from privrelease.reports.render import report_pages
 
     context = report_context(run, **facts)
     described = json.dumps(release_facts.describe(context.plan, facts["outputs"]), indent=2, sort_keys=True) + "\n"
+    report, statement = report_pages(context)
     files = {}
-    for name, public_only in ((REPORT_FILE, False), (STATEMENT_FILE, True), (release_facts.RELEASE_FILE, None)):
-        text = described if public_only is None else report_html(context, public_only=public_only)
+    for name, text in ((REPORT_FILE, report), (STATEMENT_FILE, statement), (release_facts.RELEASE_FILE, described)):
         path = run.staging_dir / name
         try:
             sha256 = write_html(text, path)  # the atomic text writer (fsync, rename)

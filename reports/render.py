@@ -361,14 +361,18 @@ def view(context: ReportContext) -> dict[str, Any]:
 def report_html(context: ReportContext, *, public_only: bool = False) -> str:
     """The report as one HTML document (``public_only``: the public disclosure statement alone,
     for publication with the data). Deterministic: the same context gives the same text."""
-    return report_pages(context)[1 if public_only else 0]
+    return _page(view(context), public_only)
 
 
 def report_pages(context: ReportContext) -> tuple[str, str]:
     """The full report and the public disclosure statement, from one view of ``context`` (its
     charts and figures computed once for both)."""
-    template, shown = environment().get_template(TEMPLATE), view(context)
-    return template.render(**shown, public_only=False), template.render(**shown, public_only=True)
+    shown = view(context)
+    return _page(shown, False), _page(shown, True)
+
+
+def _page(shown: dict[str, Any], public_only: bool) -> str:
+    return environment().get_template(TEMPLATE).render(**shown, public_only=public_only)
 
 
 def plan_charts_html(plan: Any) -> str:

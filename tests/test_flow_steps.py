@@ -1097,22 +1097,25 @@ def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work
 
 def test_a_run_parses_and_plans_its_policy_once(demo_dir, work, monkeypatch):
     """The command line's pre-flight and the flow's steps in one process share one parse and
-    one plan of the policy (the memo of :class:`~privrelease.flows.context.PolicySource`)."""
+    one plan of the policy (the memo of :class:`~privrelease.flows.context.PolicySource`), and
+    the report and the public statement are rendered from one view (charts computed once)."""
     from privrelease import planning
     from privrelease.flows import context
     from privrelease.flows.preflight import preflight
     from privrelease.policies import loader
+    from privrelease.reports import render
 
     context._load_policy.cache_clear()
     context.plan_of.cache_clear()
-    parses, plans = [], []
-    load, plan = loader._load, planning.plan_policy
+    parses, plans, views = [], [], []
+    load, plan, view = loader._load, planning.plan_policy, render.view
     monkeypatch.setattr(loader, "_load", lambda *a, **k: parses.append(1) or load(*a, **k))
     monkeypatch.setattr(planning, "plan_policy", lambda *a, **k: plans.append(1) or plan(*a, **k))
+    monkeypatch.setattr(render, "view", lambda *a, **k: views.append(1) or view(*a, **k))
     path = str(demo_dir / demo.POLICY_FILE)
     preflight(path)
     release_plain(policy_path=path)
-    assert (len(parses), len(plans)) == (1, 1)
+    assert (len(parses), len(plans), len(views)) == (1, 1, 1)
 
 
 # --------------------------------------------------------------------------- CSV dialect
