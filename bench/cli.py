@@ -7,8 +7,10 @@ warm run (server up), a rerun, a run with `--no-server-reuse` (a temporary serve
 before the kept server), and runs refused before Prefect (not approved, wrong data
 path, budget exhausted). The median of 5 runs each (2 for server starts). With
 `--before CHECKOUT` (older code: `git worktree add --detach /tmp/before COMMIT && make -C
-/tmp/before setup`), plan, run, rerun and the refusals are also measured with that checkout's
-own `.venv`, in the same work folder.
+/tmp/before setup`), plan, the warm run, the rerun and the refusals are measured again, this code
+and that checkout (its own `.venv` and work folder) in turn, and the ratio now/before is the
+median of the pairs' ratios. Bytecode is cached, as on a user's machine (PYTHONDONTWRITEBYTECODE
+is not passed on).
 Last line: one JSON object of the figures (seconds).
 
     python bench/cli.py [--before /tmp/before]
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +34,19 @@ REPEATS = 5
 SERVER_STARTS = 2
 
 
+def once(args: list[str], env: dict[str, str], expect: int = 0, cwd: Path = REPO) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of ``args`` in a fresh process, whose exit code must
+    be ``expect``."""
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd)
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != expect:
+        raise SystemExit(f"{' '.join(args)}: exit {done.returncode}, expected {expect}\n{done.stderr[-800:]}")
+    return elapsed, (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+
+
 def wall(
     args: list[str], env: dict[str, str], expect: int = 0, repeats: int = REPEATS, before=None, cwd: Path = REPO
 ) -> float:
@@ -40,13 +56,28 @@ def wall(
     for _ in range(repeats):
         if before is not None:
             before()
-        start = time.perf_counter()
-        done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd)
-        times.append(time.perf_counter() - start)
-        if done.returncode != expect:
-            raise SystemExit(f"{' '.join(args)}: exit {done.returncode}, expected {expect}\n{done.stderr[-800:]}")
+        times.append(once(args, env, expect, cwd)[0])
     print(f"  {' '.join(args[3:5])}: {statistics.median(times):.3f} s", file=sys.stderr, flush=True)
     return statistics.median(times)
+
+
+def paired(
+    now: list[str], env: dict[str, str], before: list[str], env_before: dict[str, str], cwd_before: Path, expect: int
+) -> dict[str, float]:
+    """``now`` and ``before`` run in turn, REPEATS times each: their median wall seconds and the
+    medians of the pairs' ratios now/before, of wall and of CPU seconds (taking them in turn keeps
+    the ratios fair when other work on the machine changes its speed during the bench; the CPU
+    ratio, of the command's own process, is the steadier of the two on a busy machine)."""
+    pairs = [(once(now, env, expect), once(before, env_before, expect, cwd_before)) for _ in range(REPEATS)]
+    figures = {
+        "now": statistics.median(a[0] for a, _ in pairs),
+        "before": statistics.median(b[0] for _, b in pairs),
+        "wall_ratio": statistics.median(a[0] / b[0] for a, b in pairs),
+        "cpu_ratio": statistics.median(a[1] / b[1] for a, b in pairs),
+    }
+    shown = ", ".join(f"{name} {value:.3f}" for name, value in figures.items())
+    print(f"  {' '.join(now[3:5])}: {shown}", file=sys.stderr, flush=True)
+    return {name: round(value, 3) for name, value in figures.items()}
 
 
 def policies(folder: Path) -> dict[str, Path]:
@@ -75,7 +106,13 @@ def main() -> None:
     python = sys.executable
     with tempfile.TemporaryDirectory() as temp:
         folder = Path(temp)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVRELEASE_"))}
+        # as on a user's machine, Python caches bytecode: PYTHONDONTWRITEBYTECODE (set on some CI
+        # machines) would make every process compile privrelease's modules from source again
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PREFECT_", "PRIVRELEASE_")) and k != "PYTHONDONTWRITEBYTECODE"
+        }
         env.update(
             PRIVRELEASE_WORK_DIR=str(folder / "work"),
             PRIVRELEASE_SERVER_IDLE_SECONDS="300",  # a bench killed midway leaves nothing for long
@@ -122,6 +159,7 @@ def main() -> None:
             **{name: wall([*cli, *args], env, expect) for name, (args, expect) in refusals.items()},
         }
         stop_server()
+        ratios: dict[str, dict[str, float]] = {}
         if arguments.before:
             old = arguments.before.resolve()
             interpreter = old / ".venv" / "bin" / "python"
@@ -131,13 +169,18 @@ def main() -> None:
             # its own work folder: an older schema cannot open the newer code's database
             env_before = {**env, "PRIVRELEASE_WORK_DIR": str(folder / "work-before")}
             before_run_id = prepare(cli_before, env_before, cwd=old)
-            figures["before_plan"] = wall([*cli_before, "plan", policy], env_before, cwd=old)
-            figures["before_run"] = wall([*cli_before, "run", policy], env_before, repeats=SERVER_STARTS, cwd=old)
-            figures["before_rerun"] = wall(
-                [*cli_before, "rerun", before_run_id], env_before, repeats=SERVER_STARTS, cwd=old
-            )
-            for name, (args, expect) in refusals.items():
-                figures[f"before_{name}"] = wall([*cli_before, *args], env_before, expect, cwd=old)
+            setup(cli, env, "server", "start")  # both warm: each side's kept server is up
+            compared = {
+                "plan": (["plan", policy], ["plan", policy], 0),
+                "run": (["run", policy], ["run", policy], 0),
+                "rerun": (["rerun", first_run_id], ["rerun", before_run_id], 0),
+                **{name: (args, args, expect) for name, (args, expect) in refusals.items()},
+            }
+            for name, (args, args_before, expect) in compared.items():
+                ratios[name] = paired([*cli, *args], env, [*cli_before, *args_before], env_before, old, expect)
+                figures[f"now_{name}"], figures[f"before_{name}"] = ratios[name]["now"], ratios[name]["before"]
+            stop_server()
+            setup(cli_before, env_before, "server", "stop", cwd=old)
     plan = figures["plan"]
     width = max(map(len, figures))
     print(f"fresh process per command, median of {REPEATS} ({SERVER_STARTS} for server starts); seconds, x plan")
@@ -145,7 +188,11 @@ def main() -> None:
         print(f"  {name:<{width}}  {seconds:7.3f}  {seconds / plan:6.1f}x")
     verdict = "within" if figures["run_warm"] <= 5 * plan else "NOT within"
     print(f"warm run {figures['run_warm']:.2f} s = {figures['run_warm'] / plan:.1f}x plan ({verdict} the 5x goal)")
-    print(json.dumps({name: round(seconds, 3) for name, seconds in figures.items()}))
+    if ratios:
+        print("now / before, run in turn (now, before, now, ...): medians of the pairs' ratios, wall and CPU")
+        for name, ratio in ratios.items():
+            print(f"  {name:<{width}}  wall {ratio['wall_ratio']:6.3f}  cpu {ratio['cpu_ratio']:6.3f}")
+    print(json.dumps({**{name: round(seconds, 3) for name, seconds in figures.items()}, "ratios": ratios}))
 
 
 if __name__ == "__main__":
