@@ -33,7 +33,7 @@ from privrelease.mechanisms.schemes import ColumnScheme
 
 from .canonical import policy_canonical_json, policy_sha256
 from .fields import UNKNOWN_FIELD, FieldError, Hierarchy, Loc, format_loc, show
-from .schema import MECHANISM_TYPES, SCHEME_TYPES, HierarchyScheme, Policy
+from .schema import MECHANISM_TYPES, HierarchyScheme, Policy
 
 HIERARCHY_DELIMITER = ";"
 
@@ -489,7 +489,7 @@ def _validate(data: Any, root: Node, source: str) -> Policy:
         try:
             policy = Policy.model_validate(data)
         except ValidationError as exc:
-            found = [problem for error in exc.errors(include_url=False) for problem in _describe(error)]
+            found = [problem for error in exc.errors(include_url=False) for problem in _describe(error, data)]
             problems += found
             unknown = [loc for loc, message in found if message.startswith(UNKNOWN_FIELD)]
             if not unknown:
@@ -524,14 +524,17 @@ def _user_error(problems: list[tuple[Loc, str]], root: Node, source: str) -> Use
     return UserError(count + "\n".join(lines), field=format_loc(located[0][1]))
 
 
-def _describe(error: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    """(location in the YAML, message) pairs for one pydantic error."""
-    loc = _strip_union_tags(tuple(error["loc"]))
-    kind = error["type"]
+def _describe(error: Mapping[str, Any], data: Any) -> list[tuple[Loc, str]]:
+    """(location in the YAML, message) pairs for one pydantic error in ``data``."""
+    kind, raw = error["type"], tuple(error["loc"])
+    loc = _in_document(raw, data, missing=kind == "missing")
     ctx = error.get("ctx") or {}
     cause = ctx.get("error")
     if isinstance(cause, FieldError):
-        return [((*loc, *issue.loc), issue.message) for issue in cause.issues]
+        # an issue's own parts name fields (the last may be missing), after pydantic's location
+        return [
+            (_in_document((*raw, *issue.loc), data, missing=bool(issue.loc)), issue.message) for issue in cause.issues
+        ]
     if cause is not None:
         return [(loc, str(cause))]
     name = next((str(p) for p in reversed(loc) if isinstance(p, str)), "value")
@@ -566,21 +569,27 @@ def _describe(error: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     return [(loc, f"{name}: {error['msg']}; got {value}")]
 
 
-def _strip_union_tags(loc: Loc) -> Loc:
-    """Drop the union tags pydantic puts in locations (``mechanisms.0.sdgs.beta``)."""
-    parts = [p for p in loc if p != "[key]"]
-    if (
-        len(parts) >= 3
-        and parts[0] == "mechanisms"
-        and parts[2] in MECHANISM_TYPES
-        or len(parts) >= 3
-        and parts[0] == "generalization"
-        and parts[2] in SCHEME_TYPES
-    ):
-        del parts[2]
-    elif len(parts) >= 4 and parts[0] == "candidate_schemes" and parts[3] in SCHEME_TYPES:
-        del parts[3]
+def _in_document(loc: Loc, data: Any, *, missing: bool = False) -> Loc:
+    """``loc`` as a path in the YAML document ``data``, without the parts pydantic adds that name
+    nothing in it: a union's tag (``mechanisms.0.sdgs.beta``, ``...noise.gaussian.sigma``; also
+    when the tag is a key of the same mapping, ``generalization.age.hierarchy.level``), ``[key]``,
+    anything below a scalar. With ``missing`` the last part stays: the missing field."""
+    parts: list[Any] = []
+    node = data
+    for index, part in enumerate(loc):
+        after = loc[index + 1 :]
+        if _has(node, part) and not (after and _has(node, after[0]) and not _has(node[part], after[0])):
+            parts.append(part)
+            node = node[part]
+        elif missing and isinstance(node, dict) and not after:
+            parts.append(part)
     return tuple(parts)
+
+
+def _has(node: Any, part: Any) -> bool:
+    if isinstance(node, dict):
+        return part in node
+    return isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
 
 
 # --------------------------------------------------------------------------- hierarchies

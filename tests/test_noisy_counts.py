@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from pathlib import Path
 
@@ -388,10 +389,12 @@ TABLE = """  - name: table
 
 
 def _policy(folder: Path, noise: str, extra: str = "", version: str = "nc") -> Path:
-    """The demo policy with its mechanisms replaced by one noisy_counts table."""
+    """The demo policy with its mechanisms replaced by one noisy_counts table (and without the
+    demo's accuracy targets, which name the demo's mechanisms)."""
     text = (folder / demo.POLICY_FILE).read_text()
     start, end = text.index("mechanisms:\n"), text.index("targets:\n")
     text = text[: start + len("mechanisms:\n")] + TABLE.replace("NOISE", noise) + extra + text[end:]
+    text = re.sub(r"\n  accuracy:\n(    - .*\n)+", "\n", text)
     text = text.replace('version: "1"', f'version: "{version}"')
     path = folder / f"{version}.yaml"
     path.write_text(text)

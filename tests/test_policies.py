@@ -555,6 +555,20 @@ BAD = [
         "add generalization.job",
     ),
     (
+        "nested choice",  # the tags of both unions (mechanism type, noise distribution) are not in the path
+        [
+            (
+                "targets:",
+                "  - {name: table, type: noisy_counts, columns: [sex], noise: {distribution: gaussian, sigma: -1}}\n"
+                "targets:",
+            )
+        ],
+        "mechanisms[1].noise.sigma",
+        22,
+        "got -1",
+        "(0, 1e+06]",
+    ),
+    (
         "duplicate name",
         [
             (
