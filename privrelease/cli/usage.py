@@ -157,8 +157,8 @@ def describe(error: BaseException, root: Any = None, argv: list[str] | None = No
         return Usage(
             f"{where} has no command {match['command']!r}; {hint}", match["command"], ", ".join(commands) or None
         )
-    option = getattr(error, "option_name", None)
+    named = getattr(error, "option_name", None)
     if getattr(error, "exit_code", 1) == 2:
-        about = _about(_option(place, option)) if option else ""
-        return Usage(f"{where}: {text}{about}; {see}", option)
+        about = _about(_option(place, named)) if named else ""
+        return Usage(f"{where}: {text}{about}; {see}", named)
     return Usage(text)
