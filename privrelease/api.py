@@ -10,6 +10,10 @@ function imports what it needs.
 >>> twelve.method, twelve.epsilon == 12 * plan.guarantee.epsilon  # the demo's notion: stated points add up
 ('sequential composition (Theorem 2)', True)
 
+Releases: :func:`run`, :func:`rerun`, :func:`reissue`; approvals: :func:`approve`,
+:func:`revoke`; the audit database: :func:`ledger`, :func:`list_ledgers`, :func:`report`,
+:func:`list_reports`, :func:`verify`; each calls the code its command calls and prints nothing.
+
 User mistakes raise :class:`privrelease.errors.UserError` (a bad policy, file or setting) or
 :class:`privrelease.errors.TargetNotMet` (a target or the budget would be exceeded), with the
 same messages the command line prints.
