@@ -23,6 +23,7 @@ Budget comparisons allow a relative slack of ``1e-9`` for floating-point roundin
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
-from privrelease.audit import chain, witness
+from privrelease.audit import chain, identities, witness
+from privrelease.audit.identities import Vintage
 from privrelease.audit.models import Dataset, DatasetIdentity, LedgerEntry, Run, utcnow
 from privrelease.audit.records import attach_dataset, finish_run
 from privrelease.errors import TargetNotMet, UserError
@@ -514,6 +516,46 @@ def runway(status: LedgerStatus, event_tree: Any) -> Runway:
         after_next_run=after_next,
         this_run=_account([event], notion, limit),
     )
+
+
+@dataclass(frozen=True)
+class DatasetLedger:
+    """A dataset identity's ledger (``status``: budget, entries, what the counting trees compose
+    to, what remains) and its files (``vintages``, oldest first, with the runs that read each),
+    as ``privrelease ledger show`` prints them."""
+
+    status: LedgerStatus
+    vintages: list[Vintage]
+
+    @property
+    def dataset(self) -> DatasetIdentity:
+        return self.status.dataset
+
+    @property
+    def latest(self) -> LedgerEntry | None:
+        """The newest entry that counts against the budget."""
+        return self.status.counting[-1] if self.status.counting else None
+
+    @functools.cached_property
+    def runway(self) -> Runway | None:
+        """How many more runs like :attr:`latest` fit the budget (None: nothing charged yet)."""
+        latest = self.latest
+        return None if latest is None else runway(self.status, latest.event_json)
+
+
+def dataset_ledger(session: Session, ref: str) -> DatasetLedger:
+    """The ledger of the dataset ``ref``: a dataset id, or a file's fingerprint, fingerprint
+    prefix or label (:func:`.identities.find_identity`)."""
+    return _dataset_ledger(session, identities.find_identity(session, ref))
+
+
+def dataset_ledgers(session: Session) -> list[DatasetLedger]:
+    """The ledger of every registered dataset, oldest first."""
+    return [_dataset_ledger(session, found) for found in identities.list_identities(session)]
+
+
+def _dataset_ledger(session: Session, found: DatasetIdentity) -> DatasetLedger:
+    return DatasetLedger(ledger_status(session, found), identities.vintages_of(session, found.id))
 
 
 def history_curve(session: Session, dataset: str, run_id: str, points: int = 41) -> dict[str, Any] | None:

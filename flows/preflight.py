@@ -47,8 +47,7 @@ def preflight(
     loaded = source.load()
     loaded.require_dataset_id()
     chosen = steps.engine_of(loaded, engine, dask_address, workers)
-    if output_format not in steps.OUTPUT_FORMATS:
-        raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
+    check_output_format(output_format)
     data = loaded.data_file(data_path)
     first = data
     if data.is_dir():
@@ -77,3 +76,19 @@ def preflight(
             raise UserError(clash.message)
         require_budget(s, loaded, plan)
     engines.check_reachable(chosen)
+
+
+def check_output_format(output_format: str) -> None:
+    """:class:`UserError` unless ``output_format`` is one the flow writes."""
+    if output_format not in steps.OUTPUT_FORMATS:
+        raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
+
+
+def preflight_rerun(run_id: str, *, output_format: str = "parquet") -> None:
+    """What a rerun of run ``run_id`` (id or unique prefix) would refuse before Prefect starts:
+    the output format, an unknown run, and a stored policy whose hierarchy files changed
+    (:func:`privrelease.flows.opening.rerun_source`)."""
+    from privrelease.flows.opening import rerun_source
+
+    check_output_format(output_format)
+    rerun_source(run_id)

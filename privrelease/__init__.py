@@ -2,9 +2,10 @@
 
 The import namespace is ``privrelease``; its parts live in top-level folders
 (``policies/`` is ``privrelease.policies``, ``mechanisms/`` is ``privrelease.mechanisms``, ...),
-mapped in ``pyproject.toml``. The Python API (:mod:`privrelease.api`): ``load``, ``plan``,
-``compose``, ``runway``, ``verify``, ``run`` and ``estimate``, imported on first use so that ``import
-privrelease`` stays light.
+mapped in ``pyproject.toml``. The Python API (:mod:`privrelease.api`), one function per
+command: ``load``, ``plan``, ``compose``, ``runway``, ``verify``, ``run``, ``rerun``, ``reissue``,
+``approve``, ``revoke``, ``ledger``, ``list_ledgers``, ``report``, ``list_reports`` and ``estimate``,
+imported on first use so that ``import privrelease`` stays light.
 """
 
 from typing import Any
@@ -13,7 +14,23 @@ from privrelease.version import VERSION
 
 __version__ = VERSION
 
-API = ("load", "plan", "compose", "runway", "verify", "run", "estimate")
+API = (
+    "load",
+    "plan",
+    "compose",
+    "runway",
+    "verify",
+    "run",
+    "rerun",
+    "reissue",
+    "approve",
+    "revoke",
+    "ledger",
+    "list_ledgers",
+    "report",
+    "list_reports",
+    "estimate",
+)
 
 
 def __getattr__(name: str) -> Any:

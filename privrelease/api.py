@@ -10,6 +10,10 @@ function imports what it needs.
 >>> twelve.method, twelve.epsilon == 12 * plan.guarantee.epsilon  # the demo's notion: stated points add up
 ('sequential composition (Theorem 2)', True)
 
+Releases: :func:`run`, :func:`rerun`, :func:`reissue`; approvals: :func:`approve`,
+:func:`revoke`; the audit database: :func:`ledger`, :func:`list_ledgers`, :func:`report`,
+:func:`list_reports`, :func:`verify`; each calls the code its command calls and prints nothing.
+
 User mistakes raise :class:`privrelease.errors.UserError` (a bad policy, file or setting) or
 :class:`privrelease.errors.TargetNotMet` (a target or the budget would be exceeded), with the
 same messages the command line prints.
@@ -22,13 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from privrelease.audit.ledger import Runway
+    from privrelease.approving import Approved, Revoked
+    from privrelease.audit.ledger import DatasetLedger, Runway
     from privrelease.audit.verification import VerifyResult
     from privrelease.flows.context import Published
     from privrelease.mechanisms.composition import Composition
     from privrelease.mechanisms.reconstruction import CountEstimate
     from privrelease.planning import Plan
     from privrelease.policies.loader import LoadedPolicy
+    from privrelease.reissuing import Reissued
+    from privrelease.reports.stored import Located, StoredReport
 
 PathLike = str | Path
 
@@ -128,19 +135,43 @@ def run(
     ``output_format``, ``production``, ``engine``, ``dask_address``, ``workers`` as for
     ``privrelease run``."""
     from privrelease.flows.preflight import preflight
+
+    preflight(policy, data_path=data, **options)
+    return _release(server_reuse, policy_path=str(policy), data=data, out=out, **options)
+
+
+def rerun(
+    run_id: str,
+    *,
+    data: PathLike | None = None,
+    out: PathLike | None = None,
+    server_reuse: bool | None = None,
+    **options: Any,
+) -> Published:
+    """Repeat run ``run_id`` (id or unique prefix) as ``privrelease rerun``: its stored approved
+    policy version and the same data (same sha256), fresh randomness, a new charge; returns what
+    it published, as :func:`run`. ``options``: ``output_format``, ``engine``, ``dask_address``,
+    ``workers``."""
+    from privrelease.flows.preflight import preflight_rerun
+
+    preflight_rerun(run_id, output_format=options.get("output_format", "parquet"))
+    return _release(server_reuse, rerun_of=run_id, data=data, out=out, **options)
+
+
+def _release(server_reuse: bool | None, *, data: PathLike | None, out: PathLike | None, **parameters: Any) -> Published:
+    """The release flow run quietly on the Prefect server :func:`privrelease.server.connect`
+    gives (stopped after), as :func:`run` and :func:`rerun` describe."""
     from privrelease.running import run_flow
     from privrelease.server import connect
 
-    preflight(policy, data_path=data, **options)
     server = connect(server_reuse)
     try:
         summary, _timings = run_flow(
             server=server,
             progress=None,
-            policy_path=str(policy),
             data_path=None if data is None else str(data),
             out_dir=None if out is None else str(out),
-            **options,
+            **parameters,
         )
     finally:
         if server is not None:
@@ -148,6 +179,94 @@ def run(
     from privrelease.flows.context import Published
 
     return Published(**summary)
+
+
+def reissue(run_id: str, *, out: PathLike | None = None) -> Reissued:
+    """Hand back the outputs of an earlier run without recomputing them, as ``privrelease
+    reissue``: each output and the report checked against its recorded sha256 (a missing or
+    edited one is a :class:`~privrelease.errors.UserError`), copied into a new folder under
+    ``out`` when given; recorded as a run of its own, nothing charged
+    (:class:`privrelease.reissuing.Reissued`: ``.run_id``, ``.source_run_id``, ``.outputs``,
+    ``.report``, ``.folder``, ``.chain_head``)."""
+    from privrelease.reissuing import reissue as reissue_run
+
+    return reissue_run(run_id, None if out is None else Path(out))
+
+
+def approve(
+    policy: PathLike,
+    *,
+    by: str,
+    note: str | None = None,
+    key: PathLike | None = None,
+    binds: str = "data",
+) -> Approved:
+    """Record ``by``'s approval of the policy's exact content and of its data, as ``privrelease
+    policy approve`` (:class:`privrelease.approving.Approved`: ``.policy``, ``.approval`` (the
+    stored :class:`~privrelease.audit.models.Approval` row), ``.signature``, ``.binds``,
+    ``.chain_head``). ``binds``: ``data`` (the bytes at ``dataset.path`` now, or the pinned
+    ``dataset.sha256``) or ``path`` (whatever is at that path when a run reads it); ``key``: the
+    approver's private key file, required once an approver registry is in effect."""
+    from privrelease.approving import approve as approve_policy
+
+    return approve_policy(policy, by, note=note, key=key, binds=binds)
+
+
+def revoke(
+    ref: str,
+    *,
+    by: str,
+    reason: str,
+    keys: list[PathLike] | tuple[PathLike, ...] = (),
+    propose: PathLike | None = None,
+) -> Revoked:
+    """Withdraw every current approval of a policy version (``NAME@VERSION`` or a sha256
+    prefix), as ``privrelease policy revoke`` (:class:`privrelease.approving.Revoked`:
+    ``.policy``, ``.revoked``, ``.request``, ``.proposed``). ``keys``: approvers' private key
+    files (needed once a registry is pinned); with ``propose``, the signed request is written
+    there for the other approvers instead of applied."""
+    from privrelease.approving import revoke as revoke_policy
+
+    return revoke_policy(ref, by=by, reason=reason, keys=keys, propose=propose)
+
+
+def ledger(dataset: str) -> DatasetLedger:
+    """A dataset's lifetime-budget ledger, as ``privrelease ledger show``: ``dataset`` is its
+    ``dataset.id``, or a file's fingerprint, fingerprint prefix or label
+    (:class:`privrelease.audit.ledger.DatasetLedger`: ``.status`` (``.budget``, ``.spent``,
+    ``.remaining``, ``.entries``: the stored ledger rows), ``.vintages``, ``.runway``)."""
+    from privrelease.audit import ledger as ledgers_of
+    from privrelease.audit.database import open_database, session
+
+    with session(open_database(), readonly=True) as s:
+        return ledgers_of.dataset_ledger(s, dataset)
+
+
+def list_ledgers() -> list[DatasetLedger]:
+    """Every registered dataset's ledger, oldest first, as ``privrelease ledger list``."""
+    from privrelease.audit import ledger as ledgers_of
+    from privrelease.audit.database import open_database, session
+
+    with session(open_database(), readonly=True) as s:
+        return ledgers_of.dataset_ledgers(s)
+
+
+def list_reports() -> list[StoredReport]:
+    """The runs with a stored disclosure report, and the reissues of them, oldest first, as
+    ``privrelease report list`` (:class:`privrelease.reports.stored.StoredReport`)."""
+    from privrelease.reports.stored import stored_reports
+
+    return stored_reports()
+
+
+def report(run_id: str) -> Located:
+    """Where run ``run_id``'s report (id or unique prefix) can be read, as ``privrelease report
+    show`` (:class:`privrelease.reports.stored.Located`: ``.path``, ``.sha256``, ``.source``,
+    ``.note``): the recorded file when intact, else the audit database's copy written out under
+    the work dir; a reissue's is its source run's."""
+    from privrelease.reports.stored import locate_report
+
+    return locate_report(run_id)
 
 
 def estimate(

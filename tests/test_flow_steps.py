@@ -995,7 +995,7 @@ def test_process_killed_mid_run(demo_dir, work, tmp_path):
 
 
 def test_rerun_and_reissue(demo_dir, work, tmp_path):
-    from privrelease.reissue import reissue
+    from privrelease.reissuing import reissue
 
     first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
     again = release_plain(rerun_of=first.run_id[:10])
@@ -1007,15 +1007,15 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
 
     handed = reissue(first.run_id, tmp_path / "copies")
     assert [e.state for e in ledger_entries()] == ["committed", "committed"]  # no charge
-    assert [Path(o["path"]).name for o in handed["outputs"]][:3] == [
+    assert [Path(o.path).name for o in handed.outputs][:3] == [
         "microdata.parquet",
         "hours-by-sex.parquet",
         "mean-hours.parquet",
     ]
-    for copy, original in zip(handed["outputs"], first.outputs, strict=False):
-        assert sha256_file(Path(copy["path"])) == original["sha256"]
-    assert Path(handed["report"]).name == steps.REPORT_FILE
-    reissued = next(r for r in runs() if r.id == handed["run_id"])
+    for copy, original in zip(handed.outputs, first.outputs, strict=False):
+        assert sha256_file(Path(copy.path)) == original["sha256"]
+    assert Path(handed.report or "").name == steps.REPORT_FILE
+    reissued = next(r for r in runs() if r.id == handed.run_id)
     assert reissued.kind == "reissue" and reissued.source_run_id == first.run_id
     verify_intact()
 
@@ -1023,7 +1023,7 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
     with pytest.raises(UserError, match="was edited"):
         reissue(first.run_id)
     with pytest.raises(UserError, match="only a succeeded release"):
-        reissue(handed["run_id"])
+        reissue(handed.run_id)
 
 
 def test_report_list_and_show_of_a_reissue(demo_dir, work, tmp_path):
@@ -1032,7 +1032,7 @@ def test_report_list_and_show_of_a_reissue(demo_dir, work, tmp_path):
     from typer.testing import CliRunner
 
     from privrelease.cli import app
-    from privrelease.reissue import reissue
+    from privrelease.reissuing import reissue
 
     first = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
     copied = reissue(first.run_id, tmp_path / "copies")
@@ -1044,24 +1044,24 @@ def test_report_list_and_show_of_a_reissue(demo_dir, work, tmp_path):
         return result
 
     listed = {row["run_id"]: row for row in json.loads(cli("report", "list", "--json").output)["reports"]}
-    assert list(listed) == [first.run_id, copied["run_id"], again["run_id"]]
+    assert list(listed) == [first.run_id, copied.run_id, again.run_id]
     assert listed[first.run_id]["reissue_of"] is None
     for handed in (copied, again):
-        row = listed[handed["run_id"]]
+        row = listed[handed.run_id]
         assert (row["kind"], row["reissue_of"], row["policy"]) == ("reissue", first.run_id, "demo-census")
-    assert listed[copied["run_id"]]["path"] == copied["report"] and listed[again["run_id"]]["path"] == first.report
+    assert listed[copied.run_id]["path"] == copied.report and listed[again.run_id]["path"] == first.report
     table = [line for line in cli("report", "list").output.splitlines() if line.startswith("│")]
     assert [line.split("│")[6].strip() for line in table] == ["", first.run_id[:8], first.run_id[:8]]
 
-    shown = json.loads(cli("report", "show", copied["run_id"][:10], "--json").output)
-    assert (shown["path"], shown["reissue_of"], shown["source"]) == (copied["report"], first.run_id, "file")
+    shown = json.loads(cli("report", "show", copied.run_id[:10], "--json").output)
+    assert (shown["path"], shown["reissue_of"], shown["source"]) == (copied.report, first.run_id, "file")
     assert shown["sha256"] == sha256_file(Path(first.report)) and "this is its copy" in shown["note"]
-    plain = cli("report", "show", again["run_id"])
+    plain = cli("report", "show", again.run_id)
     assert plain.stdout == f"{first.report}\n"
     assert f"is a reissue of run {first.run_id}" in plain.stderr and "ended before" not in plain.stderr
 
-    Path(copied["report"]).unlink()  # the copy gone: the source run's report
-    shown = json.loads(cli("report", "show", copied["run_id"], "--json").output)
+    Path(copied.report or "").unlink()  # the copy gone: the source run's report
+    shown = json.loads(cli("report", "show", copied.run_id, "--json").output)
     assert shown["path"] == first.report and "is missing or changed" in shown["note"]
 
 

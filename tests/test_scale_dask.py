@@ -233,10 +233,10 @@ def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
     repeated, entries = run_record(again.run_id)
     assert repeated.kind == "rerun" and repeated.dataset_fingerprint == second.dataset_fingerprint
     assert [e.state for e in entries] == ["committed"] and "Dask, on the cluster at" in Path(again.report).read_text()
-    from privrelease.reissue import reissue
+    from privrelease.reissuing import reissue
 
     handed = reissue(again.run_id)
-    assert handed["source_run_id"] == again.run_id and len([o for o in handed["outputs"] if o["rows"] is not None]) == 4
+    assert handed.source_run_id == again.run_id and len([o for o in handed.outputs if o.rows is not None]) == 4
     (folder / "part-2.parquet").rename(folder / "part-9.parquet")
     assert combined_sha256([scan_file(str(path)) for path in sorted(folder.iterdir())]) != first.dataset_fingerprint
 

@@ -2,8 +2,9 @@
 
 Each command group lives in its own module and is registered here. Commands that need no flow
 never import Prefect (they must answer in well under 2 s). Exit codes: 0 ok, 1 a target is not
-met (or the operating system refused an operation), 2 invalid input; user mistakes and system
-errors print one clear message, never a traceback.
+met (or the operating system refused an operation), 2 invalid input; user mistakes, usage
+errors (:mod:`privrelease.cli.usage`) and system errors print one clear message, never a
+traceback or a Click box.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def main() -> None:
         for warning in unknown_variables(os.environ):  # a misspelt setting would be ignored silently
             error_console.print(styled("[bold yellow]warning:[/] {}", warning), highlight=False, soft_wrap=True)
         get_settings()  # a malformed PRIVRELEASE_* variable fails every command the same way, first
-        app()
+        code = _run_app()
     except (UserError, TargetNotMet) as error:
         fail(str(error), error.exit_code, field=getattr(error, "field", None), allowed=getattr(error, "allowed", None))
     except FileNotFoundError as error:
@@ -81,7 +82,26 @@ def main() -> None:
         if not _database_unreachable(error):
             raise
         fail(f"cannot reach the audit database at {_database_url()}: {str(error).splitlines()[0]}", UserError.exit_code)
-    sys.exit(0)
+    sys.exit(code)
+
+
+def _run_app() -> int:
+    """Run the app with Click's own error printing off: a usage error (unknown option or
+    command, a bad value, a missing argument) is one ``error:`` line naming the option, the
+    value and what is allowed (:mod:`privrelease.cli.usage`), exit 2; help, ``--version`` and
+    ``typer.Exit`` keep their exit codes."""
+    from privrelease.cli import usage
+
+    try:
+        result = app(prog_name="privrelease", standalone_mode=False)
+    except usage.usage_errors() as error:
+        if type(error).__name__ == "NoArgsIsHelpError":  # the help was printed: exit as Click does
+            return int(getattr(error, "exit_code", 2))
+        described = usage.describe(error, typer.main.get_command(app), sys.argv[1:])
+        fail(described.message, int(getattr(error, "exit_code", 1)), field=described.field, allowed=described.allowed)
+    except typer.Abort:
+        fail("aborted", TargetNotMet.exit_code)
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
 def _database_unreachable(error: BaseException) -> bool:

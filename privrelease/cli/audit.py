@@ -66,9 +66,10 @@ POLICY_YAML_NOTE = (
 )
 
 
-def _approval_dict(approval: Any, policy: Any = None, registry: Any = None) -> dict[str, Any]:
+def _approval_dict(approval: Any, policy: Any = None, registry: Any = None, *, verdict: Any = None) -> dict[str, Any]:
     """An approval for people and scripts; given its ``policy``, with its key fingerprint and
-    signature status against ``registry`` (:func:`privrelease.audit.approvers.check`)."""
+    signature status against ``registry`` (:func:`privrelease.audit.approvers.check`), or the
+    ``verdict`` of that check already made."""
     from privrelease.audit import approvers, bindings
 
     document = {
@@ -85,8 +86,9 @@ def _approval_dict(approval: Any, policy: Any = None, registry: Any = None) -> d
             "description": bindings.bound(approval),
         },
     }
-    if policy is not None:
+    if verdict is None and policy is not None:
         verdict = approvers.check(policy, approval, registry)
+    if verdict is not None:
         document.update(key=verdict.fingerprint, signature=verdict.status, verified=verdict.verified)
     return document
 
@@ -103,18 +105,6 @@ ProposeOption = Annotated[
         "`audit governance sign`, then `audit governance apply` records it.",
     ),
 ]
-
-
-def _govern(s: Any, document: dict[str, Any], keys: list[Path] | None, propose: Path | None) -> dict[str, Any]:
-    """Sign a governance request with ``keys``; write it to ``propose``, else apply it."""
-    from privrelease.audit import governance, signing
-
-    governance.sign(document, [signing.private_key(str(key), "--key") for key in keys or []])
-    if propose is None:
-        governance.apply(s, document)
-    else:
-        governance.dump(document, propose)
-    return document
 
 
 def _proposed(propose: Path | None) -> dict[str, Any]:
@@ -155,25 +145,15 @@ def policy_approve(
     """Record an approval of the policy's exact content (its canonical sha256) and of its data
     (--binds), signed with the approver's key when --key is given (required once an approver
     registry is in effect)."""
-    from privrelease.audit import approvals, chain, signing
-    from privrelease.audit.database import session
-    from privrelease.flows.opening import approval_binding
-    from privrelease.policies import load_policy
+    from privrelease.approving import approve
 
-    loaded = load_policy(policy)
-    facts = approvals.policy_facts(loaded)
-    binding = approval_binding(loaded, binds)
-    private = None if key is None else signing.private_key(str(key), "--key")
-    with session(_engine()) as s:
-        approval = approvals.approve_policy(s, facts, by, note=note, binding=binding, key=private)
-        registry = approvals.effective_registry(s)
-        head = chain.head(s)
-    dataset = loaded.policy.dataset
+    approved = approve(policy, by, note=note, key=key, binds=binds)
+    facts, approval, head = approved.policy, approved.approval, approved.chain_head
     document = {
         "policy": facts.name,
         "version": facts.version,
-        **_approval_dict(approval, facts, registry),
-        "dataset_id": dataset.id,
+        **_approval_dict(approval, verdict=approved.signature),
+        "dataset_id": approved.dataset_id,
         "chain_head": {"seq": head.seq, "hash": head.hash},
     }
     if json_output:
@@ -193,7 +173,7 @@ def policy_approve(
         soft_wrap=True,
     )
     console.print(
-        f"binds: dataset {dataset.id or '(no dataset.id)'}; data: {document['binds']['description']}",
+        f"binds: dataset {approved.dataset_id or '(no dataset.id)'}; data: {document['binds']['description']}",
         highlight=False,
         soft_wrap=True,
     )
@@ -213,14 +193,10 @@ def policy_revoke(
     """Withdraw every current approval of a policy version: production runs refuse it until it
     is approved again. The revocation is a governance record, signed by an approver (--key) once
     a registry is pinned; the approvals stay on record."""
-    from privrelease.audit import approvals
-    from privrelease.audit.database import session
+    from privrelease.approving import revoke
 
-    with session(_engine()) as s:
-        version = approvals.find_policy(s, ref)
-        facts = approvals.PolicyFacts(version.name, version.version, version.sha256, version.canonical_json)
-        document = _govern(s, approvals.revoke_request(s, facts, by=by, reason=reason), keys, propose)
-    count = len(document["request"]["approvals"])
+    revoked = revoke(ref, by=by, reason=reason, keys=keys or (), propose=propose)
+    facts, count = revoked.policy, revoked.revoked
     if json_output:
         print_json(
             {
@@ -551,6 +527,7 @@ def audit_mode(
     whose exact content is not approved, whatever its runner's settings; with an approver
     registry pinned, only approvals signed by a registered key count, and development mode or
     another registry needs the signatures (--key) of the registry's quorum of approvers."""
+    from privrelease.approving import govern
     from privrelease.audit import approvals, approvers, governance
     from privrelease.audit.database import session
     from privrelease.errors import UserError
@@ -569,7 +546,7 @@ def audit_mode(
             registry = approvers.load(registry_file, what="--approvers") if registry_file else approvers.configured()
         with session(engine) as s:
             request = approvals.mode_request(s, mode == "production", by=by, note=note, registry=registry)
-            _govern(s, request, keys, propose)
+            govern(s, request, keys, propose)
     with session(engine, readonly=True) as s:
         state = governance.state(s)
     database, pinned = state.production, state.registry
@@ -781,15 +758,13 @@ def ledger_show(
     json_output: JsonFlag = False,
 ) -> None:
     """A dataset's budget, its files (vintages) and its charges (the stored trees composed)."""
-    from privrelease.audit import identities, ledger
+    from privrelease.audit import ledger
     from privrelease.audit.database import session
 
     with session(_engine(), readonly=True) as s:
-        found = identities.find_identity(s, dataset)
-        status = ledger.ledger_status(s, found)
-        vintages = [_vintage_dict(v) for v in identities.vintages_of(s, found.id)]
-    latest = status.counting[-1] if status.counting else None
-    ahead = None if latest is None else ledger.runway(status, latest.event_json)
+        found = ledger.dataset_ledger(s, dataset)
+    status, latest, ahead = found.status, found.latest, found.runway
+    vintages = [_vintage_dict(v) for v in found.vintages]
     ds = status.dataset
     document = {
         "dataset": ds.id,
@@ -860,30 +835,31 @@ def ledger_show(
 @ledger_app.command("list")
 def ledger_list(json_output: JsonFlag = False) -> None:
     """Every registered dataset: its lifetime budget, its files and what its trees compose to."""
-    from privrelease.audit import identities, ledger
+    from privrelease.audit import ledger
     from privrelease.audit.database import session
 
-    rows: list[dict[str, Any]] = []
     with session(_engine(), readonly=True) as s:
-        for ds in identities.list_identities(s):
-            status = ledger.ledger_status(s, ds)
-            rows.append(
-                {
-                    "dataset": ds.id,
-                    "migrated": ds.migrated,
-                    "files": [v.dataset.label or v.dataset.fingerprint[:12] for v in identities.vintages_of(s, ds.id)],
-                    "notion": ds.notion,
-                    "budget": {
-                        "epsilon": ds.lifetime_epsilon,
-                        "delta": ds.lifetime_delta,
-                    },
-                    "spent": {
-                        "epsilon": status.spent.epsilon,
-                        "delta": status.spent.delta,
-                    },
-                    "counting_entries": len(status.counting),
-                }
-            )
+        found = ledger.dataset_ledgers(s)
+    rows: list[dict[str, Any]] = []
+    for each in found:
+        ds, status = each.dataset, each.status
+        rows.append(
+            {
+                "dataset": ds.id,
+                "migrated": ds.migrated,
+                "files": [v.dataset.label or v.dataset.fingerprint[:12] for v in each.vintages],
+                "notion": ds.notion,
+                "budget": {
+                    "epsilon": ds.lifetime_epsilon,
+                    "delta": ds.lifetime_delta,
+                },
+                "spent": {
+                    "epsilon": status.spent.epsilon,
+                    "delta": status.spent.delta,
+                },
+                "counting_entries": len(status.counting),
+            }
+        )
     if json_output:
         print_json({"datasets": rows})
         return

@@ -10,7 +10,7 @@ Prefect and the mechanisms and migrates the audit database). Prefect's environme
 (unless the user set them): :data:`privrelease.server.PREFECT_DEFAULTS`.
 
 The work is done by :mod:`privrelease.running` (the flow in this process on its server) and
-:mod:`privrelease.reissue` (no flow, no Prefect: the stored outputs of an earlier run checked
+:mod:`privrelease.reissuing` (no flow, no Prefect: the stored outputs of an earlier run checked
 against their recorded sha256 and handed back, optionally copied, without a new charge); these
 commands parse, call and print. Progress goes to stderr (Rich); the result to stdout (``--json``: one JSON document).
 """
@@ -235,11 +235,11 @@ def rerun_command(
 
     The stored canonical policy is used (its hierarchy files are found through the run's
     manifest and checked against the recorded hash); the data must have the same sha256."""
-    from privrelease.flows.opening import rerun_source
+    from privrelease.flows.preflight import preflight_rerun
 
     def check() -> None:
         _check_format(output_format)
-        rerun_source(run_id)
+        preflight_rerun(run_id, output_format=output_format)
 
     server = _start_checked(check, server_reuse)
     _release(
@@ -279,22 +279,20 @@ def reissue_command(
 
     Every output and the report are checked against their recorded sha256 first; with --out
     they are copied to a new folder. The reissue is recorded as a run of its own."""
-    from privrelease.reissue import reissue
+    from privrelease.reissuing import reissue
 
     result = reissue(run_id, out)
     if json_output:
-        print_json(result)
+        print_json(result.as_dict())
         return
-    table = Table("file", "rows", "sha256", title=f"Reissued run {result['source_run_id']}")
-    for output in result["outputs"]:
-        table.add_row(
-            output["path"], "" if output["rows"] is None else str(output["rows"]), output["sha256"][:16] + "…"
-        )
+    table = Table("file", "rows", "sha256", title=f"Reissued run {result.source_run_id}")
+    for output in result.outputs:
+        table.add_row(output.path, "" if output.rows is None else str(output.rows), output.sha256[:16] + "…")
     console.print(table)
-    if result["report"]:
-        console.print(f"report: {result['report']}", highlight=False, soft_wrap=True)
+    if result.report:
+        console.print(f"report: {result.report}", highlight=False, soft_wrap=True)
     console.print(
-        f"checksums verified; recorded as run {result['run_id']} (no budget charged)",
+        f"checksums verified; recorded as run {result.run_id} (no budget charged)",
         highlight=False,
     )
 

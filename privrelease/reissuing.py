@@ -7,16 +7,44 @@ from __future__ import annotations
 import functools
 import shutil
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from privrelease.errors import UserError
 from privrelease.files import sha256_file, write_atomic
 
-__all__ = ["reissue"]
+__all__ = ["HandedOutput", "Reissued", "reissue"]
 
 
-def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HandedOutput:
+    """An output handed back: its path (the copy's with ``out``), recorded sha256 and rows."""
+
+    path: str
+    sha256: str
+    rows: int | None
+
+
+@dataclass(frozen=True)
+class Reissued:
+    """A reissue: its own run id, the run it handed back, the outputs (checked against their
+    recorded sha256), the report's path (None: the source has no report file), the folder the
+    copies went to (None without ``out``) and the audit chain head after it (``seq``, ``hash``)."""
+
+    run_id: str
+    source_run_id: str
+    outputs: list[HandedOutput]
+    report: str | None
+    folder: str | None
+    chain_head: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """As ``privrelease reissue --json`` prints it."""
+        return asdict(self)
+
+
+def reissue(run_ref: str, out: Path | None = None) -> Reissued:
     """Verify and hand back the outputs of run ``run_ref``; with ``out``, copy them (and the
     report) into a new folder under ``out``. Recorded as a ``reissue`` run; nothing charged."""
     from sqlmodel import col, select
@@ -51,7 +79,7 @@ def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
                 f"output {path} of run {source.id} was edited (sha256 {actual[:16]} on disk, "
                 f"{expected[:16]} recorded); it cannot be reissued"
             )
-    handed: list[dict[str, Any]] = []
+    handed: list[HandedOutput] = []
     target = None
     if out is not None:
         name = Path(files[0][0]).parent.name if files else safe_name(source.id)
@@ -84,16 +112,16 @@ def reissue(run_ref: str, out: Path | None = None) -> dict[str, Any]:
                 continue
             if target is not None:
                 records.record_output(s, run, final, sha256=expected, rows=rows)
-            handed.append({"path": str(final), "sha256": expected, "rows": rows})
+            handed.append(HandedOutput(str(final), expected, rows))
         records.finish_run(s, run, "succeeded")
         head = chain.head(s)
         if target is not None:
             chain.write_head(target / CHAIN_HEAD_FILE, head)
-    return {
-        "run_id": run.id,
-        "source_run_id": source.id,
-        "outputs": handed,
-        "report": report_path,
-        "folder": None if target is None else str(target),
-        "chain_head": {"seq": head.seq, "hash": head.hash},
-    }
+    return Reissued(
+        run_id=run.id,
+        source_run_id=source.id,
+        outputs=handed,
+        report=report_path,
+        folder=None if target is None else str(target),
+        chain_head={"seq": head.seq, "hash": head.hash},
+    )
