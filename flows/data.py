@@ -75,8 +75,8 @@ def header_names(path: Path, dataset: Any) -> list[str] | None:
 def csv_header(first_line: bytes, path: Path, options: Any) -> list[str] | None:
     """The column names of a CSV header line read with ``options`` (a policy's ``dataset.csv``;
     None: the defaults, delimiter sniffed) in the reader's own dialect
-    (:func:`.datasets.csv_first_line`) (None: a CSV without a header)."""
-    from privrelease.datasets import csv_first_line
+    (:func:`.csv_dialect.csv_first_line`) (None: a CSV without a header)."""
+    from privrelease.csv_dialect import csv_first_line
 
     arguments = csv_arguments(options)
     if not arguments.pop("header"):

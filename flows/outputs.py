@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from privrelease.datasets import plain_columns
 from privrelease.files import atomic_path, sha256_file
 from privrelease.flows.context import (
     OutputFacts,
@@ -48,6 +47,8 @@ def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int
 
 def _write_pieces(pieces: Pieces, temp: Path, output_format: str, path: Path) -> int:
     import pyarrow.parquet as pq
+
+    from privrelease.datasets import plain_columns
 
     rows = 0
     try:

@@ -162,7 +162,7 @@ def scan_csv(path: str, csv: dict[str, Any], rows_per_block: int, handle: Binary
     (:func:`privrelease.datasets.parse_csv_lines`). ``csv``: :func:`.context.csv_arguments`."""
     import numpy as np
 
-    from privrelease.datasets import csv_first_line
+    from privrelease.csv_dialect import csv_first_line
 
     if handle is None:
         with open_checked(path) as opened:

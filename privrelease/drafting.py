@@ -40,11 +40,11 @@ def _parquet_type(kind: Any) -> str:
 
 
 def _csv_columns(path: Path) -> tuple[list[tuple[str, str]], str]:
-    """The header's names, read in the reader's own dialect (:func:`.datasets.csv_first_line`)
+    """The header's names, read in the reader's own dialect (:func:`.csv_dialect.csv_first_line`)
     with the options the draft writes (UTF-8, the delimiter sniffed from the header line), and
     that delimiter."""
+    from privrelease.csv_dialect import csv_first_line
     from privrelease.datafiles import open_checked
-    from privrelease.datasets import csv_first_line
 
     with open_checked(path) as handle:
         first = handle.readline()

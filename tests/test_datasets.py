@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from privrelease.datasets import csv_first_line, read_dataset, write_parquet
+from privrelease.csv_dialect import csv_first_line
+from privrelease.datasets import read_dataset, write_parquet
 from privrelease.errors import UserError
 
 ADULT_COLUMNS = {

@@ -118,7 +118,9 @@ def audit_flow_run(work: Work, run_id: str) -> str:
     ],
 )
 def test_refused_run_touches_no_prefect(tmp_path, arguments, message):
-    """A run refused by the pre-flight imports no Prefect and starts or records no server."""
+    """A run refused by the pre-flight imports no Prefect and starts or records no server; nor
+    what only a run needs (the writers' Parquet, the usage errors' Click, and unless it migrated
+    a new database, PostgreSQL's dialect on SQLite)."""
     work = Work(tmp_path)
     demo.write_demo(tmp_path / "demo", seed=1, rows=100)
     argv = ["privrelease", "run", *(str(tmp_path / a) if "." in a and not a.startswith("-") else a for a in arguments)]
@@ -127,6 +129,10 @@ def test_refused_run_touches_no_prefect(tmp_path, arguments, message):
         f"sys.argv = {argv!r}\n"
         "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code == 2, exit.code\n"
         "assert 'prefect' not in sys.modules and 'uvicorn' not in sys.modules\n"
+        "unneeded = {'pyarrow.parquet', 'click'}\n"
+        "if 'alembic' not in sys.modules:  # no new database was migrated\n"
+        "    unneeded.add('sqlalchemy.dialects.postgresql')\n"
+        "assert not unneeded & set(sys.modules), unneeded & set(sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], env=work.env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

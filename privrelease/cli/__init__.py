@@ -94,6 +94,8 @@ def _run_app() -> int:
 
     try:
         result = app(prog_name="privrelease", standalone_mode=False)
+    except (UserError, TargetNotMet):
+        raise  # main() prints it; a refusal imports no Click machinery below
     except usage.usage_errors() as error:
         if type(error).__name__ == "NoArgsIsHelpError":  # the help was printed: exit as Click does
             return int(getattr(error, "exit_code", 2))
