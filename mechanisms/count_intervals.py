@@ -81,6 +81,9 @@ CONSTRUCTION = (
 )
 """The construction in one sentence, as release.json and the CLI state it."""
 
+DEFAULT_CONFIDENCE = 0.95
+"""The intervals' confidence when no accuracy target of the mechanism states one."""
+
 COLUMNS = ("estimate", "lower", "upper")
 """The columns a histogram gains: count / beta and the interval's bounds."""
 

@@ -3,7 +3,7 @@
 The import namespace is ``privrelease``; its parts live in top-level folders
 (``policies/`` is ``privrelease.policies``, ``mechanisms/`` is ``privrelease.mechanisms``, ...),
 mapped in ``pyproject.toml``. The Python API (:mod:`privrelease.api`): ``load``, ``plan``,
-``compose``, ``runway``, ``verify``, ``run`` and ``estimate``, imported on first use so that ``import
+``compose``, ``runway``, ``verify``, ``run``, ``estimate`` and ``count_intervals``, imported on first use so that ``import
 privrelease`` stays light.
 """
 
@@ -13,7 +13,7 @@ from privrelease.version import VERSION
 
 __version__ = VERSION
 
-API = ("load", "plan", "compose", "runway", "verify", "run", "estimate")
+API = ("load", "plan", "compose", "runway", "verify", "run", "estimate", "count_intervals")
 
 
 def __getattr__(name: str) -> Any:
