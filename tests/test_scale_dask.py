@@ -583,8 +583,9 @@ def test_csv_histogram_counts_are_exact_at_beta_one(cluster, work, demo):
     ).table
     scaled, whole = spec.finish(loaded, read.partials[spec.name]).table, spec.run(loaded, table).table
 
-    def cells(histogram: pa.Table) -> Counter:
-        return Counter({row[:-1]: row[-1] for row in rows_of(histogram).keys()})
+    def cells(histogram: pa.Table) -> Counter:  # labels -> (count, estimate, lower, upper): all exact at beta = 1
+        assert histogram.column_names[-4:] == ["count", "estimate", "lower", "upper"]
+        return Counter({row[:-4]: row[-4:] for row in rows_of(histogram).keys()})
 
     assert cells(scaled) == cells(whole) and len(cells(whole)) > 10
 
