@@ -271,3 +271,32 @@ def test_cli_observed_refuses_bad_values_in_one_line(args, words) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and words in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_the_confidence_is_the_policys_accuracy_confidence(tmp_path: Path) -> None:
+    """A histogram's intervals take the highest confidence of the accuracy targets naming it
+    (release.json says so); a mechanism no target names states 0.95."""
+    from privrelease.mechanisms.histogram import crowd_blending_histogram
+    from privrelease.mechanisms.schemes import Keep
+    from privrelease.planning import plan_policy
+    from privrelease.policies import load_policy_text
+
+    text = (REPO / "policies" / "examples" / "demo.yaml").read_text(encoding="utf-8")
+    assert "\ntargets:\n" in text
+    text = text.replace(
+        "\ntargets:\n",
+        "\ntargets:\n  accuracy:\n"
+        "    - {mechanism: hours-by-sex, count: 1000, relative_error: 0.5, confidence: 0.9}\n"
+        "    - {mechanism: hours-by-sex, count: 5000, relative_error: 0.5, confidence: 0.99}\n",
+    )
+    loaded = load_policy_text(text, REPO / "policies" / "examples")
+    assert loaded.policy.mechanism("hours-by-sex").interval_confidence(loaded) == 0.99
+    accuracy = plan_policy(loaded).accuracy
+    assert accuracy["hours-by-sex"].as_dict()["published_counts"]["confidence"] == 0.99
+    assert accuracy["microdata"].as_dict()["published_counts"]["confidence"] == 0.95
+    table = pa.table({"v": ["a"] * 40 + ["b"] * 7})
+    out = crowd_blending_histogram(table, {"v": Keep()}, k=5, confidence=0.99).table.to_pydict()
+    assert out["lower"] == out["upper"] == out["count"]  # beta = 1: the count is the cell
+    sampled = crowd_blending_histogram(table, {"v": Keep()}, k=2, beta=0.5, epsilon=1.0, confidence=0.99)
+    got = sampled.table.to_pydict()
+    assert got["upper"] == count_intervals(got["count"], 2, 0.5, 0.99).upper.tolist()
