@@ -42,6 +42,7 @@ import numpy as np
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
+from privrelease.mechanisms.count_intervals import check_confidence
 
 _SPREAD = 12.0
 """Binomial mass is searched within this many standard deviations of the mean (plus k): the
@@ -49,9 +50,7 @@ rest is below 1e-30, far under any confidence a user can ask for."""
 
 
 def _check_confidence(confidence: float) -> float:
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-        raise UserError(f"confidence must be a number in (0, 1); got {confidence!r}")
-    return float(confidence)
+    return check_confidence(confidence)
 
 
 def _check_count(count: int) -> int:

@@ -104,7 +104,13 @@ class CountIntervals:
     def rows(self) -> list[dict[str, float | int]]:
         """One JSON row per count: observed, estimate, lower, upper, confidence."""
         return [
-            {"observed": int(c), "estimate": float(e), "lower": int(lo), "upper": int(hi), "confidence": self.confidence}
+            {
+                "observed": int(c),
+                "estimate": float(e),
+                "lower": int(lo),
+                "upper": int(hi),
+                "confidence": self.confidence,
+            }
             for c, e, lo, hi in zip(self.observed, self.estimate, self.lower, self.upper, strict=True)
         ]
 
@@ -118,7 +124,9 @@ def check_confidence(confidence: float, name: str = "confidence") -> float:
 def check_observed(observed: object, k: int, name: str = "observed count") -> np.ndarray:
     """``observed`` as int64 counts, each an integer >= k (smaller cells are never published)."""
     values = np.asarray(observed)
-    if values.dtype == bool or not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
+    if values.dtype == bool or not (
+        np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)
+    ):
         raise UserError(f"{name} must be integers >= k = {k}; got {observed!r}")
     values = values.reshape(-1)
     bad = ~np.isfinite(values.astype(float)) | (values != np.round(values)) | (values < k)

@@ -23,9 +23,9 @@ import pyarrow as pa
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
-from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.count_intervals import COLUMNS as INTERVAL_COLUMNS
 from privrelease.mechanisms.count_intervals import count_intervals
+from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release
 

@@ -18,8 +18,8 @@ same messages the command line prints.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from scipy.stats import binom, hypergeom
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.count_intervals import count_intervals
 from privrelease.mechanisms.events import SDGS
 from privrelease.mechanisms.generalization import generalize
-from privrelease.mechanisms.count_intervals import count_intervals
 from privrelease.mechanisms.histogram import OUTPUT_COLUMNS, crowd_blending_histogram
 from privrelease.mechanisms.randomness import bernoulli
 from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap

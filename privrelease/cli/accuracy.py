@@ -116,9 +116,7 @@ def _observed(k: int, beta: float, observed: str, confidence: float, json_out: b
     if json_out:
         print_json({"k": k, "beta": beta, "confidence": confidence, "rows": rows})
         return
-    table = Table(
-        title=f"(k={k}, beta={beta:g})-SDGS: the people N behind a published count c", title_justify="left"
-    )
+    table = Table(title=f"(k={k}, beta={beta:g})-SDGS: the people N behind a published count c", title_justify="left")
     for column in ("observed c", "estimate c/beta", f"{confidence:g} lower", f"{confidence:g} upper"):
         table.add_column(column, justify="right")
     for row in rows:
