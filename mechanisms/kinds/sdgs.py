@@ -321,8 +321,9 @@ class SdgsMechanism(Generalizing):
 class HistogramMechanism(Generalizing):
     """Crowd-blending histogram (Gehrke et al.): counts of generalized cells, cells below k
     removed; on a Bernoulli(beta) sample when ``beta`` < 1 (default 1: no sampling). Each count
-    comes with its estimate count / beta and the exact interval for the people behind it
-    (:mod:`.count_intervals`, at :meth:`interval_confidence`)."""
+    comes with the columns ``estimate`` (count / beta) and ``lower``, ``upper``: an exact
+    interval for the people behind it, given publication, at the highest ``confidence`` of the
+    accuracy targets naming this mechanism (else 0.95)."""
 
     type: Literal["histogram"]
 
