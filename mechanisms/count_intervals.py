@@ -52,7 +52,8 @@ alone: post-processing (Dwork & Roth, Proposition 2.1), no privacy cost and no n
 *Computation.* Vectorized over the distinct counts (no loop per cell): a bracket around a
 normal-approximation guess, checked and widened where the check fails, then integer bisection
 of both tests on all counts at once; tails from ``betainc`` (:mod:`.binomial`), in log space
-where they underflow. Comparisons use ``alpha / 2 (1 - 1e-9)``, towards a wider interval (the
+where they underflow; the publication probability is taken as 1 where a Chernoff bound puts
+its complement below 1e-20. Comparisons use ``alpha / 2 (1 - 1e-9)``, towards a wider interval (the
 tails carry a relative error of about 1e-12).
 """
 
@@ -141,8 +142,9 @@ def check_observed(observed: object, k: int, name: str = "observed count") -> np
 
 def count_intervals(observed: object, k: int, beta: float, confidence: float = 0.95) -> CountIntervals:
     """The estimate observed / beta and the exact conditional interval for the people behind
-    each published count (module docstring), vectorized: about 10^5 counts a second in the
-    worst case of all counts distinct; repeated counts are computed once."""
+    each published count (module docstring), vectorized; repeated counts are computed once
+    (``bench/count_intervals.py``: 10^5 cells with realistic counts in about 0.01 s, 10^5
+    distinct counts, the worst case, in 1 to 3 s)."""
     from privrelease.mechanisms.sdgs_math import check_parameters
 
     check_parameters(k, beta, 0.0)
@@ -171,7 +173,7 @@ def _bounds(c: np.ndarray, k: int, beta: float, confidence: float) -> tuple[np.n
     def accepted_low(n: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """N passes the test from below: P[X >= c | X >= k; N] > alpha / 2 (False for N < c)."""
         cc = c[idx].astype(float)
-        published = binomial.log_upper_tail(k, n, beta)
+        published = _log_published(k, n, beta)
         with np.errstate(invalid="ignore"):
             tail = binomial.log_upper_tail(cc, n, beta) - published
         return (n >= cc) & ((cc <= k) | (tail > log_half))
@@ -179,7 +181,7 @@ def _bounds(c: np.ndarray, k: int, beta: float, confidence: float) -> tuple[np.n
     def rejected_high(n: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """N fails the test from above: P[X <= c | X >= k; N] <= alpha / 2 (False for N <= c)."""
         cc = c[idx].astype(float)
-        published = binomial.log_upper_tail(k, n, beta)
+        published = _log_published(k, n, beta)
         with np.errstate(invalid="ignore"):
             below = -np.expm1(binomial.log_upper_tail(cc + 1, n, beta) - published)
         return (n > cc) & ~(below > half)
@@ -197,6 +199,24 @@ def _bounds(c: np.ndarray, k: int, beta: float, confidence: float) -> tuple[np.n
     lower = _first_true(accepted_low, np.floor(root_low**2 + shift), width, c - 1)
     upper = _first_true(rejected_high, np.ceil(root_high**2 + shift), width, c) - 1
     return lower, upper
+
+
+SURE = 1e-20
+"""Where the Chernoff bound puts P[X < k] below this, log P[X >= k] is taken as 0 (an error far
+under the tests' slack of 1e-9, relative), saving the incomplete beta function there."""
+
+
+def _log_published(k: int, n: np.ndarray, beta: float) -> np.ndarray:
+    """log P[Bin(n, beta) >= k]: 0 where the Chernoff bound ``P[X <= k - 1] <= exp(-n D((k - 1) / n
+    || beta))`` (k - 1 < n beta; D the Bernoulli relative entropy) is below :data:`SURE`, else
+    :func:`.binomial.log_upper_tail`."""
+    q = (k - 1) / n
+    divergence = special.xlogy(q, q / beta) + special.xlogy(1 - q, (1 - q) / (1 - beta))
+    sure = (q < beta) & (n * divergence > -math.log(SURE))
+    out = np.zeros_like(n)
+    if not sure.all():
+        out[~sure] = binomial.log_upper_tail(k, n[~sure], beta)
+    return out
 
 
 def _first_true(

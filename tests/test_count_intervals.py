@@ -300,3 +300,25 @@ def test_the_confidence_is_the_policys_accuracy_confidence(tmp_path: Path) -> No
     sampled = crowd_blending_histogram(table, {"v": Keep()}, k=2, beta=0.5, epsilon=1.0, confidence=0.99)
     got = sampled.table.to_pydict()
     assert got["upper"] == count_intervals(got["count"], 2, 0.5, 0.99).upper.tolist()
+
+
+def test_a_histogram_column_named_like_an_output_column_is_refused_by_the_policy(tmp_path: Path) -> None:
+    from privrelease.policies import load_policy_text
+
+    text = """
+name: t
+version: "1"
+dataset:
+  path: x.csv
+  rows: 100
+  columns:
+    lower: {type: string, values: [a, b]}
+generalization:
+  lower: keep
+mechanisms:
+  - {name: h, type: histogram, columns: [lower], k: 5}
+"""
+    with pytest.raises(
+        UserError, match="mechanisms\\[0\\].columns\\[0\\]: a histogram cannot generalize a column named 'lower'"
+    ):
+        load_policy_text(text, tmp_path)

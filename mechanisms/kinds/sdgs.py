@@ -18,6 +18,7 @@ uniformly random order of the published rows (:mod:`privrelease.mechanisms.parti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -31,7 +32,9 @@ from privrelease.policies.fields import (
     ColumnRef,
     Epsilon,
     FieldError,
+    Issue,
     K,
+    Loc,
     Model,
     Names,
     PositiveEpsilon,
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.schemes import ColumnScheme
     from privrelease.policies.loader import LoadedPolicy
-    from privrelease.policies.schema import AccuracyTarget
+    from privrelease.policies.schema import AccuracyTarget, Policy
 
 ROWS_PER_PIECE = 1_000_000
 """Rows per piece (Parquet row group, CSV block) of microdata written on Dask."""
@@ -329,6 +332,19 @@ class HistogramMechanism(Generalizing):
 
     label: ClassVar[str] = "crowd-blending histogram"
     output: ClassVar[Literal["microdata", "histogram"]] = "histogram"
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """No column named like an output column (``count``, ``estimate``, ``lower``, ``upper``),
+        refused before the data is read (the run's check says the same)."""
+        from privrelease.mechanisms.histogram import OUTPUT_COLUMNS
+
+        for i, column in enumerate(self.columns):
+            if column in OUTPUT_COLUMNS:
+                yield Issue(
+                    (*here, "columns", i),
+                    f"a histogram cannot generalize a column named {column!r}: the output uses that name "
+                    f"(its columns are the cells' labels and {', '.join(OUTPUT_COLUMNS)})",
+                )
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         from privrelease.mechanisms.histogram import crowd_blending_histogram
