@@ -15,7 +15,9 @@ targets at plan time. Each is exact for the mechanism as run (no normal approxim
   published table faces: cells that were suppressed are not there to be read), built from exact
   binomial quantiles with at most (1 - C) / 2 of the conditional mass in each tail, so its
   coverage (also returned, exactly) is at least C; near k it is wider than a normal interval,
-  which undercovers there (tested).
+  which undercovers there (tested). After the data, each published count c gets an exact
+  interval for the people N behind it (:mod:`.count_intervals`, :func:`published_counts` says
+  how to read it).
 * **Laplace statistics** (rho-differential identifiability, Lee & Clifton): noise Lap(b) is
   within ``b ln(1 / (1 - C))`` of 0 with probability exactly C (:func:`laplace_half_width`).
   OpenDP samples the discrete Laplace on the 2^-1074 grid, whose tails match the continuous
@@ -40,6 +42,7 @@ import numpy as np
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
+from privrelease.mechanisms.count_intervals import check_confidence
 
 _SPREAD = 12.0
 """Binomial mass is searched within this many standard deviations of the mean (plus k): the
@@ -47,9 +50,7 @@ rest is below 1e-30, far under any confidence a user can ask for."""
 
 
 def _check_confidence(confidence: float) -> float:
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-        raise UserError(f"confidence must be a number in (0, 1); got {confidence!r}")
-    return float(confidence)
+    return check_confidence(confidence)
 
 
 def _check_count(count: int) -> int:
@@ -233,6 +234,55 @@ class LargeSumUtility:
 
 
 @dataclass(frozen=True)
+class PublishedCounts:
+    """After the data: how to read each published count of SDGS microdata or a histogram, the
+    estimate count / beta with an exact interval for the people behind it at ``confidence``,
+    conditional on publication (:mod:`.count_intervals`; post-processing, no privacy cost).
+    ``columns``: the histogram's columns holding them (empty for microdata, whose counts a user
+    forms by grouping rows: ``how``)."""
+
+    confidence: float
+    construction: str
+    how: str
+    columns: Mapping[str, str]
+    command: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"confidence": self.confidence, "construction": self.construction, "how": self.how}
+        if self.columns:
+            document["columns"] = dict(self.columns)
+        if self.command:
+            document["command"] = self.command
+        return document
+
+
+def published_counts(k: int, beta: float, confidence: float, output: str) -> PublishedCounts:
+    """The after-the-data statement of an SDGS (``output`` "microdata") or histogram release."""
+    from privrelease.mechanisms.count_intervals import CONSTRUCTION
+
+    level = f"{confidence:g}"
+    if output == "histogram":
+        how = (
+            f"each row's count c is a published count: 'estimate' = c / beta estimates the people N behind it, "
+            f"and [lower, upper] holds N with probability >= {level} given that the cell is published"
+        )
+        columns = {
+            "count": "the sampled rows of the cell (published only when >= k)",
+            "estimate": f"count / beta = count x {1 / beta:g}: the people in the cell, estimated",
+            "lower": f"the least N in the exact {level} interval for the people in the cell (>= count)",
+            "upper": f"the largest N in the exact {level} interval for the people in the cell",
+        }
+        return PublishedCounts(confidence, CONSTRUCTION, how, columns)
+    command = f"privrelease guarantee accuracy sdgs --k {k} --beta {beta:g} --observed c --confidence {level}"
+    how = (
+        "group the published rows by their generalized values: each group's row count c is a published count; "
+        f"c / beta estimates the people N behind it, and its exact {level} interval (given publication) is given by "
+        f"`{command}` (Python: privrelease.count_intervals)"
+    )
+    return PublishedCounts(confidence, CONSTRUCTION, how, {}, command)
+
+
+@dataclass(frozen=True)
 class AccuracyStatement:
     """What one mechanism's published numbers are worth, from the policy alone (its kind's
     accuracy map): how to estimate, and the statements that apply to it."""
@@ -242,6 +292,7 @@ class AccuracyStatement:
     selection_gap: SelectionGap | None = None
     noise: NoiseAccuracy | None = None
     large_sum: LargeSumUtility | None = None
+    published_counts: PublishedCounts | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The statement in JSON (plan --json, release.json)."""
@@ -256,4 +307,6 @@ class AccuracyStatement:
             document["clamping"] = self.noise.clamping
         if self.large_sum is not None:
             document.update(t_f=self.large_sum.t_f, epsilon=self.large_sum.epsilon, t_e=self.large_sum.t_e)
+        if self.published_counts is not None:
+            document["published_counts"] = self.published_counts.as_dict()
         return document

@@ -7,6 +7,11 @@ list of surviving cells each repeated ``count`` times. It is accounted identical
 ``SDGS(k, beta, epsilon, output="histogram")``; with beta = 1 it is k-DGS (no DP guarantee on its
 own: Li, Qardaji, Su, Section 3; crowd-blending privacy needs the sampling to become DP).
 The counting is :func:`.sdgs.count_cells`, shared with the microdata release.
+
+Each published cell also carries ``estimate`` (count / beta) and the exact interval
+[``lower``, ``upper``] for the people behind it at the given confidence, conditional on
+publication (:mod:`.count_intervals`): computed from the published count and the public k, beta
+and confidence alone, so post-processing at no privacy cost.
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ import pyarrow as pa
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
+from privrelease.mechanisms.count_intervals import COLUMNS as INTERVAL_COLUMNS
+from privrelease.mechanisms.count_intervals import count_intervals
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release
 
 COUNT_COLUMN = "count"
+OUTPUT_COLUMNS = (COUNT_COLUMN, *INTERVAL_COLUMNS)
+"""The columns a histogram adds to its cells' labels."""
 
 
 def crowd_blending_histogram(
@@ -32,30 +41,42 @@ def crowd_blending_histogram(
     k: int,
     beta: float = 1.0,
     epsilon: float | None = None,
+    confidence: float = 0.95,
 ) -> MechanismResult:
     """One row per generalized cell with at least k rows in the Bernoulli(beta) sample: its
-    labels (dictionary-encoded) and ``count`` (int64); rows in uniformly random order.
+    labels (dictionary-encoded), ``count`` (int64), ``estimate`` = count / beta (float64) and
+    the exact interval [``lower``, ``upper``] (int64) for the people behind the count at
+    ``confidence`` (:func:`.count_intervals.count_intervals`); rows in uniformly random order.
 
     ``epsilon`` is the epsilon at which the guarantee is stated (None: 0, i.e. not claimed).
     Facts as in :func:`.sdgs.sdgs`."""
     check_histogram(schemes, k, beta, epsilon)
-    return histogram_of_cells(count_cells(table, schemes, beta=beta), k=k, beta=beta, epsilon=epsilon)
+    cells = count_cells(table, schemes, beta=beta)
+    return histogram_of_cells(cells, k=k, beta=beta, epsilon=epsilon, confidence=confidence)
 
 
 def check_histogram(schemes: Mapping[str, ColumnScheme], k: int, beta: float, epsilon: float | None) -> None:
     """UserError for parameters :func:`crowd_blending_histogram` refuses."""
-    if COUNT_COLUMN in schemes:
-        raise UserError(f"a histogram cannot generalize a column named {COUNT_COLUMN!r}: the output uses that name")
+    for name in OUTPUT_COLUMNS:
+        if name in schemes:
+            raise UserError(f"a histogram cannot generalize a column named {name!r}: the output uses that name")
     check_parameters(k, beta, 0.0 if epsilon is None else epsilon)
 
 
-def histogram_of_cells(cells: CellCounts, *, k: int, beta: float, epsilon: float | None) -> MechanismResult:
+def histogram_of_cells(
+    cells: CellCounts, *, k: int, beta: float, epsilon: float | None, confidence: float = 0.95
+) -> MechanismResult:
     """The histogram of a sample's cell counts (all of them: the whole sample's, e.g. merged
     from partitions by :func:`.partitioned.merge_counts`): the cells with at least k rows, in
-    uniformly random order."""
+    uniformly random order, with each count's estimate and interval at ``confidence``."""
     epsilon = 0.0 if epsilon is None else epsilon
     published = np.flatnonzero(cells.counts >= k)
     published = published[randomness.permutation(len(published))]
     columns = cells.label_columns(published)
-    columns[COUNT_COLUMN] = pa.array(cells.counts[published], pa.int64())
+    counts = np.asarray(cells.counts[published], dtype=np.int64)
+    intervals = count_intervals(counts, k, beta, confidence)
+    columns[COUNT_COLUMN] = pa.array(counts, pa.int64())
+    columns["estimate"] = pa.array(intervals.estimate, pa.float64())
+    columns["lower"] = pa.array(intervals.lower, pa.int64())
+    columns["upper"] = pa.array(intervals.upper, pa.int64())
     return release(cells, pa.table(columns), k=k, beta=beta, epsilon=epsilon, output="histogram")

@@ -4,8 +4,8 @@ The import namespace is ``privrelease``; its parts live in top-level folders
 (``policies/`` is ``privrelease.policies``, ``mechanisms/`` is ``privrelease.mechanisms``, ...),
 mapped in ``pyproject.toml``. The Python API (:mod:`privrelease.api`), one function per
 command: ``load``, ``plan``, ``compose``, ``runway``, ``verify``, ``run``, ``rerun``, ``reissue``,
-``approve``, ``revoke``, ``ledger``, ``list_ledgers``, ``report``, ``list_reports`` and ``estimate``,
-imported on first use so that ``import privrelease`` stays light.
+``approve``, ``revoke``, ``ledger``, ``list_ledgers``, ``report``, ``list_reports``, ``estimate``
+and ``count_intervals``, imported on first use so that ``import privrelease`` stays light.
 """
 
 from typing import Any
@@ -30,6 +30,7 @@ API = (
     "report",
     "list_reports",
     "estimate",
+    "count_intervals",
 )
 
 

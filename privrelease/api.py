@@ -22,6 +22,7 @@ same messages the command line prints.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from privrelease.audit.verification import VerifyResult
     from privrelease.flows.context import Published
     from privrelease.mechanisms.composition import Composition
+    from privrelease.mechanisms.count_intervals import CountIntervals
     from privrelease.mechanisms.reconstruction import CountEstimate
     from privrelease.planning import Plan
     from privrelease.policies.loader import LoadedPolicy
@@ -286,3 +288,22 @@ def estimate(
 
     table = PublishedTable.read(Path(published), gamma, delimiter=delimiter)
     return table.estimate(CountQuery.of(where or {}, sensitive), confidence=confidence)
+
+
+def count_intervals(observed: int | Sequence[int], *, k: int, beta: float, confidence: float = 0.95) -> CountIntervals:
+    """For published counts of (k, beta)-SDGS microdata (a group of rows with the same
+    generalized values) or a crowd-blending histogram: the estimate c / beta of the people N
+    behind each count c and an exact interval [lower, upper] holding N with probability at least
+    ``confidence`` given that the cell was published, whatever N is
+    (:class:`~privrelease.mechanisms.count_intervals.CountIntervals`: ``.estimate``,
+    ``.lower``, ``.upper`` arrays and ``.rows()``; post-processing, no privacy cost), as
+    ``privrelease guarantee accuracy sdgs --observed``.
+
+    >>> cells = count_intervals([20, 25, 60], k=20, beta=0.1)
+    >>> cells.lower.tolist(), cells.estimate.tolist(), cells.upper.tolist()
+    ([20, 126, 465], [200.0, 250.0, 600.0], [278, 362, 763])
+    """
+    from privrelease.mechanisms import count_intervals as intervals
+
+    values = [observed] if isinstance(observed, int) else list(observed)
+    return intervals.count_intervals(values, k, beta, confidence)

@@ -28,7 +28,7 @@ import jinja2
 from markupsafe import Markup
 
 from privrelease.mechanisms import accountants
-from privrelease.mechanisms.accuracy import AccuracyStatement
+from privrelease.mechanisms.accuracy import AccuracyStatement, PublishedCounts
 from privrelease.mechanisms.events import Composed, is_dp, leaves
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
@@ -219,7 +219,30 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
     view["selection_gap"] = fmt(gap.rows, 4) if gap else None
     large = statement.large_sum
     view["t_f"] = (large.t_f, fmt(large.epsilon), fmt(large.t_e)) if large else None
+    view["published_counts"] = _published_counts(statement.published_counts)
     return view
+
+
+def _published_counts(counts: PublishedCounts | None) -> str | None:
+    """How to read the after-the-data interval of each published count, in one sentence."""
+    if counts is None:
+        return None
+    level = f"{counts.confidence * 100:g}%"
+    exact = (
+        f"an exact {level} confidence interval for the people in the cell, given that it was published "
+        "(the binomial sample conditioned on reaching k, its two one-sided tests inverted). "
+        "Near k it lies lower than the estimate suggests: a small cell is published only when its sample was lucky. "
+        "It is computed from the published count and the public k, β and confidence alone: no privacy cost."
+    )
+    if counts.columns:
+        return (
+            "After the data: each published cell's count c comes with the columns estimate (c/β, the people in "
+            f"the cell estimated) and lower and upper: {exact}"
+        )
+    return (
+        "After the data: group the published rows by their generalized values; a group of c rows "
+        f"estimates c/β people, and the command “{counts.command}” gives {exact}"
+    )
 
 
 def _dp_only(all_leaves: list[Any], notion: str) -> dict[str, Any] | None:

@@ -127,8 +127,22 @@ def test_release_on_demo_data(demo_dir, work):
         "Bachelors",
         "Graduate",
     }
-    counts = pq.read_table(folder / "hours-by-sex.parquet").column("count").to_pylist()
+    histogram = pq.read_table(folder / "hours-by-sex.parquet")
+    assert histogram.column_names == ["hours-per-week", "sex", "count", "estimate", "lower", "upper"]
+    cells = histogram.to_pydict()
+    counts = cells["count"]
     assert counts and min(counts) >= 20
+    # each count with its estimate count / beta (beta 0.1) and the exact 95% interval for the people behind it
+    assert cells["estimate"] == [c / 0.1 for c in counts]
+    for count, estimate, lower, upper in zip(counts, cells["estimate"], cells["lower"], cells["upper"], strict=True):
+        assert count <= lower <= estimate <= upper
+    described = json.loads((folder / "release.json").read_text())
+    (histogram_entry,) = [o for o in described["outputs"] if o["mechanism"] == "hours-by-sex"]
+    stated = histogram_entry["accuracy"]["published_counts"]
+    assert stated["confidence"] == 0.95 and set(stated["columns"]) == {"count", "estimate", "lower", "upper"}
+    assert "conditional on publication" in stated["construction"] and "no privacy cost" in stated["construction"]
+    (microdata_entry,) = [o for o in described["outputs"] if o["mechanism"] == "microdata"]
+    assert "--observed c" in microdata_entry["accuracy"]["published_counts"]["how"]
     mean = pq.read_table(folder / "mean-hours.parquet").column("value").to_pylist()
     assert len(mean) == 1 and 30 < mean[0] < 50
     for output in published.outputs:
@@ -155,8 +169,9 @@ def test_release_on_demo_data(demo_dir, work):
 def test_release_as_csv(demo_dir, work):
     published = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), output_format="csv")
     histogram = pcsv.read_csv(Path(published.release_dir) / "hours-by-sex.csv")
-    assert histogram.column_names == ["hours-per-week", "sex", "count"]
+    assert histogram.column_names == ["hours-per-week", "sex", "count", "estimate", "lower", "upper"]
     assert min(histogram.column("count").to_pylist()) >= 20
+    assert (histogram.column("lower").to_numpy() >= histogram.column("count").to_numpy()).all()
 
 
 def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):

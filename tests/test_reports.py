@@ -695,3 +695,19 @@ def test_report_and_statement_share_one_view(demo, monkeypatch) -> None:
     report, statement = render.report_pages(context)
     assert len(calls) == 1
     assert (report, statement) == (render.report_html(context), render.report_html(context, public_only=True))
+
+
+def test_each_sdgs_and_histogram_output_says_how_to_read_its_count_intervals(mixed) -> None:
+    """One sentence per SDGS / histogram mechanism, in the public statement: the histogram's
+    interval columns, the microdata's command (with its k and beta), both conditional on
+    publication and free of privacy cost; none for the other kinds."""
+    _, html = mixed
+    public = re.sub(r"\s+", " ", public_part(html))
+    sentences = re.findall(r'<p class="scope published-counts">(.*?)</p>', public)
+    assert len(sentences) == 2
+    histogram, microdata = sorted(sentences)
+    assert "columns estimate (c/β" in histogram and "lower and upper" in histogram
+    assert "--k 20 --beta 0.1 --observed c --confidence 0.95" in microdata
+    for sentence in sentences:
+        assert "exact 95% confidence interval" in sentence and "given that it was published" in sentence
+        assert "no privacy cost" in sentence

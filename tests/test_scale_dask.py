@@ -42,6 +42,7 @@ from test_flow_steps import ledger_entries, runs, verify_intact  # noqa: E402
 
 from privrelease.errors import ClusterFailure, UserError  # noqa: E402
 from privrelease.flows.steps import DataStepError, release_plain  # noqa: E402
+from privrelease.mechanisms.count_intervals import count_intervals  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -537,6 +538,9 @@ def test_csv_same_release_as_in_process(cluster, work, demo):
         found = outputs(published)
         cells = Counter({(r["hours-per-week"], r["sex"]): r["count"] for r in found["hours-by-sex"].to_pylist()})
         assert set(cells) <= set(truth) and all(count >= 20 for count in cells.values())
+        histogram = found["hours-by-sex"].to_pydict()  # each count's exact interval, on both engines
+        intervals = count_intervals(histogram["count"], 20, 0.1, 0.95)
+        assert (histogram["lower"], histogram["upper"]) == (intervals.lower.tolist(), intervals.upper.tolist())
         large = Counter(
             {cell: size for cell, size in truth.items() if size * 0.1 > 60}
         )  # each published but w.p. < 1e-7
@@ -583,8 +587,9 @@ def test_csv_histogram_counts_are_exact_at_beta_one(cluster, work, demo):
     ).table
     scaled, whole = spec.finish(loaded, read.partials[spec.name]).table, spec.run(loaded, table).table
 
-    def cells(histogram: pa.Table) -> Counter:
-        return Counter({row[:-1]: row[-1] for row in rows_of(histogram).keys()})
+    def cells(histogram: pa.Table) -> Counter:  # labels -> (count, estimate, lower, upper): all exact at beta = 1
+        assert histogram.column_names[-4:] == ["count", "estimate", "lower", "upper"]
+        return Counter({row[:-4]: row[-4:] for row in rows_of(histogram).keys()})
 
     assert cells(scaled) == cells(whole) and len(cells(whole)) > 10
 

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from scipy.stats import binom, hypergeom
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.count_intervals import count_intervals
 from privrelease.mechanisms.events import SDGS
 from privrelease.mechanisms.generalization import generalize
-from privrelease.mechanisms.histogram import crowd_blending_histogram
+from privrelease.mechanisms.histogram import OUTPUT_COLUMNS, crowd_blending_histogram
 from privrelease.mechanisms.randomness import bernoulli
 from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap
 from privrelease.mechanisms.sdgs import sdgs, shuffled_repeat
@@ -45,7 +46,7 @@ def cell_counts(table: pa.Table) -> dict[tuple, int]:
 
 def histogram_counts(table: pa.Table) -> dict[tuple, int]:
     """The ``count`` of each cell of a histogram table."""
-    return dict(zip(rows_of(table.drop_columns("count")), table.column("count").to_pylist()))
+    return dict(zip(rows_of(table.drop_columns(list(OUTPUT_COLUMNS))), table.column("count").to_pylist()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +92,10 @@ def test_every_published_cell_has_at_least_k_rows(table: pa.Table, k: int, beta:
     counts = histogram_counts(histogram.table)
     assert all(count >= k for count in counts.values())
     assert len(counts) == histogram.table.num_rows  # one row per cell
+    with_intervals = histogram.table.to_pydict()  # each count's estimate and exact interval
+    assert with_intervals["estimate"] == [c / beta for c in with_intervals["count"]]
+    expected = count_intervals(with_intervals["count"], k, beta, 0.95)
+    assert with_intervals["lower"] == expected.lower.tolist() and with_intervals["upper"] == expected.upper.tolist()
     if beta == 1.0:
         assert counts == published
 
@@ -248,7 +253,7 @@ def test_result_event_and_facts() -> None:
     assert result.table.column("v").chunk(0).dictionary.to_pylist() == ["x"]  # 'y' does not leak
     histogram = crowd_blending_histogram(table, {"v": Keep()}, k=5, epsilon=0.7)
     assert histogram.event == SDGS(k=5, beta=1.0, epsilon=0.7, output="histogram")
-    assert histogram.table.to_pydict() == {"v": ["x"], "count": [30]}
+    assert histogram.table.to_pydict() == {"v": ["x"], "count": [30], "estimate": [30.0], "lower": [30], "upper": [30]}
     assert crowd_blending_histogram(table, {"v": Keep()}, k=5).event.epsilon == 0
 
 
@@ -265,6 +270,9 @@ def test_everything_suppressed_is_an_explained_empty_result() -> None:
         "v",
         "n",
         "count",
+        "estimate",
+        "lower",
+        "upper",
     ]
     assert "explanation" in histogram.public_facts
     empty = sdgs(table.slice(0, 0), schemes, k=2, beta=0.5, epsilon=1.0)
@@ -303,8 +311,9 @@ def test_domain_error_does_not_depend_on_the_sample() -> None:
                 beta=0.01,
                 epsilon=1.0,
             )
-    with pytest.raises(UserError, match="cannot generalize a column named 'count'"):
-        crowd_blending_histogram(pa.table({"count": [1]}), {"count": Keep()}, k=1)
+    for name in ("count", "estimate", "lower", "upper"):
+        with pytest.raises(UserError, match=f"cannot generalize a column named '{name}'"):
+            crowd_blending_histogram(pa.table({name: [1]}), {name: Keep()}, k=1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ candidates (eps-safe k-anonymization, Li-Qardaji-Su Section 3.2); the two events
 
 Privacy: :class:`~privrelease.mechanisms.events.SDGS` (Theorem 1 / the exact profile / its PLD).
 Accuracy: :mod:`privrelease.mechanisms.accuracy` (publication probability, relative standard
-error of count / beta, exact conditional interval, suppression bias; the selection gap).
+error of count / beta, exact conditional interval, suppression bias; the selection gap); after
+the data, :mod:`privrelease.mechanisms.count_intervals` (an exact interval for the people behind
+each published count: the histogram's ``estimate``, ``lower`` and ``upper`` columns; for
+microdata, stated in release.json and given by ``guarantee accuracy sdgs --observed``).
 Dask: each partition counts its own Bernoulli(beta) sample per cell (:class:`CellJob`); the
 flow suppresses with the merged counts of the whole sample and writes the microdata as a
 uniformly random order of the published rows (:mod:`privrelease.mechanisms.partitioned`).
@@ -15,6 +18,7 @@ uniformly random order of the published rows (:mod:`privrelease.mechanisms.parti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -28,7 +32,9 @@ from privrelease.policies.fields import (
     ColumnRef,
     Epsilon,
     FieldError,
+    Issue,
     K,
+    Loc,
     Model,
     Names,
     PositiveEpsilon,
@@ -42,7 +48,7 @@ if TYPE_CHECKING:
     from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.schemes import ColumnScheme
     from privrelease.policies.loader import LoadedPolicy
-    from privrelease.policies.schema import AccuracyTarget
+    from privrelease.policies.schema import AccuracyTarget, Policy
 
 ROWS_PER_PIECE = 1_000_000
 """Rows per piece (Parquet row group, CSV block) of microdata written on Dask."""
@@ -120,7 +126,17 @@ class Generalizing(MechanismKind):
         return accuracy.AccuracyStatement(
             "the published count" if beta >= 1 else f"the published count / beta = count x {1 / beta:g}",
             cells=tuple(accuracy.count_accuracy(k, beta, n) for n in accuracy.cell_sizes(k, beta, targets)),
+            published_counts=accuracy.published_counts(k, beta, self.interval_confidence(loaded), self.output),
         )
+
+    def interval_confidence(self, loaded: LoadedPolicy) -> float:
+        """The confidence of the intervals for the people behind published counts: the highest
+        confidence of the accuracy targets naming this mechanism, else
+        :data:`.count_intervals.DEFAULT_CONFIDENCE`."""
+        from privrelease.mechanisms.count_intervals import DEFAULT_CONFIDENCE
+
+        stated = [t.confidence for t in loaded.policy.targets.accuracy if t.mechanism == self.name]
+        return max(stated, default=DEFAULT_CONFIDENCE)
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """A cell of ``count`` people published and within +-relative_error, with probability
@@ -307,26 +323,48 @@ class SdgsMechanism(Generalizing):
 
 class HistogramMechanism(Generalizing):
     """Crowd-blending histogram (Gehrke et al.): counts of generalized cells, cells below k
-    removed; on a Bernoulli(beta) sample when ``beta`` < 1 (default 1: no sampling)."""
+    removed; on a Bernoulli(beta) sample when ``beta`` < 1 (default 1: no sampling). Each count
+    comes with the columns ``estimate`` (count / beta) and ``lower``, ``upper``: an exact
+    interval for the people behind it, given publication, at the highest ``confidence`` of the
+    accuracy targets naming this mechanism (else 0.95)."""
 
     type: Literal["histogram"]
 
     label: ClassVar[str] = "crowd-blending histogram"
     output: ClassVar[Literal["microdata", "histogram"]] = "histogram"
 
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """No column named like an output column (``count``, ``estimate``, ``lower``, ``upper``),
+        refused before the data is read (the run's check says the same)."""
+        from privrelease.mechanisms.histogram import OUTPUT_COLUMNS
+
+        for i, column in enumerate(self.columns):
+            if column in OUTPUT_COLUMNS:
+                yield Issue(
+                    (*here, "columns", i),
+                    f"a histogram cannot generalize a column named {column!r}: the output uses that name "
+                    f"(its columns are the cells' labels and {', '.join(OUTPUT_COLUMNS)})",
+                )
+
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         from privrelease.mechanisms.histogram import crowd_blending_histogram
 
         return crowd_blending_histogram(
-            table, loaded.schemes(self.columns), k=self.k, beta=self.beta, epsilon=self.epsilon
+            table,
+            loaded.schemes(self.columns),
+            k=self.k,
+            beta=self.beta,
+            epsilon=self.epsilon,
+            confidence=self.interval_confidence(loaded),
         )
 
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
-        """Suppress the merged cells below k."""
+        """Suppress the merged cells below k (each count with its estimate and interval)."""
         from privrelease.mechanisms.histogram import check_histogram, histogram_of_cells
 
         check_histogram(loaded.schemes(self.columns), self.k, self.beta, self.epsilon)
-        return histogram_of_cells(merged, k=self.k, beta=self.beta, epsilon=self.epsilon)
+        confidence = self.interval_confidence(loaded)
+        return histogram_of_cells(merged, k=self.k, beta=self.beta, epsilon=self.epsilon, confidence=confidence)
 
 
 KINDS = (SdgsMechanism, HistogramMechanism)

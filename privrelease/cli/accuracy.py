@@ -27,19 +27,42 @@ def register(app: typer.Typer) -> None:
 def accuracy_sdgs(
     k: int = typer.Option(..., "--k", help="Suppression threshold k >= 1."),
     beta: float = typer.Option(..., "--beta", help="Sampling probability beta in (0, 1]."),
-    count: str = typer.Option(..., "--count", help="People in a cell, or a comma-separated list."),
+    count: str | None = typer.Option(
+        None, "--count", help="People in a cell, or a comma-separated list (before the data)."
+    ),
+    observed: str | None = typer.Option(
+        None,
+        "--observed",
+        help="Published counts c >= k, comma-separated (after the data): the people behind each, "
+        "estimated, with an exact interval at --confidence.",
+    ),
     confidence: float = CONFIDENCE,
     relative_error: float | None = typer.Option(
         None, "--relative-error", help="Also the probability of 'published and within +-r of the count'."
     ),
     json_out: bool = JSON,
 ) -> None:
-    """For SDGS microdata and crowd-blending histograms: per cell size, the probability that the
-    cell is published, the relative standard error and suppression bias of its estimate
-    count/beta, and the interval holding the published estimate with probability >= C."""
+    """For SDGS microdata and crowd-blending histograms. With --count (before the data): per
+    cell size, the probability that the cell is published, the relative standard error and
+    suppression bias of its estimate count/beta, and the interval holding the published estimate
+    with probability >= C. With --observed (after the data): per published count c, the
+    estimate c/beta of the people N behind it and an exact interval holding N with probability
+    >= C given publication (post-processing: no privacy cost)."""
     from privrelease.cli.calculus import _numbers
+    from privrelease.errors import UserError
     from privrelease.mechanisms.accuracy import count_accuracy
 
+    if (count is None) == (observed is None):
+        raise UserError(
+            "give exactly one of --count (people in a cell: accuracy before the data) or "
+            "--observed (published counts: an interval for the people behind each)"
+        )
+    if observed is not None:
+        if relative_error is not None:
+            raise UserError("--relative-error goes with --count, not with --observed")
+        _observed(k, beta, observed, confidence, json_out)
+        return
+    assert count is not None
     rows = [
         count_accuracy(k, beta, n, confidence=confidence, relative_error=relative_error)
         for n in _numbers(count, "count", int)
@@ -68,6 +91,41 @@ def accuracy_sdgs(
     console.print(
         "RSE: relative standard error of count/beta; bias: of a published estimate, added by suppressing "
         "cells below k; interval: holds a published estimate with at least the stated probability.",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _observed(k: int, beta: float, observed: str, confidence: float, json_out: bool) -> None:
+    """``accuracy sdgs --observed``: rows {observed, estimate, lower, upper, confidence}."""
+    from privrelease.cli.calculus import _numbers
+    from privrelease.errors import UserError
+    from privrelease.mechanisms.count_intervals import check_confidence, count_intervals
+    from privrelease.mechanisms.sdgs_math import check_parameters
+
+    check_parameters(k, beta, 0.0)
+    check_confidence(confidence, "--confidence")
+    values = _numbers(observed, "observed", int)
+    below = [value for value in values if value < k]
+    if below:
+        raise UserError(
+            f"--observed must be published counts, integers >= k = {k} (smaller cells are suppressed); got {below[0]}"
+        )
+    intervals = count_intervals(values, k, beta, confidence)
+    rows = intervals.rows()
+    if json_out:
+        print_json({"k": k, "beta": beta, "confidence": confidence, "rows": rows})
+        return
+    table = Table(title=f"(k={k}, beta={beta:g})-SDGS: the people N behind a published count c", title_justify="left")
+    for column in ("observed c", "estimate c/beta", f"{confidence:g} lower", f"{confidence:g} upper"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(str(row["observed"]), f"{row['estimate']:.6g}", str(row["lower"]), str(row["upper"]))
+    console.print(table)
+    console.print(
+        f"[lower, upper] holds N with probability >= {confidence:g} given that the cell was published (at least "
+        f"k of its people sampled): the exact conditional binomial interval, from the published count and the "
+        "public k, beta, C alone (post-processing: no privacy cost).",
         highlight=False,
         soft_wrap=True,
     )
