@@ -478,6 +478,16 @@ class Runway:
         return asdict(self)
 
 
+def policy_runway(session: Session, plan: Any) -> tuple[LedgerStatus, Runway]:
+    """The ledger of the dataset a planned release (:func:`privrelease.planning.dp_plan`)
+    charges, and the release's runway on it (``ledger runway``)."""
+    dataset = plan.loaded.require_dataset_id()
+    assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
+    stated = plan.loaded.policy.targets.lifetime_budget
+    status = status_for(session, dataset, resolve_lifetime_budget(stated), plan.notion)
+    return status, runway(status, plan.event)
+
+
 def runway(status: LedgerStatus, event_tree: Any) -> Runway:
     """The runway of ``event_tree`` (one run's releases) on the ledger ``status``: the largest
     r <= MAX_RUNWAY such that the counting trees plus r copies fit the lifetime budget. The

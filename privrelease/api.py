@@ -21,7 +21,6 @@ same messages the command line prints.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,24 +71,9 @@ def compose(
     accounting notion (``targets.accounting``, as the ledger charges it), by the tightest sound
     method (:class:`privrelease.mechanisms.composition.Composition`): give ``delta`` for the
     smallest epsilon, or ``epsilon`` for the delta."""
-    from privrelease.errors import UserError
-    from privrelease.mechanisms import composition
-    from privrelease.planning import dp_plan
+    from privrelease.planning import composed_runs, dp_plan
 
-    if (delta is None) == (epsilon is None):
-        raise UserError("give exactly one of delta (to get epsilon) or epsilon (to get delta)")
-    if times < 1:
-        raise UserError(f"times must be an integer >= 1; got {times}")
-    if delta is not None and not 0 < delta < 1:
-        raise UserError(f"delta must be in (0, 1); got {delta!r}")
-    if epsilon is not None and not 0 <= epsilon < math.inf:
-        raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
-    planned = dp_plan(load(policy))
-    tree, notion = planned.event, planned.notion
-    if delta is not None:
-        return composition.epsilon_at([tree], delta, times=times, notion=notion)
-    assert epsilon is not None, "exactly one of delta and epsilon is given"
-    return composition.delta_at([tree], epsilon, times=times, notion=notion)
+    return composed_runs(dp_plan(load(policy)), times=times, delta=delta, epsilon=epsilon)
 
 
 def runway(policy: PathLike) -> Runway:
@@ -101,12 +85,8 @@ def runway(policy: PathLike) -> Runway:
     from privrelease.planning import dp_plan
 
     planned = dp_plan(load(policy))
-    dataset = planned.loaded.require_dataset_id()
-    assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
-    stated = planned.loaded.policy.targets.lifetime_budget
     with session(open_database(), readonly=True) as s:
-        status = ledger.status_for(s, dataset, ledger.resolve_lifetime_budget(stated), planned.notion)
-    return ledger.runway(status, planned.event)
+        return ledger.policy_runway(s, planned)[1]
 
 
 def verify(head: PathLike | None = None) -> VerifyResult:

@@ -148,6 +148,37 @@ def dp_plan(loaded: LoadedPolicy) -> Plan:
     return plan
 
 
+def composed_runs(
+    plan: Plan, *, times: int, delta: float | None = None, epsilon: float | None = None, option: str = ""
+) -> composition.Composition:
+    """The (epsilon, delta)-DP of ``times`` runs of ``plan``'s release (:func:`dp_plan`) under
+    its accounting notion, by the tightest sound method: give ``delta`` for the smallest epsilon,
+    or ``epsilon`` for the delta. A bad argument is a UserError naming it with ``option`` in
+    front (``--`` on the command line)."""
+    from privrelease.errors import UserError
+
+    if times < 1:
+        raise UserError(
+            f"{option}times must be an integer >= 1; got {times}", field=f"{option}times", allowed="an integer >= 1"
+        )
+    if (delta is None) == (epsilon is None):
+        raise UserError(f"give exactly one of {option}delta (to get epsilon) or {option}epsilon (to get delta)")
+    if delta is not None and not 0 < delta < 1:
+        raise UserError(
+            f"{option}delta must be in (0, 1); got {delta:g}", field=f"{option}delta", allowed="a number in (0, 1)"
+        )
+    if epsilon is not None and not 0 <= epsilon < math.inf:
+        raise UserError(
+            f"{option}epsilon must be a finite number >= 0; got {epsilon:g}",
+            field=f"{option}epsilon",
+            allowed="a finite number >= 0",
+        )
+    if delta is not None:
+        return composition.epsilon_at([plan.event], delta, times=times, notion=plan.notion)
+    assert epsilon is not None, "exactly one of delta and epsilon is given"
+    return composition.delta_at([plan.event], epsilon, times=times, notion=plan.notion)
+
+
 def _approximate(loaded: LoadedPolicy, tree: Composed, stated: Guarantee) -> tuple[Guarantee, dict[str, Any]]:
     """The release's approximate-DP guarantee by the tightest composition
     (:mod:`~privrelease.mechanisms.composition`): the smallest epsilon at the target delta, or

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from privrelease.cli.output import console, print_json
-from privrelease.errors import TargetNotMet, UserError
+from privrelease.errors import TargetNotMet
 
 if TYPE_CHECKING:
     from privrelease.planning import Plan
@@ -54,26 +54,10 @@ def guarantee_compose(
     notion, composed by the tightest sound method (privacy loss distributions, optimal,
     advanced or basic composition; under the probabilistic notion the stated points add up).
     Reads no data."""
-    from privrelease.mechanisms import composition
+    from privrelease.planning import composed_runs
 
-    if times < 1:
-        raise UserError(f"--times must be an integer >= 1; got {times}", field="--times", allowed="an integer >= 1")
-    if (delta is None) == (epsilon is None):
-        raise UserError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
-    if delta is not None and not 0 < delta < 1:
-        raise UserError(f"--delta must be in (0, 1); got {delta:g}", field="--delta", allowed="a number in (0, 1)")
-    if epsilon is not None and not 0 <= epsilon < math.inf:
-        raise UserError(
-            f"--epsilon must be a finite number >= 0; got {epsilon:g}",
-            field="--epsilon",
-            allowed="a finite number >= 0",
-        )
     plan = _release_tree(policy)
-    if delta is not None:
-        result = composition.epsilon_at([plan.event], delta, times=times, notion=plan.notion)
-    else:
-        assert epsilon is not None, "exactly one of --delta and --epsilon is given"
-        result = composition.delta_at([plan.event], epsilon, times=times, notion=plan.notion)
+    result = composed_runs(plan, times=times, delta=delta, epsilon=epsilon, option="--")
     document = {
         "policy": plan.loaded.policy.name,
         "notion": plan.notion,
@@ -107,12 +91,9 @@ def ledger_runway(
     from privrelease.cli.audit import _engine
 
     plan = _release_tree(policy)
-    dataset = plan.loaded.require_dataset_id()
-    assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
-    stated = plan.loaded.policy.targets.lifetime_budget
     with session(_engine(), readonly=True) as s:
-        status = ledger.status_for(s, dataset, ledger.resolve_lifetime_budget(stated), plan.notion)
-    result = ledger.runway(status, plan.event)
+        status, result = ledger.policy_runway(s, plan)
+    dataset = status.dataset.id
     document = {
         "policy": plan.loaded.policy.name,
         "dataset": dataset,
