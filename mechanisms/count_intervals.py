@@ -85,9 +85,6 @@ CONSTRUCTION = (
 DEFAULT_CONFIDENCE = 0.95
 """The intervals' confidence when no accuracy target of the mechanism states one."""
 
-COLUMNS = ("estimate", "lower", "upper")
-"""The columns a histogram gains: count / beta and the interval's bounds."""
-
 
 @dataclass(frozen=True)
 class CountIntervals:

@@ -23,15 +23,11 @@ import pyarrow as pa
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
-from privrelease.mechanisms.count_intervals import COLUMNS as INTERVAL_COLUMNS
+from privrelease.mechanisms.columns import COUNT, HISTOGRAM
 from privrelease.mechanisms.count_intervals import count_intervals
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release
-
-COUNT_COLUMN = "count"
-OUTPUT_COLUMNS = (COUNT_COLUMN, *INTERVAL_COLUMNS)
-"""The columns a histogram adds to its cells' labels."""
 
 
 def crowd_blending_histogram(
@@ -57,7 +53,7 @@ def crowd_blending_histogram(
 
 def check_histogram(schemes: Mapping[str, ColumnScheme], k: int, beta: float, epsilon: float | None) -> None:
     """UserError for parameters :func:`crowd_blending_histogram` refuses."""
-    for name in OUTPUT_COLUMNS:
+    for name in HISTOGRAM:
         if name in schemes:
             raise UserError(f"a histogram cannot generalize a column named {name!r}: the output uses that name")
     check_parameters(k, beta, 0.0 if epsilon is None else epsilon)
@@ -75,8 +71,9 @@ def histogram_of_cells(
     columns = cells.label_columns(published)
     counts = np.asarray(cells.counts[published], dtype=np.int64)
     intervals = count_intervals(counts, k, beta, confidence)
-    columns[COUNT_COLUMN] = pa.array(counts, pa.int64())
-    columns["estimate"] = pa.array(intervals.estimate, pa.float64())
-    columns["lower"] = pa.array(intervals.lower, pa.int64())
-    columns["upper"] = pa.array(intervals.upper, pa.int64())
+    columns[COUNT] = pa.array(counts, pa.int64())
+    estimate, lower, upper = HISTOGRAM[1:]
+    columns[estimate] = pa.array(intervals.estimate, pa.float64())
+    columns[lower] = pa.array(intervals.lower, pa.int64())
+    columns[upper] = pa.array(intervals.upper, pa.int64())
     return release(cells, pa.table(columns), k=k, beta=beta, epsilon=epsilon, output="histogram")

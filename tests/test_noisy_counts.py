@@ -474,6 +474,22 @@ def test_a_column_without_a_declared_domain_is_refused(demo_dir):
         load_policy(path)
 
 
+def test_a_column_named_like_the_count_is_refused(demo_dir):
+    """The output's ``count`` column would replace a kept column named ``count``."""
+    path = _policy(demo_dir, "{distribution: laplace, scale: 2}", version="count")
+    text = path.read_text().replace(
+        "    sex: {type: string, values: [Male, Female]}", "    count: {type: string, values: [Male, Female]}"
+    )
+    text = text.replace("  sex: keep", "  count: keep").replace(
+        "columns: [sex, race, salary-class]", "columns: [count, race]"
+    )
+    path.write_text(text)
+    with pytest.raises(
+        UserError, match=r"mechanisms\[0\]\.columns\[0\]: a noisy table cannot count a column named 'count'"
+    ):
+        load_policy(path)
+
+
 def test_gaussian_needs_a_delta_target(demo_dir):
     path = _policy(demo_dir, "{distribution: gaussian, sigma: 20}", version="nodelta")
     path.write_text(path.read_text().replace("  delta: 1.0e-9\n", ""))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -870,3 +873,30 @@ def test_read_hierarchy_skips_blank_lines_and_bom(tmp_path: Path) -> None:
     path = tmp_path / "h.csv"
     path.write_bytes(b"\xef\xbb\xbfa;x;*\r\n\r\nb;x;*")
     assert read_hierarchy(path) == (("a", "x", "*"), ("b", "x", "*"))
+
+
+def test_checking_a_policy_loads_no_mechanism_engine() -> None:
+    """Loading and checking every example policy imports none of the engines a run needs
+    (scipy, Arrow's compute, the mechanisms' implementations) nor the audit database: a refusal
+    for a bad policy or data path answers at plan speed (bench/cli.py)."""
+    examples = sorted((Path(__file__).resolve().parents[1] / "policies" / "examples").glob("*.yaml"))
+    engines = [
+        "scipy",
+        "pyarrow.compute",
+        "privrelease.mechanisms.histogram",
+        "privrelease.mechanisms.sdgs",
+        "sqlalchemy",
+    ]
+    code = (
+        "import json, sys\n"
+        "from privrelease.policies import load_policy\n"
+        f"for path in {[str(p) for p in examples]!r}:\n"
+        "    load_policy(path)\n"
+        f"print(json.dumps(sorted(set({engines!r}) & set(sys.modules))))\n"
+    )
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not shared.is_dir():
+        pytest.skip(f"the Adult examples read their hierarchies from {shared}, absent here")
+    env = {**os.environ, "PRIVRELEASE_DATA_ROOTS": str(shared)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(done.stdout) == []

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from scipy.stats import binom, hypergeom
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.columns import HISTOGRAM
 from privrelease.mechanisms.count_intervals import count_intervals
 from privrelease.mechanisms.events import SDGS
 from privrelease.mechanisms.generalization import generalize
-from privrelease.mechanisms.histogram import OUTPUT_COLUMNS, crowd_blending_histogram
+from privrelease.mechanisms.histogram import crowd_blending_histogram
 from privrelease.mechanisms.randomness import bernoulli
 from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap
 from privrelease.mechanisms.sdgs import sdgs, shuffled_repeat
@@ -46,7 +47,7 @@ def cell_counts(table: pa.Table) -> dict[tuple, int]:
 
 def histogram_counts(table: pa.Table) -> dict[tuple, int]:
     """The ``count`` of each cell of a histogram table."""
-    return dict(zip(rows_of(table.drop_columns(list(OUTPUT_COLUMNS))), table.column("count").to_pylist()))
+    return dict(zip(rows_of(table.drop_columns(list(HISTOGRAM))), table.column("count").to_pylist()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ import pyarrow as pa
 from pydantic import Field, StrictBool
 
 from privrelease.errors import UserError
+from privrelease.mechanisms.columns import COUNT
 from privrelease.mechanisms.events import Event
 from privrelease.mechanisms.guarantees import Guarantee, Notion, pure
 from privrelease.mechanisms.kinds import (
@@ -503,10 +504,16 @@ class NoisyCountsMechanism(MechanismKind):
 
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
         """Every column's domain is declared (values, or a hierarchy's labels): a domain read
-        from the data would disclose which values occur."""
+        from the data would disclose which values occur. No column is named like the output's
+        ``count`` column, which would take its place."""
         from privrelease.policies.schema import HierarchyScheme
 
         for i, column in enumerate(self.columns):
+            if column == COUNT:
+                yield Issue(
+                    (*here, "columns", i),
+                    f"a noisy table cannot count a column named {column!r}: its output uses that name for the counts",
+                )
             spec = policy.dataset.columns.get(column)
             if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
                 yield Issue(
@@ -626,7 +633,7 @@ class NoisyCountsMechanism(MechanismKind):
             column: pa.array(labels).take(pa.array(index))
             for (column, labels), index in zip(job.domain.items(), position, strict=True)
         }
-        columns["count"] = pa.array(noisy)
+        columns[COUNT] = pa.array(noisy)
         public = {"cells": int(noisy.size), "noise": f"discrete {distribution}", "nonnegative": self.nonnegative}
         return MechanismResult(pa.table(columns), self._event(loaded), public, {"rows_counted": int(np.sum(merged))})
 

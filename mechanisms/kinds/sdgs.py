@@ -336,14 +336,14 @@ class HistogramMechanism(Generalizing):
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
         """No column named like an output column (``count``, ``estimate``, ``lower``, ``upper``),
         refused before the data is read (the run's check says the same)."""
-        from privrelease.mechanisms.histogram import OUTPUT_COLUMNS
+        from privrelease.mechanisms.columns import HISTOGRAM
 
         for i, column in enumerate(self.columns):
-            if column in OUTPUT_COLUMNS:
+            if column in HISTOGRAM:
                 yield Issue(
                     (*here, "columns", i),
                     f"a histogram cannot generalize a column named {column!r}: the output uses that name "
-                    f"(its columns are the cells' labels and {', '.join(OUTPUT_COLUMNS)})",
+                    f"(its columns are the cells' labels and {', '.join(HISTOGRAM)})",
                 )
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
