@@ -1,12 +1,23 @@
 """Shared fixtures. Real data lives in ``../shared/data`` beside the checkout (CI has it; a
-user's clone may not): tests that need it skip with the reason."""
+user's clone may not): tests that need it skip with the reason.
+
+``make test`` runs the tests on two pytest-xdist workers (``-n 2 --dist loadgroup``); plain
+``python -m pytest`` runs them in one process. Every process of a run is isolated here: its own
+``PREFECT_HOME`` (:func:`pytest_configure`), its own ``tmp_path`` (pytest's, per worker), servers on
+free ports; the throwaway PostgreSQL server is one for the run, started by the controller and
+shared by the workers (``tests/postgres_server.py``); the tests that need a Prefect server
+started for the session (:data:`PREFECT_SERVER_FIXTURES`) run on one worker
+(:func:`pytest_collection_modifyitems`), so that only one worker pays for starting it."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +54,19 @@ def pytest_configure(config: pytest.Config) -> None:
     test defaults before any module imports it, and start a throwaway
     PostgreSQL server on 127.0.0.1 for the session when the binaries exist
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
-    are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``."""
-    import os
+    are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``.
 
+    ``PREFECT_HOME`` is a new temporary folder of this process (each pytest-xdist worker has its
+    own), removed at exit: the tests neither read the user's Prefect profiles and settings nor
+    leave files in ``~/.prefect``, and two workers never share Prefect's files."""
     import postgres_server
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    home = tempfile.mkdtemp(prefix=f"privrelease-test-prefect-home-{worker}-")
+    atexit.register(shutil.rmtree, home, True)
+    os.environ["PREFECT_HOME"] = home
+    # Declared here too (pytest-xdist declares it), for runs with -p no:xdist: no unknown-mark warning.
+    config.addinivalue_line("markers", "xdist_group(name): run on the pytest-xdist worker of this group")
 
     # The Adult example policies (policies/examples) read ../shared/data: a declared data root.
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
@@ -62,6 +82,22 @@ def pytest_configure(config: pytest.Config) -> None:
     }.items():
         os.environ.setdefault(key, value)
     postgres_server.configure(config)
+
+
+PREFECT_SERVER_FIXTURES = {"prefect_harness", "prefect_stack"}
+"""Session fixtures that start a Prefect server (20-40 s each here): :func:`prefect_harness`, and
+``prefect_stack`` of ``tests/test_deploy_system.py`` (used by ``tests/test_deploy_faults.py`` too)."""
+PREFECT_GROUP = "prefect-servers"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` the tests that use a session Prefect server all go to one worker
+    (``xdist_group``), which starts each server once; the other worker runs the rest meanwhile.
+    Without pytest-xdist the mark is inert."""
+    for item in items:
+        if PREFECT_SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(PREFECT_GROUP))
 
 
 @pytest.fixture(scope="session")
