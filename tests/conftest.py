@@ -124,13 +124,18 @@ CHROMIUM_ARGS = [
 ]
 
 
+CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+"""Where Debian's and Ubuntu's packages install it: found even when ``PATH`` lacks ``/usr/bin``."""
+
+
 def find_chromium() -> str:
-    """The Chromium executable on ``PATH`` (Debian's ``/usr/bin/chromium``), looked up when a
-    test needs it, not when the tests are collected (a browser installed after the session
-    started is found); skips the test without one."""
+    """The Chromium executable on ``PATH``, else at :data:`CHROMIUM_PATHS` (Debian's
+    ``/usr/bin/chromium``), looked up when a test needs it, not when the tests are collected (a
+    browser installed after the session started is found); skips the test without one."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
+    found = found or next((path for path in CHROMIUM_PATHS if os.access(path, os.X_OK)), None)
     if found is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+        pytest.skip(f"no Chromium on PATH or at {' or '.join(CHROMIUM_PATHS)} (apt-get install chromium)")
     return found
 
 
