@@ -56,11 +56,20 @@ def pytest_configure(config: pytest.Config) -> None:
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
     are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``.
 
-    ``PREFECT_HOME`` is a new temporary folder of this process (each pytest-xdist worker has its
+    ``COLUMNS`` and ``LINES`` are unset (see below). ``PREFECT_HOME`` is a new temporary folder of this process (each pytest-xdist worker has its
     own), removed at exit: the tests neither read the user's Prefect profiles and settings nor
     leave files in ``~/.prefect``, and two workers never share Prefect's files."""
     import postgres_server
 
+    # The CLI's tables are as wide as their content when the output is not a terminal (a test's
+    # captured output) and COLUMNS is unset; the tests read them row by row, and those that test a
+    # width set COLUMNS themselves. Unset here: GNU readline, which pytest imports (with pdb), puts
+    # COLUMNS=80 and LINES=24 in the C environment when stdin is not a terminal (os.environ does
+    # not show them); child processes inherit them, pytest-xdist's workers too, where Rich reads
+    # them when the CLI's consoles are created and folds long cells.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+        os.unsetenv(name)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     home = tempfile.mkdtemp(prefix=f"privrelease-test-prefect-home-{worker}-")
     atexit.register(shutil.rmtree, home, True)
