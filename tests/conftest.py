@@ -12,6 +12,7 @@ started for the session (:data:`PREFECT_SERVER_FIXTURES`) run on one worker
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import resource
 import shutil
@@ -74,6 +75,10 @@ def pytest_configure(config: pytest.Config) -> None:
     home = tempfile.mkdtemp(prefix=f"privrelease-test-prefect-home-{worker}-")
     atexit.register(shutil.rmtree, home, True)
     os.environ["PREFECT_HOME"] = home
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        groups = tempfile.mkdtemp(prefix="privrelease-test-xdist-groups-")  # the controller's
+        atexit.register(shutil.rmtree, groups, True)
+        os.environ[GROUPS_ENV] = groups
     # Declared here too (pytest-xdist declares it), for runs with -p no:xdist: no unknown-mark warning.
     config.addinivalue_line("markers", "xdist_group(name): run on the pytest-xdist worker of this group")
 
@@ -99,14 +104,57 @@ PREFECT_SERVER_FIXTURES = {"prefect_harness", "prefect_stack"}
 PREFECT_GROUP = "prefect-servers"
 
 
+GROUPS_ENV = "PRIVRELEASE_TEST_XDIST_GROUPS"
+"""Set by the pytest-xdist controller: a folder where each worker writes the ``xdist_group`` of
+its tests (``<worker>.json``, nodeid to group) for :func:`pytest_xdist_make_scheduler`."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``--dist loadgroup`` the tests that use a session Prefect server all go to one worker
     (``xdist_group``), which starts each server once; the other worker runs the rest meanwhile.
-    Without pytest-xdist the mark is inert."""
+    Without pytest-xdist the mark is inert. In a worker, the groups are written for the controller."""
     for item in items:
         if PREFECT_SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(PREFECT_GROUP))
+    folder = os.environ.get(GROUPS_ENV)
+    if folder and hasattr(config, "workerinput"):
+        groups = {}
+        for item in items:
+            names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                            for mark in item.iter_markers("xdist_group")})  # fmt: skip
+            if names:
+                groups[item.nodeid] = "_".join(names)
+        path = Path(folder) / f"{config.workerinput['workerid']}.json"
+        path.with_suffix(".partial").write_text(json.dumps(groups), encoding="utf-8")
+        path.with_suffix(".partial").replace(path)  # whole or absent
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: no error when it is not loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` that honours ``xdist_group``. pytest-xdist 3.8.0 groups by a suffix it
+    appends to ``item._nodeid`` in the worker, which pytest 9.2 no longer reads (``nodeid`` comes
+    from ``item._id``): its own loadgroup silently ran every test on its own. This scheduler reads
+    the groups the workers wrote (:func:`pytest_collection_modifyitems`) instead; tests without a
+    group are scheduled one by one, as by ``--dist load``."""
+    if config.getvalue("dist") != "loadgroup" or not os.environ.get(GROUPS_ENV):
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    folder = Path(os.environ[GROUPS_ENV])
+
+    class MarkedGroupScheduling(LoadGroupScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # read once all workers have collected (they write before)
+                self.groups = {}
+                for path in sorted(folder.glob("*.json")):
+                    self.groups.update(json.loads(path.read_text(encoding="utf-8")))
+            group = self.groups.get(nodeid)
+            return f"xdist_group:{group}" if group else super()._split_scope(nodeid)
+
+    return MarkedGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
