@@ -7,7 +7,8 @@ user's clone may not): tests that need it skip with the reason.
 free ports; the throwaway PostgreSQL server is one for the run, started by the controller and
 shared by the workers (``tests/postgres_server.py``); the tests that need a Prefect server
 started for the session (:data:`PREFECT_SERVER_FIXTURES`) run on one worker
-(:func:`pytest_collection_modifyitems`), so that only one worker pays for starting it."""
+(:func:`pytest_collection_modifyitems`, scheduled by :func:`pytest_xdist_make_scheduler`), so
+that only one worker pays for starting it."""
 
 from __future__ import annotations
 
