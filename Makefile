@@ -17,8 +17,12 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/privrelease demo
 
+# The whole suite (system tests included) on TEST_WORKERS pytest-xdist workers; the tests that share a
+# session Prefect server run on one worker (tests/conftest.py). `make test TEST_WORKERS=0`: one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)
 	for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

@@ -1,12 +1,25 @@
 """Shared fixtures. Real data lives in ``../shared/data`` beside the checkout (CI has it; a
-user's clone may not): tests that need it skip with the reason."""
+user's clone may not): tests that need it skip with the reason.
+
+``make test`` runs the tests on two pytest-xdist workers (``-n 2 --dist loadgroup``); plain
+``python -m pytest`` runs them in one process. Every process of a run is isolated here: its own
+``PREFECT_HOME`` (:func:`pytest_configure`), its own ``tmp_path`` (pytest's, per worker), servers on
+free ports; the throwaway PostgreSQL server is one for the run, started by the controller and
+shared by the workers (``tests/postgres_server.py``); the tests that need a Prefect server
+started for the session (:data:`PREFECT_SERVER_FIXTURES`) run on one worker
+(:func:`pytest_collection_modifyitems`, scheduled by :func:`pytest_xdist_make_scheduler`), so
+that only one worker pays for starting it."""
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
 import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +56,32 @@ def pytest_configure(config: pytest.Config) -> None:
     test defaults before any module imports it, and start a throwaway
     PostgreSQL server on 127.0.0.1 for the session when the binaries exist
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
-    are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``."""
-    import os
+    are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``.
 
+    ``COLUMNS`` and ``LINES`` are unset (see below). ``PREFECT_HOME`` is a new temporary folder of this process (each pytest-xdist worker has its
+    own), removed at exit: the tests neither read the user's Prefect profiles and settings nor
+    leave files in ``~/.prefect``, and two workers never share Prefect's files."""
     import postgres_server
+
+    # The CLI's tables are as wide as their content when the output is not a terminal (a test's
+    # captured output) and COLUMNS is unset; the tests read them row by row, and those that test a
+    # width set COLUMNS themselves. Unset here: GNU readline, which pytest imports (with pdb), puts
+    # COLUMNS=80 and LINES=24 in the C environment when stdin is not a terminal (os.environ does
+    # not show them); child processes inherit them, pytest-xdist's workers too, where Rich reads
+    # them when the CLI's consoles are created and folds long cells.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+        os.unsetenv(name)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    home = tempfile.mkdtemp(prefix=f"privrelease-test-prefect-home-{worker}-")
+    atexit.register(shutil.rmtree, home, True)
+    os.environ["PREFECT_HOME"] = home
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        groups = tempfile.mkdtemp(prefix="privrelease-test-xdist-groups-")  # the controller's
+        atexit.register(shutil.rmtree, groups, True)
+        os.environ[GROUPS_ENV] = groups
+    # Declared here too (pytest-xdist declares it), for runs with -p no:xdist: no unknown-mark warning.
+    config.addinivalue_line("markers", "xdist_group(name): run on the pytest-xdist worker of this group")
 
     # The Adult example policies (policies/examples) read ../shared/data: a declared data root.
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
@@ -62,6 +97,65 @@ def pytest_configure(config: pytest.Config) -> None:
     }.items():
         os.environ.setdefault(key, value)
     postgres_server.configure(config)
+
+
+PREFECT_SERVER_FIXTURES = {"prefect_harness", "prefect_stack"}
+"""Session fixtures that start a Prefect server (20-40 s each here): :func:`prefect_harness`, and
+``prefect_stack`` of ``tests/test_deploy_system.py`` (used by ``tests/test_deploy_faults.py`` too)."""
+PREFECT_GROUP = "prefect-servers"
+
+
+GROUPS_ENV = "PRIVRELEASE_TEST_XDIST_GROUPS"
+"""Set by the pytest-xdist controller: a folder where each worker writes the ``xdist_group`` of
+its tests (``<worker>.json``, nodeid to group) for :func:`pytest_xdist_make_scheduler`."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` the tests that use a session Prefect server all go to one worker
+    (``xdist_group``), which starts each server once; the other worker runs the rest meanwhile.
+    Without pytest-xdist the mark is inert. In a worker, the groups are written for the controller."""
+    for item in items:
+        if PREFECT_SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(PREFECT_GROUP))
+    folder = os.environ.get(GROUPS_ENV)
+    if folder and hasattr(config, "workerinput"):
+        groups = {}
+        for item in items:
+            names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                            for mark in item.iter_markers("xdist_group")})  # fmt: skip
+            if names:
+                groups[item.nodeid] = "_".join(names)
+        path = Path(folder) / f"{config.workerinput['workerid']}.json"
+        path.with_suffix(".partial").write_text(json.dumps(groups), encoding="utf-8")
+        path.with_suffix(".partial").replace(path)  # whole or absent
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: no error when it is not loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` that honours ``xdist_group``. pytest-xdist 3.8.0 groups by a suffix it
+    appends to ``item._nodeid`` in the worker, which pytest 9.2 no longer reads (``nodeid`` comes
+    from ``item._id``): its own loadgroup silently ran every test on its own. This scheduler reads
+    the groups the workers wrote (:func:`pytest_collection_modifyitems`) instead; tests without a
+    group are scheduled one by one, as by ``--dist load``."""
+    if config.getvalue("dist") != "loadgroup" or not os.environ.get(GROUPS_ENV):
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    folder = Path(os.environ[GROUPS_ENV])
+
+    class MarkedGroupScheduling(LoadGroupScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # read once all workers have collected (they write before)
+                self.groups = {}
+                for path in sorted(folder.glob("*.json")):
+                    self.groups.update(json.loads(path.read_text(encoding="utf-8")))
+            group = self.groups.get(nodeid)
+            return f"xdist_group:{group}" if group else super()._split_scope(nodeid)
+
+    return MarkedGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -88,13 +182,18 @@ CHROMIUM_ARGS = [
 ]
 
 
+CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+"""Where Debian's and Ubuntu's packages install it: found even when ``PATH`` lacks ``/usr/bin``."""
+
+
 def find_chromium() -> str:
-    """The Chromium executable on ``PATH`` (Debian's ``/usr/bin/chromium``), looked up when a
-    test needs it, not when the tests are collected (a browser installed after the session
-    started is found); skips the test without one."""
+    """The Chromium executable on ``PATH``, else at :data:`CHROMIUM_PATHS` (Debian's
+    ``/usr/bin/chromium``), looked up when a test needs it, not when the tests are collected (a
+    browser installed after the session started is found); skips the test without one."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
+    found = found or next((path for path in CHROMIUM_PATHS if os.access(path, os.X_OK)), None)
     if found is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+        pytest.skip(f"no Chromium on PATH or at {' or '.join(CHROMIUM_PATHS)} (apt-get install chromium)")
     return found
 
 

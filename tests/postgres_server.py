@@ -12,6 +12,12 @@ starting), and the tests wait for the server after collection. As root (CI), ini
 the ``postgres`` OS user through ``runuser``. A cluster the Debian package may have
 started on port 5432 is neither used nor touched.
 
+Under pytest-xdist (``make test`` runs ``-n 2``) the controller process starts the one server as
+above and its workers share it (each test makes databases with unique names): the workers inherit
+the URL and ``PRIVRELEASE_TEST_POSTGRES_STATUS``, the file the controller's start thread writes
+``ready <port> <version>`` or ``failed <reason>`` to, and each worker waits for that file after
+collecting (the controller collects nothing, so it never reaches that point itself).
+
 Without the binaries nothing starts and the PostgreSQL tests skip; ``PRIVRELEASE_TEST_NO_POSTGRES=1``
 does the same on a machine that has them. Either way one line at the end of the test summary says
 which server the PostgreSQL tests used, or why they skip.
@@ -45,6 +51,10 @@ from typing import Any
 
 URL_ENV = "PRIVRELEASE_TEST_POSTGRES_URL"
 OFF_ENV = "PRIVRELEASE_TEST_NO_POSTGRES"
+STATUS_ENV = "PRIVRELEASE_TEST_POSTGRES_STATUS"
+"""Set by the process that started the server for its pytest-xdist workers: the status file's path."""
+STATUS_FILE = "status"
+WORKER_WAIT_SECONDS = 300  # initdb and pg_ctl's own timeouts are 120 s and 60 s (three attempts)
 DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"
 TOOLS = ("initdb", "pg_ctl", "postgres")
 OS_USER = "postgres"  # initdb refuses to run as root
@@ -153,15 +163,26 @@ class Server:
             start_new_session=True,  # a Ctrl-C meant for pytest must not kill initdb half-way
         )
 
+    @property
+    def status_file(self) -> Path:
+        return self.root / STATUS_FILE
+
     def start(self) -> None:
-        """initdb, then start the server (blocking; :meth:`start_in_background` runs it in a thread)."""
+        """initdb, then start the server (blocking; :meth:`start_in_background` runs it in a thread);
+        then the outcome in :attr:`status_file`, for the pytest-xdist workers."""
         try:
             _initdb(self)
             _start(self)
             self.version = (self.data / "PG_VERSION").read_text().strip()
             self.ready_after = time.monotonic() - self.began
+            status = f"ready {self.port} {self.version}"
         except BaseException as error:
             self.error = error
+            status = f"failed {type(error).__name__}: {error}"
+        with contextlib.suppress(OSError):
+            partial = self.root / f"{STATUS_FILE}.partial"
+            partial.write_text(status, encoding="utf-8")
+            partial.replace(self.status_file)  # whole or absent: a worker never reads half of it
 
     def start_in_background(self) -> None:
         self.thread = threading.Thread(target=self.start, name="postgres-test-server", daemon=True)
@@ -191,6 +212,8 @@ class Server:
             print(f"warning: the PostgreSQL test server in {self.root} did not stop within 60 s", file=sys.stderr)
         if os.environ.get(URL_ENV) == self.url:
             del os.environ[URL_ENV]
+        if os.environ.get(STATUS_ENV) == str(self.status_file):
+            del os.environ[STATUS_ENV]
 
 
 def launch(bindir: Path) -> Server:
@@ -258,6 +281,38 @@ def _usage_error(error: BaseException) -> Exception:
     )
 
 
+def wait_for_status(path: Path, timeout: float = WORKER_WAIT_SECONDS) -> tuple[int, str]:
+    """In a pytest-xdist worker: the port and version the controller's server runs on, once its
+    status file says so; :class:`RuntimeError` with the controller's reason if it failed to start,
+    or if no status appears within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start within {timeout:g} s (no {path})")
+        time.sleep(0.1)
+    status = path.read_text(encoding="utf-8")
+    word, _, rest = status.partition(" ")
+    if word != "ready":
+        raise RuntimeError(rest or status)
+    port, _, version = rest.partition(" ")
+    return int(port), version
+
+
+class _WorkerPlugin:
+    """In a pytest-xdist worker: waits for the controller's server once this worker has collected
+    its tests, and exports its URL (the port may have changed since the worker was started)."""
+
+    def __init__(self, status: Path) -> None:
+        self.status = status
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        try:
+            port, _ = wait_for_status(self.status)
+        except Exception as error:
+            raise _usage_error(error) from error
+        os.environ[URL_ENV] = f"postgresql+psycopg://{OS_USER}@127.0.0.1:{port}/postgres"
+
+
 class _Plugin:
     """Waits for the server once collection is done (it starts while the tests are collected) and
     says at the end of the run which server the PostgreSQL tests used, or why they skip."""
@@ -282,6 +337,17 @@ class _Plugin:
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.line and self.server is not None:  # pytest-xdist: the workers waited, not this process
+            try:
+                self.server.wait()
+            except Exception as error:
+                terminalreporter.write_line(f"PostgreSQL tests: the throwaway server failed to start: {error}")
+                return
+            self.line = (
+                f"PostgreSQL tests: throwaway PostgreSQL {self.server.version} on 127.0.0.1:{self.server.port} "
+                f"from {self.server.bindir} (ready after {self.server.ready_after:.1f} s, started while the "
+                f"pytest-xdist workers collected; shared by them; removed at exit)"
+            )
         terminalreporter.write_line(self.line)
 
 
@@ -296,11 +362,16 @@ def configure(config: Any) -> None:
     if config.option.help or config.option.collectonly:
         return
     server = None
+    status = os.environ.get(STATUS_ENV)
+    if hasattr(config, "workerinput") and status:  # a pytest-xdist worker: the controller started it
+        config.pluginmanager.register(_WorkerPlugin(Path(status)), "privrelease-postgres")
+        return
     if os.environ.get(URL_ENV):
         line = f"PostgreSQL tests: the server in {URL_ENV} from the environment"
     elif _server is not None:  # pytest.main() run again in this process
         server = _server
         os.environ[URL_ENV] = server.url
+        os.environ[STATUS_ENV] = str(server.status_file)
         line = f"PostgreSQL tests: the throwaway server on 127.0.0.1:{server.port}"
     else:
         try:
@@ -312,6 +383,7 @@ def configure(config: Any) -> None:
         else:
             atexit.register(server.stop)
             os.environ[URL_ENV] = server.url
+            os.environ[STATUS_ENV] = str(server.status_file)
             server.start_in_background()
             line = ""
     config.pluginmanager.register(_Plugin(server, line), "privrelease-postgres")

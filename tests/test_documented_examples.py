@@ -22,6 +22,9 @@ from privrelease.flows.steps import release_plain
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "policies" / "examples"
 ADULT_POLICIES = sorted(p.name for p in EXAMPLES.glob("adult-*.yaml"))
+# Both tests use the module's `released` (every Adult example released: 6-11 s): on one
+# pytest-xdist worker under `make test`, so that it is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("documented-examples")
 SKIPPED = (
     "privrelease run ",
     "privrelease rerun ",

@@ -15,14 +15,33 @@ import pytest
 
 def test_chromium_is_looked_up_when_a_test_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Installed after the session started (here: put on PATH now), it is found."""
+    import conftest
     from conftest import find_chromium
 
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(conftest, "CHROMIUM_PATHS", (str(tmp_path / "absent" / "chromium"),))
     with pytest.raises(pytest.skip.Exception):
         find_chromium()
     (tmp_path / "chromium").write_text("#!/bin/sh\n")
     (tmp_path / "chromium").chmod(0o755)
     assert find_chromium() == str(tmp_path / "chromium")
+
+
+def test_chromium_is_found_at_the_package_path_off_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian's ``/usr/bin/chromium`` (here: a stand-in) is found when ``PATH`` does not name its folder."""
+    import conftest
+    from conftest import find_chromium
+
+    assert conftest.CHROMIUM_PATHS[0] == "/usr/bin/chromium"
+    installed = tmp_path / "usr-bin" / "chromium"
+    installed.parent.mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(conftest, "CHROMIUM_PATHS", (str(tmp_path / "absent" / "chromium"), str(installed)))
+    with pytest.raises(pytest.skip.Exception):
+        find_chromium()
+    installed.write_text("#!/bin/sh\n")
+    installed.chmod(0o755)
+    assert find_chromium() == str(installed)
 
 
 def render(policy_text: str, folder: Path, **changes: Any) -> Path:
