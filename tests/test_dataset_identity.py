@@ -33,9 +33,11 @@ def charge_of(policy: Path) -> float:
 
 def policy_for(folder: Path, name: str, dataset_id: str | None, lifetime_epsilon: float) -> Path:
     """The demo policy without its declared row count (a file with a row appended must pass)
-    and without the mean (which needs it), naming ``dataset_id`` and the lifetime budget."""
+    and without the mean (which needs it) or its accuracy target, naming ``dataset_id`` and the
+    lifetime budget."""
     text = (folder / demo.POLICY_FILE).read_text()
     text = re.sub(r"  # Lee & Clifton's own example.*?    rho: 0\.05\n", "", text, flags=re.DOTALL)
+    text = re.sub(r"    - \{mechanism: mean-hours, .*\n", "", text)
     text = text.replace("  rows: 50000\n", "").replace("\n  rho: 0.05\n", "\n")
     text = text.replace("lifetime_budget: {epsilon: 20", f"lifetime_budget: {{epsilon: {lifetime_epsilon!r}")
     text = text.replace("  id: demo-census", f"  id: {dataset_id}" if dataset_id else "")
