@@ -448,7 +448,8 @@ def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> Par
     for job in jobs:
         with withholding(job.step, PartitionError):
             results[job.name] = job.partial(read.table)
-    rows_read, rows_dropped = read.rows_read, read.rows_dropped
-    del read
-    pa.default_memory_pool().release_unused()  # a worker's memory limit counts Arrow's cached free memory
-    return PartitionResult(rows_read, rows_dropped, results)
+    # No release_unused() of Arrow's pool here: its allocator reuses the freed partition for the
+    # next one; handing it back to the OS after every partition made the next one fault it in
+    # again (20 partitions of 1 M rows: 1.4x the time, for a resident set 22 MB smaller between
+    # partitions and the same peak).
+    return PartitionResult(read.rows_read, read.rows_dropped, results)
