@@ -1,7 +1,7 @@
 """Benchmark: the audited release flow in-process against the same flow on the Dask engine, on
 a bootstrap of Adult.
 
-    python bench/scale.py [--rows N] [--files F] [--beta B] [--workers W]
+    python bench/scale.py [--rows N] [--files F] [--beta B] [--workers W] [--repeat R]
                           [--rows-per-partition P] [--memory-limit BYTES] [--no-inprocess]
 
 Bootstraps ``../shared/data/adult/adult.csv`` to N rows of Parquet (default 20,000,000; row
@@ -16,8 +16,12 @@ the flow's steps without the constant Prefect task wrapping):
 - Dask: ``--engine dask`` on a ``LocalCluster`` of W worker processes, one thread each, with
   the given memory limit, started before the clock as a production cluster would be.
 
-Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run),
-``baseline_seconds`` (in-process run, null with --no-inprocess), ``ratio``, ``peak_rss_mb``
+The two alternate (in-process, Dask, in-process, ...) ``--repeat`` times (default 1); the
+medians are reported, with the spread (fastest, slowest, and the range of the ratios of the
+alternated pairs: the machine is shared, so one pair sees one load).
+Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run, median),
+``baseline_seconds`` (in-process run, median, null with --no-inprocess), ``ratio`` (of the
+medians; target <= TARGET_RATIO = 0.6, issue 18), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
 (largest peak RSS of a Dask worker), ``flow_peak_rss_mb`` (the flow process on Dask),
 ``inprocess_peak_rss_mb``, ``data_mb`` (the least an in-process read holds: the declared
 columns as Arrow plus the largest file's bytes), ``memory_limit_mb``, ``fits_one_worker``
@@ -32,6 +36,7 @@ import importlib
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -45,6 +50,8 @@ import sdgs as bench_sdgs  # noqa: E402  (bench/sdgs.py: Adult columns, hierarch
 K = bench_sdgs.K
 COLUMNS = bench_sdgs.COLUMNS
 ROW_GROUP = 1_000_000
+TARGET_RATIO = 0.6
+"""The audited Dask run's time over the in-process run's (issue 18 item 8)."""
 WARM = (
     "dp_accounting",  # 1.8 s to import: paid by every accounted run, whatever the engine
     "privrelease.flows.steps",
@@ -57,6 +64,17 @@ WARM = (
 """Imported before the clock, in the flow process and on the workers (a running cluster's
 workers have them loaded after its first run)."""
 QUIET = {"PRIVRELEASE_AUTO_INIT": "true", "DASK_LOGGING__DISTRIBUTED": "error"}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median time (the lower middle one of an even number), its figures as
+    measured, and the largest peak RSS figures of all the runs."""
+    chosen = dict(sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2])
+    chosen["seconds"] = statistics.median(run["seconds"] for run in runs)
+    for key in ("peak_rss_mb", "worker_peak_rss_mb"):
+        if key in chosen:
+            chosen[key] = max(run[key] for run in runs)
+    return chosen
 
 
 def peak_mb() -> float:
@@ -199,6 +217,7 @@ def main() -> None:
     parser.add_argument("--rows-per-partition", type=int, default=ROW_GROUP)
     parser.add_argument("--memory-limit", type=int, default=2**30, help="bytes per Dask worker (default 1 GiB)")
     parser.add_argument("--no-inprocess", action="store_true", help="skip the in-process baseline")
+    parser.add_argument("--repeat", type=int, default=1, help="alternated runs of each engine (default 1)")
     parser.add_argument("--run", choices=["local", "dask"], help=argparse.SUPPRESS)
     parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -219,13 +238,22 @@ def main() -> None:
             flush=True,
         )
         policy = write_policy(folder, data, args.beta, args.rows_per_partition)
-        inprocess = None if args.no_inprocess else spawn("local", args, policy, folder / "work")
-        if inprocess is not None:
-            print(
-                f"in-process audited run: {inprocess['seconds']:.2f} s, peak RSS {inprocess['peak_rss_mb']:.0f} MB",
-                flush=True,
-            )
-        dask = spawn("dask", args, policy, folder / "work")
+        local_runs: list[dict] = []
+        dask_runs: list[dict] = []
+        for index in range(args.repeat):
+            work = folder / f"work-{index}"
+            if not args.no_inprocess:
+                local_runs.append(spawn("local", args, policy, work))
+                print(
+                    f"in-process audited run: {local_runs[-1]['seconds']:.2f} s,"
+                    f" peak RSS {local_runs[-1]['peak_rss_mb']:.0f} MB",
+                    flush=True,
+                )
+            dask_runs.append(spawn("dask", args, policy, work))
+            print(f"Dask audited run: {dask_runs[-1]['seconds']:.2f} s", flush=True)
+    inprocess = median_run(local_runs) if local_runs else None
+    dask = median_run(dask_runs)
+    pairs = sorted(d["seconds"] / i["seconds"] for d, i in zip(dask_runs, local_runs))
     print(
         f"Dask audited run ({args.workers} workers x 1 thread, {args.memory_limit / 2**20:.0f} MB each, cluster up in"
         f" {dask['cluster_seconds']:.1f} s): {dask['seconds']:.2f} s over {dask['partitions']} partitions; worker"
@@ -242,6 +270,19 @@ def main() -> None:
         "seconds": round(dask["seconds"], 3),
         "baseline_seconds": None if inprocess is None else round(inprocess["seconds"], 3),
         "ratio": None if inprocess is None else round(dask["seconds"] / inprocess["seconds"], 3),
+        "target_ratio": TARGET_RATIO,
+        "repeat": args.repeat,
+        "pair_ratios": [round(pairs[0], 3), round(statistics.median(pairs), 3), round(pairs[-1], 3)] if pairs else None,
+        "dask_seconds_range": [
+            round(min(r["seconds"] for r in dask_runs), 3),
+            round(max(r["seconds"] for r in dask_runs), 3),
+        ],
+        "inprocess_seconds_range": [
+            round(min(r["seconds"] for r in local_runs), 3),
+            round(max(r["seconds"] for r in local_runs), 3),
+        ]
+        if local_runs
+        else None,
         "peak_rss_mb": round(dask["worker_peak_rss_mb"]),
         "flow_peak_rss_mb": round(dask["peak_rss_mb"]),
         "inprocess_peak_rss_mb": None if inprocess is None else round(inprocess["peak_rss_mb"]),

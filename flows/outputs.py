@@ -30,8 +30,8 @@ from privrelease.mechanisms.results import Pieces
 def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int:
     """Write ``table`` to ``path`` (Parquet or CSV) through a temp file in the same folder and
     ``os.replace`` (:func:`.files.atomic_path`); the temp file is removed on any error.
-    :class:`Pieces` are written one at a time (a Parquet row group, a CSV block each), never
-    held together. Returns the rows."""
+    :class:`Pieces` are written one at a time (a Parquet row group, a CSV block each), each
+    while the next is computed, never more than two held at once. Returns the rows."""
     from privrelease.datasets import write_parquet
 
     with atomic_path(path) as temp:
@@ -46,6 +46,11 @@ def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int
 
 
 def _write_pieces(pieces: Pieces, temp: Path, output_format: str, path: Path) -> int:
+    """Write the pieces in order, each while the next one is computed: one writer thread, at
+    most one piece waiting for it (Arrow's writers and numpy's sorts and gathers run without
+    the GIL; at most two pieces are held at once)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     import pyarrow.parquet as pq
 
     from privrelease.datasets import plain_columns
@@ -60,10 +65,16 @@ def _write_pieces(pieces: Pieces, temp: Path, output_format: str, path: Path) ->
                 plain_columns(pieces.schema.empty_table()).schema,
                 write_options=pcsv.WriteOptions(quoting_style="needed"),
             )
-        with writer:
+        with writer, ThreadPoolExecutor(1, thread_name_prefix="privrelease-write") as pool:
+            pending: Future[None] | None = None
             for piece in pieces.tables:
-                writer.write_table(piece if output_format == "parquet" else plain_columns(piece))
+                table = piece if output_format == "parquet" else plain_columns(piece)
+                if pending is not None:
+                    pending.result()  # in order; a write error stops the run here
+                pending = pool.submit(writer.write_table, table)
                 rows += piece.num_rows
+            if pending is not None:
+                pending.result()
     except OSError as error:
         raise _write_error(path, error) from None
     return rows

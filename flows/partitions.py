@@ -36,6 +36,7 @@ import io
 import os
 import pickle
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -127,13 +128,17 @@ def scan_file(path: str, handle: BinaryIO | None = None) -> DataFile:
         spans = [*ranges, (size - len(footer), size)]
         position = 0
         handle.seek(0)
-        while chunk := handle.read(_CHUNK):
-            whole.update(chunk)
-            end = position + len(chunk)
-            for digest, (start, stop) in zip([*digests, tail], spans, strict=True):
-                if start < end and stop > position:
-                    digest.update(chunk[max(start, position) - position : min(stop, end) - position])
-            position = end
+        # the whole file's digest in a second thread, the ranges' here (hashlib releases the
+        # GIL): every byte is hashed twice, in about the time of once when a core is free
+        with ThreadPoolExecutor(1, thread_name_prefix="privrelease-sha256") as pool:
+            while chunk := handle.read(_CHUNK):
+                hashed = pool.submit(whole.update, chunk)
+                end = position + len(chunk)
+                for digest, (start, stop) in zip([*digests, tail], spans, strict=True):
+                    if start < end and stop > position:
+                        digest.update(memoryview(chunk)[max(start, position) - position : min(stop, end) - position])
+                position = end
+                hashed.result()
     except OSError as error:
         raise UserError(f"cannot read dataset file {path!r}: {error.strerror or error}") from None
     if position != size or tail.hexdigest() != sha256_bytes(footer):
@@ -448,7 +453,8 @@ def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> Par
     for job in jobs:
         with withholding(job.step, PartitionError):
             results[job.name] = job.partial(read.table)
-    rows_read, rows_dropped = read.rows_read, read.rows_dropped
-    del read
-    pa.default_memory_pool().release_unused()  # a worker's memory limit counts Arrow's cached free memory
-    return PartitionResult(rows_read, rows_dropped, results)
+    # No release_unused() of Arrow's pool here: its allocator reuses the freed partition for the
+    # next one; handing it back to the OS after every partition made the next one fault it in
+    # again (20 partitions of 1 M rows: 1.4x the time, for a resident set 22 MB smaller between
+    # partitions and the same peak).
+    return PartitionResult(read.rows_read, read.rows_dropped, results)

@@ -124,9 +124,12 @@ def _encode(
     codes = np.empty(sum(lengths) if rows is None else len(rows), np.int32)
     at = 0
     for chunk, lut, local in zip(chunks, luts, splits[lengths]):
-        source = chunk.codes if local is None else chunk.codes[local]
-        if chunk.offset:
-            source = source - chunk.offset
+        if local is None:
+            source = chunk.codes - chunk.offset if chunk.offset else chunk.codes
+        else:
+            source = chunk.codes[local]
+            if chunk.offset:
+                source -= chunk.offset  # a gathered copy: no second array
         # mode="clip": the codes index their lookup table, no bounds check needed
         np.take(lut, source, out=codes[at : at + len(source)], mode="clip")
         at += len(source)
@@ -139,7 +142,9 @@ def _split_rows(lengths: tuple[int, ...], rows: np.ndarray | None) -> list[np.nd
         return [None] * len(lengths)
     starts = np.cumsum((0, *lengths))
     bounds = np.searchsorted(rows, starts)
-    return [rows[lo:hi] - start for lo, hi, start in zip(bounds[:-1], bounds[1:], starts[:-1])]
+    return [
+        rows[lo:hi] - start if start else rows[lo:hi] for lo, hi, start in zip(bounds[:-1], bounds[1:], starts[:-1])
+    ]
 
 
 def dictionary_column(codes: np.ndarray, labels: pa.Array, take: np.ndarray | None = None) -> pa.DictionaryArray:

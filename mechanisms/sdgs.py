@@ -96,7 +96,8 @@ def shuffled_repeat(cells: np.ndarray, counts: np.ndarray) -> np.ndarray:
     keys = randomness.random_uint64(int(counts.sum())) & ~low
     keys |= np.repeat(cells.astype(np.uint64), counts)
     keys.sort()
-    return (keys & low).astype(np.int64)
+    keys &= low  # in place: cells < 2^63, so the bits read as int64 are the cells
+    return keys.view(np.int64)
 
 
 def _count(codes: list[np.ndarray], radices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.stats import binom, hypergeom
+from scipy.stats import binom, chi2, hypergeom
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.columns import HISTOGRAM
@@ -199,6 +199,34 @@ def test_sampled_fraction_in_binomial_interval(beta: float) -> None:
     lo, hi = binom.interval(1 - ALPHA, rows, beta)
     assert lo <= sampled <= hi
     assert result.table.num_rows == sampled  # one cell, k = 1: nothing suppressed
+
+
+def test_each_row_kept_with_probability_beta_independently() -> None:
+    """The sampling law row by row: every row its own cell (k = 1), so each release is exactly
+    the set of sampled rows. Over R releases, (1) each row's inclusion count is Binomial(R, beta)
+    (chi-square over the rows: no position is favoured, whatever the input order) and (2) the
+    sample size of a release is Binomial(n, beta) (chi-square over its values, tails pooled to an
+    expected count >= 5): a sampler keeping a fixed number of rows, or rows in runs, fails it.
+    Each assertion fails with probability below ALPHA when rows are kept independently."""
+    n, beta, releases = 40, 0.3, 3000
+    table = pa.table({"row": np.arange(n)})
+    kept = np.zeros((releases, n), bool)
+    for release in range(releases):
+        published = sdgs(table, {"row": Keep()}, k=1, beta=beta, epsilon=1.0).table
+        rows = np.array(published.column("row").cast(pa.string()).to_pylist(), dtype=np.int64)
+        assert len(set(rows.tolist())) == len(rows)  # each sampled row once
+        kept[release, rows] = True
+    per_row = kept.sum(axis=0)
+    statistic = float(np.sum((per_row - releases * beta) ** 2) / (releases * beta * (1 - beta)))
+    assert statistic <= chi2.ppf(1 - ALPHA, n), (statistic, per_row)
+    sizes = np.bincount(kept.sum(axis=1), minlength=n + 1)
+    expected = releases * binom.pmf(np.arange(n + 1), n, beta)
+    low = int(np.argmax(np.cumsum(expected) >= 5))  # pool each tail up to an expected 5
+    high = n - int(np.argmax(np.cumsum(expected[::-1]) >= 5))
+    observed = np.r_[sizes[: low + 1].sum(), sizes[low + 1 : high], sizes[high:].sum()]
+    wanted = np.r_[expected[: low + 1].sum(), expected[low + 1 : high], expected[high:].sum()]
+    statistic = float(np.sum((observed - wanted) ** 2 / wanted))
+    assert statistic <= chi2.ppf(1 - ALPHA, len(wanted) - 1), (statistic, observed, wanted)
 
 
 @pytest.mark.parametrize("p", [1 / 256, 255 / 256, 0.5 + 2**-9, 1 / 3, 1e-5])
