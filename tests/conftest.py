@@ -83,6 +83,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # Declared here too (pytest-xdist declares it), for runs with -p no:xdist: no unknown-mark warning.
     config.addinivalue_line("markers", "xdist_group(name): run on the pytest-xdist worker of this group")
 
+    # No test touches the user's work folder or audit database (a `make demo` there registers
+    # demo-census@1, which `plan` of the example would then warn about): this process's own
+    # folder is the default, and the `work` fixture gives each test a fresh one.
+    session_work = tempfile.mkdtemp(prefix="privrelease-test-work-")
+    atexit.register(shutil.rmtree, session_work, True)
+    os.environ["PRIVRELEASE_WORK_DIR"] = session_work
+    os.environ.pop("PRIVRELEASE_DB_URL", None)
     # The Adult example policies (policies/examples) read ../shared/data: a declared data root.
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
     # Tests start from fresh work folders; the refusal itself is tested with this unset.
