@@ -42,15 +42,12 @@ import numpy as np
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
+from privrelease.mechanisms.columns import HISTOGRAM
 from privrelease.mechanisms.count_intervals import check_confidence
 
 _SPREAD = 12.0
 """Binomial mass is searched within this many standard deviations of the mean (plus k): the
 rest is below 1e-30, far under any confidence a user can ask for."""
-
-
-def _check_confidence(confidence: float) -> float:
-    return check_confidence(confidence)
 
 
 def _check_count(count: int) -> int:
@@ -94,7 +91,7 @@ def count_accuracy(
     from privrelease.mechanisms.sdgs_math import check_parameters
 
     check_parameters(k, beta, 0.0)
-    n, confidence = _check_count(count), _check_confidence(confidence)
+    n, confidence = _check_count(count), check_confidence(confidence)
     published = float(binomial.upper_tail(k, n, beta))
     rse = math.sqrt((1 - beta) / (n * beta))
     bias = interval = coverage = None
@@ -171,7 +168,7 @@ def smallest_beta(k: int, count: int, relative_error: float, confidence: float) 
     is published and within +-``relative_error`` with probability at least ``confidence``
     (every grid point evaluated, vectorized: the probability is not monotone in beta, the limits
     being integers); None when even beta = 1 does not reach it."""
-    n, confidence = _check_count(count), _check_confidence(confidence)
+    n, confidence = _check_count(count), check_confidence(confidence)
     steps = np.arange(1, int(1 / BETA_STEP) + 1)
     within = _within(k, n, steps.tolist(), BETA_STEP.denominator, _check_relative_error(relative_error))
     reached = np.flatnonzero(within >= confidence)
@@ -184,7 +181,7 @@ CONFIDENCES = (0.9, 0.95, 0.99)
 
 def laplace_half_width(scale: float, confidence: float = 0.95) -> float:
     """The h with P[|Lap(scale)| <= h] = C: ``scale * ln(1 / (1 - C))`` (as -log1p(-C))."""
-    confidence = _check_confidence(confidence)
+    confidence = check_confidence(confidence)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
         raise UserError(f"scale must be a finite number > 0; got {scale!r}")
     return float(scale) * -math.log1p(-confidence)
@@ -266,12 +263,18 @@ def published_counts(k: int, beta: float, confidence: float, output: str) -> Pub
             f"each row's count c is a published count: 'estimate' = c / beta estimates the people N behind it, "
             f"and [lower, upper] holds N with probability >= {level} given that the cell is published"
         )
-        columns = {
-            "count": "the sampled rows of the cell (published only when >= k)",
-            "estimate": f"count / beta = count x {1 / beta:g}: the people in the cell, estimated",
-            "lower": f"the least N in the exact {level} interval for the people in the cell (>= count)",
-            "upper": f"the largest N in the exact {level} interval for the people in the cell",
-        }
+        columns = dict(
+            zip(
+                HISTOGRAM,
+                (
+                    "the sampled rows of the cell (published only when >= k)",
+                    f"count / beta = count x {1 / beta:g}: the people in the cell, estimated",
+                    f"the least N in the exact {level} interval for the people in the cell (>= count)",
+                    f"the largest N in the exact {level} interval for the people in the cell",
+                ),
+                strict=True,
+            )
+        )
         return PublishedCounts(confidence, CONSTRUCTION, how, columns)
     command = f"privrelease guarantee accuracy sdgs --k {k} --beta {beta:g} --observed c --confidence {level}"
     how = (

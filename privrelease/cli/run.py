@@ -263,8 +263,11 @@ def _start_checked(check: Callable[[], object], reuse: bool | None) -> LocalServ
 
 
 def _check_format(output_format: str) -> None:
-    if output_format not in ("parquet", "csv"):
-        raise UserError(f"--format must be parquet or csv; got {output_format!r}")
+    """The pre-flight's check (:func:`.flows.preflight.check_output_format`) in the option's words."""
+    from privrelease.flows.steps import OUTPUT_FORMATS
+
+    if output_format not in OUTPUT_FORMATS:
+        raise UserError(f"--format must be {' or '.join(OUTPUT_FORMATS)}; got {output_format!r}")
 
 
 def reissue_command(
