@@ -58,9 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     and ``PRIVRELEASE_TEST_POSTGRES_URL`` is unset, and export its URL before the test modules
     are imported (their PostgreSQL marks read it then). See ``tests/postgres_server.py``.
 
-    ``COLUMNS`` and ``LINES`` are unset (see below). ``PREFECT_HOME`` is a new temporary folder of this process (each pytest-xdist worker has its
-    own), removed at exit: the tests neither read the user's Prefect profiles and settings nor
-    leave files in ``~/.prefect``, and two workers never share Prefect's files."""
+    ``COLUMNS`` and ``LINES`` are unset (see below). ``PREFECT_HOME`` is a new temporary folder
+    of this process (each pytest-xdist worker has its own), removed at exit: the tests neither
+    read the user's Prefect profiles and settings nor leave files in ``~/.prefect``, and two
+    workers never share Prefect's files."""
     import postgres_server
 
     # The CLI's tables are as wide as their content when the output is not a terminal (a test's
@@ -73,22 +74,16 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop(name, None)
         os.unsetenv(name)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    home = tempfile.mkdtemp(prefix=f"privrelease-test-prefect-home-{worker}-")
-    atexit.register(shutil.rmtree, home, True)
-    os.environ["PREFECT_HOME"] = home
+    os.environ["PREFECT_HOME"] = _own_folder(f"prefect-home-{worker}")
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
-        groups = tempfile.mkdtemp(prefix="privrelease-test-xdist-groups-")  # the controller's
-        atexit.register(shutil.rmtree, groups, True)
-        os.environ[GROUPS_ENV] = groups
+        os.environ[GROUPS_ENV] = _own_folder("xdist-groups")  # the controller's
     # Declared here too (pytest-xdist declares it), for runs with -p no:xdist: no unknown-mark warning.
     config.addinivalue_line("markers", "xdist_group(name): run on the pytest-xdist worker of this group")
 
     # No test touches the user's work folder or audit database (a `make demo` there registers
     # demo-census@1, which `plan` of the example would then warn about): this process's own
     # folder is the default, and the `work` fixture gives each test a fresh one.
-    session_work = tempfile.mkdtemp(prefix="privrelease-test-work-")
-    atexit.register(shutil.rmtree, session_work, True)
-    os.environ["PRIVRELEASE_WORK_DIR"] = session_work
+    os.environ["PRIVRELEASE_WORK_DIR"] = _own_folder("work")
     os.environ.pop("PRIVRELEASE_DB_URL", None)
     # The Adult example policies (policies/examples) read ../shared/data: a declared data root.
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(SHARED_DATA)
@@ -104,6 +99,13 @@ def pytest_configure(config: pytest.Config) -> None:
     }.items():
         os.environ.setdefault(key, value)
     postgres_server.configure(config)
+
+
+def _own_folder(name: str) -> str:
+    """A new temporary folder of this process, removed when it exits."""
+    folder = tempfile.mkdtemp(prefix=f"privrelease-test-{name}-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 PREFECT_SERVER_FIXTURES = {"prefect_harness", "prefect_stack"}
