@@ -43,7 +43,7 @@ import numpy as np
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
 from privrelease.mechanisms.columns import HISTOGRAM
-from privrelease.mechanisms.count_intervals import check_confidence
+from privrelease.mechanisms.confidence import check_confidence
 
 _SPREAD = 12.0
 """Binomial mass is searched within this many standard deviations of the mean (plus k): the

@@ -38,10 +38,11 @@ only lucky samples of small cells are published; its lower bound is then too hig
 undercovers cells of a few k / beta people (tested). Near k the conditional interval is wider
 and lies lower.
 
-*Facts.* lower(c) >= c (X <= N). For C >= 1/2, lower(c) <= floor(c / beta) <= c / beta: with
-N = floor(c / beta) the mean N beta lies in (c - 1, c], so P[X >= c] = P[X >= E X] > 1/4
-(Greenberg & Mohri, "Tight lower bound on the probability of a binomial exceeding its mean",
-2014, for beta > 1 / N; for beta <= 1 / N, c = 1 and P[X >= 1] > 1/4 directly), and
+*Facts.* lower(c) >= c (X <= N). For C >= 1/2 (every confidence :mod:`.confidence` allows),
+lower(c) <= floor(c / beta) <= c / beta: with N = floor(c / beta) the mean N beta lies in
+(c - 1, c], so P[X >= c] = P[X >= E X] > 1/4 (Greenberg & Mohri, "Tight lower bound on the
+probability of a binomial exceeding its mean", 2014, for beta > 1 / N; for beta <= 1 / N,
+c = 1 and P[X >= 1] > 1/4 directly), and
 conditioning on X >= k only raises an upper tail. The estimate c / beta can exceed upper(c)
 for counts just at k when k is large: such a cell was published because its sample was lucky,
 and the interval says so. With beta = 1 every interval is [c, c] (nothing is sampled).
@@ -68,6 +69,7 @@ from scipy import special
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
+from privrelease.mechanisms.confidence import check_confidence
 
 TAIL_SLACK = 1e-9
 """Relative slack on the tests' level, towards a wider interval."""
@@ -111,12 +113,6 @@ class CountIntervals:
             }
             for c, e, lo, hi in zip(self.observed, self.estimate, self.lower, self.upper, strict=True)
         ]
-
-
-def check_confidence(confidence: float, name: str = "confidence") -> float:
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-        raise UserError(f"{name} must be a number in (0, 1); got {confidence!r}")
-    return float(confidence)
 
 
 def check_observed(observed: object, k: int, name: str = "observed count") -> np.ndarray:

@@ -49,6 +49,7 @@ import numpy as np
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.binomial import lower_tail, upper_tail
+from privrelease.mechanisms.confidence import check_confidence
 
 
 def _check_gamma(gamma: int) -> int:
@@ -264,8 +265,7 @@ def count_interval(observed: int, gamma: int, confidence: float, rows: int | Non
     interval misses f with probability at most (1 - C)/2 on each side: coverage >= C, whatever
     f is (tested against the exact distribution)."""
     _check_gamma(gamma)
-    if not 0 < confidence < 1:
-        raise UserError(f"confidence must be in (0, 1); got {confidence!r}")
+    check_confidence(confidence)
     if observed < 0 or (rows is not None and observed > rows):
         raise ValueError(f"observed count {observed} outside [0, {rows}]")
     half = (1 - confidence) / 2 * (1 - _TAIL_SLACK)

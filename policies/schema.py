@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from privrelease import identity
+from privrelease.mechanisms import confidence
 from privrelease.mechanisms.guarantees import Budget
 from privrelease.mechanisms.kinds import MechanismKind, all_kinds
 from privrelease.mechanisms.schemes import (
@@ -435,7 +436,7 @@ class LifetimeBudget(Model):
         return Budget(self.epsilon, self.delta)
 
 
-Confidence = Annotated[float, checked("confidence", "in (0, 1)", lambda v: 0 < v < 1)]
+Confidence = Annotated[float, checked("confidence", confidence.ALLOWED, confidence.is_confidence)]
 
 
 class AccuracyTarget(Model):

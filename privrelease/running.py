@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from privrelease import server as prefect_server
-from privrelease.errors import TargetNotMet, UserError
+from privrelease.errors import ClusterFailure, TargetNotMet, UserError
 from privrelease.server import LocalServer
 
 if TYPE_CHECKING:
@@ -76,9 +76,47 @@ def run_flow(
     configured, checked to answer first); returns its summary and timings in seconds:
     ``warm_up`` (imports, database migration), ``prefect_wait`` (waiting for the server after
     the warm-up), ``prefect_start`` (a server started by this run: its start to its first
-    answer) and ``flow`` (the flow call, server up)."""
-    with server.lease() if server is not None else contextlib.nullcontext():
-        return _run_flow(server, progress, parameters)
+    answer) and ``flow`` (the flow call, server up).
+
+    An expected failure is raised as what :func:`expected_failure` makes of it; a data step's
+    unexpected error as the original exception (a bug: its traceback is the one to read)."""
+    try:
+        with server.lease() if server is not None else contextlib.nullcontext():
+            return _run_flow(server, progress, parameters)
+    except Exception as error:
+        failure = expected_failure(error)
+        if failure is error:
+            raise
+        if failure is not None:
+            raise failure from error
+        original = getattr(error, "original", None)
+        if isinstance(original, Exception):
+            raise original from error
+        raise
+
+
+def expected_failure(error: BaseException) -> UserError | TargetNotMet | ClusterFailure | None:
+    """What a user is told of an expected failure of the release flow: a :class:`UserError`
+    (exit 2) or :class:`TargetNotMet` (exit 1) naming the step for a data step's refusal (its
+    original message, which only the operator's terminal and the caller see), the error itself
+    when it is one of :mod:`privrelease.errors`' kinds, a :class:`TargetNotMet` for a ledger entry
+    in the wrong state, a :class:`UserError` naming the URL for an unreachable Prefect API.
+    None for anything else: a bug."""
+    from privrelease.audit.ledger import LedgerStateError
+    from privrelease.flows.context import DataStepError
+
+    if isinstance(error, DataStepError):
+        if error.exit_code is None:
+            return None
+        kinds = (UserError, TargetNotMet, ClusterFailure)
+        failure = type(error.original) if isinstance(error.original, kinds) else None
+        failure = failure or (UserError if error.exit_code == UserError.exit_code else TargetNotMet)
+        return failure(f"{error.step}: {error.detail}")
+    if isinstance(error, (UserError, TargetNotMet, ClusterFailure)):
+        return error
+    if isinstance(error, LedgerStateError):
+        return TargetNotMet(f"the release was not published: {error}")
+    return prefect_server.unreachable_api_error(error)
 
 
 def _run_flow(

@@ -202,6 +202,7 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
     if statement is None:
         return None
     view: dict[str, Any] = {"estimate": statement.estimate}
+    view["interval_level"] = f"{statement.cells[0].confidence * 100:g}%" if statement.cells else None
     view["cells"] = [
         (
             f"{cell.count:,}",
@@ -216,7 +217,7 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
     view["half_width"] = [(f"{c:.0%}", fmt(h, 4)) for c, h in noise.half_width.items()] if noise else []
     view["clamping"] = noise.clamping if noise else None
     gap = statement.selection_gap
-    view["selection_gap"] = fmt(gap.rows, 4) if gap else None
+    view["selection_gap"] = (fmt(gap.rows, 4), f"{(1 - gap.failure) * 100:g}%") if gap else None
     large = statement.large_sum
     view["t_f"] = (large.t_f, fmt(large.epsilon), fmt(large.t_e)) if large else None
     view["published_counts"] = _published_counts(statement.published_counts)

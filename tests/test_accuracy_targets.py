@@ -60,6 +60,22 @@ def test_targets_pass_and_fail_by_the_exact_statements(tmp_path: Path) -> None:
     assert not plan.passed
 
 
+def test_every_interval_of_a_mechanism_is_stated_at_its_targets_confidence(tmp_path: Path) -> None:
+    """A target at 90% puts the data-free table of cell sizes, its report heading and the
+    intervals of the published counts all at 90% (not a fixed 95%)."""
+    from privrelease.reports.render import _accuracy
+
+    plan = plan_of("    - {mechanism: rows, count: 1000, relative_error: 0.25, confidence: 0.9}\n", tmp_path)
+    statement = plan.accuracy["rows"]
+    assert {cell.confidence for cell in statement.cells} == {0.9}
+    assert statement.published_counts is not None and statement.published_counts.confidence == 0.9
+    cell = next(cell for cell in statement.cells if cell.count == 1000)
+    assert cell.interval == count_accuracy(20, 0.1, 1000, confidence=0.9).interval
+    assert cell.interval != count_accuracy(20, 0.1, 1000).interval
+    view = _accuracy(statement)
+    assert view is not None and view["interval_level"] == "90%"
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [
@@ -70,6 +86,10 @@ def test_targets_pass_and_fail_by_the_exact_statements(tmp_path: Path) -> None:
         ("{mechanism: rows, absolute_error: 3}", "states count and relative_error; got absolute_error"),
         ("{mechanism: mean-age, count: 10, relative_error: 0.1}", "states absolute_error; got count, relative_error"),
         ("{mechanism: rows, count: 10, relative_error: 0.1, confidence: 1.5}", "confidence"),
+        (
+            "{mechanism: rows, count: 10, relative_error: 0.1, confidence: 0.3}",
+            "confidence must be a number in [0.5, 1); got 0.3",
+        ),
         ("{mechanism: rows, count: 0, relative_error: 0.1}", "count"),
     ],
 )

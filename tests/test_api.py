@@ -176,3 +176,47 @@ def test_rerun_runs_the_audited_flow(
     entries = privrelease.ledger("demo-census").status.entries
     assert [(e.run_id, e.state) for e in entries] == [(first.run_id, "committed"), (again.run_id, "committed")]
     assert privrelease.verify().ok
+
+
+def test_a_refusal_inside_the_flow_reaches_the_caller_as_the_cli_reports_it(
+    prefect_harness: str, demo_dir: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data step's refusal (an undeclared value, seen only when the data is read) is the
+    same :class:`UserError` line ``privrelease run`` prints, not the flow's internal error."""
+    monkeypatch.setenv("PREFECT_API_URL", prefect_harness)
+    bad = demo_dir / "undeclared.csv"
+    lines = (demo_dir / demo.DATA_FILE).read_text().splitlines(keepends=True)
+    position = [name.strip('"') for name in lines[0].rstrip("\n").split(",")].index("sex")
+    fields = lines[3].rstrip("\n").split(",")
+    fields[position] = "UNDECLARED-SEX"
+    lines[3] = ",".join(fields) + "\n"
+    bad.write_text("".join(lines))
+    with pytest.raises(UserError, match=r"^\w[\w ]*: .*column 'sex', data row 3") as caught:
+        privrelease.run(demo_dir / demo.POLICY_FILE, data=bad)
+    assert caught.value.exit_code == 2
+    from privrelease.cli import app
+
+    result = CliRunner().invoke(app, ["run", str(demo_dir / demo.POLICY_FILE), "--data", str(bad)])
+    assert result.exit_code == 2 and str(caught.value) in " ".join(result.stderr.split())
+
+
+def test_expected_failures_of_the_flow() -> None:
+    """What :func:`privrelease.running.expected_failure` makes of each failure the flow can end in."""
+    import pickle
+
+    from privrelease.audit.ledger import LedgerStateError
+    from privrelease.errors import AuditRefused, ClusterFailure, TargetNotMet
+    from privrelease.flows.context import DataStepError
+    from privrelease.running import expected_failure
+
+    refused = expected_failure(DataStepError("read data", AuditRefused("the witness disagrees")))
+    assert type(refused) is AuditRefused and str(refused) == "read data: the witness disagrees"
+    assert refused.exit_code == 1
+    withheld = pickle.loads(pickle.dumps(DataStepError("read data", UserError("row 3 holds 'x'"))))
+    assert type(expected_failure(withheld)) is UserError
+    assert str(expected_failure(withheld)) == "read data: (withheld)"
+    lost = ClusterFailure("the scheduler went away")
+    assert expected_failure(lost) is lost
+    assert type(expected_failure(LedgerStateError("entry 3 is committed"))) is TargetNotMet
+    assert expected_failure(DataStepError("mechanism", ZeroDivisionError("bug"))) is None
+    assert expected_failure(KeyError("bug")) is None

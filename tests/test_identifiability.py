@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from fractions import Fraction
 
 import mpmath
@@ -31,7 +32,13 @@ from privrelease.mechanisms.identifiability import (
     world_posterior,
 )
 
-mpmath.mp.dps = 50
+
+@pytest.fixture(scope="module", autouse=True)
+def _fifty_digits() -> Iterator[None]:
+    """mpmath at 50 digits for this module's references (other modules set their own)."""
+    with mpmath.workdps(50):
+        yield
+
 
 ADULT_ROWS = 48_842
 # Table 3 of the paper: attribute -> (min, max)

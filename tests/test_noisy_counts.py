@@ -8,6 +8,7 @@ import functools
 import math
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mpmath
@@ -28,7 +29,13 @@ from privrelease.mechanisms.kinds.noisy_counts import approximate_delta, half_wi
 from privrelease.planning import plan_policy
 from privrelease.policies import load_policy
 
-mpmath.mp.dps = 50
+
+@pytest.fixture(scope="module", autouse=True)
+def _fifty_digits() -> Iterator[None]:
+    """mpmath at 50 digits for this module's references (other modules set their own)."""
+    with mpmath.workdps(50):
+        yield
+
 
 ALPHA = 1e-6
 """Each statistical test rejects a correct sampler with probability below ALPHA."""

@@ -86,7 +86,7 @@ def test_estimate_json(published: Path) -> None:
     bad = runner.invoke(
         app, ["estimate", str(published), "--gamma", "5", "--sensitive", "occupation=job3", "--confidence", "1"]
     )
-    assert isinstance(bad.exception, UserError) and "--confidence must be in (0, 1)" in str(bad.exception)
+    assert isinstance(bad.exception, UserError) and "--confidence must be a number in [0.5, 1)" in str(bad.exception)
 
 
 def test_batch_queries_jsonl_and_csv(published: Path, tmp_path: Path) -> None:

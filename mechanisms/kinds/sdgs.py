@@ -118,19 +118,24 @@ class Generalizing(MechanismKind):
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Per cell size N: publication probability, relative standard error of count / beta,
-        the exact conditional interval and the suppression bias (:mod:`.accuracy`)."""
+        the exact conditional interval (at :meth:`interval_confidence`) and the suppression bias
+        (:mod:`.accuracy`)."""
         from privrelease.mechanisms import accuracy
 
-        k, beta = self.k, self.beta
+        k, beta, confidence = self.k, self.beta, self.interval_confidence(loaded)
         targets = tuple(t.count for t in loaded.policy.targets.accuracy if t.mechanism == self.name and t.count)
         return accuracy.AccuracyStatement(
             "the published count" if beta >= 1 else f"the published count / beta = count x {1 / beta:g}",
-            cells=tuple(accuracy.count_accuracy(k, beta, n) for n in accuracy.cell_sizes(k, beta, targets)),
-            published_counts=accuracy.published_counts(k, beta, self.interval_confidence(loaded), self.output),
+            cells=tuple(
+                accuracy.count_accuracy(k, beta, n, confidence=confidence)
+                for n in accuracy.cell_sizes(k, beta, targets)
+            ),
+            published_counts=accuracy.published_counts(k, beta, confidence, self.output),
         )
 
     def interval_confidence(self, loaded: LoadedPolicy) -> float:
-        """The confidence of the intervals for the people behind published counts: the highest
+        """The confidence of the intervals, before the data for each cell size and after it for
+        the people behind each published count: the highest
         confidence of the accuracy targets naming this mechanism, else
         :data:`.count_intervals.DEFAULT_CONFIDENCE`."""
         from privrelease.mechanisms.count_intervals import DEFAULT_CONFIDENCE

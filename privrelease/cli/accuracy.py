@@ -13,7 +13,7 @@ accuracy_app = typer.Typer(
 )
 
 JSON = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
-CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in (0, 1).")
+CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in [0.5, 1).")
 
 
 def register(app: typer.Typer) -> None:
@@ -71,7 +71,7 @@ def accuracy_sdgs(
         print_json({"k": k, "beta": beta, "confidence": confidence, "rows": [row.as_dict() for row in rows]})
         return
     table = Table(title=f"(k={k}, beta={beta:g})-SDGS: accuracy of a cell's estimate count/beta", title_justify="left")
-    columns = ["people", "P(published)", "RSE", "bias", f"{confidence:.0%} interval"]
+    columns = ["people", "P(published)", "RSE", "bias", f"{confidence * 100:g}% interval"]
     if relative_error is not None:
         columns.append(f"P(pub., +-{relative_error:.0%})")
     for column in columns:
@@ -100,7 +100,8 @@ def _observed(k: int, beta: float, observed: str, confidence: float, json_out: b
     """``accuracy sdgs --observed``: rows {observed, estimate, lower, upper, confidence}."""
     from privrelease.cli.calculus import _numbers
     from privrelease.errors import UserError
-    from privrelease.mechanisms.count_intervals import check_confidence, count_intervals
+    from privrelease.mechanisms.confidence import check_confidence
+    from privrelease.mechanisms.count_intervals import count_intervals
     from privrelease.mechanisms.sdgs_math import check_parameters
 
     check_parameters(k, beta, 0.0)

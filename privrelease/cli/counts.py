@@ -17,7 +17,7 @@ JSON = typer.Option(False, "--json", help="Print one JSON document instead of a 
 SMALL_EPSILON = 1e-4
 """Below it, the sigma found could exceed the largest a policy allows: checked first (one exact
 delta at that sigma, about 1.5 s), rather than searched for (its sums cost O(sigma))."""
-CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in (0, 1) of the stated half-width.")
+CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in [0.5, 1) of the stated half-width.")
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +35,9 @@ def _require(option: str, value: float, allowed: str, holds: bool) -> None:
 
 
 def _check_confidence(confidence: float) -> None:
-    _require("--confidence", confidence, "a number in (0, 1)", 0 < confidence < 1)
+    from privrelease.mechanisms.confidence import ALLOWED, is_confidence
+
+    _require("--confidence", confidence, ALLOWED, is_confidence(confidence))
 
 
 def _round_up(value: float, digits: int = 10) -> float:

@@ -111,21 +111,10 @@ class RichProgress:
 
 
 def _fail_release(error: BaseException) -> None:
-    """Turn an expected failure of the flow into one line on stderr and the exit code."""
-    from privrelease.audit.ledger import LedgerStateError
-    from privrelease.flows.steps import DataStepError
-
-    if isinstance(error, DataStepError):
-        if error.exit_code is None:
-            raise error.original if error.original is not None else error
-        fail(f"{error.step}: {error.detail}", error.exit_code)
+    """Turn an expected failure into one line on stderr and the exit code (run_flow raises
+    expected failures of the flow as :func:`privrelease.running.expected_failure` makes them)."""
     if isinstance(error, (UserError, TargetNotMet, ClusterFailure)):
         fail(str(error), error.exit_code)
-    if isinstance(error, LedgerStateError):
-        fail(f"the release was not published: {error}", TargetNotMet.exit_code)
-    unreachable = prefect_server.unreachable_api_error(error)
-    if unreachable is not None:
-        fail(str(unreachable), unreachable.exit_code)
     raise error
 
 

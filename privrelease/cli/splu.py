@@ -113,7 +113,7 @@ def _print_estimates(estimates: list[CountEstimate], ids: list[Any], rows: int, 
     if with_ids:
         table.add_column("id")
     confidence = next((e.confidence for e in estimates if e.confidence is not None), None)
-    interval_column = f"{confidence:.0%} interval" if confidence is not None else "interval"
+    interval_column = f"{confidence * 100:g}% interval" if confidence is not None else "interval"
     for column in ("query", "observed", "estimate", interval_column, "iterations", "converged"):
         table.add_column(column, justify="left" if column == "query" else "right")
     for estimate, query_id in zip(estimates, ids, strict=True):
@@ -143,7 +143,8 @@ def estimate(
     queries: Annotated[Path | None, typer.Option("--queries", help=QUERIES_HELP)] = None,
     delimiter: Annotated[str, typer.Option("--delimiter", help="Field separator of a CSV published table.")] = ",",
     confidence: Annotated[
-        float, typer.Option("--confidence", help="Confidence of the exact interval of a lone value's count, in (0, 1).")
+        float,
+        typer.Option("--confidence", help="Confidence of the exact interval of a lone value's count, in [0.5, 1)."),
     ] = 0.95,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (an object, or a list for --queries).")] = False,
 ) -> None:
@@ -154,6 +155,7 @@ def estimate(
 
     More conditions: iterative Bayesian reconstruction (Fu et al. Eq. 13-14).
     """
+    from privrelease.mechanisms.confidence import check_confidence
     from privrelease.mechanisms.reconstruction import CountQuery, PublishedTable
 
     where, sensitive = where or [], sensitive or []
@@ -161,8 +163,7 @@ def estimate(
         raise UserError("give either --queries or --where/--sensitive, not both")
     if queries is None and not sensitive:
         raise UserError("give at least one --sensitive COLUMN=VALUE (or a --queries file)")
-    if not 0 < confidence < 1:
-        raise UserError(f"--confidence must be in (0, 1); got {confidence!r}", field="--confidence")
+    check_confidence(confidence, "--confidence")
     if len(delimiter) != 1:
         raise UserError(f"--delimiter must be one character; got {delimiter!r}")
     if queries is not None:
