@@ -11,6 +11,7 @@ to meet the target (delta is nonincreasing in epsilon and nondecreasing in beta)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,8 +74,9 @@ def _narrow(meets, failing, passing, midpoint, close):
     return passing
 
 
-def _relative(failing: float, passing: float) -> bool:
-    return abs(passing - failing) <= 1e-10 * max(abs(passing), abs(failing))
+def _within(relative: float) -> Callable[[float, float], bool]:
+    """Bisection's stop: the two ends within ``relative`` of each other."""
+    return lambda failing, passing: abs(passing - failing) <= relative * max(abs(passing), abs(failing))
 
 
 def smallest_k(beta: float, epsilon: float, delta: float, notion: Notion) -> Calibrated:
@@ -101,8 +103,9 @@ def smallest_k(beta: float, epsilon: float, delta: float, notion: Notion) -> Cal
     return _calibrated(k, beta, epsilon, notion)
 
 
-def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion) -> Calibrated:
-    """The smallest eps with delta(k, beta, eps) <= target (to a relative 1e-10, verified)."""
+def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion, *, relative: float = 1e-10) -> Calibrated:
+    """The smallest eps with delta(k, beta, eps) <= target (to ``relative``, verified: the
+    epsilon returned meets the target, at most that much above the smallest)."""
     if beta >= 1:
         raise CalibrationError("beta = 1 (no sampling) gives no (eps, delta)-DP for any epsilon (Proposition 4)")
     low = min_theorem1_epsilon(beta) if notion == "probabilistic" else 0.0
@@ -115,7 +118,9 @@ def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion) -> Calib
                 f"no epsilon up to {_MAX_EPSILON:g} reaches delta {delta:g} with k = {k}, beta = {beta:g}"
             )
         low, high = high, 2 * high
-    epsilon = _narrow(lambda e: _meets(k, beta, e, delta, notion), low, high, lambda a, b: (a + b) / 2, _relative)
+    epsilon = _narrow(
+        lambda e: _meets(k, beta, e, delta, notion), low, high, lambda a, b: (a + b) / 2, _within(relative)
+    )
     return _calibrated(k, beta, epsilon, notion)
 
 
@@ -125,7 +130,9 @@ def largest_beta(k: int, epsilon: float, delta: float, notion: Notion) -> Calibr
     ceiling = auto_beta(epsilon) if notion == "probabilistic" else math.nextafter(1.0, 0.0)
     if _meets(k, ceiling, epsilon, delta, notion):
         return _calibrated(k, ceiling, epsilon, notion)
-    beta = _narrow(lambda b: _meets(k, b, epsilon, delta, notion), ceiling, 0.0, lambda a, b: (a + b) / 2, _relative)
+    beta = _narrow(
+        lambda b: _meets(k, b, epsilon, delta, notion), ceiling, 0.0, lambda a, b: (a + b) / 2, _within(1e-10)
+    )
     if beta == 0.0:
         raise CalibrationError(f"no beta > 0 reaches delta {delta:g} with k = {k}, epsilon = {epsilon:g}")
     return _calibrated(k, beta, epsilon, notion)

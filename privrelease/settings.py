@@ -41,6 +41,7 @@ privrelease for its own child processes (:data:`CHILD_VARIABLES`) or read by the
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -214,9 +215,19 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 
 def get_settings() -> Settings:
-    """The settings as the environment says now (cheap; not cached, so tests may change env).
-    A malformed variable is a :class:`~privrelease.errors.UserError` naming every bad one, its
-    value and the expected form."""
+    """The settings as the environment says now: built once per distinct environment (the
+    ``PRIVRELEASE_*`` variables, the working and home folders they resolve against), so a change
+    to any of them is seen by the next call. A malformed variable is a
+    :class:`~privrelease.errors.UserError` naming every bad one, its value and the expected form
+    (never cached)."""
+    ours = tuple(sorted((name, value) for name, value in os.environ.items() if name.upper().startswith(PREFIX)))
+    return _settings(ours, os.getcwd(), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _settings(variables: tuple[tuple[str, str], ...], cwd: str, home: str | None) -> Settings:
+    """:class:`Settings` from the environment, for :func:`get_settings` (its arguments are the
+    cache key: what the environment's settings depend on)."""
     from pydantic import ValidationError
 
     try:

@@ -229,3 +229,27 @@ def test_every_name_the_project_uses_is_known() -> None:
     used = {name for path in files for name in NAME.findall(path.read_text(encoding="utf-8"))}
     assert set(DEPLOY_VARIABLES) <= used
     assert unknown_variables(dict.fromkeys(used, "")) == []
+
+
+def test_settings_follow_every_change_of_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """get_settings builds the settings once per environment (a release asks dozens of times),
+    and sees a changed variable, working folder or malformed value at the next call."""
+    from privrelease.errors import UserError
+    from privrelease.settings import get_settings
+
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "a"))
+    first = get_settings()
+    assert first.work_dir == tmp_path / "a" and get_settings() is first
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "b"))
+    assert get_settings().db_url == f"sqlite:///{tmp_path / 'b' / 'audit.db'}"
+    monkeypatch.delenv("PRIVRELEASE_WORK_DIR")
+    monkeypatch.chdir(tmp_path)
+    assert get_settings().work_dir == tmp_path.resolve() / "privrelease-work"
+    monkeypatch.setenv("privrelease_production", "true")  # read whatever the case
+    assert get_settings().production is True
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "perhaps")
+    monkeypatch.delenv("privrelease_production")
+    for _ in range(2):  # a malformed value is never cached as good
+        with pytest.raises(UserError, match="PRIVRELEASE_PRODUCTION='perhaps' is not valid"):
+            get_settings()

@@ -59,6 +59,9 @@ SELECTION_FAILURE = 0.05
 FRONTIER_BETAS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 """The sampling rates a frontier is drawn at (with the policy's own): denser where the
 privacy loss moves fastest (one release: its exact curve inverted, about 10 ms a point)."""
+FRONTIER_PRECISION = 1e-6
+"""How close a frontier point's epsilon is to the smallest meeting the target delta (relative,
+never below it): a chart needs no more, and each digit costs bisection steps."""
 
 FRONTIER_BETAS_COMPOSED = (0.02, 0.05, 0.2)
 """The coarser grid when the release composes two events (``select_scheme``): each point then
@@ -203,7 +206,8 @@ class Generalizing(MechanismKind):
         update: dict[str, Any] = {"beta": beta}
         if targets.accounting == "probabilistic" and targets.delta is not None and beta < 1:
             try:
-                update["epsilon"] = smallest_epsilon(self.k, beta, targets.delta, "probabilistic").epsilon
+                calibrated = smallest_epsilon(self.k, beta, targets.delta, "probabilistic", relative=FRONTIER_PRECISION)
+                update["epsilon"] = calibrated.epsilon
             except CalibrationError:
                 pass  # stated at the policy's epsilon, whose delta misses the target: epsilon inf
         return self.model_copy(update=update).plan(loaded).event
