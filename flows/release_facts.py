@@ -90,8 +90,9 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
 
 def warnings(outputs: list[Any]) -> list[str]:
     """Operator warnings: a statistic whose table does not have the declared public row count,
-    outputs with no rows, or sampled outputs keeping less than :data:`LOW_SHARE` of their sample
-    (internal: counts and shares describe the data)."""
+    outputs with no rows, or sampled outputs (SDGS microdata, histograms) whose published rows
+    or cells hold less than :data:`LOW_SHARE` of their sample (internal: counts and shares
+    describe the data)."""
     found = []
     advice = "see `privrelease calibrate sdgs` (smaller k or larger beta) or a coarser generalization / select_scheme"
     for output in outputs:
@@ -102,11 +103,11 @@ def warnings(outputs: list[Any]) -> list[str]:
                 f"the {output.public_facts.get('query', 'statistic')} divides by the declared {declared} "
                 "(a public constant, so the release stays private): correct dataset.rows in a new policy version"
             )
-        sampled = output.internal_facts.get("rows_sampled")
+        sampled, kept = output.internal_facts.get("rows_sampled"), output.public_facts.get("rows_published")
         if output.rows == 0:
             found.append(f"{output.mechanism}: published no rows; {advice}")
-        elif output.type == "sdgs" and sampled and output.rows < LOW_SHARE * sampled:
-            share = output.rows / sampled
+        elif sampled and kept is not None and kept < LOW_SHARE * sampled:
+            share = kept / sampled
             found.append(
                 f"{output.mechanism}: published {share:.1%} of the sampled rows (below {LOW_SHARE:.0%}); {advice}"
             )

@@ -14,3 +14,14 @@ INTERVAL = ("estimate", "lower", "upper")
 
 HISTOGRAM = (COUNT, *INTERVAL)
 """The columns a crowd-blending histogram adds to its cells' labels."""
+
+
+def taken_name(column: str, table: str, added: tuple[str, ...]) -> str | None:
+    """Why a ``table`` (a histogram, a noisy table) that adds the columns ``added`` to its cells'
+    labels cannot have a label column named ``column``; None when it can."""
+    if column not in added:
+        return None
+    return (
+        f"{table} cannot generalize a column named {column!r}: the output uses that name "
+        f"(its columns are the cells' labels and {', '.join(added)})"
+    )

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import randomness
-from privrelease.mechanisms.columns import COUNT, HISTOGRAM
+from privrelease.mechanisms.columns import COUNT, HISTOGRAM, taken_name
 from privrelease.mechanisms.count_intervals import count_intervals
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
@@ -53,9 +53,9 @@ def crowd_blending_histogram(
 
 def check_histogram(schemes: Mapping[str, ColumnScheme], k: int, beta: float, epsilon: float | None) -> None:
     """UserError for parameters :func:`crowd_blending_histogram` refuses."""
-    for name in HISTOGRAM:
-        if name in schemes:
-            raise UserError(f"a histogram cannot generalize a column named {name!r}: the output uses that name")
+    for column in schemes:
+        if (taken := taken_name(column, "a histogram", HISTOGRAM)) is not None:
+            raise UserError(taken)
     check_parameters(k, beta, 0.0 if epsilon is None else epsilon)
 
 

@@ -492,7 +492,8 @@ def test_a_column_named_like_the_count_is_refused(demo_dir):
     )
     path.write_text(text)
     with pytest.raises(
-        UserError, match=r"mechanisms\[0\]\.columns\[0\]: a noisy table cannot count a column named 'count'"
+        UserError,
+        match=r"mechanisms\[0\]\.columns\[0\]: a noisy table cannot generalize a column named 'count': the output uses that name",
     ):
         load_policy(path)
 

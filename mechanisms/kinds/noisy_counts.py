@@ -69,7 +69,7 @@ import pyarrow as pa
 from pydantic import Field, StrictBool
 
 from privrelease.errors import UserError
-from privrelease.mechanisms.columns import COUNT
+from privrelease.mechanisms.columns import COUNT, taken_name
 from privrelease.mechanisms.events import Event
 from privrelease.mechanisms.guarantees import Guarantee, Notion, pure
 from privrelease.mechanisms.kinds import (
@@ -509,11 +509,8 @@ class NoisyCountsMechanism(MechanismKind):
         from privrelease.policies.schema import HierarchyScheme
 
         for i, column in enumerate(self.columns):
-            if column == COUNT:
-                yield Issue(
-                    (*here, "columns", i),
-                    f"a noisy table cannot count a column named {column!r}: its output uses that name for the counts",
-                )
+            if (taken := taken_name(column, "a noisy table", (COUNT,))) is not None:
+                yield Issue((*here, "columns", i), taken)
             spec = policy.dataset.columns.get(column)
             if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
                 yield Issue(

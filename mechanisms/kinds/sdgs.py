@@ -345,15 +345,11 @@ class HistogramMechanism(Generalizing):
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
         """No column named like an output column (``count``, ``estimate``, ``lower``, ``upper``),
         refused before the data is read (the run's check says the same)."""
-        from privrelease.mechanisms.columns import HISTOGRAM
+        from privrelease.mechanisms.columns import HISTOGRAM, taken_name
 
         for i, column in enumerate(self.columns):
-            if column in HISTOGRAM:
-                yield Issue(
-                    (*here, "columns", i),
-                    f"a histogram cannot generalize a column named {column!r}: the output uses that name "
-                    f"(its columns are the cells' labels and {', '.join(HISTOGRAM)})",
-                )
+            if (taken := taken_name(column, "a histogram", HISTOGRAM)) is not None:
+                yield Issue((*here, "columns", i), taken)
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         from privrelease.mechanisms.histogram import crowd_blending_histogram
