@@ -16,7 +16,6 @@ from typing import Any
 
 import privrelease.policies
 from privrelease.files import sha256_text
-from privrelease.mechanisms.kinds.splu_gen import SpluGenMechanism
 from privrelease.planning import Plan, plan_policy
 from privrelease.policies import LoadedPolicy, load_policy
 
@@ -86,7 +85,8 @@ def _aware(moment: datetime) -> datetime:
 def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: str = "succeeded") -> ReportContext:
     """A complete context for tests and previews: a real :class:`Plan` of ``policy`` (default
     ``policies/examples/demo.yaml``, which needs no external files) with made-up run facts
-    derived from it (rows from the policy, sampled rows = beta * rows, fake checksums)."""
+    from its kinds (:meth:`~privrelease.mechanisms.kinds.MechanismKind.example_run`; rows from
+    the policy, else 10,000) and fake checksums."""
     loaded = policy if isinstance(policy, LoadedPolicy) else load_policy(policy or EXAMPLES_DIR / "demo.yaml")
     plan = plan_policy(loaded)
     now = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
@@ -94,24 +94,7 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
     facts: dict[str, dict[str, Any]] = {}
     outputs: list[dict[str, Any]] = []
     for spec in loaded.policy.mechanisms:
-        beta = getattr(spec, "beta", None)
-        if beta is not None:  # sampling, generalization, suppression
-            sampled = round(rows * beta)
-            facts[spec.name] = {
-                "rows_in": rows,
-                "rows_sampled": sampled,
-                "rows_suppressed": sampled // 97,
-            }
-            published = sampled - sampled // 97
-        elif isinstance(spec, SpluGenMechanism):
-            facts[spec.name] = {
-                "rows_in": rows,
-                "decoy_groups": len(spec.sensitive) * 3,
-            }
-            published = rows
-        else:  # a statistic: one row per group
-            facts[spec.name] = {"rows_in": rows}
-            published = 1
+        facts[spec.name], published = spec.example_run(rows)
         name = f"{spec.name}.csv"
         outputs.append(
             {

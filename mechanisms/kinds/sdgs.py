@@ -215,6 +215,11 @@ class Generalizing(MechanismKind):
     def explanations(self) -> tuple[str, ...]:
         return (KDGS,) if self.beta >= 1 else (SAMPLED,)
 
+    def example_run(self, rows: int) -> tuple[dict[str, Any], int]:
+        """beta rows sampled, one in 97 of them suppressed."""
+        sampled = round(rows * self.beta)
+        return {"rows_in": rows, "rows_sampled": sampled, "rows_suppressed": sampled // 97}, sampled - sampled // 97
+
 
 class SdgsMechanism(Generalizing):
     """(k, beta)-SDGS microdata (Li, Qardaji, Su, Algorithm 4): sample with probability beta,

@@ -22,7 +22,7 @@ from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
 from privrelease.cli import server as server_commands
 from privrelease.cli import splu as splu_commands
-from privrelease.cli.output import error_console, fail, styled
+from privrelease.cli.output import fail, say, styled
 from privrelease.errors import TargetNotMet, UserError
 
 app = typer.Typer(
@@ -69,7 +69,7 @@ def main() -> None:
         from privrelease.settings import get_settings, unknown_variables
 
         for warning in unknown_variables(os.environ):  # a misspelt setting would be ignored silently
-            error_console.print(styled("[bold yellow]warning:[/] {}", warning), highlight=False, soft_wrap=True)
+            say(styled("[bold yellow]warning:[/] {}", warning), err=True)
         get_settings()  # a malformed PRIVRELEASE_* variable fails every command the same way, first
         code = _run_app()
     except (UserError, TargetNotMet) as error:

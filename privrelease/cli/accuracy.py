@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json
+from privrelease.cli.output import console, print_json, say
 
 accuracy_app = typer.Typer(
     help="Accuracy of published numbers for given parameters (reads no data).", no_args_is_help=True
@@ -88,11 +88,9 @@ def accuracy_sdgs(
             cells.append(f"{row.within:.4g}")
         table.add_row(*cells)
     console.print(table)
-    console.print(
+    say(
         "RSE: relative standard error of count/beta; bias: of a published estimate, added by suppressing "
-        "cells below k; interval: holds a published estimate with at least the stated probability.",
-        highlight=False,
-        soft_wrap=True,
+        "cells below k; interval: holds a published estimate with at least the stated probability."
     )
 
 
@@ -123,12 +121,10 @@ def _observed(k: int, beta: float, observed: str, confidence: float, json_out: b
     for row in rows:
         table.add_row(str(row["observed"]), f"{row['estimate']:.6g}", str(row["lower"]), str(row["upper"]))
     console.print(table)
-    console.print(
+    say(
         f"[lower, upper] holds N with probability >= {confidence:g} given that the cell was published (at least "
         f"k of its people sampled): the exact conditional binomial interval, from the published count and the "
-        "public k, beta, C alone (post-processing: no privacy cost).",
-        highlight=False,
-        soft_wrap=True,
+        "public k, beta, C alone (post-processing: no privacy cost)."
     )
 
 
@@ -145,11 +141,7 @@ def accuracy_laplace(
     if json_out:
         print_json({"scale": scale, "confidence": confidence, "half_width": half_width})
         return
-    console.print(
-        f"Laplace noise of scale {scale:g} is within +-{half_width:.6g} with probability {confidence:g}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    say(f"Laplace noise of scale {scale:g} is within +-{half_width:.6g} with probability {confidence:g}")
 
 
 @accuracy_app.command("selection")
@@ -174,11 +166,9 @@ def accuracy_selection(
     if json_out:
         print_json({"sensitivity": bound, "epsilon": epsilon, "candidates": candidates, "failure": failure, "gap": gap})
         return
-    console.print(
+    say(
         f"the chosen scheme publishes, in expectation, at most {gap:.4g} rows fewer than the best of "
-        f"{candidates} candidates, with probability >= {1 - failure:g} (score sensitivity {bound:.4g})",
-        highlight=False,
-        soft_wrap=True,
+        f"{candidates} candidates, with probability >= {1 - failure:g} (score sensitivity {bound:.4g})"
     )
 
 
@@ -229,9 +219,7 @@ def calibrate_accuracy(
         if epsilon is None
         else f"epsilon {epsilon:.4g} at delta {delta:g} ({accounting})"
     )
-    console.print(
+    say(
         f"beta = {beta:g}: a cell of {count} people is published and within +-{relative_error:g} with probability "
-        f"{statement.within:.4g} (>= {confidence:g}); privacy cost with k = {k}: {cost}",
-        highlight=False,
-        soft_wrap=True,
+        f"{statement.within:.4g} (>= {confidence:g}); privacy cost with k = {k}: {cost}"
     )

@@ -113,12 +113,9 @@ def _proposed(propose: Path | None) -> dict[str, Any]:
 
 def _print_proposed(propose: Path | None) -> None:
     if propose is not None:
-        console.print(
+        say(
             f"request written to {propose}: each approver runs `privrelease audit governance sign {propose} --key KEY`, "
-            f"then `privrelease audit governance apply {propose}` records it",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
+            f"then `privrelease audit governance apply {propose}` records it"
         )
 
 
@@ -159,7 +156,7 @@ def policy_approve(
     if json_output:
         print_json(document)
         return
-    console.print(
+    say(
         styled(
             "approved [bold]{}@{}[/] (sha256 {}) by {} (OS user {}) at {}",
             facts.name,
@@ -168,17 +165,11 @@ def policy_approve(
             approval.approved_by,
             approval.os_user,
             document["approved_at"],
-        ),
-        highlight=False,
-        soft_wrap=True,
+        )
     )
-    console.print(
-        f"binds: dataset {approved.dataset_id or '(no dataset.id)'}; data: {document['binds']['description']}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    say(f"binds: dataset {approved.dataset_id or '(no dataset.id)'}; data: {document['binds']['description']}")
     if document["key"]:
-        console.print(f"signed with key {document['key']}: {document['signature']}", highlight=False, soft_wrap=True)
+        say(f"signed with key {document['key']}: {document['signature']}")
 
 
 @policy_app.command("revoke")
@@ -209,11 +200,7 @@ def policy_revoke(
         )
         return
     done = "proposed revoking" if propose else "revoked"
-    console.print(
-        f"{done} {count} approval(s) of {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}): {reason}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    say(f"{done} {count} approval(s) of {facts.name}@{facts.version} (sha256 {facts.sha256[:12]}): {reason}")
     _print_proposed(propose)
 
 
@@ -375,7 +362,7 @@ def audit_verify(
     if json_output:
         print_json(result.to_dict())
     elif result.ok:
-        console.print(
+        say(
             styled(
                 "[green]intact[/]: {} records, {} rows, {} files; head seq {} hash {}",
                 result.records,
@@ -383,21 +370,14 @@ def audit_verify(
                 result.files_checked,
                 result.head.seq,
                 result.head.hash,
-            ),
-            highlight=False,
-            soft_wrap=True,
+            )
         )
     else:
         first = result.first
         assert first is not None
-        console.print(styled("[bold red]BROKEN[/]: {}", first.message), highlight=False, soft_wrap=True)
+        say(styled("[bold red]BROKEN[/]: {}", first.message))
         for problem in result.problems[1:]:
-            console.print(
-                f"  also: {problem.message}",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
+            say(f"  also: {problem.message}")
     if not result.ok:
         raise typer.Exit(1)
 
@@ -433,29 +413,25 @@ def audit_verify_release(
     if json_output:
         print_json({"ok": not problems, "folder": str(folder), "release": release, "problems": problems})
     elif problems:
-        console.print(styled("[bold red]BROKEN[/]: {}", problems[0]), highlight=False, soft_wrap=True)
+        say(styled("[bold red]BROKEN[/]: {}", problems[0]))
         for problem in problems[1:]:
-            console.print(f"  also: {problem}", highlight=False, soft_wrap=True)
+            say(f"  also: {problem}")
     elif release is None:
-        console.print(
+        say(
             styled(
                 "[green]intact[/]: {} signed by this key; [yellow]warning[/]: its head file predates the run "
                 "binding, so which run and policy it belongs to is not signed",
                 folder,
-            ),
-            highlight=False,
-            soft_wrap=True,
+            )
         )
     else:
-        console.print(
+        say(
             styled(
                 "[green]intact[/]: {} signed by this key: run {}, policy {}",
                 folder,
                 release.get("run", ""),
                 release.get("policy", ""),
-            ),
-            highlight=False,
-            soft_wrap=True,
+            )
         )
     if problems:
         raise typer.Exit(1)
@@ -476,8 +452,8 @@ def audit_keygen(
     if json_output:
         print_json({"private_key_file": str(out), "public_key_file": f"{out}.pub", "public_key": public})
         return
-    console.print(f"private key: {out} (mode 0600; set PRIVRELEASE_SIGNING_KEY={out})", highlight=False, soft_wrap=True)
-    console.print(f"public key:  {public} (also in {out}.pub)", highlight=False, soft_wrap=True)
+    say(f"private key: {out} (mode 0600; set PRIVRELEASE_SIGNING_KEY={out})")
+    say(f"public key:  {public} (also in {out}.pub)")
 
 
 @audit_app.command("head")
@@ -499,7 +475,7 @@ def audit_head(
     if json_output:
         print_json({"seq": current.seq, "hash": current.hash})
     else:
-        console.print(f"seq {current.seq} hash {current.hash}", highlight=False, soft_wrap=True)
+        say(f"seq {current.seq} hash {current.hash}")
 
 
 MODES = ("production", "development")
@@ -572,17 +548,14 @@ def audit_mode(
         print_json(document)
         return
     why = "the audit database" if database else "PRIVRELEASE_PRODUCTION" if environment else "the default"
-    console.print(f"mode: {effective} (set by {why})", highlight=False, soft_wrap=True)
+    say(f"mode: {effective} (set by {why})")
     if pinned is not None:
-        console.print(
+        say(
             f"approver registry pinned: {pinned.source} (sha256 {pinned.sha256[:12]}; governance quorum "
-            f"{pinned.quorum}): {', '.join(sorted(pinned.keys))}",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
+            f"{pinned.quorum}): {', '.join(sorted(pinned.keys))}"
         )
     for problem in document.get("governance_problems", []):
-        console.print(styled("[yellow]governance:[/] {}", problem), highlight=False, soft_wrap=True)
+        say(styled("[yellow]governance:[/] {}", problem))
     _print_proposed(propose)
 
 
@@ -603,12 +576,9 @@ def governance_sign(
     if json_output:
         print_json({"request": document["request"], "signed_by_keys": fingerprints})
         return
-    console.print(
+    say(
         f"signed {request}: {document['request']['action']} proposed by {document['request'].get('by')!r}; "
-        f"keys that signed it: {', '.join(fingerprints)}",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+        f"keys that signed it: {', '.join(fingerprints)}"
     )
 
 
@@ -628,7 +598,7 @@ def governance_apply(
     if json_output:
         print_json({"seq": record.seq, "kind": record.kind, "request": document["request"]})
         return
-    console.print(f"applied {request}: audit record {record.seq} ({record.kind})", highlight=False, soft_wrap=True)
+    say(f"applied {request}: audit record {record.seq} ({record.kind})")
 
 
 @audit_app.command("recover")
@@ -673,18 +643,13 @@ def audit_recover(
         print_json({"settled": [done.to_dict() for done in settled], "flow_runs_crashed": crashed, "warning": warning})
         return
     if not settled:
-        console.print("nothing to recover: no unfinished run of a dead process", highlight=False)
+        say("nothing to recover: no unfinished run of a dead process")
     for done in settled:
-        console.print(
-            f"run {done.run_id[:12]} (was {done.was}): {done.action}; {done.detail}",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+        say(f"run {done.run_id[:12]} (was {done.was}): {done.action}; {done.detail}")
     if crashed:
-        console.print(f"{len(crashed)} Prefect flow run(s) marked Crashed", highlight=False)
+        say(f"{len(crashed)} Prefect flow run(s) marked Crashed")
     if warning:
-        console.print(warning, highlight=False, markup=False, soft_wrap=True)
+        say(warning)
 
 
 @audit_app.command("init")
@@ -702,7 +667,7 @@ def audit_init(json_output: JsonFlag = False) -> None:
         print_json({"db_url": shown, "revision": revision, "created": not existed})
     else:
         what = "already exists" if existed else "created"
-        console.print(f"{shown}: {what}, schema at revision {revision}", highlight=False, soft_wrap=True)
+        say(f"{shown}: {what}, schema at revision {revision}")
 
 
 @audit_app.command("migrate")
@@ -716,7 +681,7 @@ def audit_migrate(json_output: JsonFlag = False) -> None:
     if json_output:
         print_json({"db_url": shown, "revision": revision})
     else:
-        console.print(f"{shown}: schema at revision {revision}", highlight=False, soft_wrap=True)
+        say(f"{shown}: schema at revision {revision}")
 
 
 # --- ledger ---------------------------------------------------------------------------------
@@ -787,23 +752,19 @@ def ledger_show(
         print_json(document)
         return
     if ds.id != dataset.strip():
-        console.print(f"{dataset!r} is a file of dataset {ds.id}", highlight=False, soft_wrap=True)
-    console.print(styled("dataset [bold]{}[/]; accountant: {}", ds.id, ds.notion), highlight=False, soft_wrap=True)
+        say(f"{dataset!r} is a file of dataset {ds.id}")
+    say(styled("dataset [bold]{}[/]; accountant: {}", ds.id, ds.notion))
     if ds.note:
-        console.print(styled("[yellow]note:[/] {}", ds.note), highlight=False, soft_wrap=True)
-    console.print(f"lifetime budget  {status.budget}", highlight=False, soft_wrap=True)
+        say(styled("[yellow]note:[/] {}", ds.note))
+    say(f"lifetime budget  {status.budget}")
     how = f"composition of {len(status.counting)} stored trees"
     if ds.notion == "approximate" and 0 < status.budget.delta < 1:
         how = f"the smallest epsilon at the lifetime delta; {how}"
-    console.print(f"spent            {status.spent}  ({how})", highlight=False, soft_wrap=True)
-    console.print(f"remaining        {status.remaining}", highlight=False, soft_wrap=True)
+    say(f"spent            {status.spent}  ({how})")
+    say(f"remaining        {status.remaining}")
     if ahead is not None and latest is not None:
         more = f"{ahead.runs}{'+' if ahead.capped else ''} more run{'s' if ahead.runs != 1 else ''}"
-        console.print(
-            f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget",
-            highlight=False,
-            soft_wrap=True,
-        )
+        say(f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget")
     files = Table("file (sha256)", "label", "rows", "first read (UTC)", "runs")
     for v in vintages:
         files.add_row(

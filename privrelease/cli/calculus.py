@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json, styled
+from privrelease.cli.output import console, print_json, say, styled
 from privrelease.errors import TargetNotMet, UserError
 
 if TYPE_CHECKING:
@@ -100,9 +100,9 @@ def plan(
     else:
         _print_plan(result)
         if chart is not None:
-            console.print(f"charts written to {chart}", highlight=False, soft_wrap=True)
+            say(f"charts written to {chart}")
         if clash is not None:
-            console.print(styled("[yellow]warning:[/] {}", clash.message), highlight=False, soft_wrap=True)
+            say(styled("[yellow]warning:[/] {}", clash.message))
     if not result.passed:
         raise typer.Exit(TargetNotMet.exit_code)
 
@@ -136,15 +136,14 @@ def _version_clash(loaded) -> tuple[bool, Any]:
 
 def _print_plan(result) -> None:
     policy = result.loaded.policy
-    console.print(
+    say(
         styled(
             "[bold]{}[/] version {}  sha256 {}…  accounting: [bold]{}[/]",
             policy.name,
             policy.version,
             result.loaded.sha256[:16],
             result.notion,
-        ),
-        highlight=False,
+        )
     )
     table = Table(title="Mechanisms (no data read)", title_justify="left")
     for column in ("mechanism", "event", "probabilistic (eps, delta)", "approximate (eps, delta)", "also"):
@@ -164,14 +163,13 @@ def _print_plan(result) -> None:
     console.print(composed)
     for key, value in result.facts.items():
         if key == "composition":
-            console.print(
+            say(
                 f"  approximate composition of {value['releases']} release(s): epsilon {_fmt(value['epsilon'])} "
                 f"at delta {_fmt(value['delta'], 3)} by {value['method']}; "
-                + ", ".join(f"{name} {_fmt(c['epsilon'])}" for name, c in value["candidates"].items()),
-                highlight=False,
+                + ", ".join(f"{name} {_fmt(c['epsilon'])}" for name, c in value["candidates"].items())
             )
             continue
-        console.print(f"  {key.replace('_', ' ')}: {_value_text(value)}", highlight=False)
+        say(f"  {key.replace('_', ' ')}: {_value_text(value)}")
     checks = Table(title="Targets", title_justify="left")
     for column in ("target", "required", "achieved", "result"):
         checks.add_column(column, overflow="fold")
@@ -399,7 +397,7 @@ def calibrate_identifiability(
         )
         console.print(table)
         if not result.feasible:
-            console.print(styled("[red]infeasible:[/] {}", result.reason), highlight=False)
+            say(styled("[red]infeasible:[/] {}", result.reason))
     if not result.feasible:
         raise typer.Exit(TargetNotMet.exit_code)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from privrelease.cli.output import console, error_console
+from privrelease.cli.output import console, say
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +27,7 @@ def policy_schema(
         typer.echo(schema_text(), nl=False)
         return
     out.write_text(schema_text(), encoding="utf-8")
-    error_console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+    say(f"wrote {out}", err=True)
 
 
 def policy_init(
@@ -49,4 +49,4 @@ def policy_init(
         console.print(text, end="", highlight=False, markup=False, soft_wrap=True)
         return
     out.write_text(text, encoding="utf-8")
-    error_console.print(f"wrote {out}: review it, then `privrelease plan {out}`", highlight=False, soft_wrap=True)
+    say(f"wrote {out}: review it, then `privrelease plan {out}`", err=True)

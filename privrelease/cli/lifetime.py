@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from privrelease.cli.output import console, print_json
+from privrelease.cli.output import print_json, say
 from privrelease.errors import TargetNotMet
 
 if TYPE_CHECKING:
@@ -68,14 +68,12 @@ def guarantee_compose(
         print_json(document)
     else:
         runs = f"{times} run{'s' if times != 1 else ''}"
-        console.print(
+        say(
             f"{runs} of {plan.loaded.policy.name} ({result.releases} releases): "
-            f"({_number(result.epsilon)}, {result.delta:.6g})-DP ({plan.notion}) by {result.method}",
-            highlight=False,
-            soft_wrap=True,
+            f"({_number(result.epsilon)}, {result.delta:.6g})-DP ({plan.notion}) by {result.method}"
         )
         for method, (eps, dlt) in result.candidates.items():
-            console.print(f"  {method}: epsilon {_number(eps)}, delta {dlt:.6g}", highlight=False, soft_wrap=True)
+            say(f"  {method}: epsilon {_number(eps)}, delta {dlt:.6g}")
     if not math.isfinite(result.epsilon):
         raise TargetNotMet(f"no epsilon reaches delta = {delta:g} for {times} runs of {plan.loaded.policy.name}")
 
@@ -109,10 +107,6 @@ def ledger_runway(
         print_json(document)
         return
     more = f"{result.runs}{'+' if result.capped else ''} more run{'s' if result.runs != 1 else ''}"
-    console.print(
-        f"{more} of {plan.loaded.policy.name} fit the lifetime budget of {dataset} ({result.budget})",
-        highlight=False,
-        soft_wrap=True,
-    )
-    console.print(f"spent now        {result.spent}", highlight=False, soft_wrap=True)
-    console.print(f"after next run   {result.after_next_run}", highlight=False, soft_wrap=True)
+    say(f"{more} of {plan.loaded.policy.name} fit the lifetime budget of {dataset} ({result.budget})")
+    say(f"spent now        {result.spent}")
+    say(f"after next run   {result.after_next_run}")

@@ -46,9 +46,10 @@ def styled(template: str, *values: Any) -> Text:
     return Text.from_markup(template.format(*(escape(str(value)) for value in values)))
 
 
-def say(text: str) -> None:
-    """One sentence for people on stdout, as written (no highlighting), wrapped by the terminal."""
-    console.print(text, highlight=False, soft_wrap=True)
+def say(text: str | Text, *, err: bool = False) -> None:
+    """One line for people on stdout (stderr with ``err``), as written: no highlighting, wrapped
+    by the terminal (styles only from :func:`styled`)."""
+    (error_console if err else console).print(text, highlight=False, soft_wrap=True)
 
 
 def _jsonable(value: Any) -> Any:
@@ -73,5 +74,5 @@ def fail(message: str, exit_code: int, *, field: str | None = None, allowed: str
     if "--json" in sys.argv[1:]:
         print_json({"error": message, "field": field, "allowed": allowed, "exit_code": exit_code})
     else:
-        error_console.print(styled("[bold red]error:[/] {}", message), highlight=False, soft_wrap=True)
+        say(styled("[bold red]error:[/] {}", message), err=True)
     sys.exit(exit_code)

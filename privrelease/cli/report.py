@@ -23,7 +23,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, error_console, print_json
+from privrelease.cli.output import console, print_json, say
 
 report_app = typer.Typer(help="Disclosure reports of runs.", no_args_is_help=True)
 
@@ -81,7 +81,7 @@ def report_show(run: RunArg, json_output: JsonFlag = False) -> None:
         print_json(located.as_dict())
         return
     if located.note:
-        error_console.print(f"note: {located.note}", highlight=False, markup=False, soft_wrap=True)
+        say(f"note: {located.note}", err=True)
     print(located.path)
 
 
@@ -96,16 +96,11 @@ def report_open(run: RunArg, json_output: JsonFlag = False) -> None:
         print_json({**located.as_dict(), "opened": opened})
         return
     if located.note:
-        error_console.print(f"note: {located.note}", highlight=False, markup=False, soft_wrap=True)
+        say(f"note: {located.note}", err=True)
     if opened:
-        console.print(f"opened {located.path}", highlight=False, markup=False, soft_wrap=True)
+        say(f"opened {located.path}")
     else:
-        console.print(
-            f"no web browser could be started; the report is at {located.path}",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+        say(f"no web browser could be started; the report is at {located.path}")
 
 
 @report_app.command("index")
@@ -126,5 +121,5 @@ def report_index(
         print_json(result.as_dict())
         return
     for problem in result.problems:
-        error_console.print(f"warning: {problem}", highlight=False, markup=False, soft_wrap=True)
+        say(f"warning: {problem}", err=True)
     print(result.path)

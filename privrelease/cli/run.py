@@ -27,7 +27,7 @@ import typer
 from rich.table import Table
 
 from privrelease import server as prefect_server
-from privrelease.cli.output import console, error_console, fail, print_json, styled
+from privrelease.cli.output import console, error_console, fail, print_json, say, styled
 from privrelease.errors import ClusterFailure, TargetNotMet, UserError
 from privrelease.running import run_flow
 from privrelease.server import LocalServer
@@ -99,10 +99,7 @@ class RichProgress:
 
     def done(self, step: str, seconds: float, note: str = "") -> None:
         self.close()
-        error_console.print(
-            styled("  [green]✓[/] {} [dim]{}[/]", step, f"{seconds:.2f} s{' ' + note if note else ''}"),
-            highlight=False,
-        )
+        say(styled("  [green]✓[/] {} [dim]{}[/]", step, f"{seconds:.2f} s{' ' + note if note else ''}"), err=True)
 
     def close(self) -> None:
         if self._status is not None:
@@ -123,22 +120,18 @@ def _print_summary(summary: dict[str, Any], timings: dict[str, float], json_outp
         print_json({**summary, "timings": timings})
         return
     folder = Path(summary["release_dir"])
-    console.print(f"released to: {folder}", highlight=False, soft_wrap=True)
+    say(f"released to: {folder}")
     table = Table("output", "rows", "sha256")
     for output in summary["outputs"]:
         table.add_row(Path(output["path"]).name, str(output["rows"]), output["sha256"])
     console.print(table)
-    console.print(f"report:      {summary['report']}", highlight=False, soft_wrap=True)
-    console.print(f"statement:   {summary['statement']}", highlight=False, soft_wrap=True)
+    say(f"report:      {summary['report']}")
+    say(f"statement:   {summary['statement']}")
     head = summary["chain_head"]
-    console.print(
-        f"audit chain: seq {head['seq']} {head['hash']} (also in chain-head.json)",
-        highlight=False,
-        soft_wrap=True,
-    )
-    console.print(f"run id:      {summary['run_id']}", highlight=False)
+    say(f"audit chain: seq {head['seq']} {head['hash']} (also in chain-head.json)")
+    say(f"run id:      {summary['run_id']}")
     for warning in summary.get("warnings", []):
-        error_console.print(styled("[bold yellow]warning:[/] {}", warning), highlight=False, soft_wrap=True)
+        say(styled("[bold yellow]warning:[/] {}", warning), err=True)
 
 
 def _release(json_output: bool, server: LocalServer | None, **parameters: Any) -> None:
@@ -282,11 +275,8 @@ def reissue_command(
         table.add_row(output.path, "" if output.rows is None else str(output.rows), output.sha256[:16] + "…")
     console.print(table)
     if result.report:
-        console.print(f"report: {result.report}", highlight=False, soft_wrap=True)
-    console.print(
-        f"checksums verified; recorded as run {result.run_id} (no budget charged)",
-        highlight=False,
-    )
+        say(f"report: {result.report}")
+    say(f"checksums verified; recorded as run {result.run_id} (no budget charged)")
 
 
 def demo_command(
@@ -320,25 +310,21 @@ def demo_command(
 
         folder = directory or get_settings().work_dir / "demo"
         policy_path, data_path = demo.write_demo(folder, seed=seed)
-        error_console.print(
-            styled("  [green]✓[/] wrote {} rows of SYNTHETIC data: {}", demo.ROWS, data_path),
-            highlight=False,
-            soft_wrap=True,
-        )
+        say(styled("  [green]✓[/] wrote {} rows of SYNTHETIC data: {}", demo.ROWS, data_path), err=True)
         loaded = load_policy(policy_path)
         facts = approvals.policy_facts(loaded)
         with session(open_database()) as s:
             approvals.approve_policy(
                 s, facts, "privrelease demo", note="demo policy on synthetic data", binding=approval_binding(loaded)
             )
-        error_console.print(
+        say(
             styled(
                 "  [green]✓[/] approved {}@{} (sha256 {}) as 'privrelease demo'",
                 facts.name,
                 facts.version,
                 facts.sha256[:12],
             ),
-            highlight=False,
+            err=True,
         )
         progress = RichProgress()
         summary, timings = run_flow(
@@ -356,8 +342,7 @@ def demo_command(
     timings["total"] = time.perf_counter() - started
     _print_summary({**summary, "data": str(data_path), "policy": str(policy_path)}, timings, json_output)
     if not json_output:
-        console.print(
+        say(
             f"demo finished in {timings['total']:.1f} s; open the report: "
-            f"privrelease report open {summary['run_id'][:12]}",
-            highlight=False,
+            f"privrelease report open {summary['run_id'][:12]}"
         )

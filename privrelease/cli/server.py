@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from privrelease import server as prefect_server
-from privrelease.cli.output import console, print_json
+from privrelease.cli.output import print_json, say
 from privrelease.errors import UserError
 
 server_app = typer.Typer(
@@ -47,15 +47,13 @@ def _status() -> dict[str, object]:
 
 def _print_status(status: dict[str, object]) -> None:
     if not status["running"]:
-        console.print(f"no Prefect server is kept in {status['folder']}", highlight=False, soft_wrap=True)
+        say(f"no Prefect server is kept in {status['folder']}")
         return
     answering = "" if status["answering"] else " (not answering yet)"
-    console.print(
+    say(
         f"Prefect server pid {status['pid']} at {status['api_url']}{answering}\n"
         f"up {status['uptime_seconds']:.0f} s, idle {status['idle_seconds']:.0f} s "
-        f"(stops after {status['idle_timeout_seconds']:g} s idle)\nlog {status['log']}",
-        highlight=False,
-        soft_wrap=True,
+        f"(stops after {status['idle_timeout_seconds']:g} s idle)\nlog {status['log']}"
     )
 
 
@@ -85,9 +83,9 @@ def stop_command(json_output: JsonFlag = False) -> None:
     if json_output:
         print_json({"stopped": state is not None, "pid": None if state is None else state.pid})
     elif state is None:
-        console.print("no Prefect server was running", highlight=False)
+        say("no Prefect server was running")
     else:
-        console.print(f"stopped the Prefect server (pid {state.pid})", highlight=False)
+        say(f"stopped the Prefect server (pid {state.pid})")
 
 
 @server_app.command("status")

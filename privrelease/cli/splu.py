@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json
+from privrelease.cli.output import console, print_json, say
 from privrelease.errors import UserError
 
 if TYPE_CHECKING:
@@ -122,10 +122,9 @@ def _print_estimates(estimates: list[CountEstimate], ids: list[Any], rows: int, 
         cells += [str(estimate.iterations), "yes" if estimate.converged else "NO"]
         table.add_row(*([str(query_id)] if with_ids else []), *cells)
     console.print(table)
-    console.print(
+    say(
         "Estimates of true counts. Small counts are inaccurate by design (small-sum privacy); "
-        "large counts are accurate (large-sum utility). Not differential privacy.",
-        highlight=False,
+        "large counts are accurate (large-sum utility). Not differential privacy."
     )
 
 
@@ -219,4 +218,4 @@ def calibrate_splu_command(gamma: int, eps: float, alpha: int, t_e: float | None
     for f, value in zip(counts.tolist(), probability.tolist(), strict=True):
         curve.add_row(str(f), f"{value:.4f}")
     console.print(curve)
-    console.print("SPLU is not differential privacy: it bounds the accuracy of counts.", highlight=False)
+    say("SPLU is not differential privacy: it bounds the accuracy of counts.")
