@@ -14,9 +14,11 @@ Releases: :func:`run`, :func:`rerun`, :func:`reissue`; approvals: :func:`approve
 :func:`revoke`; the audit database: :func:`ledger`, :func:`list_ledgers`, :func:`report`,
 :func:`list_reports`, :func:`verify`; each calls the code its command calls and prints nothing.
 
-User mistakes raise :class:`privrelease.errors.UserError` (a bad policy, file or setting) or
-:class:`privrelease.errors.TargetNotMet` (a target or the budget would be exceeded), with the
-same messages the command line prints.
+User mistakes raise :class:`privrelease.errors.UserError` (a bad policy, file, setting or data
+value) or :class:`privrelease.errors.TargetNotMet` (a target or the budget would be exceeded),
+and a lost Dask cluster :class:`privrelease.errors.ClusterFailure`, with the same messages the
+command line prints; a release's refusal inside the flow names its step
+(:func:`privrelease.running.expected_failure`). Anything else is a bug.
 """
 
 from __future__ import annotations
