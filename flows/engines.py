@@ -28,6 +28,10 @@ from privrelease.errors import ClusterFailure, UserError
 ENGINES = ("local", "dask")
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
 CONNECT_TIMEOUT_SECONDS = 10
+LOCAL_HTTP = "127.0.0.1:0"
+"""Where a local cluster's scheduler serves HTTP (health, and the dashboard when bokeh is
+installed): loopback only, a free port. With none given Dask still binds 8787 and warns when
+another cluster holds it."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ def connect(run_id: str, engine: Engine) -> Any:
                 threads_per_worker=1,
                 processes=True,
                 memory_limit=engine.memory_limit,
-                dashboard_address=None,
+                dashboard_address=LOCAL_HTTP,
                 silence_logs=logging.CRITICAL,  # a task's error reaches the user once, as the run's error
             )
             client = Client(cluster, set_as_default=False)

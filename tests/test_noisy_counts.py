@@ -601,6 +601,7 @@ def test_release_on_dask_adds_the_noise_once_to_the_merged_counts(tmp_path, monk
     from distributed import LocalCluster
     from test_flow_steps import ledger_entries
 
+    from privrelease.flows.engines import LOCAL_HTTP
     from privrelease.mechanisms.events import event_from_json
 
     monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
@@ -615,7 +616,7 @@ def test_release_on_dask_adds_the_noise_once_to_the_merged_counts(tmp_path, monk
         truth[cell] += 1
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=LOCAL_HTTP) as cluster:
         path = _dask_policy(tmp_path, cluster.scheduler_address)
         published = release_plain(policy_path=str(path))
 

@@ -41,6 +41,7 @@ pytest.importorskip("distributed", reason="the dask extra is not installed: pip 
 from test_flow_steps import ledger_entries, runs, verify_intact  # noqa: E402
 
 from privrelease.errors import ClusterFailure, UserError  # noqa: E402
+from privrelease.flows.engines import LOCAL_HTTP  # noqa: E402
 from privrelease.flows.steps import DataStepError, release_plain  # noqa: E402
 from privrelease.mechanisms.count_intervals import count_intervals  # noqa: E402
 
@@ -61,7 +62,11 @@ def cluster():
 
     with (
         LocalCluster(
-            n_workers=WORKERS, threads_per_worker=1, memory_limit=MEMORY_LIMIT, processes=True, dashboard_address=None
+            n_workers=WORKERS,
+            threads_per_worker=1,
+            memory_limit=MEMORY_LIMIT,
+            processes=True,
+            dashboard_address=LOCAL_HTTP,
         ) as local,
         Client(local) as client,
     ):
