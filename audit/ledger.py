@@ -55,6 +55,8 @@ __all__ = [
     "reserve",
     "resolve_lifetime_budget",
     "check_fits",
+    "counting_key",
+    "curve_of",
     "history_curve",
     "runway",
     "status_for",
@@ -574,11 +576,22 @@ def history_curve(session: Session, dataset: str, run_id: str, points: int = 41)
     this run's, the lifetime budget, and the runway of another run like this one. Only under
     approximate DP (the papers' probabilistic notion adds stated points: no curve); None when
     the run holds no counting charge."""
+    return curve_of(ledger_status(session, dataset), run_id, points)
+
+
+def counting_key(status: LedgerStatus) -> tuple[Any, ...]:
+    """What :func:`curve_of` reads of ``status``: its budget, its notion and which entries
+    count (an entry's tree never changes), so that a curve computed from an earlier status
+    of the same key is the curve of this one."""
+    return (status.dataset.id, status.dataset.notion, status.budget, tuple(entry.id for entry in status.counting))
+
+
+def curve_of(status: LedgerStatus, run_id: str, points: int = 41) -> dict[str, Any] | None:
+    """:func:`history_curve` of a ledger status already read (arithmetic only: no database)."""
     import numpy as np
 
     from privrelease.mechanisms.composition import PLD, delta_curve
 
-    status = ledger_status(session, dataset)
     mine = [entry for entry in status.counting if entry.run_id == run_id]
     if not mine or not _at_lifetime_delta(status.dataset.notion, status.budget):
         return None
