@@ -24,7 +24,9 @@ to DIR), with the spread (fastest, slowest, and the range of the ratios of the
 alternated pairs: the machine is shared, so one pair sees one load).
 Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run, median),
 ``baseline_seconds`` (in-process run, median, null with --no-inprocess), ``ratio`` (of the
-medians; target <= TARGET_RATIO = 0.6, issue 18), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
+medians; target <= TARGET_RATIO = 0.6, issue 18), ``cpu_seconds`` and ``baseline_cpu_seconds``
+(median CPU seconds of a run: the flow's process and, on Dask, the workers; on a shared machine
+a steadier figure than the time), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
 (largest peak RSS of a Dask worker), ``flow_peak_rss_mb`` (the flow process on Dask),
 ``inprocess_peak_rss_mb``, ``data_mb`` (the least an in-process read holds: the declared
 columns as Arrow plus the largest file's bytes), ``memory_limit_mb``, ``fits_one_worker``
@@ -79,6 +81,11 @@ def median_run(runs: list[dict]) -> dict:
         if key in chosen:
             chosen[key] = max(run[key] for run in runs)
     return chosen
+
+
+def median_cpu(runs: list[dict]) -> float:
+    """The median CPU seconds of ``runs``: the flow's process and, on Dask, the workers."""
+    return statistics.median(run["cpu_seconds"] + run.get("worker_cpu_seconds", 0.0) for run in runs)
 
 
 def peak_mb() -> float:
@@ -200,6 +207,7 @@ def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: in
             profiler.dump_stats(profile)
 
     facts: dict = {}
+    cpu = time.process_time()
     if kind == "local":
         start = time.perf_counter()
         published = release(policy_path=str(policy))
@@ -221,14 +229,17 @@ def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: in
         ):
             client.run(lambda: [importlib.import_module(module) for module in WARM])
             facts["cluster_seconds"] = time.perf_counter() - start
-            start = time.perf_counter()
+            worker_cpu = sum(client.run(time.process_time).values())
+            cpu, start = time.process_time(), time.perf_counter()
             published = release(policy_path=str(policy), dask_address=cluster.scheduler_address)
             seconds = time.perf_counter() - start
+            facts["worker_cpu_seconds"] = sum(client.run(time.process_time).values()) - worker_cpu
             facts["worker_peak_rss_mb"] = max(client.run(peak_mb).values())
     found = re.search(r"(\d+) partitions? on \d+ workers?", Path(published.report).read_text(encoding="utf-8"))
     partitions = int(found.group(1)) if found else None
     return {
         "seconds": seconds,
+        "cpu_seconds": time.process_time() - cpu,
         "peak_rss_mb": peak_mb(),
         "rows_published": sum(output["rows"] for output in published.outputs),
         "partitions": partitions,
@@ -305,6 +316,7 @@ def main() -> None:
     pairs = sorted(d["seconds"] / i["seconds"] for d, i in zip(dask_runs, local_runs))
     for name, runs in (("in-process", local_runs), ("Dask", dask_runs)):
         if runs:
+            print(f"{name} CPU seconds (median, the flow's process and the workers): {median_cpu(runs):.2f}")
             for key, what in (("steps", "s"), ("steps_cpu", "CPU s of this process")):
                 steps = {step: statistics.median(run[key][step] for run in runs) for step in runs[0][key]}
                 print(f"{name} {key} (median {what}): " + ", ".join(f"{step} {sec:.2f}" for step, sec in steps.items()))
@@ -324,6 +336,8 @@ def main() -> None:
         "seconds": round(dask["seconds"], 3),
         "baseline_seconds": None if inprocess is None else round(inprocess["seconds"], 3),
         "ratio": None if inprocess is None else round(dask["seconds"] / inprocess["seconds"], 3),
+        "cpu_seconds": round(median_cpu(dask_runs), 3),
+        "baseline_cpu_seconds": round(median_cpu(local_runs), 3) if local_runs else None,
         "target_ratio": TARGET_RATIO,
         "repeat": args.repeat,
         "pair_ratios": [round(pairs[0], 3), round(statistics.median(pairs), 3), round(pairs[-1], 3)] if pairs else None,
