@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -55,13 +56,18 @@ __all__ = [
     "reserve",
     "resolve_lifetime_budget",
     "check_fits",
+    "counting_key",
+    "curve_of",
     "history_curve",
+    "largest_fitting",
     "runway",
     "status_for",
 ]
 
 MAX_RUNWAY = 100_000
 """Runways are counted up to this many runs."""
+_FARTHEST = 8
+"""How far one step of the runway search goes out: at most this many times the largest runway known (:func:`largest_fitting`)."""
 EXPIRED_REASON = "expired: not committed within the reservation time to live (crashed run?)"
 
 
@@ -491,33 +497,32 @@ def policy_runway(session: Session, plan: Any) -> tuple[LedgerStatus, Runway]:
 def runway(status: LedgerStatus, event_tree: Any) -> Runway:
     """The runway of ``event_tree`` (one run's releases) on the ledger ``status``: the largest
     r <= MAX_RUNWAY such that the counting trees plus r copies fit the lifetime budget. The
-    composed loss only grows with r, so an exponential then binary search finds it exactly."""
+    composed loss only grows with r, so a bracketing search finds it exactly
+    (:func:`largest_fitting`, guided by the share of the budget each r uses)."""
     from privrelease.mechanisms.composition import releases_of
     from privrelease.mechanisms.events import event_from_json
 
     event = event_from_json(event_tree) if isinstance(event_tree, str) else event_tree
     notion, limit = status.dataset.notion, status.budget
     spent, one_run = releases_of(_trees(status.counting)), releases_of([event])
+    at_delta = _at_lifetime_delta(notion, limit)
 
+    @functools.cache
     def total(runs: int) -> Budget:  # a multiset: r runs are r as multiplicities, not r copies
         releases = dict(spent)
         for leaf, count in one_run.items():
             releases[leaf] = releases.get(leaf, 0) + count * runs
         return _account(releases, notion, limit)
 
-    def fits(runs: int) -> bool:
-        return total(runs).fits(limit)
+    def measure(runs: int) -> tuple[bool, float]:
+        composed = total(runs)
+        share = composed.epsilon / limit.epsilon if limit.epsilon > 0 else math.inf
+        if not at_delta:  # at the lifetime delta the composed delta is that delta
+            share = max(share, composed.delta / limit.delta if limit.delta > 0 else math.inf)
+        return composed.fits(limit), share
 
     after_next = total(1)
-    low, high = 0, 1
-    if after_next.fits(limit):
-        low, high = 1, 2
-        while high <= MAX_RUNWAY and fits(high):
-            low, high = high, 2 * high
-        high = min(high, MAX_RUNWAY + 1)
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(middle) else (low, middle)
+    low = largest_fitting(measure, MAX_RUNWAY) if after_next.fits(limit) else 0
     return Runway(
         runs=low,
         capped=low == MAX_RUNWAY,
@@ -526,6 +531,49 @@ def runway(status: LedgerStatus, event_tree: Any) -> Runway:
         after_next_run=after_next,
         this_run=_account([event], notion, limit),
     )
+
+
+def largest_fitting(measure: Callable[[int], tuple[bool, float]], maximum: int) -> int:
+    """The largest r in [1, ``maximum``] for which ``measure(r)`` fits, given that 1 fits and
+    that fitting only stops as r grows. ``measure(r)`` is (fits, share): the share of the
+    budget r uses, which only guides where to look (whatever it is, the answer is a binary
+    search's). The composed loss of r releases grows about as a power of r, so each probe is
+    where the power through the last two points measured meets the budget (a share of 1):
+    outwards at least doubling and at most :data:`_FARTHEST` times the largest r known to fit,
+    then within the bracket of the largest r known to fit and the smallest known not to, a step
+    that does not halve the bracket followed by a halving one. About 10 evaluations where a
+    doubling then binary search took 2 log2(r) (26 for a runway of 4,439 runs)."""
+
+    def aimed(a: tuple[int, float], b: tuple[int, float]) -> float | None:
+        """Where the power law through points a and b (runs, share) reaches a share of 1."""
+        (runs_a, share_a), (runs_b, share_b) = sorted((a, b))
+        if not (0 < share_a < share_b < math.inf) or runs_a == runs_b:
+            return None
+        power = math.log(share_b / share_a) / math.log(runs_b / runs_a)
+        return runs_a * math.exp(-math.log(share_a) / power)
+
+    points = [(1, measure(1)[1])]
+    low = 1
+    high = None
+    while high is None:  # outwards
+        if low >= maximum:
+            return maximum
+        target = aimed(*points[-2:]) if len(points) > 1 else None
+        reach = 2 * low if target is None else min(max(2 * low, math.ceil(target)), _FARTHEST * low)
+        probe = min(reach, maximum)
+        fits, share = measure(probe)
+        points.append((probe, share))
+        low, high = (probe, None) if fits else (low, probe)
+    halve = False
+    while high - low > 1:  # inwards
+        width = high - low
+        target = None if halve else aimed(*points[-2:])
+        probe = (low + high) // 2 if target is None else min(max(math.floor(target), low + 1), high - 1)
+        fits, share = measure(probe)
+        points.append((probe, share))
+        low, high = (probe, high) if fits else (low, probe)
+        halve = not halve and high - low > width // 2
+    return low
 
 
 @dataclass(frozen=True)
@@ -574,11 +622,22 @@ def history_curve(session: Session, dataset: str, run_id: str, points: int = 41)
     this run's, the lifetime budget, and the runway of another run like this one. Only under
     approximate DP (the papers' probabilistic notion adds stated points: no curve); None when
     the run holds no counting charge."""
+    return curve_of(ledger_status(session, dataset), run_id, points)
+
+
+def counting_key(status: LedgerStatus) -> tuple[Any, ...]:
+    """What :func:`curve_of` reads of ``status``: its budget, its notion and which entries
+    count (an entry's tree never changes), so that a curve computed from an earlier status
+    of the same key is the curve of this one."""
+    return (status.dataset.id, status.dataset.notion, status.budget, tuple(entry.id for entry in status.counting))
+
+
+def curve_of(status: LedgerStatus, run_id: str, points: int = 41) -> dict[str, Any] | None:
+    """:func:`history_curve` of a ledger status already read (arithmetic only: no database)."""
     import numpy as np
 
     from privrelease.mechanisms.composition import PLD, delta_curve
 
-    status = ledger_status(session, dataset)
     mine = [entry for entry in status.counting if entry.run_id == run_id]
     if not mine or not _at_lifetime_delta(status.dataset.notion, status.budget):
         return None

@@ -3,13 +3,15 @@ a bootstrap of Adult.
 
     python bench/scale.py [--rows N] [--files F] [--beta B] [--workers W] [--repeat R]
                           [--rows-per-partition P] [--memory-limit BYTES] [--no-inprocess]
+                          [--profile DIR]
 
 Bootstraps ``../shared/data/adult/adult.csv`` to N rows of Parquet (default 20,000,000; row
 groups of 1 M rows; F files in a folder when F > 1, generated chunk by chunk, so no process
 holds the data) with bench/sdgs.py's 8 columns, and writes a policy releasing them with
 (k = 20, beta)-SDGS over level-1 ARX hierarchies. Then times, each in a fresh process with
-imports done before the clock, one whole audited release (verify, fingerprint, plan, reserve,
-read, mechanism, report, publish, audit records, ledger; :func:`privrelease.flows.steps.release_plain`,
+imports done and the audit database created (``privrelease audit init``, as a deployment's
+exists) before the clock, one whole audited release (verify, fingerprint, plan, reserve, read,
+mechanism, report, publish, audit records, ledger; :func:`privrelease.flows.steps.release_plain`,
 the flow's steps without the constant Prefect task wrapping):
 
 - in-process: ``--engine local`` (the baseline, same run, same machine);
@@ -17,11 +19,14 @@ the flow's steps without the constant Prefect task wrapping):
   the given memory limit, started before the clock as a production cluster would be.
 
 The two alternate (in-process, Dask, in-process, ...) ``--repeat`` times (default 1); the
-medians are reported, with the spread (fastest, slowest, and the range of the ratios of the
+medians are reported (each step's too; ``--profile DIR`` writes each run's cProfile statistics
+to DIR), with the spread (fastest, slowest, and the range of the ratios of the
 alternated pairs: the machine is shared, so one pair sees one load).
 Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run, median),
 ``baseline_seconds`` (in-process run, median, null with --no-inprocess), ``ratio`` (of the
-medians; target <= TARGET_RATIO = 0.6, issue 18), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
+medians; target <= TARGET_RATIO = 0.6, issue 18), ``cpu_seconds`` and ``baseline_cpu_seconds``
+(median CPU seconds of a run: the flow's process and, on Dask, the workers; on a shared machine
+a steadier figure than the time), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
 (largest peak RSS of a Dask worker), ``flow_peak_rss_mb`` (the flow process on Dask),
 ``inprocess_peak_rss_mb``, ``data_mb`` (the least an in-process read holds: the declared
 columns as Arrow plus the largest file's bytes), ``memory_limit_mb``, ``fits_one_worker``
@@ -41,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -63,7 +69,7 @@ WARM = (
 )
 """Imported before the clock, in the flow process and on the workers (a running cluster's
 workers have them loaded after its first run)."""
-QUIET = {"PRIVRELEASE_AUTO_INIT": "true", "DASK_LOGGING__DISTRIBUTED": "error"}
+QUIET = {"DASK_LOGGING__DISTRIBUTED": "error"}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -75,6 +81,11 @@ def median_run(runs: list[dict]) -> dict:
         if key in chosen:
             chosen[key] = max(run[key] for run in runs)
     return chosen
+
+
+def median_cpu(runs: list[dict]) -> float:
+    """The median CPU seconds of ``runs``: the flow's process and, on Dask, the workers."""
+    return statistics.median(run["cpu_seconds"] + run.get("worker_cpu_seconds", 0.0) for run in runs)
 
 
 def peak_mb() -> float:
@@ -150,20 +161,56 @@ engine: {{rows_per_partition: {rows_per_partition}}}
     return path
 
 
-def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: int) -> dict:
-    """One audited release in this process (``kind``: local or dask)."""
+class StepTimes:
+    """A progress sink (:class:`privrelease.flows.context.ProgressSink`) keeping each step's
+    seconds and this process's CPU seconds in it (all its threads; a Dask worker's are not)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._cpu_start = 0.0
+
+    def start(self, step: str, description: str) -> None:
+        self._cpu_start = time.process_time()
+
+    def done(self, step: str, seconds: float, note: str = "") -> None:
+        self.seconds[step] = round(seconds, 3)
+        self.cpu[step] = round(time.process_time() - self._cpu_start, 3)
+
+    def close(self) -> None:
+        pass
+
+
+def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: int, profile: Path | None) -> dict:
+    """One audited release in this process (``kind``: local or dask), with each step's seconds;
+    with ``profile``, under cProfile, its statistics written to ``profile``."""
+    import cProfile
     import logging
 
     os.environ["PRIVRELEASE_WORK_DIR"] = str(work / kind)
     os.environ["PRIVRELEASE_DATA_ROOTS"] = str(bench_sdgs.ADULT)
     for module in WARM:
         importlib.import_module(module)
-    from privrelease.flows.steps import release_plain
+    from privrelease.flows.steps import release_plain, set_progress
+
+    steps = StepTimes()
+    set_progress(steps)
+    profiler = cProfile.Profile() if profile else None
+
+    def release(**parameters: object) -> Any:
+        if profiler is None:
+            return release_plain(**parameters)
+        try:
+            return profiler.runcall(release_plain, **parameters)
+        finally:
+            assert profile is not None
+            profiler.dump_stats(profile)
 
     facts: dict = {}
+    cpu = time.process_time()
     if kind == "local":
         start = time.perf_counter()
-        published = release_plain(policy_path=str(policy))
+        published = release(policy_path=str(policy))
         seconds = time.perf_counter() - start
     else:
         from distributed import Client, LocalCluster
@@ -182,17 +229,22 @@ def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: in
         ):
             client.run(lambda: [importlib.import_module(module) for module in WARM])
             facts["cluster_seconds"] = time.perf_counter() - start
-            start = time.perf_counter()
-            published = release_plain(policy_path=str(policy), dask_address=cluster.scheduler_address)
+            worker_cpu = sum(client.run(time.process_time).values())
+            cpu, start = time.process_time(), time.perf_counter()
+            published = release(policy_path=str(policy), dask_address=cluster.scheduler_address)
             seconds = time.perf_counter() - start
+            facts["worker_cpu_seconds"] = sum(client.run(time.process_time).values()) - worker_cpu
             facts["worker_peak_rss_mb"] = max(client.run(peak_mb).values())
     found = re.search(r"(\d+) partitions? on \d+ workers?", Path(published.report).read_text(encoding="utf-8"))
     partitions = int(found.group(1)) if found else None
     return {
         "seconds": seconds,
+        "cpu_seconds": time.process_time() - cpu,
         "peak_rss_mb": peak_mb(),
         "rows_published": sum(output["rows"] for output in published.outputs),
         "partitions": partitions,
+        "steps": steps.seconds,
+        "steps_cpu": steps.cpu,
         **facts,
     }
 
@@ -202,7 +254,13 @@ def spawn(kind: str, args: argparse.Namespace, policy: Path, work: Path) -> dict
 
     command = [sys.executable, __file__, "--run", kind, "--policy", str(policy), "--work", str(work)]
     command += ["--workers", str(args.workers), "--memory-limit", str(args.memory_limit)]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **QUIET})
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        command += ["--profile", str(args.profile / f"{kind}-{work.name}.prof")]
+    env = {**os.environ, **QUIET, "PRIVRELEASE_WORK_DIR": str(work / kind)}
+    # the audit database exists before the clock, as a deployment's does (creating it is no release's work)
+    subprocess.run([sys.executable, "-m", "privrelease", "audit", "init"], check=True, capture_output=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"{kind} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -218,12 +276,14 @@ def main() -> None:
     parser.add_argument("--memory-limit", type=int, default=2**30, help="bytes per Dask worker (default 1 GiB)")
     parser.add_argument("--no-inprocess", action="store_true", help="skip the in-process baseline")
     parser.add_argument("--repeat", type=int, default=1, help="alternated runs of each engine (default 1)")
+    parser.add_argument("--profile", type=Path, help="write each run's cProfile statistics to this folder")
     parser.add_argument("--run", choices=["local", "dask"], help=argparse.SUPPRESS)
     parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        print(json.dumps(run_once(args.run, args.policy, args.work, args.workers, args.memory_limit)))
+        run = run_once(args.run, args.policy, args.work, args.workers, args.memory_limit, args.profile)
+        print(json.dumps(run))
         return
     if not (bench_sdgs.ADULT / "adult.csv").is_file():
         sys.exit(f"Adult data not found at {bench_sdgs.ADULT}")
@@ -254,6 +314,12 @@ def main() -> None:
     inprocess = median_run(local_runs) if local_runs else None
     dask = median_run(dask_runs)
     pairs = sorted(d["seconds"] / i["seconds"] for d, i in zip(dask_runs, local_runs))
+    for name, runs in (("in-process", local_runs), ("Dask", dask_runs)):
+        if runs:
+            print(f"{name} CPU seconds (median, the flow's process and the workers): {median_cpu(runs):.2f}")
+            for key, what in (("steps", "s"), ("steps_cpu", "CPU s of this process")):
+                steps = {step: statistics.median(run[key][step] for run in runs) for step in runs[0][key]}
+                print(f"{name} {key} (median {what}): " + ", ".join(f"{step} {sec:.2f}" for step, sec in steps.items()))
     print(
         f"Dask audited run ({args.workers} workers x 1 thread, {args.memory_limit / 2**20:.0f} MB each, cluster up in"
         f" {dask['cluster_seconds']:.1f} s): {dask['seconds']:.2f} s over {dask['partitions']} partitions; worker"
@@ -270,6 +336,8 @@ def main() -> None:
         "seconds": round(dask["seconds"], 3),
         "baseline_seconds": None if inprocess is None else round(inprocess["seconds"], 3),
         "ratio": None if inprocess is None else round(dask["seconds"] / inprocess["seconds"], 3),
+        "cpu_seconds": round(median_cpu(dask_runs), 3),
+        "baseline_cpu_seconds": round(median_cpu(local_runs), 3) if local_runs else None,
         "target_ratio": TARGET_RATIO,
         "repeat": args.repeat,
         "pair_ratios": [round(pairs[0], 3), round(statistics.median(pairs), 3), round(pairs[-1], 3)] if pairs else None,

@@ -95,13 +95,15 @@ class Held:
     """What one run holds in this process: the data file opened at its checked real path
     (the fingerprint and the read use it, never the path again), the checked table, the
     merged partial results (mechanism name -> result), the Dask client and the LocalCluster
-    started for the run (None: none started)."""
+    started for the run (None: none started), and the report's data-free parts being computed
+    in the background (:func:`.reporting.prepare_report`)."""
 
     opened: BinaryIO | None = None
     table: Any = None
     partials: dict[str, Any] | None = None
     client: Any = None
     cluster: Any = None
+    report: Any = None
 
 
 _held: dict[str, Held] = {}
@@ -118,8 +120,8 @@ def holds(run_id: str) -> bool:
 
 
 def release(run_id: str) -> None:
-    """Close the run's data file, its Dask client and local cluster, and forget its table and
-    partial results."""
+    """Close the run's data file, its Dask client and local cluster, and forget its table,
+    partial results and report parts (a computation still running ends on its own)."""
     found = _held.pop(run_id, None)
     if found is None:
         return

@@ -31,6 +31,7 @@ Errors raised with a partition in hand may quote data: they travel as
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -51,6 +52,10 @@ from privrelease.flows.context import DataFile, DataStepError, csv_arguments, wi
 
 FOLDER_DOMAIN = "privrelease-parquet-folder"
 _CHUNK = 1 << 22
+_MMAP_THRESHOLD, _TRIM_THRESHOLD = 16 << 20, 64 << 20
+"""glibc malloc's thresholds on a worker (:func:`_adaptive_malloc`): where its adaptive
+thresholds settle by themselves once arrays of a few MB are freed (its trim threshold stays
+twice its mmap threshold)."""
 
 
 @dataclass(frozen=True)
@@ -445,8 +450,31 @@ class PartitionError(DataStepError):
         return (type(self), (self.step, original))
 
 
+@functools.cache
+def _adaptive_malloc() -> None:
+    """Once per process, when ``MALLOC_TRIM_THRESHOLD_`` is below :data:`_TRIM_THRESHOLD` (Dask's
+    nanny starts every worker with 65536, ``distributed.nanny.pre-spawn-environ``): glibc's
+    mmap and trim thresholds as its adaptive defaults reach them. A fixed trim threshold also
+    fixes the mmap threshold at 128 KiB, so every array of a partition was a fresh mapping
+    faulted in page by page and unmapped when freed: 45 ms of CPU per partition of 1 M rows
+    against 31 ms (reading 8 columns and counting SDGS cells). Up to 64 MiB of freed memory
+    then stays in the worker for the next partition (as Arrow's pool keeps its own, below).
+    Nothing happens without glibc."""
+    import ctypes
+
+    if int(os.environ.get("MALLOC_TRIM_THRESHOLD_", _TRIM_THRESHOLD)) >= _TRIM_THRESHOLD:
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, _MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (malloc.h)
+    libc.mallopt(-1, _TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
+
+
 def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> PartitionResult:
     """Read one partition and compute every job's partial result on it (on a worker)."""
+    _adaptive_malloc()
     with withholding("reading the data", PartitionError):
         read = read_partition(partition, spec)
     results = {}

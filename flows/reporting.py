@@ -1,12 +1,22 @@
-"""Step 8 of a release: the disclosure report and the public disclosure statement."""
+"""Step 8 of a release: the disclosure report and the public disclosure statement.
+
+Most of a report's time goes to arithmetic that reads no data: the plan's charts (privacy-
+accuracy frontiers: an epsilon per parameter value) and the dataset's ledger curve and runway
+(privacy loss distributions). :func:`prepare_report` starts both in a background thread once
+the budget is reserved, so they are computed while the data is read and the mechanisms run
+(on Dask the flow's process only waits for the workers then); the report step takes them when
+the ledger still counts the same entries, else computes the curve again: the report is the one
+computed at report time either way."""
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from privrelease.flows import release_facts
+from privrelease.flows import engines, release_facts
 from privrelease.flows.context import (
     REPORT_FILE,
     STATEMENT_FILE,
@@ -24,6 +34,41 @@ from privrelease.flows.context import (
 # --------------------------------------------------------------------------- 8. report
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The report's data-free parts being computed (:func:`prepare_report`): the plan's charts
+    and the ledger curve (None: nothing reserved) of a ledger status with ``key``
+    (:func:`privrelease.audit.ledger.counting_key`)."""
+
+    charts: Future[list[Any]]
+    curve: Future[dict[str, Any] | None] | None
+    key: tuple[Any, ...] | None
+
+
+def prepare_report(run: RunContext, reservation: ReservationFacts | None) -> None:
+    """Start computing the report's charts and, after a reservation, its ledger curve (the
+    ledger as it stands now) in a background thread; the run holds them in this process
+    (:func:`.engines.held`) for :func:`report_context`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from privrelease.audit import ledger
+    from privrelease.audit.database import session
+    from privrelease.reports.charts import all_charts
+
+    status = None
+    if reservation is not None:
+        with session(_engine(), readonly=True) as s:
+            status = ledger.ledger_status(s, reservation.dataset)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="privrelease-report")
+    try:
+        charts = pool.submit(all_charts, plan_of(run.policy))
+        curve = None if status is None else pool.submit(ledger.curve_of, status, run.run_id)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with its last computation
+    key = None if status is None else ledger.counting_key(status)
+    engines.held(run.run_id).report = Prepared(charts, curve, key)
+
+
 def report_context(
     run: RunContext,
     *,
@@ -39,9 +84,16 @@ def report_context(
     from privrelease.audit.database import session
     from privrelease.reports.context import ReportContext
 
+    prepared = engines.held(run.run_id).report if engines.holds(run.run_id) else None
+    curve = None
     with session(_engine(), readonly=True) as s:
         head = chain.head(s)
-        curve = None if reservation is None else ledger.history_curve(s, reservation.dataset, run.run_id)
+        if reservation is not None:
+            now = ledger.ledger_status(s, reservation.dataset)
+            if prepared is not None and prepared.curve is not None and prepared.key == ledger.counting_key(now):
+                curve = prepared.curve.result()
+            else:
+                curve = ledger.curve_of(now, run.run_id)
     internal: dict[str, dict[str, Any]] = {o.mechanism: dict(o.internal_facts) for o in outputs}
     internal["dataset"] = {"rows_read": read.rows_read, "rows_dropped": read.rows_dropped}
     return ReportContext(
@@ -78,6 +130,7 @@ def report_context(
         timings=dict(timings),
         internal_facts=internal,
         chain_head={"seq": head.seq, "hash": head.hash, "public_key": _signing_public_key()},
+        charts=None if prepared is None else prepared.charts.result(),
     )
 
 

@@ -29,7 +29,7 @@ A release, in order (each step's result is a small, picklable summary; no step r
 7. :func:`run_mechanism` - one policy mechanism on the data, its output written to the staging
    folder (Parquet or CSV, rows in random order: every mechanism shuffles).
 8. :func:`stage_reports` - the disclosure report and the public disclosure statement, into the
-   staging folder.
+   staging folder (its data-free parts started after step 5: :func:`prepare_report`).
 9. :func:`publish` - in one transaction register the policy version, commit the budget and
    record outputs, guarantees and report (run ``publishing``); then rename the staging folder into view and record the run's
    end (crash-consistent: see :mod:`.recovery`); the chain head is written beside the outputs.
@@ -93,7 +93,7 @@ from privrelease.flows.opening import (
 )
 from privrelease.flows.outputs import run_mechanism, write_table
 from privrelease.flows.publishing import publish, record_failure
-from privrelease.flows.reporting import stage_reports
+from privrelease.flows.reporting import prepare_report, stage_reports
 
 __all__ = [
     "CHAIN_HEAD_FILE",
@@ -123,6 +123,7 @@ __all__ = [
     "plan_release",
     "plan_summary",
     "prepare_outputs",
+    "prepare_report",
     "publish",
     "read_data",
     "record_failure",
@@ -182,6 +183,7 @@ def execute(call: Caller = call_plain, **parameters: Any) -> Published:
             dataset,
             plan,
         )
+        prepare_report(run, reservation)  # the report's data-free parts, computed while the data steps run
         read = step("read data", "reading the data", read_data, run, dataset)
         outputs = [
             step(

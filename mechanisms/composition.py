@@ -24,9 +24,10 @@ function takes the ``notion`` so that ``guarantee compose``, the plan and the le
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -273,9 +274,22 @@ def _tightest(
     delta: float | None = None,
 ) -> Composition:
     """The candidate with the smallest answer to the question (the epsilon at ``delta``, or the
-    delta at ``epsilon``) under ``notion``."""
+    delta at ``epsilon``) under ``notion``; a question asked before in this process is answered
+    from :func:`_answered` (the methods are deterministic: the same releases give the same bits)."""
     notion = as_notion(notion)
-    releases = releases_of(events, times)
+    answer = _answered(tuple(releases_of(events, times).items()), notion, epsilon, delta)
+    return replace(answer, candidates=dict(answer.candidates))
+
+
+@functools.lru_cache(maxsize=256)
+def _answered(
+    question: tuple[tuple[Event, int], ...], notion: Notion, epsilon: float | None, delta: float | None
+) -> Composition:
+    """:func:`_tightest` of the releases and multiplicities ``question`` (in their order, which
+    sums follow), computed once per process: a release asks the same of its tree when it is
+    planned, reserved, reported and published (about 20 ms each for one SDGS release's exact
+    curve)."""
+    releases = dict(question)
     refused = _unsupported(releases, notion)
     if refused is not None:
         return refused

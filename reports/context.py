@@ -46,6 +46,9 @@ class ReportContext:
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
     - ``chain_head``: ``{seq, hash}`` of the audit hash chain after this run's records, and
       ``public_key`` when the records are signed.
+    - ``charts``: the plan's charts when already computed
+      (:func:`privrelease.reports.charts.all_charts`, which depends on the plan alone), or None:
+      computed when rendered.
     """
 
     plan: Plan
@@ -66,6 +69,7 @@ class ReportContext:
     timings: dict[str, float] = field(default_factory=dict)
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     chain_head: dict[str, Any] | None = None
+    charts: list[Any] | None = None
 
     @property
     def fixed_before_data_access(self) -> bool | None:

@@ -359,7 +359,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         "composed_facts": _facts(plan.facts),
         "checks": plan.checks,
         "passed": plan.passed,
-        "charts": all_charts(plan),
+        "charts": all_charts(plan) if context.charts is None else context.charts,
         "outputs": outputs,
         "chain_head": context.chain_head,
         "explain_dp": any(is_dp(leaf) for leaf in all_leaves),

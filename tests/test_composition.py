@@ -99,10 +99,12 @@ def test_releases_compose_as_a_multiset():
     as_multiset = composition.epsilon_at({tree: 40}, 1e-6)
     assert as_list == as_multiset and as_list.releases == 80
     # CPU time, not wall time: a machine busy with other tests slows it less (a pause of 0.3 s
-    # in wall time would exceed 20 times the 50 runs' 15 ms).
+    # in wall time would exceed 20 times the 50 runs' 15 ms); each answer computed, not recalled.
+    composition._answered.cache_clear()
     start = time.process_time()
     composition.epsilon_at({ADULT: 50}, 1e-6)
     few = time.process_time() - start
+    composition._answered.cache_clear()
     start = time.process_time()
     many = composition.epsilon_at({ADULT: 50_000}, 1e-6)
     seconds = time.process_time() - start  # 1000 times the count, a few times the cost
@@ -157,3 +159,19 @@ def test_advanced_composition_is_never_below_the_optimal_composition(points) -> 
         advanced = composition._advanced_epsilon(points, delta)
         assert optimal_composition_delta(each, advanced) <= delta * (1 + 1e-9)
         assert advanced == pytest.approx(_kov_epsilon_mpmath(points, delta), rel=1e-9)
+
+
+def test_a_question_asked_again_is_answered_from_memory(monkeypatch) -> None:
+    """The same releases asked the same question give the same answer, computed once per
+    process; each caller gets its own candidates to keep."""
+    asked = []
+    candidates = composition._candidates_epsilon
+    monkeypatch.setattr(composition, "_candidates_epsilon", lambda *a: asked.append(a) or candidates(*a))
+    composition._answered.cache_clear()
+    event = SDGS(k=17, beta=0.07, epsilon=1.0)
+    first = composition.epsilon_at([event], 1e-7)
+    first.candidates.clear()
+    second = composition.epsilon_at([event], 1e-7)
+    assert len(asked) == 1 and second.candidates and second.epsilon == first.epsilon
+    composition.epsilon_at([event], 1e-7, times=2)
+    assert len(asked) == 2

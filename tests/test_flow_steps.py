@@ -1135,6 +1135,56 @@ def test_a_run_parses_and_plans_its_policy_once(demo_dir, work, monkeypatch):
     assert (len(parses), len(plans), len(views)) == (1, 1, 1)
 
 
+def test_the_report_arithmetic_runs_beside_the_data_steps_and_follows_the_ledger(demo_dir, work, monkeypatch):
+    """The report's charts and ledger curve are computed in a background thread while the data
+    steps run (:func:`.reporting.prepare_report`); a release on the same dataset committed in
+    the meantime makes the report compute the curve again, with that release counted before."""
+    import threading
+
+    from privrelease.audit import ledger
+    from privrelease.flows import reporting
+    from privrelease.reports import charts
+
+    calls: list[tuple[str, str]] = []
+    contexts = []
+    curve_of, all_charts, report_context, read_data = (
+        ledger.curve_of,
+        charts.all_charts,
+        reporting.report_context,
+        steps.read_data,
+    )
+
+    def record(name, function):
+        return lambda *a, **k: calls.append((name, threading.current_thread().name)) or function(*a, **k)
+
+    monkeypatch.setattr(ledger, "curve_of", record("curve", curve_of))
+    monkeypatch.setattr(charts, "all_charts", record("charts", all_charts))
+    monkeypatch.setattr(
+        reporting, "report_context", lambda *a, **k: contexts.append(report_context(*a, **k)) or contexts[-1]
+    )
+    path = str(variant(demo_dir, "approximate", ("accounting: probabilistic", "accounting: approximate")))
+    release_plain(policy_path=path)
+    assert [(name, thread.startswith("privrelease-report")) for name, thread in calls] == [
+        ("charts", True),
+        ("curve", True),
+    ]
+    assert contexts[-1].charts is not None and contexts[-1].ledger_curve["releases_before"] == 0
+
+    inner: list[str] = []
+
+    def read_beside_another_release(run, dataset):
+        if not inner:  # another run on the same dataset commits while this one reads
+            inner.append(run.run_id)
+            release_plain(policy_path=path)
+        return read_data(run, dataset)
+
+    monkeypatch.setattr(steps, "read_data", read_beside_another_release)
+    calls.clear()
+    release_plain(policy_path=path)
+    assert contexts[-1].ledger_curve["releases_before"] == 2 and contexts[-1].ledger_curve["releases_after"] == 3
+    assert ("curve", threading.current_thread().name) in calls  # the ledger changed: computed again
+
+
 # --------------------------------------------------------------------------- CSV dialect
 
 

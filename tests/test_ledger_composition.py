@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import test_ledger as ledger_tests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_audit_chain import BACKENDS, FINGERPRINT, audit_database, check
 
 from privrelease.audit import database, ledger
@@ -92,3 +94,43 @@ def test_processes_racing_for_the_last_composed_slot_never_overspend(engine: Any
         status = ledger.ledger_status(s, FINGERPRINT)
         assert len(status.counting) == 2 and status.spent.fits(status.budget)
     assert check(engine).ok
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    boundary=st.integers(1, 5000),
+    maximum=st.integers(1, 5000),
+    shares=st.sampled_from(["power", "linear", "constant", "falling", "infinite", "noisy"]),
+    power=st.floats(0.05, 3.0),
+)
+def test_the_runway_search_finds_the_largest_fitting_count_whatever_guides_it(
+    boundary: int, maximum: int, shares: str, power: float
+) -> None:
+    """ledger.largest_fitting equals a scan for any monotone 'fits' (fitting up to
+    ``boundary``), whatever the shares that guide it, and evaluates few counts when the shares
+    follow a power of the count as composed losses do."""
+    import math
+    import random
+
+    rng = random.Random(boundary * 7919 + maximum)
+    probes: list[int] = []
+
+    def share(runs: int) -> float:
+        return {
+            "power": (runs / (boundary + 0.5)) ** power,
+            "linear": runs / (boundary + 0.5),
+            "constant": 0.5,
+            "falling": 1 / runs,
+            "infinite": math.inf,
+            "noisy": rng.uniform(0, 3),
+        }[shares]
+
+    def measure(runs: int) -> tuple[bool, float]:
+        assert 1 <= runs <= maximum and runs not in probes
+        probes.append(runs)
+        return runs <= boundary, share(runs)
+
+    assert ledger.largest_fitting(measure, maximum) == min(boundary, maximum)
+    assert len(probes) <= 2 * math.log2(maximum) + 4
+    if shares == "power" and boundary < maximum:
+        assert len(probes) <= 12

@@ -688,3 +688,33 @@ def test_csv_quoted_newline_is_refused_naming_its_row(tmp_path):
         with pytest.raises(UserError, match="a quoted field spans a line end at data row 4;"):
             for part in plan_partitions([file], size):
                 read_partition(part, spec)
+
+
+@pytest.mark.parametrize(("setting", "changed"), [("65536", True), (None, False), (str(64 << 20), False)])
+def test_a_worker_gets_glibcs_adaptive_malloc_thresholds_back(monkeypatch, setting, changed):
+    """Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which pins glibc's mmap
+    threshold at 128 KiB (each array of a partition a fresh mapping): the first partition sets
+    both thresholds as glibc's adaptive ones settle, once; nothing without such a setting."""
+    import ctypes
+
+    from privrelease.flows import partitions
+
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        def mallopt(self, parameter: int, value: int) -> int:
+            calls.append((parameter, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Libc())
+    if setting is None:
+        monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    else:
+        monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", setting)
+    partitions._adaptive_malloc.cache_clear()
+    try:
+        partitions._adaptive_malloc()
+        partitions._adaptive_malloc()
+    finally:
+        partitions._adaptive_malloc.cache_clear()
+    assert calls == ([(-3, 16 << 20), (-1, 64 << 20)] if changed else [])
