@@ -1,0 +1,131 @@
+"""Attacks on SECURITY.md's claims that succeed today (security review of branch `attack`).
+
+Each test states a claim, performs the attack and asserts what the claim promises; it is marked
+``xfail(strict=True)`` while the defect stands, so the suite stays green and the test turns
+into a failure (XPASS) once the defect is fixed: then drop the mark.
+
+The common root: the run-start check (``audit/witness.py``, ``check_before_spending``) verifies
+only the records after the witness's verified head (and the newest record of each ledger
+entry), but what a run decides from older records (``governance.state``: production mode, the
+pinned registry, revocations; the approval rows: who approved, from which OS user) is read
+from their current contents, never re-hashed. A database insider (no keys) who edits such a
+record or row *in place*, without touching any hash, is not seen by the next run; only
+``audit verify`` finds it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_flow_steps as flow_steps
+import test_governance as governed
+from sqlmodel import col, select
+from test_audit_chain import check
+
+from privrelease.audit import approvals, chain, database, governance, signing, witness
+from privrelease.audit.models import AuditEvent
+from privrelease.errors import UserError
+from privrelease.files import sha256_bytes
+
+keys, revoked_demo, service_key, release_plain = (
+    governed.keys,
+    governed.revoked_demo,
+    governed.service_key,
+    governed.release_plain,
+)
+
+
+def _release_other_approved_version(demo_dir: Path, keys: dict[str, Any]) -> None:
+    """Normal business after the governance record: Ada approves demo-census@2 and it runs, so
+    the witness's verified head moves past every record written so far."""
+    from privrelease.flows.opening import approval_binding
+    from privrelease.policies import load_policy
+
+    other = flow_steps.variant(demo_dir, "2")
+    audit = database.open_database()
+    with database.session(audit) as s:
+        loaded = load_policy(other)
+        approvals.approve_policy(
+            s, approvals.policy_facts(loaded), "Ada", key=keys["Ada"], binding=approval_binding(loaded)
+        )
+    release_plain(policy_path=str(other))
+
+
+def _edit_in_place(audit: Any, kind: str, edit: Any) -> int:
+    """The database insider rewrites the payload of the first ``kind`` governance record in place
+    and re-links the governance records after it (each one's ``prior`` is a plain sha256 of the
+    body before it: no key needed). No record hash, link or signature is touched. Returns the
+    edited record's seq."""
+    with database.session(audit) as s:
+        records = s.exec(
+            select(AuditEvent).where(col(AuditEvent.kind).in_(governance.KINDS.values())).order_by(col(AuditEvent.seq))
+        ).all()
+        target = next(record for record in records if record.kind == kind)
+        prior = None
+        for record in records:
+            payload = json.loads(record.payload_json)
+            if record.seq > target.seq:
+                payload["request"]["prior"] = prior
+            elif record.seq == target.seq:
+                edit(payload)
+            prior = sha256_bytes(governance.message(payload["request"]))
+            record.payload_json = chain.canonical_json(payload)
+            s.add(record)
+        return target.seq
+
+
+def _verified_seq() -> int:
+    path = witness.path_for(database.open_database())
+    return json.loads(path.read_text())["verified"]["seq"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the run-start check does not re-hash governance records older than the witness's verified head: "
+    "an insider edits the pinning mode_set record in place (production: false) and an unapproved policy is "
+    "published and charged",
+)
+def test_the_pinned_production_mode_edited_in_place_is_refused_by_the_next_run(
+    revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str
+) -> None:
+    """Claims: the database insider cannot get a tampered database spent (every run checks it
+    before it reserves budget); once a registry is pinned only a quorum of its approvers
+    switches production mode off; production mode runs only approved policies."""
+    policy, audit = revoked_demo
+    _release_other_approved_version(demo_dir, keys)
+
+    def unpin(payload: dict[str, Any]) -> None:
+        payload["request"]["production"] = False
+        payload["request"]["approvers"] = None
+
+    seq = _edit_in_place(audit, "mode_set", unpin)
+    assert seq <= _verified_seq()  # the edited record is older than what the witness vouches for
+    draft = flow_steps.variant(demo_dir, "draft")  # never approved by anyone
+    kinds = [p.kind for p in check(audit, public_key=signing.public_key(service_key)).problems]
+    assert "record_edited" in kinds  # `audit verify` sees it (this part holds)
+    with pytest.raises(UserError):  # the claim: refused (tampered database, or not approved)
+        release_plain(policy_path=str(draft))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the run-start check does not re-hash governance records older than the witness's verified head: "
+    "an insider empties the revocation record's approval ids in place and the revoked approval counts again",
+)
+def test_a_revocation_edited_in_place_is_refused_by_the_next_run(
+    revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str
+) -> None:
+    """Claim: the database insider cannot undo a revocation (SECURITY.md: a copied approval
+    stays revoked, a deleted revocation breaks the governance sequence or is caught by the
+    run-start chain verification). Editing the revocation in place is neither."""
+    policy, audit = revoked_demo
+    _release_other_approved_version(demo_dir, keys)
+    seq = _edit_in_place(audit, "approvals_revoked", lambda payload: payload["request"].update(approvals=[]))
+    assert seq <= _verified_seq()
+    kinds = [p.kind for p in check(audit, public_key=signing.public_key(service_key)).problems]
+    assert "record_edited" in kinds  # `audit verify` sees it (this part holds)
+    with pytest.raises(UserError):  # the claim: the revoked policy stays refused
+        release_plain(policy_path=str(policy))
