@@ -26,7 +26,7 @@ from sqlmodel import col, select
 from test_audit_chain import check
 
 from privrelease.audit import approvals, chain, database, governance, signing, witness
-from privrelease.audit.models import AuditEvent
+from privrelease.audit.models import Approval, AuditEvent
 from privrelease.errors import UserError
 from privrelease.files import sha256_bytes
 
@@ -129,3 +129,40 @@ def test_a_revocation_edited_in_place_is_refused_by_the_next_run(
     assert "record_edited" in kinds  # `audit verify` sees it (this part holds)
     with pytest.raises(UserError):  # the claim: the revoked policy stays refused
         release_plain(policy_path=str(policy))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the OS user recorded with an approval is not covered by the approver's signature and the run-start "
+    "check does not re-hash approval rows: an insider edits os_user/os_uid in place and `independent: true` "
+    "counts an approval made from the runner's own account",
+)
+def test_an_approvals_os_user_edited_in_place_does_not_make_it_independent(
+    revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str
+) -> None:
+    """Claim: the runner cannot pass for another OS user to `approval.independent` (the runner,
+    author and approver are the account, matched by name or uid); the database insider cannot
+    get a tampered database spent."""
+    from privrelease.flows.opening import approval_binding
+    from privrelease.policies import load_policy
+
+    policy, audit = revoked_demo
+    independent = flow_steps.variant(demo_dir, "independent")
+    independent.write_text(independent.read_text() + "approval:\n  approvers: 1\n  independent: true\n")
+    loaded = load_policy(independent)
+    with database.session(audit) as s:  # Ada signs, but from the runner's own OS account
+        approval = approvals.approve_policy(
+            s, approvals.policy_facts(loaded), "Ada", key=keys["Ada"], binding=approval_binding(loaded)
+        )
+        approval_id = approval.id
+    with pytest.raises(UserError, match="is the runner"):
+        release_plain(policy_path=str(independent))
+    _release_other_approved_version(demo_dir, keys)
+    with database.session(audit) as s:  # the insider: another account, in place (no hash touched)
+        row = s.get(Approval, approval_id)
+        row.os_user, row.os_uid = "ada", 424242
+        s.add(row)
+    kinds = [p.kind for p in check(audit, public_key=signing.public_key(service_key)).problems]
+    assert "row_edited" in kinds  # `audit verify` sees it (this part holds)
+    with pytest.raises(UserError):  # the claim: still the runner's approval, refused
+        release_plain(policy_path=str(independent))
