@@ -24,9 +24,10 @@ import test_flow_steps as flow_steps
 import test_governance as governed
 from sqlmodel import col, select
 from test_audit_chain import check
+from test_signed_approvals import write_registry
 
-from privrelease.audit import approvals, chain, database, governance, signing, witness
-from privrelease.audit.models import Approval, AuditEvent
+from privrelease.audit import approvals, approvers, chain, database, governance, signing, witness
+from privrelease.audit.models import Approval, AuditEvent, ChainHead
 from privrelease.errors import UserError
 from privrelease.files import sha256_bytes
 
@@ -166,3 +167,85 @@ def test_an_approvals_os_user_edited_in_place_does_not_make_it_independent(
     assert "row_edited" in kinds  # `audit verify` sees it (this part holds)
     with pytest.raises(UserError):  # the claim: still the runner's approval, refused
         release_plain(policy_path=str(independent))
+
+
+def _rewrite_without_governance(audit: Any, work: Path) -> None:
+    """The runner: holds the service key and writes the work folder (so the default SQLite
+    audit database). She drops the governance records, renumbers, rehashes and re-signs every
+    record with the service key, moves the chain head and re-signs the release heads under
+    ``work/releases`` to the new numbering."""
+    key = signing.signing_key()
+    renumbered = {}
+    with database.session(audit) as s:
+        records = list(s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))))
+        kept = [(r, json.loads(r.payload_json)) for r in records if r.kind not in governance.KINDS.values()]
+        for record in records:
+            s.delete(record)
+        s.flush()
+        previous = chain.GENESIS_HASH
+        for seq, (record, payload) in enumerate(kept, 1):
+            digest = chain.record_hash(previous, seq, record.time, record.kind, payload)
+            signature = signing.sign(key, signing.record_message(seq, digest))
+            s.add(
+                AuditEvent(
+                    seq=seq,
+                    time=record.time,
+                    kind=record.kind,
+                    payload_json=chain.canonical_json(payload),
+                    prev_hash=previous,
+                    hash=digest,
+                    signature=signature,
+                )
+            )
+            renumbered[record.seq] = chain.Head(seq, digest)
+            previous = digest
+        head = s.get(ChainHead, 1)
+        head.seq, head.hash = len(kept), previous
+        s.add(head)
+    for file in (work / "releases").glob(f"*/{chain.RELEASE_HEAD_FILE}"):
+        old = chain.read_head(file)
+        chain.write_head(file, renumbered[old.seq], files=old.files, release=old.release)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the runner holds the service key and writes the work folder (the default SQLite database) and "
+    "chooses PRIVRELEASE_WITNESS: she rewrites and re-signs the history without the governance records, "
+    "runs an unapproved policy, and `audit verify --public-key` says intact (it never reads the witness)",
+)
+def test_the_runner_cannot_switch_production_off_by_rewriting_the_history(
+    demo_dir: Path, work: Path, tmp_path: Path, keys: dict[str, Any], service_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim (runner): once a registry is pinned, switching production mode off with the service
+    key is refused by the CLI and, written past it, ignored by every run and flagged by
+    `audit verify`. The witness is where the runner cannot write it."""
+    from privrelease import demo
+    from privrelease.flows.opening import approval_binding
+    from privrelease.policies import load_policy
+
+    monkeypatch.delenv("PRIVRELEASE_APPROVERS", raising=False)
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / "audit.witness.json"))
+    policy = demo_dir / demo.POLICY_FILE
+    loaded = load_policy(policy)
+    registry = approvers.load(write_registry(tmp_path / "approvers.yaml", {"Ada": keys["public"]["Ada"]}))
+    audit = database.open_database()
+    with database.session(audit) as s:
+        approvals.set_production_mode(s, True, by="CPO", registry=registry)
+        approvals.approve_policy(
+            s, approvals.policy_facts(loaded), "Ada", key=keys["Ada"], binding=approval_binding(loaded)
+        )
+    release_plain(policy_path=str(policy))
+    draft = flow_steps.variant(demo_dir, "draft")
+    with pytest.raises(UserError, match="is not approved"):
+        release_plain(policy_path=str(draft))
+
+    _rewrite_without_governance(audit, work)
+    database.dispose_engines()  # the runner's next command is a new process
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
+    try:
+        release_plain(policy_path=str(draft))
+        refused = False
+    except UserError:
+        refused = True
+    flagged = not check(database.open_database(), public_key=signing.public_key(service_key)).ok
+    assert refused and flagged, f"unapproved policy refused: {refused}; flagged by audit verify: {flagged}"
