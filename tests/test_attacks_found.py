@@ -249,3 +249,42 @@ def test_the_runner_cannot_switch_production_off_by_rewriting_the_history(
         refused = True
     flagged = not check(database.open_database(), public_key=signing.public_key(service_key)).ok
     assert refused and flagged, f"unapproved policy refused: {refused}; flagged by audit verify: {flagged}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PRIVRELEASE_WITNESS is the runner's to choose: she puts back an older copy of the audit database "
+    "(in her work folder), names a fresh witness and moves the newer release out of work/releases; a published "
+    "release's charge is given back and the next run spends it again",
+)
+def test_the_runner_cannot_give_back_a_published_charge_by_choosing_her_witness(
+    demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims: nothing is published without being charged to its dataset's lifetime budget;
+    every run refuses a database put back to an older copy (check before spending). The witness
+    is where the runner cannot write it."""
+    import shutil
+    import sqlite3
+
+    from privrelease import demo
+
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / "audit.witness.json"))
+    policy = demo_dir / demo.POLICY_FILE
+    release_plain(policy_path=str(policy))
+    source, copy = sqlite3.connect(work / "audit.db"), sqlite3.connect(tmp_path / "copy.db")
+    source.backup(copy)
+    source.close()
+    copy.close()
+    newer = release_plain(policy_path=str(policy))
+    database.dispose_engines()
+    for suffix in ("-wal", "-shm"):
+        (work / f"audit.db{suffix}").unlink(missing_ok=True)
+    shutil.copy(tmp_path / "copy.db", work / "audit.db")
+    published = tmp_path / "share"
+    published.mkdir()
+    for folder in (work / "releases").iterdir():
+        if newer.run_id[:8] in folder.name:
+            folder.rename(published / folder.name)
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
+    with pytest.raises(UserError):  # the claim: a rolled-back database is refused before spending
+        release_plain(policy_path=str(policy))
