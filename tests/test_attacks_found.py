@@ -288,3 +288,52 @@ def test_the_runner_cannot_give_back_a_published_charge_by_choosing_her_witness(
     monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
     with pytest.raises(UserError):  # the claim: a rolled-back database is refused before spending
         release_plain(policy_path=str(policy))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the run-start check finds a ledger entry's newest record by a text match on payload_json "
+    '(\'"table":"ledger_entry"\') while record hashes cover the parsed JSON: an insider re-spaces the '
+    "entry's ledger_committed record (same hash, valid signature) and puts the row back as its reservation; "
+    "the next run reaps it and the published release's charge is given back",
+)
+def test_a_committed_charge_hidden_from_the_text_match_is_refused_by_the_next_run(
+    demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim (database insider): every run refuses a tampered database before it reserves
+    budget; every ledger entry must be as its newest record says. The refund here is not
+    rechained and touches the ledger (SECURITY.md's limit on older records does not apply)."""
+    from datetime import timedelta
+
+    from privrelease import demo
+    from privrelease.audit import ledger
+    from privrelease.audit.models import LedgerEntry, utcnow
+
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / "audit.witness.json"))
+    policy = demo_dir / demo.POLICY_FILE
+    release_plain(policy_path=str(policy))
+    release_plain(policy_path=str(policy))
+    audit = database.open_database()
+    with database.session(audit, readonly=True) as s:
+        spent_before = ledger.ledger_status(s, "demo-census").spent  # two releases
+    with database.session(audit) as s:  # the insider: no key, nothing rehashed or rechained
+        entry = s.get(LedgerEntry, 1)
+        assert entry.state == "committed"
+        described = [
+            r
+            for r in s.exec(select(AuditEvent).order_by(col(AuditEvent.seq)))
+            if json.loads(r.payload_json).get("table") == "ledger_entry" and json.loads(r.payload_json).get("key") == 1
+        ]
+        assert [r.kind for r in described] == ["ledger_reserved", "ledger_committed"]
+        committed = described[-1]
+        committed.payload_json = json.dumps(json.loads(committed.payload_json), sort_keys=True)  # ", " and ": "
+        entry.state, entry.reason, entry.updated_at = "reserved", None, entry.created_at
+        assert chain.row_sha256(entry) == json.loads(described[0].payload_json)["row_sha256"]
+        s.add_all([committed, entry])
+    later = utcnow() + timedelta(hours=2)  # a charge older than the reservation TTL (default 1 h)
+    monkeypatch.setattr(ledger, "utcnow", lambda: later)
+    assert "payload" in " ".join(p.message for p in check(audit, public_key=signing.public_key(service_key)).problems)
+    with pytest.raises(UserError):  # the claim: refused before spending, nothing given back
+        release_plain(policy_path=str(policy))
+    with database.session(audit, readonly=True) as s:
+        assert ledger.ledger_status(s, "demo-census").spent.epsilon >= spent_before.epsilon
