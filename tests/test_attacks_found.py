@@ -337,3 +337,46 @@ def test_a_committed_charge_hidden_from_the_text_match_is_refused_by_the_next_ru
         release_plain(policy_path=str(policy))
     with database.session(audit, readonly=True) as s:
         assert ledger.ledger_status(s, "demo-census").spent.epsilon >= spent_before.epsilon
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="crash recovery trusts the run row's status, which the run-start check does not verify, and then "
+    "signs a record of the state it sets: an insider sets a published run back to `running`; the next run "
+    "records it `failed: nothing was published` and `audit verify` says intact",
+)
+def test_a_published_run_set_back_to_running_is_not_laundered_by_recovery(
+    demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims (database insider): edits to rows are noticed by `audit verify --public-key`
+    (nothing is changed without a trace) and a tampered database is refused before spending.
+    The release folder went to the share, as published releases do."""
+    from privrelease import demo
+    from privrelease.audit.models import Run
+
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / "audit.witness.json"))
+    policy = demo_dir / demo.POLICY_FILE
+    published = release_plain(policy_path=str(policy))
+    share = tmp_path / "share"
+    share.mkdir()
+    for folder in (work / "releases").iterdir():
+        if published.run_id[:8] in folder.name:
+            folder.rename(share / folder.name)
+    audit = database.open_database()
+    with database.session(audit) as s:  # the insider: one column, in place
+        run = s.get(Run, published.run_id)
+        assert run.status == "succeeded"
+        run.status, run.finished_at = "running", None
+        s.add(run)
+    outcome = "released"
+    try:
+        release_plain(policy_path=str(policy))
+    except UserError:
+        outcome = "refused"
+    with database.session(audit, readonly=True) as s:
+        status, error = s.get(Run, published.run_id).status, s.get(Run, published.run_id).error
+    result = check(audit, public_key=signing.public_key(service_key))
+    assert outcome == "refused" or not result.ok, (
+        f"next run {outcome}; published run {published.run_id[:8]} now {status!r} ({error}); "
+        f"audit verify problems: {[p.kind for p in result.problems]}"
+    )
