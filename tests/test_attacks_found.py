@@ -380,3 +380,52 @@ def test_a_published_run_set_back_to_running_is_not_laundered_by_recovery(
         f"next run {outcome}; published run {published.run_id[:8]} now {status!r} ({error}); "
         f"audit verify problems: {[p.kind for p in result.problems]}"
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="crash recovery runs before the run-start check and trusts the run and ledger rows: an insider sets a "
+    "published run back to `running` and its committed charge back to `reserved`; the next run's recovery "
+    "releases the charge with signed records, the check passes and `audit verify` (even with the release's "
+    "signed head) says intact",
+)
+def test_a_published_charge_cannot_be_given_back_through_crash_recovery(
+    demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims: nothing is published without being charged to its dataset's lifetime budget;
+    the database insider cannot get a tampered database spent (refund written into the row:
+    refused) nor go unnoticed by `audit verify --public-key`; a charge whose outputs are visible
+    is never given back. The release folder went to the share, as published releases do."""
+    from privrelease import demo
+    from privrelease.audit import ledger
+    from privrelease.audit.models import LedgerEntry, Run
+
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / "audit.witness.json"))
+    policy = demo_dir / demo.POLICY_FILE
+    published = release_plain(policy_path=str(policy))
+    share = tmp_path / "share"
+    share.mkdir()
+    for folder in (work / "releases").iterdir():
+        if published.run_id[:8] in folder.name:
+            folder.rename(share / folder.name)
+    (head,) = share.glob(f"*/{chain.RELEASE_HEAD_FILE}")
+    audit = database.open_database()
+    with database.session(audit) as s:  # the insider: two columns, in place, nothing rehashed
+        run = s.get(Run, published.run_id)
+        (entry,) = s.exec(select(LedgerEntry).where(LedgerEntry.run_id == published.run_id)).all()
+        assert (run.status, entry.state) == ("succeeded", "committed")
+        run.status, run.finished_at, entry.state = "running", None, "reserved"
+        s.add_all([run, entry])
+    outcome = "released"
+    try:
+        release_plain(policy_path=str(policy))
+    except UserError:
+        outcome = "refused"
+    with database.session(audit, readonly=True) as s:
+        (entry,) = s.exec(select(LedgerEntry).where(LedgerEntry.run_id == published.run_id)).all()
+        counted = [e.run_id for e in ledger.ledger_status(s, "demo-census").counting]
+    result = check(audit, public_key=signing.public_key(service_key), head=chain.read_head(head))
+    assert published.run_id in counted and (outcome == "refused" or not result.ok), (
+        f"next run {outcome}; the published run's charge is {entry.state!r}; "
+        f"audit verify --head problems: {[p.kind for p in result.problems]}"
+    )
