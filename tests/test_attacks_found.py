@@ -4,13 +4,20 @@ Each test states a claim, performs the attack and asserts what the claim promise
 ``xfail(strict=True)`` while the defect stands, so the suite stays green and the test turns
 into a failure (XPASS) once the defect is fixed: then drop the mark.
 
-The common root: the run-start check (``audit/witness.py``, ``check_before_spending``) verifies
-only the records after the witness's verified head (and the newest record of each ledger
-entry), but what a run decides from older records (``governance.state``: production mode, the
-pinned registry, revocations; the approval rows: who approved, from which OS user) is read
-from their current contents, never re-hashed. A database insider (no keys) who edits such a
-record or row *in place*, without touching any hash, is not seen by the next run; only
-``audit verify`` finds it.
+Three roots:
+
+* The run-start check (``audit/witness.py``, ``check_before_spending``) verifies only the
+  records after the witness's verified head (and the newest record of each ledger entry, found
+  by a text match on ``payload_json``), but what a run decides from older records and rows
+  (``governance.state``: production mode, the pinned registry, revocations; approval rows: the
+  approver's OS user) is read from their current contents, never re-hashed. A database insider
+  (no keys) who edits them *in place* is not seen by the next run; only ``audit verify`` finds
+  it. Record hashes cover the parsed payload, so re-spacing a record's JSON hides it from the
+  text match without changing its hash.
+* Crash recovery runs before the check and trusts the run and ledger rows; the records it signs
+  then describe the tampered rows, so ``audit verify`` no longer sees the edit.
+* The runner holds the service key, writes the work folder (the default SQLite database) and
+  chooses ``PRIVRELEASE_WITNESS``: the witness she cannot write does not bind her runs.
 """
 
 from __future__ import annotations
