@@ -118,23 +118,44 @@ def test_the_pinned_production_mode_edited_in_place_is_refused_by_the_next_run(
         release_plain(policy_path=str(draft))
 
 
+def _delete_revocation_record(audit: Any) -> int:
+    """The database insider deletes the revocation record, nothing rechained. Returns its seq."""
+    with database.session(audit) as s:
+        (record,) = s.exec(select(AuditEvent).where(col(AuditEvent.kind) == "approvals_revoked")).all()
+        s.delete(record)
+        return record.seq
+
+
+UNDO_REVOCATION = {
+    "edited in place": (
+        lambda audit: _edit_in_place(audit, "approvals_revoked", lambda p: p["request"].update(approvals=[])),
+        "record_edited",
+    ),
+    "deleted, not rechained": (_delete_revocation_record, "records_missing"),
+}
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="the run-start check does not re-hash governance records older than the witness's verified head: "
-    "an insider empties the revocation record's approval ids in place and the revoked approval counts again",
+    reason="the run-start check does not re-read governance records older than the witness's verified head: "
+    "an insider empties the revocation record's approval ids in place, or deletes the record without "
+    "rechaining, and the revoked approval counts again",
 )
-def test_a_revocation_edited_in_place_is_refused_by_the_next_run(
-    revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str
+@pytest.mark.parametrize("attack", list(UNDO_REVOCATION))
+def test_a_revocation_undone_in_place_is_refused_by_the_next_run(
+    revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str, attack: str
 ) -> None:
     """Claim: the database insider cannot undo a revocation (SECURITY.md: a copied approval
     stays revoked, a deleted revocation breaks the governance sequence or is caught by the
-    run-start chain verification). Editing the revocation in place is neither."""
+    run-start chain verification). Neither holds for an edit in place, nor for a deletion of
+    the newest governance record without rechaining."""
     policy, audit = revoked_demo
     _release_other_approved_version(demo_dir, keys)
-    seq = _edit_in_place(audit, "approvals_revoked", lambda payload: payload["request"].update(approvals=[]))
+    undo, flagged_as = UNDO_REVOCATION[attack]
+    seq = undo(audit)
     assert seq <= _verified_seq()
     kinds = [p.kind for p in check(audit, public_key=signing.public_key(service_key)).problems]
-    assert "record_edited" in kinds  # `audit verify` sees it (this part holds)
+    assert flagged_as in kinds, kinds  # `audit verify` sees it (this part holds)
     with pytest.raises(UserError):  # the claim: the revoked policy stays refused
         release_plain(policy_path=str(policy))
 
