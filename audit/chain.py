@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, event
+from sqlalchemy import Table, event, func
 from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.audit import signing
@@ -334,30 +334,32 @@ def check_chain(
                     "(records reordered, replaced or edited)",
                 )
             )
-        try:
-            payload = json.loads(record.payload_json)
-        except ValueError:
-            payload = None
-        if not isinstance(payload, dict) or canonical_json(payload) != record.payload_json:
-            problems.append(
-                Problem(
-                    record.seq,
-                    "record_edited",
-                    f"{describe(record)}: payload was edited",
-                )
-            )
-        elif record_hash(record.prev_hash, record.seq, record.time, record.kind, payload) != (record.hash):
-            problems.append(
-                Problem(
-                    record.seq,
-                    "record_edited",
-                    f"{describe(record)} was edited: its hash does not match its contents",
-                )
-            )
+        payload, edited = vouch(record)
+        if edited is not None:
+            problems.append(edited)
         if isinstance(payload, dict) and "table" in payload and "key" in payload:
             newest[(str(payload["table"]), payload["key"])] = (record, payload)
         previous_hash, expected = record.hash, record.seq + 1
     return newest
+
+
+def vouch(record: AuditEvent) -> tuple[dict[str, Any] | None, Problem | None]:
+    """The record's payload, and a problem when the record is not as it was appended: its text
+    not the canonical JSON of its payload (an edit that keeps the parsed payload, e.g. spacing),
+    or its hash not that of its contents. What a check that reads an older record relies on."""
+    try:
+        payload = json.loads(record.payload_json)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict) or canonical_json(payload) != record.payload_json:
+        return (payload if isinstance(payload, dict) else None), Problem(
+            record.seq, "record_edited", f"{describe(record)}: payload was edited"
+        )
+    if record_hash(record.prev_hash, record.seq, record.time, record.kind, payload) != record.hash:
+        return payload, Problem(
+            record.seq, "record_edited", f"{describe(record)} was edited: its hash does not match its contents"
+        )
+    return payload, None
 
 
 def signature_problems(records: list[AuditEvent], head: Head | None, key: Any) -> list[Problem]:
@@ -396,7 +398,9 @@ def verify_tail(session: Session, start: Head, public_key: Any | None = None) ->
     """Verify only what follows ``start`` (a head verified earlier): record ``start.seq`` still
     has hash ``start.hash``, every later record links to the one before and hashes to its
     contents (with ``public_key``: carries its valid signature), and the chain-head row names
-    the last one. The records up to ``start`` are vouched for by its hash (the chain)."""
+    the last one. The records up to ``start`` are vouched for by its hash (the chain), and
+    counted: none of them may be missing (a record deleted without rechaining leaves the
+    hashes after it intact)."""
     tail = list(session.exec(select(AuditEvent).where(AuditEvent.seq >= start.seq).order_by(col(AuditEvent.seq))))
     problems: list[Problem] = []
     if start.seq > 0:
@@ -412,6 +416,15 @@ def verify_tail(session: Session, start: Head, public_key: Any | None = None) ->
                 )
             )
             return problems
+        held = session.exec(select(func.count()).select_from(AuditEvent).where(AuditEvent.seq <= start.seq)).one()
+        if held != start.seq:
+            problems.append(
+                Problem(
+                    None,
+                    "records_missing",
+                    f"{start.seq - held} of the records up to the verified record {start.seq} are missing (deleted)",
+                )
+            )
     check_chain(tail, problems, start)
     last = Head(tail[-1].seq, tail[-1].hash) if tail else start
     stored = session.get(ChainHead, 1, populate_existing=True)

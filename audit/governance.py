@@ -138,8 +138,15 @@ def state(session: Session) -> State:
     statement = select(AuditEvent).where(col(AuditEvent.kind).in_(KINDS.values())).order_by(col(AuditEvent.seq))
     for record in session.exec(statement):
         what = f"governance record {record.seq} ({record.kind})"
+        payload, edited = chain.vouch(record)
+        if edited is not None or payload is None:
+            current.broken = (
+                f"{what} was edited after it was appended (its hash or text does not match its contents): "
+                "production mode holds and runs are refused until the database is restored from a backup"
+            )
+            break
+        signatures: Any
         try:
-            payload = json.loads(record.payload_json)
             body = payload.get("request")
             if body is None and not modern:
                 digest, body, signatures = _digest(payload), _legacy(session, record.kind, payload), []

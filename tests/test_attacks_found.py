@@ -90,12 +90,6 @@ def _verified_seq() -> int:
     return json.loads(path.read_text())["verified"]["seq"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the run-start check does not re-hash governance records older than the witness's verified head: "
-    "an insider edits the pinning mode_set record in place (production: false) and an unapproved policy is "
-    "published and charged",
-)
 def test_the_pinned_production_mode_edited_in_place_is_refused_by_the_next_run(
     revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str
 ) -> None:
@@ -135,12 +129,6 @@ UNDO_REVOCATION = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the run-start check does not re-read governance records older than the witness's verified head: "
-    "an insider empties the revocation record's approval ids in place, or deletes the record without "
-    "rechaining, and the revoked approval counts again",
-)
 @pytest.mark.parametrize("attack", list(UNDO_REVOCATION))
 def test_a_revocation_undone_in_place_is_refused_by_the_next_run(
     revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str, attack: str
