@@ -249,6 +249,11 @@ class LedgerEntry(LedgerEntryBase, table=True):
     reason: str | None = _text(default=None)
 
 
+LEDGER_RECORD_KINDS = ("ledger_reserved", "ledger_committed", "ledger_released", "ledger_expired")
+"""The kinds of the records describing ledger entries (:mod:`.ledger` appends them): the run-start
+check finds an entry's records by kind, a column of its own, never by matching their text."""
+
+
 class ReportBase(SQLModel):
     run_id: str = Field(foreign_key="run.id", index=True, max_length=32)
     html: str = _text()

@@ -35,7 +35,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from privrelease.audit import chain, signing
-from privrelease.audit.models import GENESIS_HASH, AuditEvent, LedgerEntry, Run
+from privrelease.audit.models import GENESIS_HASH, LEDGER_RECORD_KINDS, AuditEvent, LedgerEntry, Run
 from privrelease.errors import AuditRefused, UserError
 from privrelease.files import sha256_text
 from privrelease.settings import get_settings, sqlite_file
@@ -133,17 +133,20 @@ def _ledger_problems(session: Session, public_key: Any | None) -> list[chain.Pro
     ``public_key``, carry its valid signature, however old it is."""
     rows = {e.id: e for e in session.exec(select(LedgerEntry).execution_options(populate_existing=True))}
     described: dict[Any, tuple[AuditEvent, dict[str, Any]]] = {}
-    statement = select(AuditEvent).where(col(AuditEvent.payload_json).contains('"table":"ledger_entry"'))
-    for record in session.exec(statement.order_by(col(AuditEvent.seq))):
-        payload = json.loads(record.payload_json)
-        if payload.get("table") == "ledger_entry":
-            described[payload.get("key")] = (record, payload)
     problems = []
+    statement = select(AuditEvent).where(col(AuditEvent.kind).in_(LEDGER_RECORD_KINDS))
+    for record in session.exec(statement.order_by(col(AuditEvent.seq))):
+        payload, edited = chain.vouch(record)  # the text as appended: a re-spaced record is an edit
+        if edited is not None or payload is None:
+            problems.append(
+                chain.Problem(record.seq, "record_edited", f"record {record.seq} ({record.kind}) was edited")
+            )
+        elif payload.get("table") == "ledger_entry":
+            described[payload.get("key")] = (record, payload)
     for key, (record, payload) in described.items():
         row = rows.pop(key, None)
-        if chain.record_hash(record.prev_hash, record.seq, record.time, record.kind, payload) != record.hash or (
-            public_key is not None
-            and not signing.valid(public_key, signing.record_message(record.seq, record.hash), record.signature)
+        if public_key is not None and not signing.valid(
+            public_key, signing.record_message(record.seq, record.hash), record.signature
         ):
             problems.append(
                 chain.Problem(record.seq, "record_edited", f"record {record.seq} ({record.kind}) was edited")
