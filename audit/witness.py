@@ -161,6 +161,27 @@ def _ledger_problems(session: Session, public_key: Any | None) -> list[chain.Pro
     return problems
 
 
+def row_problem(session: Session, row: Any) -> chain.Problem | None:
+    """Why ``row`` (of a table whose key is a unique text, e.g. a run) is not as its newest
+    record describes it: that record edited (:func:`.chain.vouch`), or the row changed after it,
+    or no record describing it. None when it is."""
+    key, table = str(chain.primary_key(row)), chain._table(row).name
+    newest = None
+    statement = select(AuditEvent).where(col(AuditEvent.payload_json).contains(key)).order_by(col(AuditEvent.seq))
+    for record in session.exec(statement):  # the key in the text, whatever the spacing; vouched below
+        payload, edited = chain.vouch(record)
+        if edited is not None:
+            return edited
+        if payload is not None and payload.get("table") == table and payload.get("key") == key:
+            newest = (record, payload)
+    if newest is None:
+        return chain.Problem(None, "row_unrecorded", f"{table} {key} is described by no record")
+    record, payload = newest
+    if chain.row_sha256(row) != payload.get("row_sha256"):
+        return chain.Problem(record.seq, "row_edited", f"{table} {key} was edited after record {record.seq}")
+    return None
+
+
 def _released(session: Session, roots: list[Path], public_key: Any) -> list[chain.Problem]:
     """A release head in ``roots`` signed by the service key that the database does not hold
     (a rollback or cut-off the witness cannot show, e.g. the witness was rolled back too),

@@ -209,13 +209,26 @@ def _settle_unpublished(session: Any, run: Any, release: Path | None) -> tuple[s
 
 def settle(session: Any, run_id: str) -> Settled | None:
     """Settle run ``run_id`` if it is unsettled (the caller vouches it is dead). Call inside a
-    writing session; the chain lock serializes it with every other writer."""
+    writing session; the chain lock serializes it with every other writer. The database is
+    checked first (:func:`.witness.check_before_spending`, and the run's row against its newest
+    record): a settlement trusts the rows it changes, and the records it appends would make an
+    insider's edit of them (a published run set back to running, a committed charge to
+    reserved) look legitimate. A tampered database is refused (:class:`AuditRefused`)."""
+    from privrelease.audit import witness
     from privrelease.audit.models import Run
+    from privrelease.errors import AuditRefused
 
     chain.lock(session)
     run = session.get(Run, run_id, populate_existing=True)
     if run is None or run.status not in UNSETTLED:
         return None
+    witness.check_before_spending(session)  # its ledger entries as their records say, the chain intact
+    problem = witness.row_problem(session, run)
+    if problem is not None:  # e.g. a published run set back to running: never rolled back
+        raise AuditRefused(
+            f"run {run_id} is not settled: {problem.message}; nothing was changed "
+            "(`privrelease audit verify` names every problem)"
+        )
     facts = started_facts(session, run.id)
     release = Path(facts["release_dir"]) if facts.get("release_dir") else None
     was = run.status

@@ -348,12 +348,6 @@ def test_a_committed_charge_hidden_from_the_text_match_is_refused_by_the_next_ru
         assert kinds.count("ledger_committed") == 2 and not {"ledger_expired", "ledger_released"} & set(kinds)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="crash recovery trusts the run row's status, which the run-start check does not verify, and then "
-    "signs a record of the state it sets: an insider sets a published run back to `running`; the next run "
-    "records it `failed: nothing was published` and `audit verify` says intact",
-)
 def test_a_published_run_set_back_to_running_is_not_laundered_by_recovery(
     demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -385,19 +379,12 @@ def test_a_published_run_set_back_to_running_is_not_laundered_by_recovery(
     with database.session(audit, readonly=True) as s:
         status, error = s.get(Run, published.run_id).status, s.get(Run, published.run_id).error
     result = check(audit, public_key=signing.public_key(service_key))
-    assert outcome == "refused" or not result.ok, (
+    assert outcome == "refused" and status == "running" and not result.ok, (  # refused, not laundered, flagged
         f"next run {outcome}; published run {published.run_id[:8]} now {status!r} ({error}); "
         f"audit verify problems: {[p.kind for p in result.problems]}"
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="crash recovery runs before the run-start check and trusts the run and ledger rows: an insider sets a "
-    "published run back to `running` and its committed charge back to `reserved`; the next run's recovery "
-    "releases the charge with signed records, the check passes and `audit verify` (even with the release's "
-    "signed head) says intact",
-)
 def test_a_published_charge_cannot_be_given_back_through_crash_recovery(
     demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -434,7 +421,7 @@ def test_a_published_charge_cannot_be_given_back_through_crash_recovery(
         (entry,) = s.exec(select(LedgerEntry).where(LedgerEntry.run_id == published.run_id)).all()
         counted = [e.run_id for e in ledger.ledger_status(s, "demo-census").counting]
     result = check(audit, public_key=signing.public_key(service_key), head=chain.read_head(head))
-    assert published.run_id in counted and (outcome == "refused" or not result.ok), (
+    assert published.run_id in counted and entry.state == "reserved" and outcome == "refused" and not result.ok, (
         f"next run {outcome}; the published run's charge is {entry.state!r}; "
         f"audit verify --head problems: {[p.kind for p in result.problems]}"
     )
