@@ -35,9 +35,9 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from privrelease.audit import approvers, bindings, chain, governance, signing
+from privrelease.audit import approvers, bindings, chain, governance, signing, witness
 from privrelease.audit.bindings import Account, Binding, os_account
-from privrelease.audit.models import Approval, AuditEvent, PolicyVersion, Run, utcnow
+from privrelease.audit.models import APPROVAL_RECORD_KINDS, Approval, AuditEvent, PolicyVersion, Run, utcnow
 from privrelease.errors import UserError
 from privrelease.files import sha256_text
 
@@ -385,8 +385,13 @@ def require_approved(
             why = "it binds no data (made before approvals did): approve it again"
         else:
             why = binding.refusal(data_path, data_sha256)
+        edited = witness.row_problem(session, approval, APPROVAL_RECORD_KINDS)
         who = next((role for role, account in excluded if account.same(approval.os_user, approval.os_uid)), None)
-        why = why or (who and f"OS user {approval.os_user!r} is {who}")
+        why = (
+            why
+            or (edited and f"its row is not as recorded: {edited.message}")
+            or (who and f"OS user {approval.os_user!r} is {who}")
+        )
         if why:
             ignored.append(f"approval {approval.id} by {approval.approved_by!r} ({why})")
         else:

@@ -249,9 +249,20 @@ class LedgerEntry(LedgerEntryBase, table=True):
     reason: str | None = _text(default=None)
 
 
-LEDGER_RECORD_KINDS = ("ledger_reserved", "ledger_committed", "ledger_released", "ledger_expired")
-"""The kinds of the records describing ledger entries (:mod:`.ledger` appends them): the run-start
-check finds an entry's records by kind, a column of its own, never by matching their text."""
+APPROVAL_RECORD_KINDS = ("policy_approved", "approval_migrated")
+"""The kinds of the records describing approval rows (:mod:`.approvals` appends them; revisions
+0004-0006 migrated them)."""
+
+LEDGER_RECORD_KINDS = (
+    "ledger_reserved",
+    "ledger_committed",
+    "ledger_released",
+    "ledger_expired",
+    "ledger_entry_migrated",
+)
+"""The kinds of the records describing ledger entries (:mod:`.ledger` appends them, revision 0002
+migrated them): the run-start check finds an entry's records by kind, a column of its own,
+never by matching their text."""
 
 
 class ReportBase(SQLModel):

@@ -161,14 +161,15 @@ def _ledger_problems(session: Session, public_key: Any | None) -> list[chain.Pro
     return problems
 
 
-def row_problem(session: Session, row: Any) -> chain.Problem | None:
-    """Why ``row`` (of a table whose key is a unique text, e.g. a run) is not as its newest
-    record describes it: that record edited (:func:`.chain.vouch`), or the row changed after it,
-    or no record describing it. None when it is."""
-    key, table = str(chain.primary_key(row)), chain._table(row).name
+def row_problem(session: Session, row: Any, kinds: tuple[str, ...] | None = None) -> chain.Problem | None:
+    """Why ``row`` is not as its newest record describes it: that record edited
+    (:func:`.chain.vouch`), or the row changed after it, or no record describing it. None when
+    it is. The records are those of ``kinds``, or (None: a table whose key is a unique text, e.g.
+    a run) those holding the key in their text, whatever the spacing."""
+    key, table = chain.primary_key(row), chain._table(row).name
     newest = None
-    statement = select(AuditEvent).where(col(AuditEvent.payload_json).contains(key)).order_by(col(AuditEvent.seq))
-    for record in session.exec(statement):  # the key in the text, whatever the spacing; vouched below
+    where = col(AuditEvent.kind).in_(kinds) if kinds is not None else col(AuditEvent.payload_json).contains(str(key))
+    for record in session.exec(select(AuditEvent).where(where).order_by(col(AuditEvent.seq))):
         payload, edited = chain.vouch(record)
         if edited is not None:
             return edited

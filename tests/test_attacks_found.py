@@ -148,12 +148,6 @@ def test_a_revocation_undone_in_place_is_refused_by_the_next_run(
         release_plain(policy_path=str(policy))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the OS user recorded with an approval is not covered by the approver's signature and the run-start "
-    "check does not re-hash approval rows: an insider edits os_user/os_uid in place and `independent: true` "
-    "counts an approval made from the runner's own account",
-)
 def test_an_approvals_os_user_edited_in_place_does_not_make_it_independent(
     revoked_demo: tuple[Path, Any], demo_dir: Path, keys: dict[str, Any], service_key: str
 ) -> None:

@@ -18,9 +18,9 @@ from sqlmodel import select
 from test_audit_chain import BACKENDS, audit_database, check, fresh_engine
 from test_migration_identity import Writer0001
 
-from privrelease.audit import approvals, approvers, bindings, chain, database, signing
+from privrelease.audit import approvals, approvers, bindings, chain, database, signing, witness
 from privrelease.audit.bindings import Account, Binding
-from privrelease.audit.models import Approval
+from privrelease.audit.models import APPROVAL_RECORD_KINDS, Approval
 from privrelease.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,6 +349,7 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     with database.session(engine, readonly=True) as s:
         old = s.exec(select(Approval)).one()
         assert approvers.check(policy, old, None).status == "unsigned"
+        assert witness.row_problem(s, old, APPROVAL_RECORD_KINDS) is None  # as its newest (migration) record says
     assert (old.approved_by, old.binds, old.data_path, old.data_sha256, old.os_uid) == ("Ada", None, None, None, None)
     assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
 
