@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,14 @@ def verify(*args: str) -> tuple[int, list[dict[str, Any]]]:
     return result.exit_code, json.loads(result.output)["problems"]
 
 
-def rechain(engine: Any, *, drop_run: str | None = None) -> None:
+def rechain(
+    engine: Any, *, drop_run: str | None = None, drop_kinds: Collection[str] = (), key: Any = None
+) -> dict[int, chain.Head]:
     """What an insider does after editing rows: re-describe every row as it now is, drop the
-    records of a deleted run, renumber and recompute every hash, and move the chain head. No
-    key: the signatures are left as they were (or none)."""
+    records of a deleted run (and those of ``drop_kinds``), renumber and recompute every hash, and
+    move the chain head. Without ``key`` the signatures are left as they were (or none); with it
+    (the runner holds the service key) every record is signed again. Returns the new head of
+    each kept record by its old seq."""
     with session(engine) as s:
         records = list(s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))))
         current = {
@@ -88,18 +93,19 @@ def rechain(engine: Any, *, drop_run: str | None = None) -> None:
         kept = []
         for record in records:
             payload = json.loads(record.payload_json)
-            if drop_run is not None and payload.get("run") == drop_run:
+            if (drop_run is not None and payload.get("run") == drop_run) or record.kind in drop_kinds:
                 continue
-            key = (payload.get("table"), json.dumps(payload.get("key"), default=str))
-            if key in current:
-                payload["row_sha256"] = current[key]
+            described = (payload.get("table"), json.dumps(payload.get("key"), default=str))
+            if described in current:
+                payload["row_sha256"] = current[described]
             kept.append((record, payload))
         for record in records:
             s.delete(record)
         s.flush()
-        previous = chain.GENESIS_HASH
+        previous, renumbered = chain.GENESIS_HASH, {}
         for seq, (record, payload) in enumerate(kept, 1):
             digest = chain.record_hash(previous, seq, record.time, record.kind, payload)
+            signature = record.signature if key is None else signing.sign(key, signing.record_message(seq, digest))
             s.add(
                 AuditEvent(
                     seq=seq,
@@ -108,13 +114,15 @@ def rechain(engine: Any, *, drop_run: str | None = None) -> None:
                     payload_json=chain.canonical_json(payload),
                     prev_hash=previous,
                     hash=digest,
-                    signature=record.signature,
+                    signature=signature,
                 )
             )
+            renumbered[record.seq] = chain.Head(seq, digest)
             previous = digest
         head = s.get(ChainHead, 1)
         head.seq, head.hash = len(kept), previous
         s.add(head)
+    return renumbered
 
 
 def _refund(engine: Any) -> None:
