@@ -481,7 +481,9 @@ def test_two_processes_appending_never_fork_the_chain(engine: Any) -> None:
     with database.session(engine) as s:
         approvals.register_policy(s, POLICY)
     url = engine.url.render_as_string(hide_password=False)
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(
+        "spawn"
+    )  # a fresh interpreter: forking a test process that runs threads can deadlock or fail the child
     barrier = context.Barrier(2)
     workers = [context.Process(target=_append_many, args=(url, worker, 15, barrier)) for worker in (1, 2)]
     for worker in workers:

@@ -129,7 +129,9 @@ def _open(url: str, barrier: Any) -> None:
 def test_processes_migrating_a_fresh_database_at_once_do_not_collide(backend: str, tmp_path: Path) -> None:
     with audit_database(backend, tmp_path, migrated=False) as engine:
         url = engine.url.render_as_string(hide_password=False)
-        context = multiprocessing.get_context("fork")
+        context = multiprocessing.get_context(
+            "spawn"
+        )  # a fresh interpreter: forking a test process that runs threads can deadlock or fail the child
         barrier = context.Barrier(3)
         workers = [context.Process(target=_open, args=(url, barrier)) for _ in range(3)]
         for worker in workers:

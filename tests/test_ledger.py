@@ -271,7 +271,9 @@ def race(engine: Any, runs: list[str], event: Any, notion: str = NOTION) -> list
     """Each run reserves and commits ``event`` in its own OS process, all released at once by a
     barrier; the sorted outcomes (``committed`` / ``refused``)."""
     url = engine.url.render_as_string(hide_password=False)
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(
+        "spawn"
+    )  # a fresh interpreter: forking a test process that runs threads can deadlock or fail the child
     barrier, results = context.Barrier(len(runs)), context.Queue()
     tree = event_to_json(event)
     workers = [context.Process(target=_race, args=(url, run, tree, notion, barrier, results)) for run in runs]
