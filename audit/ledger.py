@@ -542,7 +542,9 @@ def largest_fitting(measure: Callable[[int], tuple[bool, float]], maximum: int) 
     outwards at least doubling and at most :data:`_FARTHEST` times the largest r known to fit,
     then within the bracket of the largest r known to fit and the smallest known not to, a step
     that does not halve the bracket followed by a halving one. About 10 evaluations where a
-    doubling then binary search took 2 log2(r) (26 for a runway of 4,439 runs)."""
+    doubling then binary search took 2 log2(r) (26 for a runway of 4,439 runs); at most
+    3 log2(``maximum``) + 4 whatever the shares (each outward probe at least doubles, every
+    second inward one at least halves the bracket)."""
 
     def aimed(a: tuple[int, float], b: tuple[int, float]) -> float | None:
         """Where the power law through points a and b (runs, share) reaches a share of 1."""

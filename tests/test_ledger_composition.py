@@ -107,8 +107,9 @@ def test_the_runway_search_finds_the_largest_fitting_count_whatever_guides_it(
     boundary: int, maximum: int, shares: str, power: float
 ) -> None:
     """ledger.largest_fitting equals a scan for any monotone 'fits' (fitting up to
-    ``boundary``), whatever the shares that guide it, and evaluates few counts when the shares
-    follow a power of the count as composed losses do."""
+    ``boundary``), whatever the shares that guide it, within 3 log2(maximum) + 4 evaluations
+    (noisy shares took 26 at maximum 1,984, above the 2 log2 + 4 first stated), and evaluates
+    few counts when the shares follow a power of the count as composed losses do."""
     import math
     import random
 
@@ -131,6 +132,7 @@ def test_the_runway_search_finds_the_largest_fitting_count_whatever_guides_it(
         return runs <= boundary, share(runs)
 
     assert ledger.largest_fitting(measure, maximum) == min(boundary, maximum)
-    assert len(probes) <= 2 * math.log2(maximum) + 4
+    # outwards each probe at least doubles; inwards every second probe at least halves the bracket
+    assert len(probes) <= 3 * math.log2(maximum) + 4
     if shares == "power" and boundary < maximum:
         assert len(probes) <= 12
