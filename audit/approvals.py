@@ -375,6 +375,7 @@ def require_approved(
     author = author_of(session, facts.sha256) if independent else None
     excluded = [("the runner", runner), *([("the policy's author", author)] if author else [])] if independent else []
     counted, ignored = [], []
+    as_recorded = witness.recorded(session, kinds=APPROVAL_RECORD_KINDS)  # a row edited in place never counts
     for approval in current_approvals(session, facts.sha256):
         verdict = approvers.check(facts, approval, registry) if registry is not None else None
         binding = Binding.of(approval)
@@ -385,7 +386,7 @@ def require_approved(
             why = "it binds no data (made before approvals did): approve it again"
         else:
             why = binding.refusal(data_path, data_sha256)
-        edited = witness.row_problem(session, approval, APPROVAL_RECORD_KINDS)
+        edited = as_recorded.problem(approval)
         who = next((role for role, account in excluded if account.same(approval.os_user, approval.os_uid)), None)
         why = (
             why

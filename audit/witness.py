@@ -27,7 +27,7 @@ import fcntl
 import json
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,23 +127,57 @@ def _witnessed(session: Session, head: chain.Head, path: Path) -> list[chain.Pro
     return [chain.Problem(head.seq, "rolled_back", message)]
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """The newest record describing each row (by ``(table, key)``) among some records, each
+    vouched for (:func:`.chain.vouch`); ``edited``: the problems of those not as appended."""
+
+    newest: dict[tuple[str, Any], tuple[AuditEvent, dict[str, Any]]]
+    edited: list[chain.Problem]
+
+    def problem(self, row: Any) -> chain.Problem | None:
+        """Why ``row`` is not as its newest record describes it: a record edited (any of them:
+        an edit can hide the newest), the row changed after its record, or no record describing
+        it. None when it is."""
+        if self.edited:
+            return self.edited[0]
+        key, table = chain.primary_key(row), chain._table(row).name
+        found = self.newest.get((table, key))
+        if found is None:
+            return chain.Problem(None, "row_unrecorded", f"{table} {key} is described by no record")
+        record, payload = found
+        if chain.row_sha256(row) != payload.get("row_sha256"):
+            return chain.Problem(record.seq, "row_edited", f"{table} {key} was edited after record {record.seq}")
+        return None
+
+
+def recorded(session: Session, *, kinds: Sequence[str] | None = None, mentioning: str | None = None) -> Recorded:
+    """:class:`Recorded` of the records of ``kinds`` (a column of their own), or of those whose
+    text holds ``mentioning`` (a row's unique text key, e.g. a run id: found whatever the
+    spacing, which vouching then refuses); never a match on the text's form."""
+    where = col(AuditEvent.kind).in_(kinds) if kinds is not None else col(AuditEvent.payload_json).contains(mentioning)
+    newest: dict[tuple[str, Any], tuple[AuditEvent, dict[str, Any]]] = {}
+    edited = []
+    for record in session.exec(select(AuditEvent).where(where).order_by(col(AuditEvent.seq))):
+        payload, problem = chain.vouch(record)
+        if problem is not None or payload is None:
+            edited.append(problem or chain.Problem(record.seq, "record_edited", f"{chain.describe(record)} was edited"))
+        elif "table" in payload and "key" in payload:
+            newest[(str(payload["table"]), payload["key"])] = (record, payload)
+    return Recorded(newest, edited)
+
+
 def _ledger_problems(session: Session, public_key: Any | None) -> list[chain.Problem]:
     """Ledger entries not as their newest record describes them (a refund written into a row,
-    a deleted or inserted entry); each such record must hash to its contents and, with
-    ``public_key``, carry its valid signature, however old it is."""
+    a deleted or inserted entry); each ledger record must be as appended (:func:`recorded`)
+    and, with ``public_key``, each entry's newest must carry its valid signature, however old
+    it is."""
     rows = {e.id: e for e in session.exec(select(LedgerEntry).execution_options(populate_existing=True))}
-    described: dict[Any, tuple[AuditEvent, dict[str, Any]]] = {}
-    problems = []
-    statement = select(AuditEvent).where(col(AuditEvent.kind).in_(LEDGER_RECORD_KINDS))
-    for record in session.exec(statement.order_by(col(AuditEvent.seq))):
-        payload, edited = chain.vouch(record)  # the text as appended: a re-spaced record is an edit
-        if edited is not None or payload is None:
-            problems.append(
-                chain.Problem(record.seq, "record_edited", f"record {record.seq} ({record.kind}) was edited")
-            )
-        elif payload.get("table") == "ledger_entry":
-            described[payload.get("key")] = (record, payload)
-    for key, (record, payload) in described.items():
+    ledger = recorded(session, kinds=LEDGER_RECORD_KINDS)
+    problems = list(ledger.edited)
+    for (table, key), (record, payload) in ledger.newest.items():
+        if table != "ledger_entry":
+            continue
         row = rows.pop(key, None)
         if public_key is not None and not signing.valid(
             public_key, signing.record_message(record.seq, record.hash), record.signature
@@ -159,28 +193,6 @@ def _ledger_problems(session: Session, public_key: Any | None) -> list[chain.Pro
             )
     problems += [chain.Problem(None, "row_unrecorded", f"ledger entry {key} is described by no record") for key in rows]
     return problems
-
-
-def row_problem(session: Session, row: Any, kinds: tuple[str, ...] | None = None) -> chain.Problem | None:
-    """Why ``row`` is not as its newest record describes it: that record edited
-    (:func:`.chain.vouch`), or the row changed after it, or no record describing it. None when
-    it is. The records are those of ``kinds``, or (None: a table whose key is a unique text, e.g.
-    a run) those holding the key in their text, whatever the spacing."""
-    key, table = chain.primary_key(row), chain._table(row).name
-    newest = None
-    where = col(AuditEvent.kind).in_(kinds) if kinds is not None else col(AuditEvent.payload_json).contains(str(key))
-    for record in session.exec(select(AuditEvent).where(where).order_by(col(AuditEvent.seq))):
-        payload, edited = chain.vouch(record)
-        if edited is not None:
-            return edited
-        if payload is not None and payload.get("table") == table and payload.get("key") == key:
-            newest = (record, payload)
-    if newest is None:
-        return chain.Problem(None, "row_unrecorded", f"{table} {key} is described by no record")
-    record, payload = newest
-    if chain.row_sha256(row) != payload.get("row_sha256"):
-        return chain.Problem(record.seq, "row_edited", f"{table} {key} was edited after record {record.seq}")
-    return None
 
 
 def _released(session: Session, roots: list[Path], public_key: Any) -> list[chain.Problem]:

@@ -223,7 +223,7 @@ def settle(session: Any, run_id: str) -> Settled | None:
     if run is None or run.status not in UNSETTLED:
         return None
     witness.check_before_spending(session)  # its ledger entries as their records say, the chain intact
-    problem = witness.row_problem(session, run)
+    problem = witness.recorded(session, mentioning=run.id).problem(run)
     if problem is not None:  # e.g. a published run set back to running: never rolled back
         raise AuditRefused(
             f"run {run_id} is not settled: {problem.message}; nothing was changed "

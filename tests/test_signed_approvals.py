@@ -349,7 +349,9 @@ def _upgrade_from_0003(engine: Any, public: str) -> None:
     with database.session(engine, readonly=True) as s:
         old = s.exec(select(Approval)).one()
         assert approvers.check(policy, old, None).status == "unsigned"
-        assert witness.row_problem(s, old, APPROVAL_RECORD_KINDS) is None  # as its newest (migration) record says
+        assert (
+            witness.recorded(s, kinds=APPROVAL_RECORD_KINDS).problem(old) is None
+        )  # as its newest (migration) record says
     assert (old.approved_by, old.binds, old.data_path, old.data_sha256, old.os_uid) == ("Ada", None, None, None, None)
     assert len(old.nonce) == 32 and int(old.nonce, 16) >= 0  # revision 0006 gave it its own id
 
