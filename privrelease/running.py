@@ -84,14 +84,15 @@ def run_flow(
         with server.lease() if server is not None else contextlib.nullcontext():
             return _run_flow(server, progress, parameters)
     except Exception as error:
+        from privrelease.flows.context import DataStepError
+
         failure = expected_failure(error)
         if failure is error:
             raise
         if failure is not None:
             raise failure from error
-        original = getattr(error, "original", None)
-        if isinstance(original, Exception):
-            raise original from error
+        if isinstance(error, DataStepError) and isinstance(error.original, Exception):
+            raise error.original from error
         raise
 
 
