@@ -12,6 +12,7 @@ from rich.table import Table
 
 from privrelease.cli.output import console, print_json, say
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.mechanisms.confidence import check_confidence
 
 JSON = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
 SMALL_EPSILON = 1e-4
@@ -32,12 +33,6 @@ def _require(option: str, value: float, allowed: str, holds: bool) -> None:
     """One line naming the option when ``value`` is not what ``option`` allows (exit 2)."""
     if not holds:
         raise UserError(f"{option} must be {allowed}; got {value:g}", field=option, allowed=allowed)
-
-
-def _check_confidence(confidence: float) -> None:
-    from privrelease.mechanisms.confidence import ALLOWED, is_confidence
-
-    _require("--confidence", confidence, ALLOWED, is_confidence(confidence))
 
 
 def _round_up(value: float, digits: int = 10) -> float:
@@ -70,7 +65,7 @@ def calibrate_noisy_counts(
     _require("--epsilon", epsilon, "a finite number > 0", 0 < epsilon < math.inf)
     if delta is not None:
         _require("--delta", delta, "a number in (0, 1)", 0 < delta < 1)
-    _check_confidence(confidence)
+    check_confidence(confidence, "--confidence")
     if delta is None:
         distribution, parameter = "laplace", nc.calibrate_scale(epsilon)
         achieved = 0.0
@@ -142,7 +137,7 @@ def accuracy_noisy_counts(
         raise UserError(f"{option} is required for {distribution} noise", field=option)
     allowed = f"a number in (0, {nc.MAX_NOISE:g}]"
     _require(option, value, allowed, 0 < value <= nc.MAX_NOISE)
-    _check_confidence(confidence)
+    check_confidence(confidence, "--confidence")
     width = nc.half_width(distribution, value, confidence)
     if json_out:
         print_json({**_noise(distribution, value), "confidence": confidence, "half_width": width})
