@@ -40,6 +40,7 @@ from privrelease.audit.bindings import Account, Binding, os_account
 from privrelease.audit.models import APPROVAL_RECORD_KINDS, Approval, AuditEvent, PolicyVersion, Run, utcnow
 from privrelease.errors import UserError
 from privrelease.files import sha256_text
+from privrelease.settings import get_settings
 
 __all__ = [
     "PolicyFacts",
@@ -503,8 +504,11 @@ def pinned_registry(session: Session) -> approvers.Registry | None:
 
 
 def effective_registry(session: Session) -> approvers.Registry | None:
-    """The registry approvals are checked against: the pinned one, else the one
+    """The registry approvals are checked against: the site file's (:mod:`privrelease.site`:
+    the database cannot override it), else the pinned one, else the one
     ``PRIVRELEASE_APPROVERS`` names, else None (unsigned approvals count)."""
+    if get_settings().site.approvers is not None:
+        return approvers.configured()
     return pinned_registry(session) or approvers.configured()
 
 

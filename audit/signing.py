@@ -66,9 +66,14 @@ def generate(path: Path) -> str:
 
 def public_text(key: Any) -> str:
     """The public key of a private key, as base64 of its 32 raw bytes."""
+    return encode_public(key.public_key())
+
+
+def encode_public(public: Any) -> str:
+    """A public key as base64 of its 32 raw bytes (what :func:`decode_public` reads)."""
     from cryptography.hazmat.primitives import serialization
 
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode("ascii")
 
 

@@ -40,7 +40,17 @@ from privrelease.errors import AuditRefused, UserError
 from privrelease.files import sha256_text
 from privrelease.settings import get_settings, sqlite_file
 
-__all__ = ["Witness", "check_before_spending", "path_for", "prepare", "read"]
+__all__ = [
+    "Witness",
+    "check_before_spending",
+    "outside_heads",
+    "path_for",
+    "prepare",
+    "read",
+    "head_folders",
+    "released",
+    "service_public_key",
+]
 
 GENESIS = chain.Head(0, GENESIS_HASH)
 
@@ -195,7 +205,34 @@ def _ledger_problems(session: Session, public_key: Any | None) -> list[chain.Pro
     return problems
 
 
-def _released(session: Session, roots: list[Path], public_key: Any) -> list[chain.Problem]:
+def service_public_key() -> Any | None:
+    """The key records, witnesses and release heads are checked against: the site's pinned one
+    (:mod:`privrelease.site`), which ``PRIVRELEASE_SIGNING_KEY`` must then hold (or the runs'
+    records would not verify: :class:`AuditRefused`), else that of ``PRIVRELEASE_SIGNING_KEY``
+    (None: no key set)."""
+    settings = get_settings()
+    key = signing.signing_key()
+    pinned = settings.site.verifying_key()
+    if pinned is None:
+        return key.public_key() if key is not None else None
+    if key is None or signing.public_text(key) != signing.encode_public(pinned):
+        held = "is not set" if key is None else f"holds key {signing.fingerprint(signing.public_text(key))}"
+        raise AuditRefused(
+            f"the site file {str(settings.site.source)!r} pins the service key "
+            f"{signing.fingerprint(signing.encode_public(pinned))} and PRIVRELEASE_SIGNING_KEY {held}: "
+            "set it to the service key; nothing was charged or published"
+        )
+    return pinned
+
+
+def head_folders(extra: Path | None = None) -> list[Path]:
+    """The folders whose release heads are checked: ``<work_dir>/releases``, the site's
+    published folders and ``extra`` (a run's ``--out``)."""
+    settings = get_settings()
+    return sorted({settings.work_dir / "releases", *settings.site.releases, *([extra] if extra else [])})
+
+
+def released(session: Session, roots: Sequence[Path], public_key: Any) -> list[chain.Problem]:
     """A release head in ``roots`` signed by the service key that the database does not hold
     (a rollback or cut-off the witness cannot show, e.g. the witness was rolled back too),
     unless its run is still publishing (a crash between the head and the commit)."""
@@ -230,17 +267,29 @@ def _released(session: Session, roots: list[Path], public_key: Any) -> list[chai
     return []
 
 
+def outside_heads(session: Session, public_key: Any | None, roots: Sequence[Path]) -> list[chain.Problem]:
+    """What the database does not hold of the heads kept outside it, for ``audit verify``: the
+    witness's newest head (its signature checked against ``public_key``) and, with
+    ``public_key``, every signed release head in ``roots`` (:func:`released`)."""
+    path = path_for(session.get_bind())
+    try:
+        found = read(path, public_key) if path is not None else None
+    except AuditRefused as error:
+        return [chain.Problem(None, "witness", str(error))]
+    problems = _witnessed(session, found.head, path) if found is not None and path is not None else []
+    return problems + (released(session, roots, public_key) if public_key is not None else [])
+
+
 def check_before_spending(session: Session, release_root: Path | None = None) -> None:
     """Refuse (:class:`AuditRefused`) a database that is tampered with, cut short or rolled
     back, before a run spends anything; once per session, under the audit write lock. Verifies
     the records after the newest verified head (the witness's, or this process's), with their
-    signatures when a signing key is set, and then the signed release heads under
-    ``<work_dir>/releases`` and ``release_root``."""
+    signatures when a signing key is set (:func:`service_public_key`), and then the signed
+    release heads in :func:`head_folders`."""
     if session.info.get(chain.VERIFIED):
         return
     chain.lock(session)
-    key = signing.signing_key()
-    public = key.public_key() if key is not None else None
+    public = service_public_key()
     engine = session.get_bind()
     path = path_for(engine)
     try:
@@ -253,8 +302,7 @@ def check_before_spending(session: Session, release_root: Path | None = None) ->
         problems = problems or chain.verify_tail(session, max(starts, key=lambda h: h.seq), public)
         problems += _ledger_problems(session, public)
         if public is not None and not problems:
-            roots = {get_settings().work_dir / "releases", *([release_root] if release_root else [])}
-            problems = _released(session, sorted(roots), public)
+            problems = released(session, head_folders(release_root), public)
     if problems:
         raise AuditRefused(
             f"refused before spending: {problems[0].message}; nothing was charged or published "

@@ -28,6 +28,9 @@
                                    a run (default 1800)
 =================================  ===============================================================
 
+The site file (:mod:`privrelease.site`) pins production mode, the witness and the approver
+registry where the runner cannot change them: the environment can tighten it, never loosen it.
+
 Other ``PRIVRELEASE_*`` names are read by the deploy scripts (:data:`DEPLOY_VARIABLES`), set by
 privrelease for its own child processes (:data:`CHILD_VARIABLES`) or read by the test suite
 (``PRIVRELEASE_TEST_*``); any other is a mistake that :func:`unknown_variables` names.
@@ -48,12 +51,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
+
+    from privrelease.site import Site
 
 PREFIX = "PRIVRELEASE_"
 DEPLOY_VARIABLES = (  # read by deploy/*.sh, which `privrelease deploy` runs (deploy/README.md)
@@ -85,6 +90,14 @@ class Settings(BaseSettings):
     auto_init: bool = False
     server_reuse: bool = True
     server_idle_seconds: float = Field(default=1800.0, ge=0)
+    _site: Site | None = PrivateAttr(default=None)
+
+    @property
+    def site(self) -> Site:
+        """The site file's pins (:mod:`privrelease.site`), already applied to these settings."""
+        from privrelease.site import Site
+
+        return self._site or Site()
 
     @property
     def roots(self) -> tuple[Path, ...]:
@@ -215,23 +228,30 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 
 def get_settings() -> Settings:
-    """The settings as the environment says now: built once per distinct environment (the
-    ``PRIVRELEASE_*`` variables, the working and home folders they resolve against), so a change
-    to any of them is seen by the next call. A malformed variable is a
+    """The settings as the environment says now, under the site file's pins
+    (:func:`privrelease.site.pin`): built once per distinct environment (the ``PRIVRELEASE_*``
+    variables, the working and home folders they resolve against, the site file's content), so
+    a change to any of them is seen by the next call. A malformed variable is a
     :class:`~privrelease.errors.UserError` naming every bad one, its value and the expected form
     (never cached)."""
+    from privrelease import site
+
     ours = tuple(sorted((name, value) for name, value in os.environ.items() if name.upper().startswith(PREFIX)))
-    return _settings(ours, os.getcwd(), os.environ.get("HOME"))
+    return _settings(ours, os.getcwd(), os.environ.get("HOME"), site.SITE_FILE, site.stamp())
 
 
 @functools.lru_cache(maxsize=16)
-def _settings(variables: tuple[tuple[str, str], ...], cwd: str, home: str | None) -> Settings:
-    """:class:`Settings` from the environment, for :func:`get_settings` (its arguments are the
-    cache key: what the environment's settings depend on)."""
+def _settings(
+    variables: tuple[tuple[str, str], ...], cwd: str, home: str | None, site_file: Path, site_stamp: object
+) -> Settings:
+    """:class:`Settings` from the environment and the site file, for :func:`get_settings` (its
+    arguments are the cache key: what the settings depend on)."""
     from pydantic import ValidationError
 
+    from privrelease import site
+
     try:
-        return Settings()
+        return site.pin(Settings(), site.load())
     except ValidationError as error:
         from privrelease.errors import UserError
 

@@ -270,3 +270,12 @@ def demo_dir(demo_source, tmp_path, work):
     folder = tmp_path / "demo"
     shutil.copytree(demo_source, folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _no_site_file(tmp_path_factory, monkeypatch):
+    """No test reads the host's /etc/privrelease/site.yaml: each sees a site file of its own,
+    absent unless it writes one (``privrelease.site.SITE_FILE``)."""
+    from privrelease import site
+
+    monkeypatch.setattr(site, "SITE_FILE", tmp_path_factory.mktemp("site") / "site.yaml")

@@ -12,9 +12,9 @@ mark. The roots, as found:
   rows compared with their records, and the records up to the verified head counted.
 * Crash recovery ran before the check and trusted the run and ledger rows, and the records it
   signed then described the tampered rows. Fixed: recovery checks first.
-* Open: the runner holds the service key, writes the work folder (the default SQLite
-  database) and chooses ``PRIVRELEASE_WITNESS``, so the witness she cannot write does not bind
-  her runs.
+* The runner holds the service key, writes the work folder (the default SQLite database) and
+  chose ``PRIVRELEASE_WITNESS``, so the witness she cannot write did not bind her runs. Fixed
+  by the site file (``privrelease/site.py``): the tests below state their claims under one.
 """
 
 from __future__ import annotations
@@ -188,30 +188,47 @@ def _rewrite_without_governance(audit: Any, work: Path) -> None:
         chain.write_head(file, renumbered[old.seq], files=old.files, release=old.release)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runner holds the service key and writes the work folder (the default SQLite database) and "
-    "chooses PRIVRELEASE_WITNESS: she rewrites and re-signs the history without the governance records, "
-    "runs an unapproved policy, and `audit verify --public-key` says intact (it never reads the witness)",
-)
+def write_site(**pins: Any) -> Path:
+    """The custodian writes the host's site file (:mod:`privrelease.site`), out of the runner's
+    reach; the suite's is a file of each test's own (conftest)."""
+    from privrelease import site
+
+    site.SITE_FILE.write_text(json.dumps({name: str(value) for name, value in pins.items()}))
+    return site.SITE_FILE
+
+
+def audit_verify_problems() -> list[str]:
+    """What `privrelease audit verify` (no options: the site's key) reports, one kind each."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    result = CliRunner().invoke(app, ["audit", "verify", "--json"])
+    return [problem["kind"] for problem in json.loads(result.stdout)["problems"]]
+
+
 def test_the_runner_cannot_switch_production_off_by_rewriting_the_history(
     demo_dir: Path, work: Path, tmp_path: Path, keys: dict[str, Any], service_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Claim (runner): once a registry is pinned, switching production mode off with the service
-    key is refused by the CLI and, written past it, ignored by every run and flagged by
-    `audit verify`. The witness is where the runner cannot write it."""
+    """Claim (runner, with a site file): holding the service key and writing the audit database,
+    she cannot run an unapproved policy by rewriting the history without its governance records:
+    production mode, the registry and the witness are the site's. Naming her own witness is a
+    setting error; the site's witness shows the rewrite to every run and to `audit verify`;
+    rewriting that witness too (she signs it with the service key) still leaves the policy
+    unapproved against the site's registry."""
     from privrelease import demo
     from privrelease.flows.opening import approval_binding
     from privrelease.policies import load_policy
 
     monkeypatch.delenv("PRIVRELEASE_APPROVERS", raising=False)
-    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / "audit.witness.json"))
+    protected = tmp_path / "protected" / "audit.witness.json"
+    registry = write_registry(tmp_path / "approvers.yaml", {"Ada": keys["public"]["Ada"]})
+    write_site(production=True, approvers=registry, witness=protected, public_key=service_key)
     policy = demo_dir / demo.POLICY_FILE
     loaded = load_policy(policy)
-    registry = approvers.load(write_registry(tmp_path / "approvers.yaml", {"Ada": keys["public"]["Ada"]}))
     audit = database.open_database()
     with database.session(audit) as s:
-        approvals.set_production_mode(s, True, by="CPO", registry=registry)
+        approvals.set_production_mode(s, True, by="CPO", registry=approvers.load(registry))
         approvals.approve_policy(
             s, approvals.policy_facts(loaded), "Ada", key=keys["Ada"], binding=approval_binding(loaded)
         )
@@ -223,52 +240,64 @@ def test_the_runner_cannot_switch_production_off_by_rewriting_the_history(
     _rewrite_without_governance(audit, work)
     database.dispose_engines()  # the runner's next command is a new process
     monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
-    try:
+    with pytest.raises(UserError, match="PRIVRELEASE_WITNESS=.* names another file than the site file"):
         release_plain(policy_path=str(draft))
-        refused = False
-    except UserError:
-        refused = True
-    flagged = not check(database.open_database(), public_key=signing.public_key(service_key)).ok
-    assert refused and flagged, f"unapproved policy refused: {refused}; flagged by audit verify: {flagged}"
+    monkeypatch.delenv("PRIVRELEASE_WITNESS")
+    with pytest.raises(AuditRefused, match="rolled back"):
+        release_plain(policy_path=str(draft))
+    assert "rolled_back" in audit_verify_problems()
+
+    with database.session(database.open_database()) as s:  # the witness rewritten and re-signed too
+        current = chain.head(s)
+    witness._write(protected.with_name("new.json"), witness.Witness(current, current))
+    protected.with_name("new.json").replace(protected)
+    with pytest.raises(UserError, match="is not approved"):
+        release_plain(policy_path=str(draft))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRIVRELEASE_WITNESS is the runner's to choose: she puts back an older copy of the audit database "
-    "(in her work folder), names a fresh witness and moves the newer release out of work/releases; a published "
-    "release's charge is given back and the next run spends it again",
-)
 def test_the_runner_cannot_give_back_a_published_charge_by_choosing_her_witness(
     demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Claims: nothing is published without being charged to its dataset's lifetime budget;
-    every run refuses a database put back to an older copy (check before spending). The witness
-    is where the runner cannot write it."""
+    """Claims (with a site file): nothing is published without being charged to its dataset's
+    lifetime budget; every run refuses a database put back to an older copy (check before
+    spending). The runner puts back an older copy of the database in her work folder and moves
+    the newer release to the share: naming a fresh witness is a setting error, the site's witness
+    refuses the copy, and putting back the older witness too is refused by the newer release's
+    signed head in the site's published folder. `audit verify` flags the rollback."""
     import shutil
     import sqlite3
 
     from privrelease import demo
 
-    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / "audit.witness.json"))
+    protected = tmp_path / "protected" / "audit.witness.json"
+    published = tmp_path / "share"
+    published.mkdir()
+    write_site(witness=protected, public_key=service_key, releases=published)
     policy = demo_dir / demo.POLICY_FILE
     release_plain(policy_path=str(policy))
     source, copy = sqlite3.connect(work / "audit.db"), sqlite3.connect(tmp_path / "copy.db")
     source.backup(copy)
     source.close()
     copy.close()
+    shutil.copy(protected, tmp_path / "older-witness.json")
     newer = release_plain(policy_path=str(policy))
     database.dispose_engines()
     for suffix in ("-wal", "-shm"):
         (work / f"audit.db{suffix}").unlink(missing_ok=True)
     shutil.copy(tmp_path / "copy.db", work / "audit.db")
-    published = tmp_path / "share"
-    published.mkdir()
     for folder in (work / "releases").iterdir():
         if newer.run_id[:8] in folder.name:
             folder.rename(published / folder.name)
     monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
-    with pytest.raises(UserError):  # the claim: a rolled-back database is refused before spending
+    with pytest.raises(UserError, match="PRIVRELEASE_WITNESS"):
         release_plain(policy_path=str(policy))
+    monkeypatch.delenv("PRIVRELEASE_WITNESS")
+    with pytest.raises(AuditRefused, match="witness"):
+        release_plain(policy_path=str(policy))
+    shutil.copy(tmp_path / "older-witness.json", protected)
+    with pytest.raises(AuditRefused, match="the signed head of release .*share"):
+        release_plain(policy_path=str(policy))
+    assert "rolled_back" in audit_verify_problems()
 
 
 def test_a_committed_charge_hidden_from_the_text_match_is_refused_by_the_next_run(

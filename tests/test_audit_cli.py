@@ -8,6 +8,7 @@ import os
 import pwd
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import sqlalchemy as sa
@@ -292,7 +293,7 @@ def rewrite_and_resign(db: Any, key_file: Path, *statements: str) -> None:
     from sqlmodel import col, select
     from test_audit_signing import rechain
 
-    from privrelease.audit import signing, verification
+    from privrelease.audit import chain, signing, verification, witness
     from privrelease.audit.models import AuditEvent
 
     with db.begin() as connection:
@@ -306,7 +307,13 @@ def rewrite_and_resign(db: Any, key_file: Path, *statements: str) -> None:
             s.add(record)
     with database.session(db, readonly=True) as s:
         intact = verification.verify(s, public_key=signing.public_key(str(key_file) + ".pub"))
+        head = chain.head(s)
     assert intact.ok, intact.problems  # the chain and the signatures alone see nothing
+    path = witness.path_for(db)
+    assert path is not None
+    path.unlink(missing_ok=True)  # the key holder witnesses the history she wrote
+    with mock.patch.dict(os.environ, {"PRIVRELEASE_SIGNING_KEY": str(key_file)}):
+        witness._write(path, witness.Witness(head, head))
 
 
 def replay_findings(db: Any, *args: str) -> list[dict[str, Any]]:

@@ -342,20 +342,24 @@ def audit_verify(
     """Recompute the hash chain, every row's content hash and the output checksums; replay every
     stored guarantee and ledger charge from its stored event tree with today's accountants
     (a mismatch beyond a relative 1e-9, or a tree that no longer parses, is a finding:
-    privrelease.audit.replay); and check that everything visible in the release folders was
-    published by a recorded run. Exit 0 when intact, 1 naming the first broken record."""
-    from privrelease.audit import chain, signing, verification
+    privrelease.audit.replay); check that everything visible in the release folders was
+    published by a recorded run, and that the database still holds the witness's head and every
+    signed release head (cut short or rolled back otherwise). The key defaults to the site
+    file's. Exit 0 when intact, 1 naming the first broken record."""
+    from privrelease.audit import chain, signing, verification, witness
     from privrelease.audit.database import session
     from privrelease.flows.recovery import release_folder_problems, release_roots
     from privrelease.settings import get_settings
 
+    settings = get_settings()
     external = chain.read_head(head) if head is not None else None
-    key = signing.public_key(public_key) if public_key is not None else None
+    key = signing.public_key(public_key) if public_key is not None else settings.site.verifying_key()
     with session(_engine(), readonly=True) as s:
         result = verification.verify(
             s, head=external, output_root=output_root, check_files=files, public_key=key, replay=True
         )
-        roots = releases or sorted(release_roots(s, output_root=output_root) | {get_settings().work_dir / "releases"})
+        roots = releases or sorted(release_roots(s, output_root=output_root) | {settings.work_dir / "releases"})
+        result.problems += witness.outside_heads(s, key, sorted({*roots, *settings.site.releases}))
         for root in roots:
             found = release_folder_problems(s, root.expanduser(), output_root=output_root)
             result.problems += [chain.Problem(None, "unrecorded_release", message) for message in found]

@@ -1,0 +1,177 @@
+"""The site file (``privrelease/site.py``): what the custodian pins, read by every command, that
+the environment can tighten and never loosen. The attacks it stops, with the service key in
+the runner's hands, are in ``test_attacks_found.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_flow_steps as flow_steps
+import test_governance as governed
+from test_attacks_found import write_site
+from test_signed_approvals import write_registry
+from typer.testing import CliRunner
+
+from privrelease import site
+from privrelease.audit import approvals, approvers, database, signing
+from privrelease.cli import app
+from privrelease.errors import AuditRefused, UserError
+from privrelease.settings import get_settings
+
+keys, service_key, release_plain = governed.keys, governed.service_key, governed.release_plain
+
+
+def test_without_a_site_file_nothing_is_pinned(work: Path) -> None:
+    assert not site.SITE_FILE.exists()
+    assert get_settings().site == site.Site()
+    assert get_settings().site.verifying_key() is None
+
+
+def test_the_environment_cannot_loosen_the_site(work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Production stays on whatever PRIVRELEASE_PRODUCTION says; the witness and the registry
+    are the site's: another file named by the environment is one error naming the variable,
+    the same file spelt otherwise is fine."""
+    registry = write_registry(tmp_path / "approvers.yaml", {"Ada": signing.generate(tmp_path / "ada.key")})
+    witness = tmp_path / "protected" / "audit.witness.json"
+    write_site(production=True, approvers=registry, witness=witness)
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "false")
+    pinned = get_settings()
+    assert pinned.production and pinned.witness == str(witness) and pinned.approvers == str(registry)
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "protected" / ".." / "protected" / "audit.witness.json"))
+    assert get_settings().witness == str(witness)
+    for variable, other in (("PRIVRELEASE_WITNESS", "mine.json"), ("PRIVRELEASE_APPROVERS", "mine.yaml")):
+        monkeypatch.setenv(variable, str(tmp_path / other))
+        with pytest.raises(UserError, match=f"{variable}=.*mine.* names another file than the site file") as error:
+            get_settings()
+        assert error.value.field == variable
+        monkeypatch.delenv(variable)
+
+
+def test_an_edited_site_file_is_read_at_the_next_call(work: Path) -> None:
+    write_site(production=False)
+    assert not get_settings().production
+    write_site(production=True)
+    assert get_settings().production
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("production: [", "is not valid YAML"),
+        ("- production", "must be a mapping of production"),
+        ("production: maybe", "production='maybe' is not valid"),
+        ("witnes: /var/lib/w.json", "witnes='/var/lib/w.json' is not valid (Extra inputs are not permitted)"),
+        ("witness: relative/w.json", "witness='relative/w.json' is not valid (must be an absolute path"),
+        ("releases: [/srv/share, share]", "must be absolute folder paths; got 'share'"),
+        ("public_key: not-a-key", "public_key='not-a-key' is not valid"),
+    ],
+)
+def test_a_malformed_site_file_is_one_line_naming_the_field(
+    work: Path, text: str, named: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every command reads the site file first (the settings): the program's own entry point
+    prints one line and exits 2."""
+    import sys
+
+    from privrelease.cli import main
+
+    site.SITE_FILE.write_text(text)
+    monkeypatch.setattr(sys, "argv", ["privrelease", "ledger", "list"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    error = capsys.readouterr().err
+    assert exited.value.code == 2, error
+    assert str(site.SITE_FILE) in error and named in error
+    assert "Traceback" not in error and len(error.strip().splitlines()) == 1
+
+
+def test_the_sites_registry_overrides_the_one_pinned_in_the_database(
+    demo_dir: Path, work: Path, tmp_path: Path, keys: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner starts a fresh database and pins her own registry first (trust on first use:
+    Mallory's key under Ada's name), then approves as "Ada": it counts by the database's pin,
+    never against the site's registry."""
+    from privrelease import demo
+    from privrelease.flows.opening import approval_binding
+    from privrelease.policies import load_policy
+
+    monkeypatch.delenv("PRIVRELEASE_APPROVERS", raising=False)
+    policy = demo_dir / demo.POLICY_FILE
+    loaded = load_policy(policy)
+    hers = approvers.load(write_registry(tmp_path / "hers.yaml", {"Ada": keys["public"]["Mallory"]}))
+    with database.session(database.open_database()) as s:
+        approvals.set_production_mode(s, True, by="Runner", registry=hers)
+        approvals.approve_policy(
+            s, approvals.policy_facts(loaded), "Ada", key=keys["Mallory"], binding=approval_binding(loaded)
+        )
+        assert approvals.effective_registry(s).sha256 == hers.sha256  # type: ignore[union-attr]
+    write_site(approvers=write_registry(tmp_path / "site.yaml", {"Ada": keys["public"]["Ada"]}))
+    with pytest.raises(UserError, match="has 0 current approver.*signed by their registered key.*does not verify"):
+        release_plain(policy_path=str(policy))
+
+
+@pytest.mark.parametrize("held", ["none", "another"])
+def test_a_run_without_the_sites_service_key_is_refused_before_spending(
+    demo_dir: Path, work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: str
+) -> None:
+    """Records a run writes must verify against the site's key, and the release heads are
+    checked against it whatever the runner sets: without that key, nothing runs."""
+    from privrelease import demo
+
+    pinned = signing.generate(tmp_path / "agency.key")
+    write_site(public_key=tmp_path / "agency.key.pub")
+    if held == "another":
+        signing.generate(tmp_path / "other.key")
+        monkeypatch.setenv("PRIVRELEASE_SIGNING_KEY", str(tmp_path / "other.key"))
+    else:
+        monkeypatch.delenv("PRIVRELEASE_SIGNING_KEY", raising=False)
+    with pytest.raises(AuditRefused, match=f"pins the service key {signing.fingerprint(pinned)}"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    monkeypatch.setenv("PRIVRELEASE_SIGNING_KEY", str(tmp_path / "agency.key"))
+    assert release_plain(policy_path=str(demo_dir / demo.POLICY_FILE)).run_id
+
+
+def test_audit_verify_reads_the_witness(demo_dir: Path, work: Path, tmp_path: Path) -> None:
+    """Without a site file too: a database put back to an older copy is flagged against the
+    witness beside it, which `audit verify` now reads as every run does."""
+    import shutil
+
+    from privrelease import demo
+
+    policy = demo_dir / demo.POLICY_FILE
+    release_plain(policy_path=str(policy))
+    shutil.copy(work / "audit.db", tmp_path / "copy.db")
+    release_plain(policy_path=str(policy))
+    database.dispose_engines()
+    for suffix in ("-wal", "-shm"):
+        (work / f"audit.db{suffix}").unlink(missing_ok=True)
+    shutil.copy(tmp_path / "copy.db", work / "audit.db")
+    result = CliRunner().invoke(app, ["audit", "verify", "--json", "--no-files"])
+    assert result.exit_code == 1
+    found = json.loads(result.stdout)["problems"]
+    assert any(p["kind"] == "rolled_back" and "witness" in p["message"] for p in found), found
+
+
+def test_a_draft_is_refused_on_a_production_site(demo_dir: Path, work: Path) -> None:
+    write_site(production=True)
+    with pytest.raises(UserError, match="is not approved"):
+        release_plain(policy_path=str(flow_steps.variant(demo_dir, "draft")))
+
+
+def test_a_fresh_database_is_refused_under_the_sites_witness(
+    demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner points PRIVRELEASE_DB_URL at a fresh database of her own, whose ledger has
+    spent nothing: the site's witness names a head that database does not hold."""
+    from privrelease import demo
+
+    write_site(witness=tmp_path / "protected" / "audit.witness.json", public_key=service_key)
+    policy = demo_dir / demo.POLICY_FILE
+    release_plain(policy_path=str(policy))
+    monkeypatch.setenv("PRIVRELEASE_DB_URL", f"sqlite:///{tmp_path / 'fresh.db'}")
+    monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
+    with pytest.raises(AuditRefused, match="the database ends at record .* but the witness"):
+        release_plain(policy_path=str(policy))
