@@ -175,3 +175,29 @@ def test_a_fresh_database_is_refused_under_the_sites_witness(
     monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
     with pytest.raises(AuditRefused, match="the database ends at record .* but the witness"):
         release_plain(policy_path=str(policy))
+
+
+def test_audit_verify_flags_what_no_recorded_run_published_in_the_sites_folders(work: Path, tmp_path: Path) -> None:
+    """A release made outside privrelease (a modified copy run with the service key writes no
+    record) and copied to the share is flagged by `audit verify` on the custodian's host."""
+    share = tmp_path / "share"
+    (share / "census-v1-by-hand").mkdir(parents=True)
+    (share / "census-v1-by-hand" / "counts.csv").write_text("age,count\n30-39,12\n")
+    write_site(releases=share)
+    CliRunner().invoke(app, ["audit", "init"])
+    result = CliRunner().invoke(app, ["audit", "verify", "--json"])
+    assert result.exit_code == 1
+    found = json.loads(result.stdout)["problems"]
+    assert [p["kind"] for p in found] == ["unrecorded_release"] and "census-v1-by-hand" in found[0]["message"]
+
+
+def test_audit_mode_names_the_site_as_what_set_production(work: Path, tmp_path: Path) -> None:
+    registry = write_registry(tmp_path / "approvers.yaml", {"Ada": signing.generate(tmp_path / "ada.key")})
+    write_site(production=True, approvers=registry)
+    CliRunner().invoke(app, ["audit", "init"])
+    shown = CliRunner().invoke(app, ["audit", "mode"]).output
+    assert f"mode: production (set by the site file {site.SITE_FILE})" in shown
+    assert f"approver registry: {registry}, pinned by the site file" in shown
+    document = json.loads(CliRunner().invoke(app, ["audit", "mode", "--json"]).stdout)
+    assert document["mode"] == "production" and document["database"] == "development"
+    assert document["site"] == {"file": str(site.SITE_FILE), "production": True, "approvers": str(registry)}

@@ -334,7 +334,8 @@ def audit_verify(
         typer.Option(
             "--releases",
             help="A folder to check for release folders and files no recorded release published "
-            "(repeatable; default: every folder releases were published into, and the work directory's releases/).",
+            "(repeatable; default: every folder releases were published into, the work directory's releases/ "
+            "and the site file's published folders).",
         ),
     ] = None,
     json_output: JsonFlag = False,
@@ -358,7 +359,8 @@ def audit_verify(
         result = verification.verify(
             s, head=external, output_root=output_root, check_files=files, public_key=key, replay=True
         )
-        roots = releases or sorted(release_roots(s, output_root=output_root) | {settings.work_dir / "releases"})
+        recorded = release_roots(s, output_root=output_root) | {settings.work_dir / "releases", *settings.site.releases}
+        roots = releases or sorted(recorded)
         result.problems += witness.outside_heads(s, key, sorted({*roots, *settings.site.releases}))
         for root in roots:
             found = release_folder_problems(s, root.expanduser(), output_root=output_root)
@@ -530,12 +532,16 @@ def audit_mode(
     with session(engine, readonly=True) as s:
         state = governance.state(s)
     database, pinned = state.production, state.registry
-    environment = get_settings().production
+    settings = get_settings()
+    site, environment = settings.site, settings.production
     effective = "production" if database or environment else "development"
     document: dict[str, Any] = {
         "mode": effective,
         "database": "production" if database else "development",
         "environment": environment,
+        "site": {"file": str(site.source), "production": site.production, "approvers": str(site.approvers)}
+        if site.source
+        else None,
         **_proposed(propose),
     }
     if pinned is not None:
@@ -551,8 +557,20 @@ def audit_mode(
     if json_output:
         print_json(document)
         return
-    why = "the audit database" if database else "PRIVRELEASE_PRODUCTION" if environment else "the default"
+    why = (
+        "the audit database"
+        if database
+        else f"the site file {site.source}"
+        if site.production
+        else "PRIVRELEASE_PRODUCTION"
+        if environment
+        else "the default"
+    )
     say(f"mode: {effective} (set by {why})")
+    if site.approvers is not None:
+        say(
+            f"approver registry: {site.approvers}, pinned by the site file {site.source} (the database's does not count)"
+        )
     if pinned is not None:
         say(
             f"approver registry pinned: {pinned.source} (sha256 {pinned.sha256[:12]}; governance quorum "
