@@ -34,11 +34,9 @@ def _number(value: float) -> float | None:
 
 def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
     """The generalization of ``column`` in words (the chosen candidate's, under scheme selection)."""
-    from privrelease.reports.render import scheme_text
-
     chosen = (policy.candidate_schemes or {}).get(public.get("chosen_scheme") or "", {})
     scheme = chosen.get(column) or policy.scheme_for(column)
-    return "kept as is" if scheme is None else scheme_text(scheme)
+    return "kept as is" if scheme is None else str(scheme.in_words())
 
 
 def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Iterator, Sequence
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
@@ -226,6 +227,10 @@ class _Scheme(Model):
         """The compiled, data-independent scheme (``hierarchy``: the parsed rows, hierarchies only)."""
         raise NotImplementedError
 
+    def in_words(self) -> str:
+        """The scheme as a report states it."""
+        raise NotImplementedError
+
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
         """In the JSON Schema too, a scheme is its object form with ``type`` (the other keys
@@ -248,6 +253,9 @@ class KeepScheme(_Scheme):
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
         return Keep()
 
+    def in_words(self) -> str:
+        return "kept as is"
+
 
 class SuppressScheme(_Scheme):
     """``suppress``: every value becomes ``*``."""
@@ -256,6 +264,9 @@ class SuppressScheme(_Scheme):
 
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
         return Suppress()
+
+    def in_words(self) -> str:
+        return "suppressed (every value becomes *)"
 
 
 class HierarchyScheme(_Scheme):
@@ -270,6 +281,9 @@ class HierarchyScheme(_Scheme):
         assert hierarchy is not None, "a hierarchy scheme compiles from the parsed hierarchy rows"
         assert self.level < len(hierarchy[0]), "the loader checks level against the depth"
         return ValueMap(mapping=tuple((row[0], row[self.level]) for row in hierarchy), default=None)
+
+    def in_words(self) -> str:
+        return f"hierarchy {PurePath(self.hierarchy).name}, level {self.level}"
 
 
 class BinsScheme(_Scheme):
@@ -311,6 +325,10 @@ class BinsScheme(_Scheme):
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
         return Bins(edges=self.bins, labels=self.labels)
 
+    def in_words(self) -> str:
+        labels = f" labelled {', '.join(self.labels)}" if self.labels else ""
+        return f"intervals with edges {', '.join(f'{edge:g}' for edge in self.bins)}{labels}"
+
 
 class TopBottomScheme(_Scheme):
     """Top/bottom coding: values >= ``top`` / <= ``bottom`` become one label each."""
@@ -334,6 +352,11 @@ class TopBottomScheme(_Scheme):
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
         return TopBottomCoding(lower=self.bottom, upper=self.top)
 
+    def in_words(self) -> str:
+        bottom = [] if self.bottom is None else [f"values ≤ {self.bottom:g} coded as one"]
+        top = [] if self.top is None else [f"values ≥ {self.top:g} coded as one"]
+        return "top/bottom coding: " + "; ".join(bottom + top)
+
 
 class MapScheme(_Scheme):
     """An explicit value map; ``default`` labels every other value (absent: others are errors)."""
@@ -344,6 +367,10 @@ class MapScheme(_Scheme):
 
     def to_scheme(self, hierarchy: Hierarchy | None = None) -> ColumnScheme:
         return ValueMap(mapping=tuple(self.map.items()), default=self.default)
+
+    def in_words(self) -> str:
+        default = f"; every other value → {self.default}" if self.default is not None else ""
+        return f"value map of {len(self.map)} values onto {', '.join(sorted(set(self.map.values())))}{default}"
 
 
 SCHEME_TYPES = ("keep", "suppress", "hierarchy", "bins", "top_bottom", "map")

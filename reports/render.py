@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from functools import cache
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -136,33 +136,6 @@ def _guarantee(guarantee: Any) -> dict[str, Any]:
         "factor": fmt(math.exp(guarantee.epsilon), 3) if guarantee.supported and guarantee.epsilon < 700 else None,
         "detail": guarantee.detail,
     }
-
-
-def scheme_text(scheme: Any) -> str:
-    """A generalization scheme in words."""
-    kind = scheme.type
-    if kind == "keep":
-        return "kept as is"
-    if kind == "suppress":
-        return "suppressed (every value becomes *)"
-    if kind == "hierarchy":
-        return f"hierarchy {PurePath(scheme.hierarchy).name}, level {scheme.level}"
-    if kind == "bins":
-        edges = ", ".join(f"{edge:g}" for edge in scheme.bins)
-        labels = f" labelled {', '.join(scheme.labels)}" if scheme.labels else ""
-        return f"intervals with edges {edges}{labels}"
-    if kind == "top_bottom":
-        parts = []
-        if scheme.bottom is not None:
-            parts.append(f"values ≤ {scheme.bottom:g} coded as one")
-        if scheme.top is not None:
-            parts.append(f"values ≥ {scheme.top:g} coded as one")
-        return "top/bottom coding: " + "; ".join(parts)
-    if kind == "map":
-        targets = sorted(set(scheme.map.values()))
-        default = f"; every other value → {scheme.default}" if scheme.default is not None else ""
-        return f"value map of {len(scheme.map)} values onto {', '.join(targets)}{default}"
-    return kind
 
 
 def _parameters(spec: Any) -> list[tuple[str, str]]:
@@ -297,9 +270,9 @@ def view(context: ReportContext) -> dict[str, Any]:
                 "not_dp": None if guarantee.supported else guarantee.detail,
             }
         )
-    generalization = [(column, "", scheme_text(scheme)) for column, scheme in policy.generalization.items()]
+    generalization = [(column, "", scheme.in_words()) for column, scheme in policy.generalization.items()]
     for candidate, schemes in (policy.candidate_schemes or {}).items():
-        generalization += [(column, candidate, scheme_text(scheme)) for column, scheme in schemes.items()]
+        generalization += [(column, candidate, scheme.in_words()) for column, scheme in schemes.items()]
     approval = context.approval or {}
     outputs = [
         {

@@ -900,3 +900,34 @@ def test_checking_a_policy_loads_no_mechanism_engine() -> None:
     env = {**os.environ, "PRIVRELEASE_DATA_ROOTS": str(shared)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert json.loads(done.stdout) == []
+
+
+def test_every_scheme_states_itself_in_words() -> None:
+    """Reports and release.json describe a column's scheme by asking the scheme (one class per
+    scheme type: a new one brings its own words)."""
+    from privrelease.policies import schema
+
+    forms = {
+        "keep": (schema.KeepScheme(), "kept as is"),
+        "suppress": (schema.SuppressScheme(), "suppressed (every value becomes *)"),
+        "hierarchy": (
+            schema.HierarchyScheme(hierarchy="h/adult_hierarchy_age.csv", level=2),
+            "hierarchy adult_hierarchy_age.csv, level 2",
+        ),
+        "bins": (
+            schema.BinsScheme(bins=(0, 30, 60.5), labels=("young", "old")),
+            "intervals with edges 0, 30, 60.5 labelled young, old",
+        ),
+        "top_bottom": (
+            schema.TopBottomScheme(top=90, bottom=17),
+            "top/bottom coding: values ≤ 17 coded as one; values ≥ 90 coded as one",
+        ),
+        "map": (
+            schema.MapScheme(map={"a": "x", "b": "y", "c": "x"}, default="z"),
+            "value map of 3 values onto x, y; every other value → z",
+        ),
+    }
+    assert set(forms) == set(schema.SCHEME_TYPES)
+    for scheme, words in forms.values():
+        assert scheme.in_words() == words
+    assert schema.TopBottomScheme(top=90).in_words() == "top/bottom coding: values ≥ 90 coded as one"
