@@ -48,6 +48,7 @@ from privrelease.audit.models import (
 )
 from privrelease.errors import UserError
 from privrelease.files import sha256_text, write_atomic
+from privrelease.settings import signing_key
 
 __all__ = [
     "GENESIS_HASH",
@@ -198,7 +199,7 @@ def append(session: Session, kind: str, row: SQLModel | None = None, **facts: An
     seq = head_row.seq + 1
     time = utcnow()
     digest = record_hash(head_row.hash, seq, time, kind, payload)
-    key = signing.signing_key()
+    key = signing_key()
     record = AuditEvent(
         seq=seq,
         time=time,
@@ -247,7 +248,7 @@ def write_head(
         body["files"] = dict(sorted(files.items()))
     if release is not None:
         body["release"] = release
-    key = signing.signing_key()
+    key = signing_key()
     if key is not None:
         unsigned = Head(chain_head.seq, chain_head.hash, body.get("files"), release=release)
         body.update(signature=signing.sign(key, unsigned.message()), public_key=signing.public_text(key))

@@ -101,14 +101,6 @@ def private_key(path: str, what: str) -> Any:
     return _load_private(path, mtime, what)
 
 
-def signing_key() -> Any | None:
-    """The configured private key (``PRIVRELEASE_SIGNING_KEY``), or None when none is set."""
-    from privrelease.settings import get_settings
-
-    path = get_settings().signing_key
-    return private_key(path, "PRIVRELEASE_SIGNING_KEY") if path else None
-
-
 def decode_public(text: str) -> Any | None:
     """An Ed25519 public key from base64 of its 32 raw bytes (the ``.pub`` file's text), or None."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

@@ -38,7 +38,7 @@ from privrelease.audit import chain, signing
 from privrelease.audit.models import GENESIS_HASH, LEDGER_RECORD_KINDS, AuditEvent, LedgerEntry, Run
 from privrelease.errors import AuditRefused, UserError
 from privrelease.files import sha256_text
-from privrelease.settings import get_settings, sqlite_file
+from privrelease.settings import get_settings, signing_key, sqlite_file
 
 __all__ = [
     "Witness",
@@ -211,7 +211,7 @@ def service_public_key() -> Any | None:
     records would not verify: :class:`AuditRefused`), else that of ``PRIVRELEASE_SIGNING_KEY``
     (None: no key set)."""
     settings = get_settings()
-    key = signing.signing_key()
+    key = signing_key()
     pinned = settings.site.verifying_key()
     if pinned is None:
         return key.public_key() if key is not None else None
@@ -347,7 +347,7 @@ def _write(path: Path, witness: Witness) -> None:
     """Replace the witness unless a newer head is witnessed already (writers commit in chain
     order but may write the file in another)."""
     body = witness.body()
-    key = signing.signing_key()
+    key = signing_key()
     if key is not None:
         body.update(signature=signing.sign(key, witness.message()), public_key=signing.public_text(key))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -137,8 +137,9 @@ def report_context(
 def _signing_public_key() -> str | None:
     """The public key of the configured signing key (None: records are not signed)."""
     from privrelease.audit import signing
+    from privrelease.settings import signing_key
 
-    key = signing.signing_key()
+    key = signing_key()
     return None if key is None else signing.public_text(key)
 
 

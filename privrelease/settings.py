@@ -48,7 +48,7 @@ import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -225,6 +225,14 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         hint = f"did you mean {PREFIX}{close[0]}?" if close else f"the settings are {', '.join(known)}"
         warnings.append(f"{name} is not a privrelease setting (ignored); {hint}")
     return warnings
+
+
+def signing_key() -> Any | None:
+    """The configured private key (``PRIVRELEASE_SIGNING_KEY``), or None when none is set."""
+    from privrelease.audit import signing
+
+    path = get_settings().signing_key
+    return signing.private_key(path, "PRIVRELEASE_SIGNING_KEY") if path else None
 
 
 def get_settings() -> Settings:

@@ -35,6 +35,7 @@ from privrelease.audit import approvals, approvers, chain, database, governance,
 from privrelease.audit.models import LEDGER_RECORD_KINDS, Approval, AuditEvent
 from privrelease.errors import AuditRefused, UserError
 from privrelease.files import sha256_bytes
+from privrelease.settings import signing_key
 
 keys, revoked_demo, service_key, release_plain = (
     governed.keys,
@@ -182,7 +183,7 @@ def _rewrite_without_governance(audit: Any, work: Path) -> None:
     audit database). She drops the governance records, renumbers, rehashes and re-signs every
     record with the service key, moves the chain head and re-signs the release heads under
     ``work/releases`` to the new numbering."""
-    renumbered = rechain(audit, drop_kinds=governance.KINDS.values(), key=signing.signing_key())
+    renumbered = rechain(audit, drop_kinds=governance.KINDS.values(), key=signing_key())
     for file in (work / "releases").glob(f"*/{chain.RELEASE_HEAD_FILE}"):
         old = chain.read_head(file)
         chain.write_head(file, renumbered[old.seq], files=old.files, release=old.release)

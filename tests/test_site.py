@@ -201,3 +201,15 @@ def test_audit_mode_names_the_site_as_what_set_production(work: Path, tmp_path: 
     document = json.loads(CliRunner().invoke(app, ["audit", "mode", "--json"]).stdout)
     assert document["mode"] == "production" and document["database"] == "development"
     assert document["site"] == {"file": str(site.SITE_FILE), "production": True, "approvers": str(registry)}
+
+
+def test_the_readme_site_example_is_a_valid_site_file(tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("production:")]
+    public = signing.generate(tmp_path / "agency.key")
+    site.SITE_FILE.write_text(block.replace("/etc/privrelease/agency.key.pub", str(tmp_path / "agency.key.pub")))
+    pinned = site.load()
+    assert pinned.production and pinned.releases == (Path("/srv/share/releases"),)
+    assert signing.encode_public(pinned.verifying_key()) == public

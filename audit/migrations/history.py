@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from privrelease.audit.chain import canonical_json, columns_sha256, record_hash
+from privrelease.settings import signing_key
 
 Row = tuple[str, dict[str, Any], dict[str, Any]]
 """``(kind, columns, payload)``: the row's columns (empty: a record describing no row) and the
@@ -31,7 +32,7 @@ def append_records(bind: sa.Connection, rows: list[Row], *, signed: bool = False
     head = bind.execute(sa.text(f"SELECT seq, hash FROM chain_head WHERE id = 1{lock}")).one()
     seq, previous = head.seq, head.hash
     time = datetime.now(UTC).replace(tzinfo=None)
-    key = signing.signing_key() if signed else None
+    key = signing_key() if signed else None
     columns = ("kind", "payload_json", "prev_hash", "hash", *(("signature",) if signed else ()))
     events = sa.table(
         "audit_event",
