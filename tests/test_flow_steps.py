@@ -248,7 +248,12 @@ def test_production_mode_of_the_database_cannot_be_switched_off_by_the_runner(de
     first = release_plain(policy_path=str(policy))  # development: runs unapproved
     result = runner.invoke(app, ["audit", "mode", "production", "--by", "Chief Privacy Officer", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {"mode": "production", "database": "production", "environment": False, "site": None}
+    assert json.loads(result.output) == {
+        "mode": "production",
+        "database": "production",
+        "environment": False,
+        "site": None,
+    }
     with pytest.raises(UserError, match="is not approved"):
         release_plain(policy_path=str(policy), production=False)
     flag = runner.invoke(app, ["run", str(policy), "--no-production"])

@@ -413,7 +413,9 @@ def test_the_readme_registry_example_is_a_valid_registry(tmp_path: Path) -> None
     import re
 
     (block,) = [
-        b for b in re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S) if b.startswith("approvers:")
+        b
+        for b in re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+        if b.startswith("approvers:")
     ]
     example = tmp_path / "example.yaml"
     example.write_text(block)
