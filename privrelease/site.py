@@ -74,6 +74,11 @@ class Site(BaseModel):
             signing.public_key(value)  # base64 of the raw key, or a .pub file holding it
         return value
 
+    def writable(self) -> bool:
+        """Whether this process's account can change the site file (or replace it in its folder):
+        then it pins nothing against that account."""
+        return self.source is not None and (os.access(self.source, os.W_OK) or os.access(self.source.parent, os.W_OK))
+
     def verifying_key(self) -> Any | None:
         """The pinned service public key (None: none pinned)."""
         from privrelease.audit import signing

@@ -198,6 +198,7 @@ def test_audit_mode_names_the_site_as_what_set_production(work: Path, tmp_path: 
     shown = CliRunner().invoke(app, ["audit", "mode"]).output
     assert f"mode: production (set by the site file {site.SITE_FILE})" in shown
     assert f"approver registry: {registry}, pinned by the site file" in shown
+    assert f"warning: this account can write the site file {site.SITE_FILE}: it pins nothing against it" in shown
     document = json.loads(CliRunner().invoke(app, ["audit", "mode", "--json"]).stdout)
     assert document["mode"] == "production" and document["database"] == "development"
     assert document["site"] == {"file": str(site.SITE_FILE), "production": True, "approvers": str(registry)}

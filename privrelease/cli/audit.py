@@ -567,6 +567,12 @@ def audit_mode(
         else "the default"
     )
     say(f"mode: {effective} (set by {why})")
+    if site.writable():
+        say(
+            styled(
+                "[yellow]warning:[/] this account can write the site file {}: it pins nothing against it", site.source
+            )
+        )
     if site.approvers is not None:
         say(
             f"approver registry: {site.approvers}, pinned by the site file {site.source} (the database's does not count)"
