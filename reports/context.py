@@ -98,7 +98,7 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
     facts: dict[str, dict[str, Any]] = {}
     outputs: list[dict[str, Any]] = []
     for spec in loaded.policy.mechanisms:
-        facts[spec.name], published = spec.example_run(rows)
+        facts[spec.name], published = spec.example_run(loaded, rows)
         name = f"{spec.name}.csv"
         outputs.append(
             {

@@ -711,3 +711,24 @@ def test_each_sdgs_and_histogram_output_says_how_to_read_its_count_intervals(mix
     for sentence in sentences:
         assert "exact 95% confidence interval" in sentence and "given that it was published" in sentence
         assert "no privacy cost" in sentence
+
+
+def test_previews_publish_as_many_rows_as_each_kind_would(adult_dir: Path) -> None:
+    """A preview's made-up outputs come from the kinds (``example_run``): noisy counts publish
+    every cell of the declared domain, a histogram fewer rows than it kept, microdata the rows
+    kept after sampling."""
+    from privrelease.policies import load_policy
+    from privrelease.reports.context import EXAMPLES_DIR, example_context
+
+    for example in ("adult-noisy.yaml", "adult-histogram.yaml", "adult-sdgs.yaml"):
+        loaded = load_policy(EXAMPLES_DIR / example)
+        context = example_context(loaded)
+        for spec in loaded.policy.mechanisms:
+            (output,) = [o for o in context.outputs if o["mechanism"] == spec.name]
+            facts = context.internal_facts[spec.name]
+            if spec.type == "noisy_counts":
+                assert output["rows"] == math.prod(len(v) for v in loaded.labels(spec.columns).values())
+            elif spec.type == "histogram":
+                assert 1 <= output["rows"] < facts["rows_sampled"] - facts["rows_suppressed"]
+            elif spec.type == "sdgs":
+                assert output["rows"] == facts["rows_sampled"] - facts["rows_suppressed"]

@@ -305,10 +305,10 @@ class MechanismKind(Model):
         HTML, rendered with the report's view), identical ones shown once."""
         return ()
 
-    def example_run(self, rows: int) -> tuple[dict[str, Any], int]:
-        """Made-up internal facts of a run over ``rows`` rows, shaped like its engine's, and the
-        rows it would publish: for report previews and tests (:func:`.reports.context.example_context`).
-        Default: a statistic, one published row."""
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
+        """Made-up internal facts of a run of ``loaded`` over ``rows`` rows, shaped like its
+        engine's, and the rows it would publish: for report previews and tests
+        (:func:`.reports.context.example_context`). Default: a statistic, one published row."""
         return {"rows_in": rows}, 1
 
 

@@ -637,6 +637,10 @@ class NoisyCountsMechanism(MechanismKind):
     def explanations(self) -> tuple[str, ...]:
         return (EXPLANATION,)
 
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
+        """Every cell of the declared domain published, each row counted."""
+        return {"rows_counted": rows}, self.job(loaded).cells
+
 
 KINDS = (NoisyCountsMechanism,)
 
@@ -655,6 +659,11 @@ class CountJob:
 
     schemes: dict[str, ColumnScheme]
     domain: dict[str, tuple[Any, ...]]
+
+    @property
+    def cells(self) -> int:
+        """How many cells the table has (every one published)."""
+        return math.prod(len(labels) for labels in self.domain.values())
 
     def partial(self, table: pa.Table) -> np.ndarray:
         import pyarrow.compute as pc
@@ -675,7 +684,7 @@ class CountJob:
                 )  # data checks refuse earlier
             codes.append(index.to_numpy(zero_copy_only=False).astype(np.int64))
         flat = np.ravel_multi_index(tuple(codes), shape) if codes[0].size else np.zeros(0, dtype=np.int64)
-        return np.bincount(flat, minlength=math.prod(shape)).astype(np.int64)
+        return np.bincount(flat, minlength=self.cells).astype(np.int64)
 
     def merge(self, parts: list[np.ndarray]) -> np.ndarray:
         return np.asarray(np.sum(parts, axis=0, dtype=np.int64))

@@ -215,10 +215,13 @@ class Generalizing(MechanismKind):
     def explanations(self) -> tuple[str, ...]:
         return (KDGS,) if self.beta >= 1 else (SAMPLED,)
 
-    def example_run(self, rows: int) -> tuple[dict[str, Any], int]:
-        """beta rows sampled, one in 97 of them suppressed."""
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
+        """beta rows sampled, one in 97 of them suppressed; microdata publishes the rest, a
+        histogram one row per cell (made up: a cell per 4k rows kept)."""
         sampled = round(rows * self.beta)
-        return {"rows_in": rows, "rows_sampled": sampled, "rows_suppressed": sampled // 97}, sampled - sampled // 97
+        kept = sampled - sampled // 97
+        published = kept if self.output == "microdata" else max(1, kept // (4 * self.k))
+        return {"rows_in": rows, "rows_sampled": sampled, "rows_suppressed": sampled // 97}, published
 
 
 class SdgsMechanism(Generalizing):

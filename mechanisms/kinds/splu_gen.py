@@ -107,7 +107,7 @@ class SpluGenMechanism(MechanismKind):
             columns.update({name: generalized.column(name) for name in self.columns})
         return splu_gen(pa.table(columns), list(self.sensitive), self.gamma)
 
-    def example_run(self, rows: int) -> tuple[dict[str, Any], int]:
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
         """Every row published, three decoy groups per sensitive column."""
         return {"rows_in": rows, "decoy_groups": len(self.sensitive) * 3}, rows
 
