@@ -43,11 +43,11 @@ from privrelease.settings import get_settings, signing_key, sqlite_file
 __all__ = [
     "Witness",
     "check_before_spending",
+    "head_folders",
     "outside_heads",
     "path_for",
     "prepare",
     "read",
-    "head_folders",
     "released",
     "service_public_key",
 ]
