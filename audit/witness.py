@@ -1,7 +1,8 @@
 """The witness, and the check every run makes before it spends budget.
 
-The witness is a small JSON file outside the database (``PRIVRELEASE_WITNESS``; default beside
-a SQLite file, ``<file>.witness.json``, else ``<work_dir>/audit-witness-<url digest>.json``)::
+The witness is a small JSON file outside the database (``PRIVRELEASE_WITNESS``, or the site
+file's ``witness``: :mod:`privrelease.site`; default beside a SQLite file,
+``<file>.witness.json``, else ``<work_dir>/audit-witness-<url digest>.json``)::
 
     {"head": {"seq", "hash"}, "verified": {"seq", "hash"}, "signature", "public_key"}
 
