@@ -74,10 +74,17 @@ class Site(BaseModel):
             signing.public_key(value)  # base64 of the raw key, or a .pub file holding it
         return value
 
-    def writable(self) -> bool:
-        """Whether this process's account can change the site file (or replace it in its folder):
-        then it pins nothing against that account."""
-        return self.source is not None and (os.access(self.source, os.W_OK) or os.access(self.source.parent, os.W_OK))
+    def writable(self) -> list[Path]:
+        """The site file and the files it pins as they are (the registry, a public key file) that
+        this process's account can change, or replace in their folder, a symlink followed too:
+        they pin nothing against that account. (The witness is written by every run.)"""
+        pinned = [self.source, self.approvers, Path(self.public_key) if self.public_key else None]
+        files = [file for file in pinned if file is not None and file.is_file()]
+        return [
+            file
+            for file in files
+            if any(os.access(path, os.W_OK) or os.access(path.parent, os.W_OK) for path in (file, file.resolve()))
+        ]
 
     def verifying_key(self) -> Any | None:
         """The pinned service public key (None: none pinned)."""

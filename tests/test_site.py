@@ -198,7 +198,8 @@ def test_audit_mode_names_the_site_as_what_set_production(work: Path, tmp_path: 
     shown = CliRunner().invoke(app, ["audit", "mode"]).output
     assert f"mode: production (set by the site file {site.SITE_FILE})" in shown
     assert f"approver registry: {registry}, pinned by the site file" in shown
-    assert f"warning: this account can write the site file {site.SITE_FILE}: it pins nothing against it" in shown
+    for file in (site.SITE_FILE, registry):  # the suite's own files (as root, every file is writable)
+        assert f"warning: this account can write {file}: the site file pins nothing against it" in shown
     document = json.loads(CliRunner().invoke(app, ["audit", "mode", "--json"]).stdout)
     assert document["mode"] == "production" and document["database"] == "development"
     assert document["site"] == {"file": str(site.SITE_FILE), "production": True, "approvers": str(registry)}
@@ -214,3 +215,22 @@ def test_the_readme_site_example_is_a_valid_site_file(tmp_path: Path) -> None:
     pinned = site.load()
     assert pinned.production and pinned.releases == (Path("/srv/share/releases"),)
     assert signing.encode_public(pinned.verifying_key()) == public
+
+
+def test_writable_names_the_pinned_files_this_account_could_change(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pinned file counts as writable when it, or its folder, is, through a symlink too
+    (os.access decides: the suite runs as root, who may write anything)."""
+    registry = write_registry(tmp_path / "approvers.yaml", {"Ada": signing.generate(tmp_path / "ada.key")})
+    shared = tmp_path / "runners" / "agency.key.pub"
+    shared.parent.mkdir()
+    shared.write_text(signing.generate(tmp_path / "agency.key"))
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "agency.key.pub").symlink_to(shared)
+    write_site(approvers=registry, public_key=tmp_path / "etc" / "agency.key.pub")
+    runners = {shared.parent, registry}
+    monkeypatch.setattr(site.os, "access", lambda path, mode: Path(path) in runners)
+    assert site.load().writable() == [registry, tmp_path / "etc" / "agency.key.pub"]
+    runners.clear()
+    assert site.load().writable() == []

@@ -567,12 +567,8 @@ def audit_mode(
         else "the default"
     )
     say(f"mode: {effective} (set by {why})")
-    if site.writable():
-        say(
-            styled(
-                "[yellow]warning:[/] this account can write the site file {}: it pins nothing against it", site.source
-            )
-        )
+    for file in site.writable():
+        say(styled("[yellow]warning:[/] this account can write {}: the site file pins nothing against it", file))
     if site.approvers is not None:
         say(
             f"approver registry: {site.approvers}, pinned by the site file {site.source} (the database's does not count)"
