@@ -26,7 +26,9 @@ Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run
 ``baseline_seconds`` (in-process run, median, null with --no-inprocess), ``ratio`` (of the
 medians; target <= TARGET_RATIO = 0.6, issue 18), ``cpu_seconds`` and ``baseline_cpu_seconds``
 (median CPU seconds of a run: the flow's process and, on Dask, the workers; on a shared machine
-a steadier figure than the time), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
+a steadier figure than the time), ``cores`` (this machine's), ``cpu_floor_seconds`` (the Dask
+run's CPU seconds over the cores: no schedule finishes sooner) and ``floor_ratio`` (that floor
+over the in-process median: the least ratio this machine allows the Dask run), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
 (largest peak RSS of a Dask worker), ``flow_peak_rss_mb`` (the flow process on Dask),
 ``inprocess_peak_rss_mb``, ``data_mb`` (the least an in-process read holds: the declared
 columns as Arrow plus the largest file's bytes), ``memory_limit_mb``, ``fits_one_worker``
@@ -325,6 +327,13 @@ def main() -> None:
         f" {dask['cluster_seconds']:.1f} s): {dask['seconds']:.2f} s over {dask['partitions']} partitions; worker"
         f" peak RSS {dask['worker_peak_rss_mb']:.0f} MB, flow process {dask['peak_rss_mb']:.0f} MB"
     )
+    cores = os.cpu_count() or 1
+    floor = median_cpu(dask_runs) / cores
+    if inprocess is not None:
+        print(
+            f"on {cores} cores the Dask run takes at least its CPU seconds / {cores} = {floor:.2f} s: a ratio of at"
+            f" least {floor / inprocess['seconds']:.2f} against this in-process run (target {TARGET_RATIO})"
+        )
     memory_limit_mb = args.memory_limit / 2**20
     summary = {
         "rows": args.rows,
@@ -339,6 +348,9 @@ def main() -> None:
         "cpu_seconds": round(median_cpu(dask_runs), 3),
         "baseline_cpu_seconds": round(median_cpu(local_runs), 3) if local_runs else None,
         "target_ratio": TARGET_RATIO,
+        "cores": cores,
+        "cpu_floor_seconds": round(floor, 3),
+        "floor_ratio": None if inprocess is None else round(floor / inprocess["seconds"], 3),
         "repeat": args.repeat,
         "pair_ratios": [round(pairs[0], 3), round(statistics.median(pairs), 3), round(pairs[-1], 3)] if pairs else None,
         "dask_seconds_range": [
