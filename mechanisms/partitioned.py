@@ -42,17 +42,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from privrelease.mechanisms import randomness
-from privrelease.mechanisms.results import MechanismResult
+from privrelease.mechanisms.results import MechanismResult, Pieces
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release, shuffled_repeat
 
 _INT64_SAFE = 1 << 62
+ROWS_PER_FILE = 1_000_000
+"""Published rows per output piece (a Parquet row group, a CSV block), at most."""
 _ASSIGN_BATCH = 1 << 22
 """Published rows given a file per batch in :func:`assign_files` (bounds its memory)."""
 _DENSE_KEYS = 1 << 24
@@ -160,6 +163,9 @@ def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.nd
     bits of CSPRNG bytes). Per file: (cells with at least one row in it, ascending; their row
     counts there). Memory is bounded by batches of published rows."""
     assert files >= 1 and files & (files - 1) == 0, f"files must be a power of two; got {files}"
+    if files == 1:  # every row in the one file: no draw needed
+        present = np.flatnonzero(counts)
+        return [(present, counts[present].astype(np.int64))]
     width = next(dtype for dtype in (np.uint8, np.uint16, np.uint32, np.uint64) if files - 1 <= np.iinfo(dtype).max)
     mask = width(files - 1)
     cells = len(counts)
@@ -210,6 +216,43 @@ def result(cells: CellCounts, *, k: int, beta: float, epsilon: float) -> Mechani
     return release(cells, empty_output(cells), k=k, beta=beta, epsilon=epsilon, output="microdata")
 
 
+def microdata(
+    merged: CellCounts, *, k: int, beta: float, epsilon: float, rows_per_file: int = ROWS_PER_FILE
+) -> MechanismResult:
+    """SDGS's output from the cell counts of the whole sample: every cell with ``n_c >= k``
+    with its ``n_c`` rows, the rows split over :func:`file_count` pieces (each row in a
+    uniformly random one, :func:`assign_files`), each piece in uniformly random order
+    (:func:`file_table`) and computed only as it is written (:class:`.results.Pieces`); the
+    facts and event of :func:`result`."""
+    published = published_cells(merged, k)
+    pieces = assign_files(published.counts, file_count(int(published.counts.sum()), rows_per_file))
+    outcome = result(merged, k=k, beta=beta, epsilon=epsilon)
+    tables = (file_table(published, which, counts) for which, counts in pieces)
+    return MechanismResult(
+        Pieces(outcome.table.schema, tables), outcome.event, outcome.public_facts, outcome.internal_facts
+    )
+
+
+def streamed_sdgs(
+    partitions: Iterable[pa.Table],
+    schemes: Mapping[str, ColumnScheme],
+    *,
+    k: int,
+    beta: float,
+    epsilon: float,
+    rows_per_file: int = ROWS_PER_FILE,
+) -> MechanismResult:
+    """(k, beta)-SDGS microdata of the rows of all ``partitions`` together, one partition in
+    memory at a time (plus the counts): per partition its own Bernoulli(beta) sample counted
+    per cell (:func:`.sdgs.count_cells`, the Dask job's partial), the counts added up
+    (:func:`merge_counts`), the output as :func:`microdata` pieces. The steps the Dask engine
+    and an in-process release of a Parquet file run (:mod:`privrelease.flows.scaled`), here
+    from tables; the same output distribution as :func:`.sdgs.sdgs` of their concatenation."""
+    check_parameters(k, beta, epsilon)
+    merged = merge_counts([count_cells(table, schemes, beta=beta) for table in partitions])
+    return microdata(merged, k=k, beta=beta, epsilon=epsilon, rows_per_file=rows_per_file)
+
+
 def partitioned_sdgs(
     partitions: Iterable[pa.Table],
     schemes: Mapping[str, ColumnScheme],
@@ -217,16 +260,10 @@ def partitioned_sdgs(
     k: int,
     beta: float,
     epsilon: float,
-    rows_per_file: int = 1_000_000,
+    rows_per_file: int = ROWS_PER_FILE,
 ) -> tuple[list[pa.Table], MechanismResult]:
-    """(k, beta)-SDGS microdata of the rows of all ``partitions`` together, one partition in
-    memory at a time (plus the counts): the output files and the release's facts and event
-    (as :func:`.sdgs.sdgs`). The steps the Dask engine (:mod:`privrelease.flows.scaled`) runs on
-    its workers and in the flow, here in one process (the reference its tests compare with)."""
-    check_parameters(k, beta, epsilon)
-    parts = [count_cells(table, schemes, beta=beta) for table in partitions]
-    merged = merge_counts(parts)
-    published = published_cells(merged, k)
-    files = file_count(int(published.counts.sum()), rows_per_file)
-    tables = [file_table(published, which, counts) for which, counts in assign_files(published.counts, files)]
-    return tables, result(merged, k=k, beta=beta, epsilon=epsilon)
+    """:func:`streamed_sdgs` with its pieces computed: the output files, and the release's
+    facts and event with an empty table of the output's columns."""
+    streamed = streamed_sdgs(partitions, schemes, k=k, beta=beta, epsilon=epsilon, rows_per_file=rows_per_file)
+    assert isinstance(streamed.table, Pieces), "streamed SDGS computes its pieces as they are written"
+    return list(streamed.table.tables), replace(streamed, table=streamed.table.schema.empty_table())

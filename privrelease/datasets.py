@@ -20,7 +20,8 @@ on. ``column.cast(pa.string())`` decodes one where plain strings are needed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -109,17 +110,68 @@ def read_dataset(
     """
     path = Path(path)
     _check_arguments(format, columns, missing)
-    if handle is None:
-        with open_checked(path.resolve()) as opened:
-            data = _read_bytes(opened, path, expected_sha256)
-    else:
-        data = _read_bytes(handle, path, expected_sha256)
+    data = _file_bytes(path, handle, expected_sha256)
     if format == "csv":
         dialect, names = _csv_names(_first_line(data), path, columns, delimiter, quote, header, encoding)
         raw = _parse_csv(data, path, columns, dialect, names, encoding, skip_rows=1 if header else 0)
     else:
         raw = parse_parquet(pa.BufferReader(data), path, columns)
     return check_dataset(raw, path, columns, missing=missing, missing_values=missing_values, domains=domains)
+
+
+def read_row_groups(
+    path: str | Path,
+    *,
+    columns: dict[str, str],
+    missing: Literal["reject", "drop"] = "reject",
+    missing_values: tuple[str, ...] = ("", "?"),
+    domains: dict[str, Sequence[Any]] | None = None,
+    expected_sha256: str | None = None,
+    handle: BinaryIO | None = None,
+) -> Iterator[DatasetRead]:
+    """The Parquet file ``path`` as :func:`read_dataset` reads it (its bytes read once, from
+    ``handle`` or its real path, and hashed against ``expected_sha256`` before anything is
+    parsed), one row group at a time: each row group's declared columns, checked as a whole
+    file is (errors name the file's data rows). A row group whose every row is dropped
+    (``missing="drop"``) gives an empty table; empty row groups give nothing; a file without a
+    row left is an error, as in :func:`read_dataset`. The next row group is parsed in a
+    background thread while the caller works on this one (Arrow decodes without the GIL), so
+    at most two row groups are held at once, never the whole table."""
+    path = Path(path)
+    _check_arguments("parquet", columns, missing)
+    data = _file_bytes(path, handle, expected_sha256)
+    metadata = _parquet_metadata(data, path)
+    groups = [group for group in range(metadata.num_row_groups) if metadata.row_group(group).num_rows]
+    first_rows = np.cumsum([0] + [metadata.row_group(group).num_rows for group in groups]).tolist()
+    left = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="privrelease-read") as pool:
+
+        def parse(at: int) -> Future[pa.Table]:
+            return pool.submit(
+                parse_parquet, pa.BufferReader(data), path, columns, metadata=metadata, row_groups=(groups[at],)
+            )
+
+        pending = parse(0) if groups else None
+        for at in range(len(groups)):
+            assert pending is not None, "a row group is being parsed"
+            raw = pending.result()
+            pending = parse(at + 1) if at + 1 < len(groups) else None
+            read = check_dataset(
+                raw,
+                path,
+                columns,
+                missing=missing,
+                missing_values=missing_values,
+                domains=domains,
+                first_row=first_rows[at],
+                whole=False,
+            )
+            left += read.table.num_rows
+            yield read
+    if not groups:
+        raise UserError(f"dataset file {str(path)!r} has no data rows")
+    if not left:
+        raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
 
 
 def check_dataset(
@@ -131,15 +183,25 @@ def check_dataset(
     missing_values: tuple[str, ...] = ("", "?"),
     domains: dict[str, Sequence[Any]] | None = None,
     first_row: int = 0,
+    whole: bool = True,
 ) -> DatasetRead:
     """The parsed ``raw`` columns of ``path`` checked and typed as :func:`read_dataset` does;
-    ``raw`` holds the file's data rows ``first_row + 1`` on (the row numbers errors name)."""
+    ``raw`` holds the file's data rows ``first_row + 1`` on (the row numbers errors name).
+    ``whole=False`` (one row group of several): no rows left after dropping is no error here."""
     if raw.num_rows == 0:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
-    read = _check_columns(raw, columns, missing, missing_values, path, first_row)
+    read = _check_columns(raw, columns, missing, missing_values, path, first_row, whole)
     for name, values in (domains or {}).items():
         _check_domain(read.table.column(name), name, values, first_row)
     return read
+
+
+def _file_bytes(path: Path, handle: BinaryIO | None, expected_sha256: str | None) -> pa.Buffer:
+    """The bytes of ``handle``, or of the file at the real path of ``path`` (:func:`_read_bytes`)."""
+    if handle is not None:
+        return _read_bytes(handle, path, expected_sha256)
+    with open_checked(path.resolve()) as opened:
+        return _read_bytes(opened, path, expected_sha256)
 
 
 def _read_bytes(handle: BinaryIO, path: Path, expected_sha256: str | None) -> pa.Buffer:
@@ -350,6 +412,14 @@ def _first_line(data: pa.Buffer) -> bytes:
     return view.tobytes()
 
 
+def _parquet_metadata(data: pa.Buffer, path: Path) -> pq.FileMetaData:
+    """The footer of the Parquet file whose bytes are ``data``."""
+    try:
+        return pq.read_metadata(pa.BufferReader(data))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
+
+
 def parse_parquet(
     source: Any,
     path: Path,
@@ -420,6 +490,7 @@ def _check_columns(
     missing_values: tuple[str, ...],
     path: Path,
     first_row: int = 0,
+    whole: bool = True,
 ) -> DatasetRead:
     rows_read = raw.num_rows
     drop = None
@@ -437,7 +508,7 @@ def _check_columns(
     kept = None  # data row numbers (1-based) of the kept rows, when rows were dropped
     if drop is not None:
         kept = np.flatnonzero(~drop) + 1 + first_row
-        if kept.size == 0:
+        if kept.size == 0 and whole:
             raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
         raw = raw.filter(pa.array(~drop))
     checked = {name: _convert(raw.column(name), name, kind, kept, first_row) for name, kind in columns.items()}
