@@ -80,18 +80,15 @@ def bootstrap(rows: int, path: Path) -> None:
 
 
 def run_ours(data: Path, out: Path, beta: float) -> int:
-    import pyarrow as pa
-
-    from privrelease.datasets import read_dataset, write_parquet
+    from privrelease.datasets import read_row_groups
+    from privrelease.flows.outputs import write_table
+    from privrelease.mechanisms.partitioned import streamed_sdgs
     from privrelease.mechanisms.schemes import ValueMap
-    from privrelease.mechanisms.sdgs import sdgs
 
     schemes = {column: ValueMap(tuple(hierarchy(column))) for column in COLUMNS}
-    table = read_dataset(data, format="parquet", columns=COLUMNS).table
-    result = sdgs(table, schemes, k=K, beta=beta, epsilon=EPSILON)
-    assert isinstance(result.table, pa.Table), "in-process SDGS returns one table"
-    write_parquet(result.table, out)
-    return result.table.num_rows
+    tables = (read.table for read in read_row_groups(data, columns=COLUMNS))
+    result = streamed_sdgs(tables, schemes, k=K, beta=beta, epsilon=EPSILON)
+    return write_table(result.table, out, "parquet")
 
 
 def baseline_sql(data: Path, out: Path, beta: float) -> str:
@@ -128,7 +125,7 @@ def run_baseline(data: Path, out: Path, beta: float) -> int:
 def worker(kind: str, data: Path, out: Path, beta: float) -> None:
     """One timed run in this (fresh) process, imports done before the clock starts; prints
     one JSON line."""
-    modules = ("privrelease.datasets", "privrelease.mechanisms.sdgs") if kind == "ours" else ("duckdb",)
+    modules = ("privrelease.flows.outputs", "privrelease.mechanisms.partitioned") if kind == "ours" else ("duckdb",)
     for module in modules:
         importlib.import_module(module)
     start = time.perf_counter()
