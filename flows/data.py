@@ -329,16 +329,24 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
             sum(read.rows_dropped for read in reads),
         )
     return read_dataset(
-        run.data_path,
-        format=dataset.format,
-        columns=spec.columns,
-        **csv_arguments(dataset.csv),
-        missing=spec.missing,
-        missing_values=spec.missing_values,
-        domains=dict(spec.domains),
-        expected_sha256=expected_sha256,
-        handle=_data_handle(run),
+        run.data_path, format=dataset.format, **csv_arguments(dataset.csv), **_read_arguments(run, expected_sha256)
     )
+
+
+def _read_arguments(run: RunContext, expected_sha256: str) -> dict[str, Any]:
+    """How the run's data file is read and checked (the policy's columns, missing values and
+    domains), through the run's open file, from bytes that must hash to ``expected_sha256``."""
+    from privrelease.flows.partitions import ReadSpec
+
+    spec = ReadSpec.of(run.loaded().policy.dataset)
+    return {
+        "columns": spec.columns,
+        "missing": spec.missing,
+        "missing_values": spec.missing_values,
+        "domains": dict(spec.domains),
+        "expected_sha256": expected_sha256,
+        "handle": _data_handle(run),
+    }
 
 
 def _data_handle(run: RunContext) -> BinaryIO:
@@ -407,18 +415,8 @@ def _row_groups(run: RunContext, expected_sha256: str) -> Iterator[Any]:
     """The checked row groups of the run's Parquet file (:func:`privrelease.datasets.read_row_groups`),
     parsed from bytes read through the run's open file that hash to ``expected_sha256``."""
     from privrelease.datasets import read_row_groups
-    from privrelease.flows.partitions import ReadSpec
 
-    spec = ReadSpec.of(run.loaded().policy.dataset)
-    return read_row_groups(
-        run.data_path,
-        columns=spec.columns,
-        missing=spec.missing,
-        missing_values=spec.missing_values,
-        domains=dict(spec.domains),
-        expected_sha256=expected_sha256,
-        handle=_data_handle(run),
-    )
+    return read_row_groups(run.data_path, **_read_arguments(run, expected_sha256))
 
 
 def _recorded_fingerprint(run: RunContext) -> str:

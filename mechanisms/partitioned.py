@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -251,19 +250,3 @@ def streamed_sdgs(
     check_parameters(k, beta, epsilon)
     merged = merge_counts([count_cells(table, schemes, beta=beta) for table in partitions])
     return microdata(merged, k=k, beta=beta, epsilon=epsilon, rows_per_file=rows_per_file)
-
-
-def partitioned_sdgs(
-    partitions: Iterable[pa.Table],
-    schemes: Mapping[str, ColumnScheme],
-    *,
-    k: int,
-    beta: float,
-    epsilon: float,
-    rows_per_file: int = ROWS_PER_FILE,
-) -> tuple[list[pa.Table], MechanismResult]:
-    """:func:`streamed_sdgs` with its pieces computed: the output files, and the release's
-    facts and event with an empty table of the output's columns."""
-    streamed = streamed_sdgs(partitions, schemes, k=k, beta=beta, epsilon=epsilon, rows_per_file=rows_per_file)
-    assert isinstance(streamed.table, Pieces), "streamed SDGS computes its pieces as they are written"
-    return list(streamed.table.tables), replace(streamed, table=streamed.table.schema.empty_table())

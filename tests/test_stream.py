@@ -23,13 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_flow_steps import ledger_entries, runs, verify_intact
+from test_flow_steps import ledger_entries, runs, swap_after_fingerprint, verify_intact
 
 from privrelease.datasets import read_dataset, read_row_groups
 from privrelease.errors import UserError
 from privrelease.files import sha256_file
 from privrelease.flows import data as flow_data
-from privrelease.flows import scaled, steps
+from privrelease.flows import scaled
 from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import partitioned
 from privrelease.mechanisms.results import Pieces
@@ -284,25 +284,7 @@ def test_a_parquet_file_swapped_after_the_fingerprint_is_never_released(parquet_
     data = folder / "data.parquet"
     original_sha256 = sha256_file(data)
     monkeypatch.setattr(flow_data, "_read", never_one_table)
-    if when == "before the read":
-        original = steps.reserve_budget
-
-        def then_swap(*args, **kwargs):
-            result = original(*args, **kwargs)
-            swap(data)
-            return result
-
-        monkeypatch.setattr(steps, "reserve_budget", then_swap)
-    else:
-        original = steps.read_data
-
-        def then_swap(run, dataset):
-            result = original(run, dataset)
-            steps.forget_data(run.run_id)
-            swap(data)
-            return result
-
-        monkeypatch.setattr(steps, "read_data", then_swap)
+    swap_after_fingerprint(monkeypatch, when, lambda: swap(data))
     if when == "before the read" and swap is _renamed_over:
         release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
         (run,) = runs()
@@ -322,14 +304,7 @@ def test_a_second_process_computes_the_partials_again(parquet_release, monkeypat
     bytes hashing to the recorded fingerprint, and releases."""
     folder = parquet_release
     monkeypatch.setattr(flow_data, "_read", never_one_table)
-    original = steps.read_data
-
-    def then_forget(run, dataset):
-        result = original(run, dataset)
-        steps.forget_data(run.run_id)
-        return result
-
-    monkeypatch.setattr(steps, "read_data", then_forget)
+    swap_after_fingerprint(monkeypatch, "before a second process reads", lambda: None)
     published = release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
     assert {Path(o["path"]).stem for o in published.outputs} == {"microdata", "cells"}
     (run,) = runs()
