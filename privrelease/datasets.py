@@ -21,7 +21,7 @@ on. ``column.cast(pa.string())`` decodes one where plain strings are needed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -134,40 +134,39 @@ def read_row_groups(
     parsed), one row group at a time: each row group's declared columns, checked as a whole
     file is (errors name the file's data rows). A row group whose every row is dropped
     (``missing="drop"``) gives an empty table; empty row groups give nothing; a file without a
-    row left is an error, as in :func:`read_dataset`. The next row group is parsed in a
-    background thread while the caller works on this one (Arrow decodes without the GIL), so
-    at most two row groups are held at once, never the whole table."""
+    row left is an error, as in :func:`read_dataset`. The next row group is parsed and checked
+    in a background thread while the caller works on this one (Arrow decodes without the
+    GIL), so at most two row groups are held at once, never the whole table."""
     path = Path(path)
     _check_arguments("parquet", columns, missing)
     data = _file_bytes(path, handle, expected_sha256)
-    metadata = _parquet_metadata(data, path)
+    file = _open_parquet(pa.BufferReader(data), path, columns, None)
+    metadata = file.metadata
     groups = [group for group in range(metadata.num_row_groups) if metadata.row_group(group).num_rows]
     first_rows = np.cumsum([0] + [metadata.row_group(group).num_rows for group in groups]).tolist()
+
+    def read(at: int) -> DatasetRead:
+        raw = _parquet_groups(file, path, columns, (groups[at],))
+        return check_dataset(
+            raw,
+            path,
+            columns,
+            missing=missing,
+            missing_values=missing_values,
+            domains=domains,
+            first_row=first_rows[at],
+            whole=False,
+        )
+
     left = 0
     with ThreadPoolExecutor(1, thread_name_prefix="privrelease-read") as pool:
-
-        def parse(at: int) -> Future[pa.Table]:
-            return pool.submit(
-                parse_parquet, pa.BufferReader(data), path, columns, metadata=metadata, row_groups=(groups[at],)
-            )
-
-        pending = parse(0) if groups else None
+        pending = pool.submit(read, 0) if groups else None
         for at in range(len(groups)):
-            assert pending is not None, "a row group is being parsed"
-            raw = pending.result()
-            pending = parse(at + 1) if at + 1 < len(groups) else None
-            read = check_dataset(
-                raw,
-                path,
-                columns,
-                missing=missing,
-                missing_values=missing_values,
-                domains=domains,
-                first_row=first_rows[at],
-                whole=False,
-            )
-            left += read.table.num_rows
-            yield read
+            assert pending is not None, "a row group is being read"
+            done = pending.result()
+            pending = pool.submit(read, at + 1) if at + 1 < len(groups) else None
+            left += done.table.num_rows
+            yield done
     if not groups:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
     if not left:
@@ -412,14 +411,6 @@ def _first_line(data: pa.Buffer) -> bytes:
     return view.tobytes()
 
 
-def _parquet_metadata(data: pa.Buffer, path: Path) -> pq.FileMetaData:
-    """The footer of the Parquet file whose bytes are ``data``."""
-    try:
-        return pq.read_metadata(pa.BufferReader(data))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
-
-
 def parse_parquet(
     source: Any,
     path: Path,
@@ -431,6 +422,12 @@ def parse_parquet(
     """The declared ``columns`` of the Parquet file at ``source`` (a pyarrow-readable file;
     ``path`` names it in errors), text as dictionary columns; with ``metadata`` (its parsed
     footer) and ``row_groups``, only those row groups, read through that footer."""
+    return _parquet_groups(_open_parquet(source, path, columns, metadata), path, columns, row_groups)
+
+
+def _open_parquet(source: Any, path: Path, columns: dict[str, str], metadata: pq.FileMetaData | None) -> pq.ParquetFile:
+    """The Parquet file at ``source`` (through ``metadata`` when given), opened to read the
+    declared ``columns`` (each must be present), text as dictionary columns."""
     try:
         schema = metadata.schema.to_arrow_schema() if metadata is not None else pq.read_schema(source)
         _require_present(path, columns, schema.names)
@@ -440,7 +437,16 @@ def parse_parquet(
             if columns[name] == "string"
             and (pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type))
         ]
-        file = pq.ParquetFile(source, metadata=metadata, read_dictionary=as_dictionary)
+        return pq.ParquetFile(source, metadata=metadata, read_dictionary=as_dictionary)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
+
+
+def _parquet_groups(
+    file: pq.ParquetFile, path: Path, columns: dict[str, str], row_groups: Sequence[int] | None
+) -> pa.Table:
+    """The declared ``columns`` of an opened file's ``row_groups`` (None: all)."""
+    try:
         if row_groups is None:
             return file.read(columns=list(columns))
         return file.read_row_groups(list(row_groups), columns=list(columns))
