@@ -174,7 +174,12 @@ def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.nd
     pieces: list[tuple[np.ndarray, np.ndarray]] = []
     for start in range(0, total, _ASSIGN_BATCH):
         stop = min(total, start + _ASSIGN_BATCH)
-        cell = np.searchsorted(cumulative, np.arange(start, stop, dtype=np.int64), side="right")
+        # rows [start, stop) in cell order: cell c holds rows [cumulative[c] - counts[c], cumulative[c])
+        lo, hi = np.searchsorted(cumulative, [start, stop - 1], side="right")
+        within = np.minimum(cumulative[lo : hi + 1], stop) - np.maximum(
+            cumulative[lo : hi + 1] - counts[lo : hi + 1], start
+        )
+        cell = np.repeat(np.arange(lo, hi + 1), within)
         size = stop - start
         draws = randomness.random_uint64(-(-size * np.dtype(width).itemsize // 8)).view(width)[:size]
         key = np.bitwise_and(draws, mask).astype(np.int64) * cells + cell

@@ -178,6 +178,20 @@ def test_rows_pick_files_uniformly() -> None:
     assert chisquare(single).pvalue > ALPHA
 
 
+@pytest.mark.parametrize("batch", [1, 3, 7, 64, 1 << 22])
+@pytest.mark.parametrize("files", [1, 2, 8])
+def test_every_row_is_assigned_once_across_batches(monkeypatch, batch: int, files: int) -> None:
+    """Rows are given files in batches that cut cells anywhere (empty cells included): per
+    cell, the rows over all files add up to its count, each file's cells ascending."""
+    monkeypatch.setattr(partitioned, "_ASSIGN_BATCH", batch)
+    counts = np.array([0, 5, 1, 0, 0, 12, 3, 0, 9, 1, 0])
+    total = np.zeros(len(counts), np.int64)
+    for cells, rows_in_file in partitioned.assign_files(counts, files):
+        assert np.all(np.diff(cells) > 0) and np.all(rows_in_file > 0)
+        np.add.at(total, cells, rows_in_file)
+    assert total.tolist() == counts.tolist()
+
+
 def test_file_count_and_empty_release() -> None:
     assert [partitioned.file_count(m, 10) for m in (0, 1, 10, 11, 21, 1000)] == [1, 1, 1, 2, 4, 128]
     with pytest.raises(ValueError):
