@@ -33,7 +33,7 @@ from privrelease.flows import scaled
 from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import partitioned
 from privrelease.mechanisms.results import Pieces
-from privrelease.mechanisms.schemes import Bins, Keep, ValueMap
+from privrelease.mechanisms.schemes import Bins, Keep, Suppress, TopBottomCoding, ValueMap
 from privrelease.mechanisms.sdgs import sdgs
 
 COLUMNS = {"age": "integer", "sex": "string", "zone": "string"}
@@ -156,6 +156,21 @@ def test_streamed_sdgs_is_sdgs_of_the_whole_table(tmp_path, groups):
     assert streamed.public_facts == whole.public_facts
     assert streamed.internal_facts == whole.internal_facts
     assert streamed.event == whole.event
+
+
+def test_a_row_group_without_rows_left_counts_nothing(tmp_path):
+    """missing="drop" empties the middle row group: it adds no cell and no label, for every
+    kind of scheme (top/bottom coding and keep take their labels from the values)."""
+    path = tmp_path / "data.parquet"
+    write_groups(path, [40, 1, 40], missing_at=40)
+    schemes = {"age": TopBottomCoding(lower=20, upper=80), "sex": Keep(), "zone": Suppress()}
+    whole = read_dataset(path, format="parquet", columns=COLUMNS, missing="drop")
+    expected = sdgs(whole.table, schemes, k=1, beta=1.0, epsilon=0.0)
+    tables = (read.table for read in read_row_groups(path, columns=COLUMNS, missing="drop"))
+    streamed = partitioned.streamed_sdgs(tables, schemes, k=1, beta=1.0, epsilon=0.0)
+    assert isinstance(streamed.table, Pieces)
+    assert cells(pa.concat_tables(list(streamed.table.tables))) == cells(expected.table)
+    assert streamed.internal_facts == expected.internal_facts
 
 
 def test_streamed_sdgs_samples_each_row_independently(tmp_path):
