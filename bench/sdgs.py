@@ -7,8 +7,12 @@ Parquet file in a temporary directory, then, for beta = 0.1 and 0.5 with k = 20 
 level-1 ARX hierarchies of 8 columns (sex, age, race, marital-status, education,
 native-country, workclass, occupation), times end to end, each run in a fresh process:
 
-- ours: ``read_dataset`` (Parquet) -> ``sdgs`` (sample, generalize, count, suppress, shuffle)
-  -> Parquet file of the surviving rows (dictionary-encoded columns);
+- ours: the path of an in-process release of a Parquet file whose mechanisms all stream:
+  ``read_row_groups`` (the file's bytes read once, row groups decoded and checked one at a
+  time) -> ``streamed_sdgs`` (per row group: Bernoulli sample, generalize, count cells; then
+  the counts merged, cells below k suppressed, the rows in random pieces, each shuffled) ->
+  ``write_table`` (the flow's writer: one Parquet file, a row group per piece, each written
+  while the next is computed; dictionary-encoded columns);
 - baseline: a hand-written DuckDB SQL script on the same file: Bernoulli sample, joins to the
   hierarchy tables, GROUP BY / HAVING count(*) >= k joined back, ORDER BY random(), COPY to
   Parquet (DuckDB with its default threads).
