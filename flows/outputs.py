@@ -82,7 +82,8 @@ def _write_pieces(pieces: Pieces, temp: Path, output_format: str, path: Path) ->
 
 def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     """Run the policy mechanism ``name`` on the run's data (on Dask or after a streamed read,
-    :func:`.data.streams`: finish it from the merged partial results) and write its output to the staging folder. The realized event must be the planned one (what was reserved)."""
+    :func:`.data.streams`: finish it from the merged partial results) and write its output to
+    the staging folder. The realized event must be the planned one (what was reserved)."""
     from privrelease.mechanisms.events import event_to_json
 
     loaded = run.loaded()

@@ -296,11 +296,11 @@ class SdgsMechanism(Generalizing):
         return SelectionJob(self._candidates(loaded), self.beta)
 
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
-        """Suppress with the merged counts; the microdata as pieces (:func:`.partitioned.microdata`), each
-        published row in a uniformly random piece and position. With ``select_scheme`` the
-        exponential mechanism first chooses a candidate from the merged counts of all rows (as
-        in-process), and the release is that candidate's sample, drawn independently of the
-        choice: the in-process distribution, and the same composed event."""
+        """Suppress with the merged counts; the microdata as pieces, each published row in a
+        uniformly random piece and position (:func:`.partitioned.microdata`). With
+        ``select_scheme`` the exponential mechanism first chooses a candidate from the merged
+        counts of all rows (as in-process), and the release is that candidate's sample, drawn
+        independently of the choice: the in-process distribution, and the same composed event."""
         from privrelease.mechanisms import partitioned
 
         selection = None
