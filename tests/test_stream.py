@@ -324,3 +324,47 @@ def test_a_second_process_computes_the_partials_again(parquet_release, monkeypat
     assert {Path(o["path"]).stem for o in published.outputs} == {"microdata", "cells"}
     (run,) = runs()
     assert run.status == "succeeded"
+
+
+def test_a_bad_value_in_a_later_row_group_publishes_nothing(parquet_release):
+    """``sex = 'planted-X7'`` (outside its declared values) in the second row group: the run
+    fails before any output, the reservation is released; the operator's error names the
+    value's row in the file, the recorded error does not quote it."""
+    folder = parquet_release
+    data = folder / "data.parquet"
+    table = pq.read_table(data)
+    sex = table.column("sex").to_pylist()
+    sex[4_321] = "planted-X7"
+    pq.write_table(table.set_column(1, "sex", pa.array(sex)), data, row_group_size=4_000)
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
+    assert "planted-X7" in caught.value.detail and "data row 4322" in caught.value.detail
+    assert "planted-X7" not in str(caught.value)
+    (run,) = runs()
+    assert run.status == "failed" and "planted-X7" not in (run.error or "")
+    assert [e.state for e in ledger_entries()] == ["released"]
+    assert not (folder / "out").exists() or not any((folder / "out").iterdir())
+
+
+def test_a_streamed_release_selects_its_scheme_from_all_rows(parquet_release, monkeypatch):
+    """SDGS with ``select_scheme`` streams too: per row group the candidates' counts of all
+    rows and of the sample; the exponential mechanism chooses from the merged counts, and the
+    microdata are the chosen candidate's (both candidates publish every cell here)."""
+    folder = parquet_release
+    monkeypatch.setattr(flow_data, "_read", never_one_table)
+    policy = folder / "policy.yaml"
+    policy.write_text(
+        POLICY.replace(
+            "mechanisms:",
+            "candidate_schemes:\n  coarse: {age: {bins: [0, 50, 100]}}\n  fine: {age: {bins: [0, 40, 100]}}\nmechanisms:",
+        ).replace(
+            "k: 20, epsilon: 1.0}\n  - {name: cells",
+            "k: 20, epsilon: 1.0, select_scheme: {epsilon: 1.0, candidates: [coarse, fine]}}\n  - {name: cells",
+        )
+    )
+    assert "select_scheme: {epsilon: 1.0, candidates: [coarse, fine]}" in policy.read_text()
+    published = release_plain(policy_path=str(policy), out_dir=str(folder / "out"))
+    micro = {Path(o["path"]).stem: pq.read_table(o["path"]) for o in published.outputs}["microdata"]
+    ages = set(micro.column("age").cast(pa.string()).to_pylist())
+    assert ages in ({"0-50", "50-100"}, {"0-40", "40-100"})
+    assert 800 < micro.num_rows < 1200
