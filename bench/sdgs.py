@@ -7,8 +7,12 @@ Parquet file in a temporary directory, then, for beta = 0.1 and 0.5 with k = 20 
 level-1 ARX hierarchies of 8 columns (sex, age, race, marital-status, education,
 native-country, workclass, occupation), times end to end, each run in a fresh process:
 
-- ours: ``read_dataset`` (Parquet) -> ``sdgs`` (sample, generalize, count, suppress, shuffle)
-  -> Parquet file of the surviving rows (dictionary-encoded columns);
+- ours: the path of an in-process release of a Parquet file whose mechanisms all stream:
+  ``read_row_groups`` (the file's bytes read once, row groups decoded and checked one at a
+  time) -> ``streamed_sdgs`` (per row group: Bernoulli sample, generalize, count cells; then
+  the counts merged, cells below k suppressed, the rows in random pieces, each shuffled) ->
+  ``write_table`` (the flow's writer: one Parquet file, a row group per piece, each written
+  while the next is computed; dictionary-encoded columns);
 - baseline: a hand-written DuckDB SQL script on the same file: Bernoulli sample, joins to the
   hierarchy tables, GROUP BY / HAVING count(*) >= k joined back, ORDER BY random(), COPY to
   Parquet (DuckDB with its default threads).
@@ -80,18 +84,15 @@ def bootstrap(rows: int, path: Path) -> None:
 
 
 def run_ours(data: Path, out: Path, beta: float) -> int:
-    import pyarrow as pa
-
-    from privrelease.datasets import read_dataset, write_parquet
+    from privrelease.datasets import read_row_groups
+    from privrelease.flows.outputs import write_table
+    from privrelease.mechanisms.partitioned import streamed_sdgs
     from privrelease.mechanisms.schemes import ValueMap
-    from privrelease.mechanisms.sdgs import sdgs
 
     schemes = {column: ValueMap(tuple(hierarchy(column))) for column in COLUMNS}
-    table = read_dataset(data, format="parquet", columns=COLUMNS).table
-    result = sdgs(table, schemes, k=K, beta=beta, epsilon=EPSILON)
-    assert isinstance(result.table, pa.Table), "in-process SDGS returns one table"
-    write_parquet(result.table, out)
-    return result.table.num_rows
+    tables = (read.table for read in read_row_groups(data, columns=COLUMNS))
+    result = streamed_sdgs(tables, schemes, k=K, beta=beta, epsilon=EPSILON)
+    return write_table(result.table, out, "parquet")
 
 
 def baseline_sql(data: Path, out: Path, beta: float) -> str:
@@ -128,7 +129,7 @@ def run_baseline(data: Path, out: Path, beta: float) -> int:
 def worker(kind: str, data: Path, out: Path, beta: float) -> None:
     """One timed run in this (fresh) process, imports done before the clock starts; prints
     one JSON line."""
-    modules = ("privrelease.datasets", "privrelease.mechanisms.sdgs") if kind == "ours" else ("duckdb",)
+    modules = ("privrelease.flows.outputs", "privrelease.mechanisms.partitioned") if kind == "ours" else ("duckdb",)
     for module in modules:
         importlib.import_module(module)
     start = time.perf_counter()

@@ -1,12 +1,13 @@
 """Steps 3-6 of a release: fingerprint the dataset (no contents), plan every guarantee from
 the policy, reserve the budget, then read the data (in this process, or partition by
-partition on the Dask engine with every mechanism's partial result in the same pass)."""
+partition on the Dask engine, or row group by row group in this process, with every
+mechanism's partial result in the same pass)."""
 
 from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -328,16 +329,24 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
             sum(read.rows_dropped for read in reads),
         )
     return read_dataset(
-        run.data_path,
-        format=dataset.format,
-        columns=spec.columns,
-        **csv_arguments(dataset.csv),
-        missing=spec.missing,
-        missing_values=spec.missing_values,
-        domains=dict(spec.domains),
-        expected_sha256=expected_sha256,
-        handle=_data_handle(run),
+        run.data_path, format=dataset.format, **csv_arguments(dataset.csv), **_read_arguments(run, expected_sha256)
     )
+
+
+def _read_arguments(run: RunContext, expected_sha256: str) -> dict[str, Any]:
+    """How the run's data file is read and checked (the policy's columns, missing values and
+    domains), through the run's open file, from bytes that must hash to ``expected_sha256``."""
+    from privrelease.flows.partitions import ReadSpec
+
+    spec = ReadSpec.of(run.loaded().policy.dataset)
+    return {
+        "columns": spec.columns,
+        "missing": spec.missing,
+        "missing_values": spec.missing_values,
+        "domains": dict(spec.domains),
+        "expected_sha256": expected_sha256,
+        "handle": _data_handle(run),
+    }
 
 
 def _data_handle(run: RunContext) -> BinaryIO:
@@ -355,7 +364,8 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
     are committed), then read and check the declared columns. What is read must be what was
     fingerprinted: its bytes are read once and must hash to the fingerprint. On Dask the
     workers read partition by partition and compute every mechanism's partial result in the
-    same pass (:func:`.scaled.read_partials`)."""
+    same pass (:func:`.scaled.read_partials`); in-process, a Parquet file whose mechanisms all
+    stream is read and computed the same way, one row group at a time (:func:`streams`)."""
     from privrelease.audit import records
 
     with _session() as s:
@@ -374,10 +384,47 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
             "workers": engines.workers(run.run_id),
         }
         return ReadFacts(read.rows_read, read.rows_dropped, read_at, engine=engine)
+    if streams(run):
+        from privrelease.flows.scaled import stream_partials
+
+        with withholding("reading the data"):
+            streamed = stream_partials(run.loaded(), _row_groups(run, dataset.sha256))
+        engines.held(run.run_id).partials = streamed.partials
+        return ReadFacts(streamed.rows_read, streamed.rows_dropped, read_at)
     with withholding("reading the data"):
         result = _read(run, dataset.sha256, dataset.files)
     engines.held(run.run_id).table = result.table
     return ReadFacts(result.rows_read, result.rows_dropped, read_at)
+
+
+def streams(run: RunContext) -> bool:
+    """Whether the run's in-process read computes every mechanism's partial result as Dask
+    does, one row group at a time (:func:`.scaled.stream_partials`), and never holds the whole
+    table: a Parquet file (not a folder) whose mechanisms all stream
+    (:attr:`~privrelease.mechanisms.kinds.MechanismKind.streams`)."""
+    loaded = run.loaded()
+    return (
+        not run.engine.scaled
+        and loaded.policy.dataset.format == "parquet"
+        and not Path(run.data_path).is_dir()
+        and all(spec.streams for spec in loaded.policy.mechanisms)
+    )
+
+
+def _row_groups(run: RunContext, expected_sha256: str) -> Iterator[Any]:
+    """The checked row groups of the run's Parquet file (:func:`privrelease.datasets.read_row_groups`),
+    parsed from bytes read through the run's open file that hash to ``expected_sha256``."""
+    from privrelease.datasets import read_row_groups
+
+    return read_row_groups(run.data_path, **_read_arguments(run, expected_sha256))
+
+
+def _recorded_fingerprint(run: RunContext) -> str:
+    """The dataset fingerprint the run recorded (its reservation names it)."""
+    from privrelease.audit.models import Run
+
+    with _session() as s:
+        return s.get(Run, run.run_id).dataset_fingerprint
 
 
 def run_table(run: RunContext) -> pa.Table:
@@ -385,10 +432,7 @@ def run_table(run: RunContext) -> pa.Table:
     in another process), from bytes that hash to the run's recorded fingerprint."""
     state = engines.held(run.run_id)
     if state.table is None:
-        from privrelease.audit.models import Run
-
-        with _session() as s:
-            fingerprint = s.get(Run, run.run_id).dataset_fingerprint
+        fingerprint = _recorded_fingerprint(run)
         files: Sequence[DataFile] = ()
         if Path(run.data_path).is_dir():
             facts = _fingerprint_files(run, run.loaded(), Path(run.data_path))
@@ -400,10 +444,16 @@ def run_table(run: RunContext) -> pa.Table:
 
 
 def run_partials(run: RunContext) -> dict[str, Any]:
-    """Every mechanism's merged partial result, read by :func:`read_data` in this process (Dask)."""
-    partials = engines.held(run.run_id).partials
-    assert partials is not None, f"run {run.run_id}: the read step computes the partial results in this process"
-    return partials
+    """Every mechanism's merged partial result: computed by :func:`read_data` in this process
+    (Dask, or a streamed read: :func:`streams`), or for a streamed read computed again here (a
+    task in another process) from bytes that hash to the run's recorded fingerprint."""
+    state = engines.held(run.run_id)
+    if state.partials is None:
+        assert not run.engine.scaled, f"run {run.run_id}: the read step computes the partial results in this process"
+        from privrelease.flows.scaled import stream_partials
+
+        state.partials = stream_partials(run.loaded(), _row_groups(run, _recorded_fingerprint(run))).partials
+    return state.partials
 
 
 def forget_data(run_id: str) -> None:

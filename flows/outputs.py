@@ -1,6 +1,6 @@
 """Step 7 of a release: run one policy mechanism (its kind's ``run`` in-process, or its
-``finish`` from the Dask partials: :mod:`privrelease.mechanisms.kinds`) and write its output to
-the staging folder."""
+``finish`` from the partials of Dask or of a streamed in-process read:
+:mod:`privrelease.mechanisms.kinds`) and write its output to the staging folder."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from privrelease.flows.context import (
     safe_name,
     withholding,
 )
-from privrelease.flows.data import run_partials, run_table
+from privrelease.flows.data import run_partials, run_table, streams
 from privrelease.mechanisms.results import Pieces
 
 
@@ -81,8 +81,9 @@ def _write_pieces(pieces: Pieces, temp: Path, output_format: str, path: Path) ->
 
 
 def run_mechanism(run: RunContext, name: str) -> OutputFacts:
-    """Run the policy mechanism ``name`` on the run's data (on Dask: finish it from the merged
-    partial results) and write its output to the staging folder. The realized event must be the planned one (what was reserved)."""
+    """Run the policy mechanism ``name`` on the run's data (on Dask or after a streamed read,
+    :func:`.data.streams`: finish it from the merged partial results) and write its output to
+    the staging folder. The realized event must be the planned one (what was reserved)."""
     from privrelease.mechanisms.events import event_to_json
 
     loaded = run.loaded()
@@ -91,7 +92,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     file = f"{safe_name(name)}.{run.output_format}"
     path = run.staging_dir / file
     with withholding(step):
-        if run.engine.scaled:
+        if run.engine.scaled or streams(run):
             result = spec.finish(loaded, run_partials(run)[name])
         else:
             result = spec.run(loaded, run_table(run))

@@ -477,9 +477,15 @@ def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> Par
     _adaptive_malloc()
     with withholding("reading the data", PartitionError):
         read = read_partition(partition, spec)
+    return job_partials(read, jobs, PartitionError)
+
+
+def job_partials(read: Any, jobs: tuple[Any, ...], error_type: type[DataStepError] = DataStepError) -> PartitionResult:
+    """Every job's partial result on one read partition (a :class:`~privrelease.datasets.DatasetRead`);
+    an error is raised as ``error_type`` naming the job's step."""
     results = {}
     for job in jobs:
-        with withholding(job.step, PartitionError):
+        with withholding(job.step, error_type):
             results[job.name] = job.partial(read.table)
     # No release_unused() of Arrow's pool here: its allocator reuses the freed partition for the
     # next one; handing it back to the OS after every partition made the next one fault it in

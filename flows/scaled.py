@@ -13,7 +13,7 @@ runs in-process only: :func:`check_engine` says so before anything runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,22 +59,42 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     error a worker raised with data in hand arrives as a :class:`.partitions.PartitionError`
     and leaves as a plain :class:`.context.DataStepError` (which never pickles its details)."""
     from privrelease.flows import engines
-    from privrelease.flows.context import DataStepError, mechanism_step
+    from privrelease.flows.context import DataStepError
     from privrelease.flows.partitions import PartitionError, ReadSpec, partials, plan_partitions
 
-    jobs = tuple(
-        NamedJob(spec.name, mechanism_step(spec), spec.job(loaded))  # check_engine: every job exists
-        for spec in loaded.policy.mechanisms
-    )
+    jobs = named_jobs(loaded)  # check_engine: every job exists
     parts = plan_partitions(files, engine.rows_per_partition)
     try:
         results = engines.map_gather(run_id, partials, parts, spec=ReadSpec.of(loaded.policy.dataset), jobs=jobs)
     except PartitionError as error:
         raise DataStepError(error.step, error.original) from None
+    return _merged(jobs, results)
+
+
+def stream_partials(loaded: Any, reads: Iterable[Any]) -> Partials:
+    """Each mechanism's merged partial result over ``reads`` (checked row groups,
+    :func:`privrelease.datasets.read_row_groups`), computed in this process one read at a time
+    as on Dask (:func:`.partitions.job_partials`): the in-process release of a Parquet file
+    whose mechanisms all :attr:`~privrelease.mechanisms.kinds.MechanismKind.streams`."""
+    from privrelease.flows.partitions import job_partials
+
+    jobs = named_jobs(loaded)
+    return _merged(jobs, [job_partials(read, jobs) for read in reads])
+
+
+def named_jobs(loaded: Any) -> tuple[NamedJob, ...]:
+    """Every mechanism's job, named (each must have one)."""
+    from privrelease.flows.context import mechanism_step
+
+    return tuple(NamedJob(spec.name, mechanism_step(spec), spec.job(loaded)) for spec in loaded.policy.mechanisms)
+
+
+def _merged(jobs: tuple[NamedJob, ...], results: list[Any]) -> Partials:
+    """The partitions' results (:class:`.partitions.PartitionResult`, in partition order) merged per job."""
     return Partials(
         rows_read=sum(result.rows_read for result in results),
         rows_dropped=sum(result.rows_dropped for result in results),
-        partitions=len(parts),
+        partitions=len(results),
         partials={item.name: item.merge([result.partials[item.name] for result in results]) for item in jobs},
     )
 

@@ -113,8 +113,9 @@ def _encode(
 ) -> CodedColumn:
     _reject_nulls(column, name)
     chunks = _source_chunks(column)
+    empty = pa.array([], column.type.value_type if pa.types.is_dictionary(column.type) else column.type)
     distinct = _distinct_value_sets(chunks)
-    labels = _label_set(scheme, distinct, name)
+    labels = _label_set(scheme, distinct or [empty], name)  # no rows: the column's type still decides
     lookups = [(values, _lookup(values, scheme, labels, name)) for values in distinct]
     luts = [next(lut for values, lut in lookups if values is chunk.values) for chunk in chunks]
     _check_domain(chunks, luts, scheme, name)

@@ -48,11 +48,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from privrelease.mechanisms import randomness
-from privrelease.mechanisms.results import MechanismResult
+from privrelease.mechanisms.results import MechanismResult, Pieces
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release, shuffled_repeat
 
 _INT64_SAFE = 1 << 62
+ROWS_PER_FILE = 250_000
+"""Published rows per output piece (a Parquet row group, a CSV block), at most: pieces of
+this size let one be written while the next is computed (1 M rows in one piece wrote 0.03 s
+slower at 1 M published rows, bench/sdgs.py)."""
 _ASSIGN_BATCH = 1 << 22
 """Published rows given a file per batch in :func:`assign_files` (bounds its memory)."""
 _DENSE_KEYS = 1 << 24
@@ -160,6 +164,9 @@ def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.nd
     bits of CSPRNG bytes). Per file: (cells with at least one row in it, ascending; their row
     counts there). Memory is bounded by batches of published rows."""
     assert files >= 1 and files & (files - 1) == 0, f"files must be a power of two; got {files}"
+    if files == 1:  # every row in the one file: no draw needed
+        present = np.flatnonzero(counts)
+        return [(present, counts[present].astype(np.int64))]
     width = next(dtype for dtype in (np.uint8, np.uint16, np.uint32, np.uint64) if files - 1 <= np.iinfo(dtype).max)
     mask = width(files - 1)
     cells = len(counts)
@@ -169,7 +176,12 @@ def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.nd
     pieces: list[tuple[np.ndarray, np.ndarray]] = []
     for start in range(0, total, _ASSIGN_BATCH):
         stop = min(total, start + _ASSIGN_BATCH)
-        cell = np.searchsorted(cumulative, np.arange(start, stop, dtype=np.int64), side="right")
+        # rows [start, stop) in cell order: cell c holds rows [cumulative[c] - counts[c], cumulative[c])
+        lo, hi = np.searchsorted(cumulative, [start, stop - 1], side="right")
+        within = np.minimum(cumulative[lo : hi + 1], stop) - np.maximum(
+            cumulative[lo : hi + 1] - counts[lo : hi + 1], start
+        )
+        cell = np.repeat(np.arange(lo, hi + 1), within)
         size = stop - start
         draws = randomness.random_uint64(-(-size * np.dtype(width).itemsize // 8)).view(width)[:size]
         key = np.bitwise_and(draws, mask).astype(np.int64) * cells + cell
@@ -210,23 +222,38 @@ def result(cells: CellCounts, *, k: int, beta: float, epsilon: float) -> Mechani
     return release(cells, empty_output(cells), k=k, beta=beta, epsilon=epsilon, output="microdata")
 
 
-def partitioned_sdgs(
+def microdata(
+    merged: CellCounts, *, k: int, beta: float, epsilon: float, rows_per_file: int = ROWS_PER_FILE
+) -> MechanismResult:
+    """SDGS's output from the cell counts of the whole sample: every cell with ``n_c >= k``
+    with its ``n_c`` rows, the rows split over :func:`file_count` pieces (each row in a
+    uniformly random one, :func:`assign_files`), each piece in uniformly random order
+    (:func:`file_table`) and computed only as it is written (:class:`.results.Pieces`); the
+    facts and event of :func:`result`."""
+    published = published_cells(merged, k)
+    pieces = assign_files(published.counts, file_count(int(published.counts.sum()), rows_per_file))
+    outcome = result(merged, k=k, beta=beta, epsilon=epsilon)
+    tables = (file_table(published, which, counts) for which, counts in pieces)
+    return MechanismResult(
+        Pieces(outcome.table.schema, tables), outcome.event, outcome.public_facts, outcome.internal_facts
+    )
+
+
+def streamed_sdgs(
     partitions: Iterable[pa.Table],
     schemes: Mapping[str, ColumnScheme],
     *,
     k: int,
     beta: float,
     epsilon: float,
-    rows_per_file: int = 1_000_000,
-) -> tuple[list[pa.Table], MechanismResult]:
+    rows_per_file: int = ROWS_PER_FILE,
+) -> MechanismResult:
     """(k, beta)-SDGS microdata of the rows of all ``partitions`` together, one partition in
-    memory at a time (plus the counts): the output files and the release's facts and event
-    (as :func:`.sdgs.sdgs`). The steps the Dask engine (:mod:`privrelease.flows.scaled`) runs on
-    its workers and in the flow, here in one process (the reference its tests compare with)."""
+    memory at a time (plus the counts): per partition its own Bernoulli(beta) sample counted
+    per cell (:func:`.sdgs.count_cells`, the Dask job's partial), the counts added up
+    (:func:`merge_counts`), the output as :func:`microdata` pieces. The steps the Dask engine
+    and an in-process release of a Parquet file run (:mod:`privrelease.flows.scaled`), here
+    from tables; the same output distribution as :func:`.sdgs.sdgs` of their concatenation."""
     check_parameters(k, beta, epsilon)
-    parts = [count_cells(table, schemes, beta=beta) for table in partitions]
-    merged = merge_counts(parts)
-    published = published_cells(merged, k)
-    files = file_count(int(published.counts.sum()), rows_per_file)
-    tables = [file_table(published, which, counts) for which, counts in assign_files(published.counts, files)]
-    return tables, result(merged, k=k, beta=beta, epsilon=epsilon)
+    merged = merge_counts([count_cells(table, schemes, beta=beta) for table in partitions])
+    return microdata(merged, k=k, beta=beta, epsilon=epsilon, rows_per_file=rows_per_file)

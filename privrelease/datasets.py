@@ -20,7 +20,8 @@ on. ``column.cast(pa.string())`` decodes one where plain strings are needed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -109,17 +110,67 @@ def read_dataset(
     """
     path = Path(path)
     _check_arguments(format, columns, missing)
-    if handle is None:
-        with open_checked(path.resolve()) as opened:
-            data = _read_bytes(opened, path, expected_sha256)
-    else:
-        data = _read_bytes(handle, path, expected_sha256)
+    data = _file_bytes(path, handle, expected_sha256)
     if format == "csv":
         dialect, names = _csv_names(_first_line(data), path, columns, delimiter, quote, header, encoding)
         raw = _parse_csv(data, path, columns, dialect, names, encoding, skip_rows=1 if header else 0)
     else:
         raw = parse_parquet(pa.BufferReader(data), path, columns)
     return check_dataset(raw, path, columns, missing=missing, missing_values=missing_values, domains=domains)
+
+
+def read_row_groups(
+    path: str | Path,
+    *,
+    columns: dict[str, str],
+    missing: Literal["reject", "drop"] = "reject",
+    missing_values: tuple[str, ...] = ("", "?"),
+    domains: dict[str, Sequence[Any]] | None = None,
+    expected_sha256: str | None = None,
+    handle: BinaryIO | None = None,
+) -> Iterator[DatasetRead]:
+    """The Parquet file ``path`` as :func:`read_dataset` reads it (its bytes read once, from
+    ``handle`` or its real path, and hashed against ``expected_sha256`` before anything is
+    parsed), one row group at a time: each row group's declared columns, checked as a whole
+    file is (errors name the file's data rows). A row group whose every row is dropped
+    (``missing="drop"``) gives an empty table; empty row groups give nothing; a file without a
+    row left is an error, as in :func:`read_dataset`. The next row group is parsed and checked
+    in a background thread while the caller works on this one (Arrow decodes without the
+    GIL), so at most two row groups are held at once, never the whole table."""
+    path = Path(path)
+    _check_arguments("parquet", columns, missing)
+    data = _file_bytes(path, handle, expected_sha256)
+    file = _open_parquet(pa.BufferReader(data), path, columns, None)
+    metadata = file.metadata
+    groups = [group for group in range(metadata.num_row_groups) if metadata.row_group(group).num_rows]
+    first_rows = np.cumsum([0] + [metadata.row_group(group).num_rows for group in groups]).tolist()
+
+    def read(at: int) -> DatasetRead:
+        raw = _parquet_groups(file, path, columns, (groups[at],))
+        return check_dataset(
+            raw,
+            path,
+            columns,
+            missing=missing,
+            missing_values=missing_values,
+            domains=domains,
+            first_row=first_rows[at],
+            whole=False,
+        )
+
+    left = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="privrelease-read") as pool:
+        pending = pool.submit(read, 0) if groups else None
+        for at in range(len(groups)):
+            assert pending is not None, "a row group is being read"
+            done = pending.result()
+            pending = pool.submit(read, at + 1) if at + 1 < len(groups) else None
+            left += done.table.num_rows
+            yield done
+    if not groups:
+        raise UserError(f"dataset file {str(path)!r} has no data rows")
+    if not left:
+        raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
 
 
 def check_dataset(
@@ -131,15 +182,25 @@ def check_dataset(
     missing_values: tuple[str, ...] = ("", "?"),
     domains: dict[str, Sequence[Any]] | None = None,
     first_row: int = 0,
+    whole: bool = True,
 ) -> DatasetRead:
     """The parsed ``raw`` columns of ``path`` checked and typed as :func:`read_dataset` does;
-    ``raw`` holds the file's data rows ``first_row + 1`` on (the row numbers errors name)."""
+    ``raw`` holds the file's data rows ``first_row + 1`` on (the row numbers errors name).
+    ``whole=False`` (one row group of several): no rows left after dropping is no error here."""
     if raw.num_rows == 0:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
-    read = _check_columns(raw, columns, missing, missing_values, path, first_row)
+    read = _check_columns(raw, columns, missing, missing_values, path, first_row, whole)
     for name, values in (domains or {}).items():
         _check_domain(read.table.column(name), name, values, first_row)
     return read
+
+
+def _file_bytes(path: Path, handle: BinaryIO | None, expected_sha256: str | None) -> pa.Buffer:
+    """The bytes of ``handle``, or of the file at the real path of ``path`` (:func:`_read_bytes`)."""
+    if handle is not None:
+        return _read_bytes(handle, path, expected_sha256)
+    with open_checked(path.resolve()) as opened:
+        return _read_bytes(opened, path, expected_sha256)
 
 
 def _read_bytes(handle: BinaryIO, path: Path, expected_sha256: str | None) -> pa.Buffer:
@@ -361,6 +422,12 @@ def parse_parquet(
     """The declared ``columns`` of the Parquet file at ``source`` (a pyarrow-readable file;
     ``path`` names it in errors), text as dictionary columns; with ``metadata`` (its parsed
     footer) and ``row_groups``, only those row groups, read through that footer."""
+    return _parquet_groups(_open_parquet(source, path, columns, metadata), path, columns, row_groups)
+
+
+def _open_parquet(source: Any, path: Path, columns: dict[str, str], metadata: pq.FileMetaData | None) -> pq.ParquetFile:
+    """The Parquet file at ``source`` (through ``metadata`` when given), opened to read the
+    declared ``columns`` (each must be present), text as dictionary columns."""
     try:
         schema = metadata.schema.to_arrow_schema() if metadata is not None else pq.read_schema(source)
         _require_present(path, columns, schema.names)
@@ -370,7 +437,16 @@ def parse_parquet(
             if columns[name] == "string"
             and (pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type))
         ]
-        file = pq.ParquetFile(source, metadata=metadata, read_dictionary=as_dictionary)
+        return pq.ParquetFile(source, metadata=metadata, read_dictionary=as_dictionary)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
+
+
+def _parquet_groups(
+    file: pq.ParquetFile, path: Path, columns: dict[str, str], row_groups: Sequence[int] | None
+) -> pa.Table:
+    """The declared ``columns`` of an opened file's ``row_groups`` (None: all)."""
+    try:
         if row_groups is None:
             return file.read(columns=list(columns))
         return file.read_row_groups(list(row_groups), columns=list(columns))
@@ -420,6 +496,7 @@ def _check_columns(
     missing_values: tuple[str, ...],
     path: Path,
     first_row: int = 0,
+    whole: bool = True,
 ) -> DatasetRead:
     rows_read = raw.num_rows
     drop = None
@@ -437,7 +514,7 @@ def _check_columns(
     kept = None  # data row numbers (1-based) of the kept rows, when rows were dropped
     if drop is not None:
         kept = np.flatnonzero(~drop) + 1 + first_row
-        if kept.size == 0:
+        if kept.size == 0 and whole:
             raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
         raw = raw.filter(pa.array(~drop))
     checked = {name: _convert(raw.column(name), name, kind, kept, first_row) for name, kind in columns.items()}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.csv as pcsv
@@ -864,6 +865,30 @@ def _relinked(path: Path) -> None:
     path.symlink_to(other)
 
 
+def swap_after_fingerprint(monkeypatch: pytest.MonkeyPatch, when: str, swap: Callable[[], None]) -> None:
+    """Call ``swap`` after the budget is reserved ("before the read") or after the read step,
+    then as if a task in another process read again (its data and open file not in this one)."""
+    if when == "before the read":
+        reserve = steps.reserve_budget
+
+        def reserve_then_swap(*args, **kwargs):
+            result = reserve(*args, **kwargs)
+            swap()
+            return result
+
+        monkeypatch.setattr(steps, "reserve_budget", reserve_then_swap)
+        return
+    read = steps.read_data
+
+    def read_then_swap(run, dataset):
+        result = read(run, dataset)
+        steps.forget_data(run.run_id)
+        swap()
+        return result
+
+    monkeypatch.setattr(steps, "read_data", read_then_swap)
+
+
 @pytest.mark.parametrize("swap", [_same_size_edit, _renamed_over, _relinked])
 @pytest.mark.parametrize("when", ["before the read", "before a second process reads"])
 def test_data_swapped_after_the_fingerprint_is_never_released(demo_dir, work, monkeypatch, swap, when):
@@ -876,25 +901,7 @@ def test_data_swapped_after_the_fingerprint_is_never_released(demo_dir, work, mo
     sees the other data, and nothing is published or charged."""
     data = demo_dir / demo.DATA_FILE
     original_sha256 = sha256_file(data)
-    if when == "before the read":
-        original = steps.reserve_budget
-
-        def then_swap(*args, **kwargs):
-            result = original(*args, **kwargs)
-            swap(data)
-            return result
-
-        monkeypatch.setattr(steps, "reserve_budget", then_swap)
-    else:  # a task in another process reads again (its table and open file are not in this process)
-        original = steps.read_data
-
-        def then_swap(run, dataset):
-            result = original(run, dataset)
-            steps.forget_data(run.run_id)
-            swap(data)
-            return result
-
-        monkeypatch.setattr(steps, "read_data", then_swap)
+    swap_after_fingerprint(monkeypatch, when, lambda: swap(data))
     if when == "before the read" and swap is not _same_size_edit:
         published = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
         (run,) = runs()

@@ -9,6 +9,7 @@ Statistical tests state their failure probability; none assumes a seed."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,7 @@ from scipy.stats import binom, chisquare
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import partitioned
+from privrelease.mechanisms.results import Pieces
 from privrelease.mechanisms.schemes import Bins, Keep, ValueMap
 from privrelease.mechanisms.sdgs import count_cells, sdgs
 
@@ -53,6 +55,13 @@ def population(size: int) -> pa.Table:
     return table.sort_by("zone")  # input order visible: sorted by a published column
 
 
+def partitioned_sdgs(parts: list[pa.Table], schemes: dict, **parameters: Any) -> tuple[list[pa.Table], Any]:
+    """:func:`.partitioned.streamed_sdgs` with its pieces computed: the files and the result."""
+    result = partitioned.streamed_sdgs(parts, schemes, **parameters)
+    assert isinstance(result.table, Pieces)
+    return list(result.table.tables), result
+
+
 def slices(table: pa.Table, parts: int) -> list[pa.Table]:
     bounds = np.linspace(0, table.num_rows, parts + 1).astype(int)
     return [table.slice(lo, hi - lo) for lo, hi in zip(bounds[:-1], bounds[1:])]
@@ -64,7 +73,7 @@ def test_same_release_as_in_process_on_the_same_sample(parts: int) -> None:
     the facts and the event must be identical; an empty partition changes nothing."""
     table = population(3000)
     pieces = [*slices(table, parts), table.slice(0, 0)]
-    files, result = partitioned.partitioned_sdgs(pieces, SCHEMES, k=15, beta=1.0, epsilon=0.0, rows_per_file=700)
+    files, result = partitioned_sdgs(pieces, SCHEMES, k=15, beta=1.0, epsilon=0.0, rows_per_file=700)
     reference = sdgs(table, SCHEMES, k=15, beta=1.0, epsilon=0.0)
     assert rows(files) == rows([reference.table])
     assert result.public_facts == reference.public_facts
@@ -102,7 +111,7 @@ def test_suppression_uses_the_global_count() -> None:
     published with all 30 rows. Cell B has 19 rows in all: suppressed everywhere."""
     schemes = {"x": Keep()}
     parts = [pa.table({"x": ["A"] * 3 + (["B"] * 2 if i < 9 else ["B"])}) for i in range(10)]
-    files, result = partitioned.partitioned_sdgs(parts, schemes, k=20, beta=1.0, epsilon=0.0)
+    files, result = partitioned_sdgs(parts, schemes, k=20, beta=1.0, epsilon=0.0)
     assert rows(files) == Counter({("A",): 30})
     assert result.internal_facts["rows_suppressed"] == 19
     assert result.internal_facts["cells_suppressed"] == 1
@@ -116,7 +125,7 @@ def test_files_follow_neither_partitions_nor_input_order() -> None:
     than 40 with probability far below ALPHA)."""
     schemes = {"x": Keep()}
     parts = [pa.table({"x": ["A"] * 200}), pa.table({"x": ["B"] * 200})]
-    files, _ = partitioned.partitioned_sdgs(parts, schemes, k=1, beta=1.0, epsilon=0.0, rows_per_file=200)
+    files, _ = partitioned_sdgs(parts, schemes, k=1, beta=1.0, epsilon=0.0, rows_per_file=200)
     assert len(files) == 2
     for file in files:
         values = file.column("x").cast(pa.string()).to_pylist()
@@ -137,7 +146,7 @@ def test_fixed_cell_count_has_the_in_process_distribution() -> None:
     parts = [pa.table({"x": values[i::4]}) for i in range(4)]
     published, sampled = [], []
     for _ in range(runs):
-        files, result = partitioned.partitioned_sdgs(parts, schemes, k=k, beta=beta, epsilon=0.0)
+        files, result = partitioned_sdgs(parts, schemes, k=k, beta=beta, epsilon=0.0)
         published.append(rows(files)[("A",)])
         sampled.append(result.internal_facts["rows_sampled"])
     outcomes = [0, *range(k, 36)]
@@ -169,14 +178,28 @@ def test_rows_pick_files_uniformly() -> None:
     assert chisquare(single).pvalue > ALPHA
 
 
+@pytest.mark.parametrize("batch", [1, 3, 7, 64, 1 << 22])
+@pytest.mark.parametrize("files", [1, 2, 8])
+def test_every_row_is_assigned_once_across_batches(monkeypatch, batch: int, files: int) -> None:
+    """Rows are given files in batches that cut cells anywhere (empty cells included): per
+    cell, the rows over all files add up to its count, each file's cells ascending."""
+    monkeypatch.setattr(partitioned, "_ASSIGN_BATCH", batch)
+    counts = np.array([0, 5, 1, 0, 0, 12, 3, 0, 9, 1, 0])
+    total = np.zeros(len(counts), np.int64)
+    for cells, rows_in_file in partitioned.assign_files(counts, files):
+        assert np.all(np.diff(cells) > 0) and np.all(rows_in_file > 0)
+        np.add.at(total, cells, rows_in_file)
+    assert total.tolist() == counts.tolist()
+
+
 def test_file_count_and_empty_release() -> None:
     assert [partitioned.file_count(m, 10) for m in (0, 1, 10, 11, 21, 1000)] == [1, 1, 1, 2, 4, 128]
     with pytest.raises(ValueError):
         partitioned.file_count(5, 0)
-    files, result = partitioned.partitioned_sdgs(
+    files, result = partitioned_sdgs(
         [pa.table({"x": ["A", "B"]}), pa.table({"x": ["C"]})], {"x": Keep()}, k=5, beta=1.0, epsilon=0.0
     )
     assert len(files) == 1 and files[0].num_rows == 0 and files[0].column_names == ["x"]
     assert "explanation" in result.public_facts
     with pytest.raises(UserError, match="k must be"):
-        partitioned.partitioned_sdgs([pa.table({"x": ["A"]})], {"x": Keep()}, k=0, beta=1.0, epsilon=0.0)
+        partitioned_sdgs([pa.table({"x": ["A"]})], {"x": Keep()}, k=0, beta=1.0, epsilon=0.0)

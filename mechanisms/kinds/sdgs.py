@@ -26,7 +26,7 @@ from pydantic import model_validator
 
 from privrelease.mechanisms.events import SDGS, Composed, Event, ExponentialSelection, leaves
 from privrelease.mechanisms.kinds import AccuracyCheck, Axis, Frontier, MechanismKind, Planned, frontier_of
-from privrelease.mechanisms.results import MechanismResult, Pieces
+from privrelease.mechanisms.results import MechanismResult
 from privrelease.policies.fields import (
     Beta,
     ColumnRef,
@@ -49,9 +49,6 @@ if TYPE_CHECKING:
     from privrelease.mechanisms.schemes import ColumnScheme
     from privrelease.policies.loader import LoadedPolicy
     from privrelease.policies.schema import AccuracyTarget, Policy
-
-ROWS_PER_PIECE = 1_000_000
-"""Rows per piece (Parquet row group, CSV block) of microdata written on Dask."""
 
 SELECTION_FAILURE = 0.05
 """The failure probability t at which the selection's utility gap is stated."""
@@ -90,6 +87,7 @@ class Generalizing(MechanismKind):
     epsilon: Epsilon | None = None
 
     accuracy_fields: ClassVar[tuple[str, ...]] = ("count", "relative_error")
+    streams: ClassVar[bool] = True
 
     def column_refs(self) -> list[ColumnRef]:
         return [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
@@ -298,11 +296,11 @@ class SdgsMechanism(Generalizing):
         return SelectionJob(self._candidates(loaded), self.beta)
 
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
-        """Suppress with the merged counts; the microdata as pieces (:class:`Pieces`), each
-        published row in a uniformly random piece and position. With ``select_scheme`` the
-        exponential mechanism first chooses a candidate from the merged counts of all rows (as
-        in-process), and the release is that candidate's sample, drawn independently of the
-        choice: the in-process distribution, and the same composed event."""
+        """Suppress with the merged counts; the microdata as pieces, each published row in a
+        uniformly random piece and position (:func:`.partitioned.microdata`). With
+        ``select_scheme`` the exponential mechanism first chooses a candidate from the merged
+        counts of all rows (as in-process), and the release is that candidate's sample, drawn
+        independently of the choice: the in-process distribution, and the same composed event."""
         from privrelease.mechanisms import partitioned
 
         selection = None
@@ -318,20 +316,7 @@ class SdgsMechanism(Generalizing):
                 candidates, scores, k=self.k, beta=self.beta, epsilon=self.select_scheme.epsilon
             )
             merged = merged[selection.name][1]
-        published = partitioned.published_cells(merged, self.k)
-        pieces = partitioned.assign_files(
-            published.counts, partitioned.file_count(int(published.counts.sum()), ROWS_PER_PIECE)
-        )
-        outcome = partitioned.result(merged, k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0)
-        result = MechanismResult(
-            Pieces(
-                partitioned.empty_output(published).schema,
-                (partitioned.file_table(published, which, counts) for which, counts in pieces),
-            ),
-            outcome.event,
-            outcome.public_facts,
-            outcome.internal_facts,
-        )
+        result = partitioned.microdata(merged, k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0)
         return result if selection is None else _selected(result, selection)
 
     def explanations(self) -> tuple[str, ...]:
