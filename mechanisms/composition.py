@@ -171,8 +171,8 @@ def _advanced_delta(points: list[tuple[float, float, int]], epsilon: float) -> f
     if epsilon > a and b > 0:
         exponent = (epsilon - a) ** 2 / (2 * b)
         candidates.append(math.exp(-exponent))
-        if exponent > 1:
-            candidates.append(math.sqrt(b) / math.expm1(exponent - 1) / math.e)
+        if exponent > 1:  # sqrt(b) / (e (e^(x) - 1)), x = exponent - 1, as e^-x / (1 - e^-x): no overflow
+            candidates.append(math.sqrt(b) / math.e * math.exp(1 - exponent) / -math.expm1(1 - exponent))
     spare = min(1.0, min(candidates) * (1 + 1e-12))
     return min(1.0, (-math.expm1(log_keep) + math.exp(log_keep) * spare) * (1 + 1e-12))
 

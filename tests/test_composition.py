@@ -175,3 +175,27 @@ def test_a_question_asked_again_is_answered_from_memory(monkeypatch) -> None:
     assert len(asked) == 1 and second.candidates and second.epsilon == first.epsilon
     composition.epsilon_at([event], 1e-7, times=2)
     assert len(asked) == 2
+
+
+def test_advanced_delta_far_beyond_the_composed_epsilon_does_not_overflow() -> None:
+    """The third form's e^((eps - a)^2 / 2b - 1) overflowed past 709 (planning a policy with a
+    lifetime budget of epsilon 100 crashed with OverflowError); it is computed as e^-x / (1 - e^-x).
+    Each answer equals a 50-digit evaluation of the same family, rounded up."""
+    import mpmath
+
+    points = [(1.0, 1e-6, 10)]
+    a, b, log_keep = composition._kov_terms(points)
+    with mpmath.workdps(50):
+        for epsilon in (3.0, 5.0, 8.0, 1000.0):
+            candidates = [mpmath.mpf(1)]
+            if sum(e * n for e, _, n in points) <= epsilon:
+                candidates.append(mpmath.mpf(0))
+            if epsilon > a:
+                x = (mpmath.mpf(epsilon) - a) ** 2 / (2 * mpmath.mpf(b))
+                candidates.append(mpmath.exp(-x))
+                if x > 1:
+                    candidates.append(mpmath.sqrt(b) / mpmath.expm1(x - 1) / mpmath.e)
+            keep = mpmath.exp(log_keep)
+            truth = 1 - keep + keep * min(candidates)
+            got = composition._advanced_delta(points, epsilon)
+            assert truth <= got <= truth * (1 + 1e-9), (epsilon, got, truth)
