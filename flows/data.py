@@ -316,13 +316,14 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
 def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ()) -> Any:
     """The declared columns of the data, parsed from bytes that hash to ``expected_sha256``
     (a folder: from its ``files``, each whole, parsed from the bytes fingerprinted)."""
-    from privrelease.datasets import DatasetRead, read_dataset
+    from privrelease.datasets import DatasetRead, read_dataset, require_rows_left
     from privrelease.flows.partitions import ReadSpec, plan_partitions, read_partition
 
     dataset = run.loaded().policy.dataset
     spec = ReadSpec.of(dataset)
     if files:
         reads = [read_partition(part, spec) for part in plan_partitions(files, sys.maxsize)]
+        require_rows_left(run.data_path, sum(read.table.num_rows for read in reads))
         return DatasetRead(
             pa.concat_tables([read.table for read in reads]),
             sum(read.rows_read for read in reads),
@@ -367,6 +368,7 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
     same pass (:func:`.scaled.read_partials`); in-process, a Parquet file whose mechanisms all
     stream is read and computed the same way, one row group at a time (:func:`streams`)."""
     from privrelease.audit import records
+    from privrelease.datasets import require_rows_left
 
     with _session() as s:
         record = records.record_data_read(s, run.run_id)
@@ -377,6 +379,7 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
 
         with withholding("reading the data"):
             read = read_partials(run.run_id, run.loaded(), dataset.files, run.engine)
+            require_rows_left(run.data_path, read.rows_read - read.rows_dropped)
         engines.held(run.run_id).partials = read.partials
         engine = {
             "description": run.engine.describe(),

@@ -391,7 +391,9 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
 
 
 def _checked(raw: pa.Table, path: Path, spec: ReadSpec, first_row: int = 0) -> Any:
-    """The parsed ``raw`` rows checked as declared in ``spec`` (rows from ``first_row + 1``)."""
+    """The parsed ``raw`` rows checked as declared in ``spec`` (rows from ``first_row + 1``);
+    a partition may lose every row to ``missing: drop`` (the whole read may not:
+    :func:`privrelease.datasets.require_rows_left`, once its partitions are merged)."""
     from privrelease.datasets import check_dataset
 
     return check_dataset(
@@ -402,6 +404,7 @@ def _checked(raw: pa.Table, path: Path, spec: ReadSpec, first_row: int = 0) -> A
         missing_values=spec.missing_values,
         domains=dict(spec.domains),
         first_row=first_row,
+        whole=False,
     )
 
 

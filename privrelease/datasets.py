@@ -169,8 +169,7 @@ def read_row_groups(
             yield done
     if not groups:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
-    if not left:
-        raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
+    require_rows_left(path, left)
 
 
 def check_dataset(
@@ -189,10 +188,14 @@ def check_dataset(
     ``whole=False`` (one row group of several): no rows left after dropping is no error here."""
     if raw.num_rows == 0:
         raise UserError(f"dataset file {str(path)!r} has no data rows")
-    read = _check_columns(raw, columns, missing, missing_values, path, first_row, whole)
-    for name, values in (domains or {}).items():
-        _check_domain(read.table.column(name), name, values, first_row)
-    return read
+    return _check_columns(raw, columns, missing, missing_values, path, first_row, whole, domains or {})
+
+
+def require_rows_left(path: Path | str, rows: int) -> None:
+    """A :class:`UserError` when no row of the dataset at ``path`` is left after dropping
+    those with a missing value (``rows`` left, over all its row groups, files or partitions)."""
+    if not rows:
+        raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
 
 
 def _file_bytes(path: Path, handle: BinaryIO | None, expected_sha256: str | None) -> pa.Buffer:
@@ -220,16 +223,18 @@ def _read_bytes(handle: BinaryIO, path: Path, expected_sha256: str | None) -> pa
     return pa.py_buffer(data)
 
 
-def _check_domain(column: pa.ChunkedArray, name: str, values: Sequence[Any], first_row: int = 0) -> None:
+def _check_domain(
+    column: pa.ChunkedArray, name: str, values: Sequence[Any], kept: np.ndarray | None, first_row: int = 0
+) -> None:
     """UserError naming the first data row whose value is not declared (exact match: a value
-    with a stray space is a different value)."""
+    with a stray space is a different value); ``kept`` as for :func:`_convert`."""
     plain = column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
     allowed = pc.is_in(plain, value_set=pa.array(list(values), type=plain.type))
-    if pc.all(allowed).as_py():
+    if pc.all(allowed).as_py() is not False:  # null: no row to check
         return
     row = int(np.argmin(allowed.to_numpy(zero_copy_only=False)))
     raise UserError(
-        f"column {name!r}, data row {first_row + row + 1}: {plain[row].as_py()!r} is not one of the {len(values)} values "
+        f"column {name!r}, data row {_row_number(row, kept, first_row)}: {plain[row].as_py()!r} is not one of the {len(values)} values "
         f"declared in dataset.columns.{name}.values; declare it there or correct the data"
     )
 
@@ -497,6 +502,7 @@ def _check_columns(
     path: Path,
     first_row: int = 0,
     whole: bool = True,
+    domains: dict[str, Sequence[Any]] | None = None,
 ) -> DatasetRead:
     rows_read = raw.num_rows
     drop = None
@@ -514,10 +520,12 @@ def _check_columns(
     kept = None  # data row numbers (1-based) of the kept rows, when rows were dropped
     if drop is not None:
         kept = np.flatnonzero(~drop) + 1 + first_row
-        if kept.size == 0 and whole:
-            raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
+        if whole:
+            require_rows_left(path, kept.size)
         raw = raw.filter(pa.array(~drop))
     checked = {name: _convert(raw.column(name), name, kind, kept, first_row) for name, kind in columns.items()}
+    for name, values in (domains or {}).items():
+        _check_domain(checked[name], name, values, kept, first_row)
     return DatasetRead(pa.table(checked), rows_read=rows_read, rows_dropped=rows_read - raw.num_rows)
 
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from privrelease.csv_dialect import csv_first_line
-from privrelease.datasets import read_dataset, write_parquet
+from privrelease.datasets import check_dataset, read_dataset, write_parquet
 from privrelease.errors import UserError
 
 ADULT_COLUMNS = {
@@ -308,3 +308,19 @@ def test_byte_order_mark_and_duplicate_header(tmp_path: Path) -> None:
     path.write_text("age,sex,age\n30,Male,31\n")
     with pytest.raises(UserError, match=r"2 columns named 'age' \(fields 1, 3\)"):
         read_dataset(path, format="csv", columns={"sex": "string", "age": "integer"})
+
+
+def test_an_undeclared_value_after_dropped_rows_names_its_own_data_row(tmp_path: Path) -> None:
+    """Rows dropped for a missing value do not shift the row an undeclared value is named at;
+    a part of a file (a row group, a partition) whose every row is dropped passes the domain
+    check (nothing to check) and is no error there."""
+    path = tmp_path / "people.csv"
+    path.write_text("sex,age\n?,30\nMale,41\nX,52\n")
+    columns = {"sex": "string", "age": "integer"}
+    with pytest.raises(UserError, match=r"column 'sex', data row 3: 'X' is not one of the 2 values declared"):
+        read_dataset(path, format="csv", columns=columns, missing="drop", domains={"sex": ["Male", "Female"]})
+    raw = pa.table({"sex": pa.array([None, None], pa.string()), "age": pa.array([1, 2])})
+    part = check_dataset(raw, path, columns, missing="drop", domains={"sex": ["Male"]}, whole=False)
+    assert part.table.num_rows == 0 and part.rows_dropped == 2
+    with pytest.raises(UserError, match="has a missing value; nothing is left"):
+        check_dataset(raw, path, columns, missing="drop", domains={"sex": ["Male"]})
