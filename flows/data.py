@@ -391,7 +391,7 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
         from privrelease.flows.scaled import stream_partials
 
         with withholding("reading the data"):
-            streamed = stream_partials(run.loaded(), _row_groups(run, dataset.sha256))
+            streamed = stream_partials(run.loaded(), _row_groups(run, dataset.sha256), Path(run.data_path).name)
         engines.held(run.run_id).partials = streamed.partials
         return ReadFacts(streamed.rows_read, streamed.rows_dropped, read_at)
     with withholding("reading the data"):
@@ -455,7 +455,8 @@ def run_partials(run: RunContext) -> dict[str, Any]:
         assert not run.engine.scaled, f"run {run.run_id}: the read step computes the partial results in this process"
         from privrelease.flows.scaled import stream_partials
 
-        state.partials = stream_partials(run.loaded(), _row_groups(run, _recorded_fingerprint(run))).partials
+        reads = _row_groups(run, _recorded_fingerprint(run))
+        state.partials = stream_partials(run.loaded(), reads, Path(run.data_path).name).partials
     return state.partials
 
 

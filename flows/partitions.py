@@ -384,10 +384,13 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
         )
         return _checked(raw, path, spec)
     except UserError as error:
-        raise UserError(
-            f"{error} (in data rows {partition.first_row + 1}-{partition.first_row + partition.rows} of "
-            f"{path.name!r}: row numbers count from the first of them)"
-        ) from None
+        raise UserError(f"{error}{rows_note(partition.first_row, partition.rows, path.name)}") from None
+
+
+def rows_note(first_row: int, rows: int, name: str) -> str:
+    """What an error found in part of a file adds: which of its data rows the part holds (the
+    error's own row numbers count from the first of them)."""
+    return f" (in data rows {first_row + 1}-{first_row + rows} of {name!r}: row numbers count from the first of them)"
 
 
 def _checked(raw: pa.Table, path: Path, spec: ReadSpec, first_row: int = 0) -> Any:
@@ -480,16 +483,23 @@ def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> Par
     _adaptive_malloc()
     with withholding("reading the data", PartitionError):
         read = read_partition(partition, spec)
-    return job_partials(read, jobs, PartitionError)
+    where = rows_note(partition.first_row, partition.rows, Path(partition.file.path).name)
+    return job_partials(read, jobs, where, PartitionError)
 
 
-def job_partials(read: Any, jobs: tuple[Any, ...], error_type: type[DataStepError] = DataStepError) -> PartitionResult:
+def job_partials(
+    read: Any, jobs: tuple[Any, ...], where: str, error_type: type[DataStepError] = DataStepError
+) -> PartitionResult:
     """Every job's partial result on one read partition (a :class:`~privrelease.datasets.DatasetRead`);
-    an error is raised as ``error_type`` naming the job's step."""
+    an error is raised as ``error_type`` naming the job's step, a user error with ``where``
+    (:func:`rows_note`) added."""
     results = {}
     for job in jobs:
         with withholding(job.step, error_type):
-            results[job.name] = job.partial(read.table)
+            try:
+                results[job.name] = job.partial(read.table)
+            except UserError as error:
+                raise UserError(f"{error}{where}") from None
     # No release_unused() of Arrow's pool here: its allocator reuses the freed partition for the
     # next one; handing it back to the OS after every partition made the next one fault it in
     # again (20 partitions of 1 M rows: 1.4x the time, for a resident set 22 MB smaller between

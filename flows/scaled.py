@@ -71,15 +71,19 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     return _merged(jobs, results)
 
 
-def stream_partials(loaded: Any, reads: Iterable[Any]) -> Partials:
-    """Each mechanism's merged partial result over ``reads`` (checked row groups,
-    :func:`privrelease.datasets.read_row_groups`), computed in this process one read at a time
-    as on Dask (:func:`.partitions.job_partials`): the in-process release of a Parquet file
-    whose mechanisms all :attr:`~privrelease.mechanisms.kinds.MechanismKind.streams`."""
-    from privrelease.flows.partitions import job_partials
+def stream_partials(loaded: Any, reads: Iterable[Any], name: str) -> Partials:
+    """Each mechanism's merged partial result over ``reads`` (checked row groups of the file
+    ``name``, :func:`privrelease.datasets.read_row_groups`), computed in this process one read
+    at a time as on Dask (:func:`.partitions.job_partials`; an error names the row group's data
+    rows): the in-process release of a Parquet file whose mechanisms all
+    :attr:`~privrelease.mechanisms.kinds.MechanismKind.streams`."""
+    from privrelease.flows.partitions import job_partials, rows_note
 
-    jobs = named_jobs(loaded)
-    return _merged(jobs, [job_partials(read, jobs) for read in reads])
+    jobs, results, first = named_jobs(loaded), [], 0
+    for read in reads:
+        results.append(job_partials(read, jobs, rows_note(first, read.rows_read, name)))
+        first += read.rows_read
+    return _merged(jobs, results)
 
 
 def named_jobs(loaded: Any) -> tuple[NamedJob, ...]:

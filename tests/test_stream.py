@@ -375,3 +375,20 @@ def test_a_streamed_release_selects_its_scheme_from_all_rows(parquet_release, mo
     ages = set(micro.column("age").cast(pa.string()).to_pylist())
     assert ages in ({"0-50", "50-100"}, {"0-40", "40-100"})
     assert 800 < micro.num_rows < 1200
+
+
+def test_a_value_outside_a_scheme_in_a_later_row_group_names_the_row_groups_rows(parquet_release, monkeypatch):
+    """``zone = 'q'`` (outside its value map, no declared values: found only when generalized)
+    in the second row group: the error names the row within it and which data rows of the
+    file that row group holds, as a Dask partition's does."""
+    folder = parquet_release
+    monkeypatch.setattr(flow_data, "_read", never_one_table)
+    data = folder / "data.parquet"
+    table = pq.read_table(data)
+    zone = table.column("zone").to_pylist()
+    zone[4_321] = "q"
+    pq.write_table(table.set_column(2, "zone", pa.array(zone)), data, row_group_size=4_000)
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
+    assert "value 'q' at row 322 is outside" in caught.value.detail
+    assert "(in data rows 4001-8000 of 'data.parquet': row numbers count from the first of them)" in caught.value.detail
