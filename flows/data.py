@@ -403,14 +403,15 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
 def streams(run: RunContext) -> bool:
     """Whether the run's in-process read computes every mechanism's partial result as Dask
     does, one row group at a time (:func:`.scaled.stream_partials`), and never holds the whole
-    table: a Parquet file (not a folder) whose mechanisms all stream
-    (:attr:`~privrelease.mechanisms.kinds.MechanismKind.streams`)."""
+    table: a Parquet file (not a folder) whose mechanisms all have a job
+    (:meth:`~privrelease.mechanisms.kinds.MechanismKind.job`: per row group, merged, then
+    ``finish``, the output distribution of ``run``, as on Dask)."""
     loaded = run.loaded()
     return (
         not run.engine.scaled
         and loaded.policy.dataset.format == "parquet"
         and not Path(run.data_path).is_dir()
-        and all(spec.streams for spec in loaded.policy.mechanisms)
+        and all(spec.job(loaded) is not None for spec in loaded.policy.mechanisms)
     )
 
 

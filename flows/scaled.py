@@ -75,8 +75,8 @@ def stream_partials(loaded: Any, reads: Iterable[Any], name: str) -> Partials:
     """Each mechanism's merged partial result over ``reads`` (checked row groups of the file
     ``name``, :func:`privrelease.datasets.read_row_groups`), computed in this process one read
     at a time as on Dask (:func:`.partitions.job_partials`; an error names the row group's data
-    rows): the in-process release of a Parquet file whose mechanisms all
-    :attr:`~privrelease.mechanisms.kinds.MechanismKind.streams`."""
+    rows): the in-process release of a Parquet file whose mechanisms all have a job
+    (:func:`.data.streams`)."""
     from privrelease.flows.partitions import job_partials, rows_note
 
     jobs, results, first = named_jobs(loaded), [], 0

@@ -265,17 +265,22 @@ def test_a_streamed_release_is_the_in_process_release(parquet_release, monkeypat
     verify_intact()
 
 
-def test_a_policy_with_a_mechanism_that_does_not_stream_reads_one_table(parquet_release, monkeypatch):
+def test_a_policy_with_a_mechanism_without_a_job_reads_one_table(parquet_release, monkeypatch):
+    """SPLU-Gen runs in-process only (no job: its decoy groups must not follow row groups), so
+    a policy with it reads one table; statistics and noisy counts stream as SDGS does."""
     folder = parquet_release
     policy = folder / "policy.yaml"
-    policy.write_text(
-        POLICY.replace(
-            "targets:", "  - {name: by-sex, type: identifiable_statistic, query: count, by: [sex], rho: 0.6}\ntargets:"
-        )
-    )
-    monkeypatch.setattr(scaled, "stream_partials", never_one_table)
+    statistic = "  - {name: by-sex, type: identifiable_statistic, query: count, by: [sex], rho: 0.6}\n"
+    policy.write_text(POLICY.replace("targets:", statistic + "targets:"))
+    monkeypatch.setattr(flow_data, "_read", never_one_table)
     published = release_plain(policy_path=str(policy), out_dir=str(folder / "out"))
     assert {Path(o["path"]).stem for o in published.outputs} == {"microdata", "cells", "by-sex"}
+    monkeypatch.undo()
+    splu = "mechanisms:\n  - {name: splu, type: splu_gen, gamma: 2, sensitive: [zone], columns: [age]}\n"
+    policy.write_text(POLICY.split("mechanisms:")[0].replace('version: "1"', 'version: "2"') + splu)
+    monkeypatch.setattr(scaled, "stream_partials", never_one_table)
+    published = release_plain(policy_path=str(policy), out_dir=str(folder / "out2"))
+    assert {Path(o["path"]).stem for o in published.outputs} == {"splu"}
 
 
 def _edited(path: Path) -> None:

@@ -234,10 +234,6 @@ class MechanismKind(Model):
     """How the report names the kind, e.g. "(k, β)-SDGS microdata"."""
     in_process_only: ClassVar[str] = ""
     """Why it cannot run on Dask (when :meth:`job` is None)."""
-    streams: ClassVar[bool] = False
-    """Whether an in-process release of a Parquet file may run it as Dask does, one row group
-    at a time (:meth:`job` per row group, merged, then :meth:`finish`: the output
-    distribution of :meth:`run`) when every mechanism of the policy streams."""
     accuracy_fields: ClassVar[tuple[str, ...]] = ()
     """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
     accuracy_elsewhere: ClassVar[str] = ""

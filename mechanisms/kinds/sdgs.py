@@ -87,7 +87,6 @@ class Generalizing(MechanismKind):
     epsilon: Epsilon | None = None
 
     accuracy_fields: ClassVar[tuple[str, ...]] = ("count", "relative_error")
-    streams: ClassVar[bool] = True
 
     def column_refs(self) -> list[ColumnRef]:
         return [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
