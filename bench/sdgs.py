@@ -7,7 +7,7 @@ Parquet file in a temporary directory, then, for beta = 0.1 and 0.5 with k = 20 
 level-1 ARX hierarchies of 8 columns (sex, age, race, marital-status, education,
 native-country, workclass, occupation), times end to end, each run in a fresh process:
 
-- ours: the path of an in-process release of a Parquet file whose mechanisms all stream:
+- ours: the path of an in-process release of a Parquet file whose mechanisms all have a job:
   ``read_row_groups`` (the file's bytes read once, row groups decoded and checked one at a
   time) -> ``streamed_sdgs`` (per row group: Bernoulli sample, generalize, count cells; then
   the counts merged, cells below k suppressed, the rows in random pieces, each shuffled) ->
