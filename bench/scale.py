@@ -30,9 +30,11 @@ a steadier figure than the time), ``cores`` (this machine's), ``cpu_floor_second
 run's CPU seconds over the cores: no schedule finishes sooner) and ``floor_ratio`` (that floor
 over the in-process median: the least ratio this machine allows the Dask run), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
 (largest peak RSS of a Dask worker), ``flow_peak_rss_mb`` (the flow process on Dask),
-``inprocess_peak_rss_mb``, ``data_mb`` (the least an in-process read holds: the declared
-columns as Arrow plus the largest file's bytes), ``memory_limit_mb``, ``fits_one_worker``
-(data_mb below one worker's limit: false means one process could not hold the data there),
+``inprocess_peak_rss_mb``, ``data_mb`` (the least a one-table read holds: the declared
+columns as Arrow plus the largest file's bytes; a Parquet file released row group by row group
+in-process, as this policy's is, holds a row group at a time), ``memory_limit_mb``,
+``fits_one_worker`` (data_mb below one worker's limit: false means one process could not hold
+the whole table there),
 ``partitions``, ``rows_published`` for both runs and the set-up times.
 """
 
@@ -121,7 +123,7 @@ def bootstrap(rows: int, folder: Path, files: int) -> Path:
 
 
 def inprocess_floor_mb(data: Path) -> float:
-    """The least an in-process read holds at once, in MB: the declared columns of every row as
+    """The least a one-table read holds at once, in MB: the declared columns of every row as
     Arrow (text dictionary-encoded; bytes per row measured on the first row group) plus the
     bytes of the largest file (read whole, so that what is parsed is what was hashed)."""
     import pyarrow.parquet as pq
@@ -295,7 +297,7 @@ def main() -> None:
         data = bootstrap(args.rows, folder, args.files)
         data_mb = inprocess_floor_mb(data)
         print(
-            f"bootstrap: {args.rows:,} rows in {args.files} file(s) (an in-process read holds >= {data_mb:,.0f} MB),"
+            f"bootstrap: {args.rows:,} rows in {args.files} file(s) (a one-table read holds >= {data_mb:,.0f} MB),"
             f" in {time.perf_counter() - start:.1f} s; k={K}, beta={args.beta}, {len(COLUMNS)} columns",
             flush=True,
         )
