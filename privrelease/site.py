@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from privrelease.errors import UserError
 
-__all__ = ["SITE_FILE", "Site", "load", "stamp"]
+__all__ = ["SITE_FILE", "Site", "load", "pin", "stamp"]
 
 SITE_FILE = Path("/etc/privrelease/site.yaml")
 
@@ -70,8 +70,10 @@ class Site(BaseModel):
     def _public_key(cls, value: str | None) -> str | None:
         from privrelease.audit import signing
 
-        if value is not None:
-            signing.public_key(value)  # base64 of the raw key, or a .pub file holding it
+        if value is not None and signing.decode_public(value) is None:
+            if not Path(value).is_absolute():
+                raise ValueError(f"must be the key (base64) or the absolute path of its .pub file; got {value!r}")
+            signing.public_key(value)  # a .pub file holding the key
         return value
 
     def writable(self) -> list[Path]:
@@ -122,6 +124,8 @@ def load() -> Site:
         raise UserError(f"{where} cannot be read: {error.strerror or error}") from None
     except yaml.YAMLError as error:
         raise UserError(f"{where} is not valid YAML ({str(error).splitlines()[0]})") from None
+    if body is None:  # an empty file pins nothing
+        body = {}
     if not isinstance(body, dict):
         raise UserError(f"{where} must be a mapping of {FIELDS}; got {type(body).__name__}")
     try:

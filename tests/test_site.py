@@ -28,6 +28,8 @@ def test_without_a_site_file_nothing_is_pinned(work: Path) -> None:
     assert not site.SITE_FILE.exists()
     assert get_settings().site == site.Site()
     assert get_settings().site.verifying_key() is None
+    site.SITE_FILE.write_text("# nothing pinned yet\n")
+    assert site.load() == site.Site(source=site.SITE_FILE) and not get_settings().production
 
 
 def test_the_environment_cannot_loosen_the_site(work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +68,9 @@ def test_an_edited_site_file_is_read_at_the_next_call(work: Path) -> None:
         ("witnes: /var/lib/w.json", "witnes='/var/lib/w.json' is not valid (Extra inputs are not permitted)"),
         ("witness: relative/w.json", "witness='relative/w.json' is not valid (must be an absolute path"),
         ("releases: [/srv/share, share]", "must be absolute folder paths; got 'share'"),
-        ("public_key: not-a-key", "public_key='not-a-key' is not valid"),
+        ("public_key: not-a-key", "public_key='not-a-key' is not valid (must be the key (base64) or the absolute path"),
+        ("public_key: agency.key.pub", "public_key='agency.key.pub' is not valid (must be the key (base64) or the"),
+        ("public_key: /nowhere/agency.key.pub", "public_key='/nowhere/agency.key.pub' is not valid"),
     ],
 )
 def test_a_malformed_site_file_is_one_line_naming_the_field(
