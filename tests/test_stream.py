@@ -338,20 +338,28 @@ def test_a_second_process_computes_the_partials_again(parquet_release, monkeypat
     assert run.status == "succeeded"
 
 
+def planted_failure(folder: Path, column: str, value: str) -> DataStepError:
+    """``value`` written into ``column`` at data row 4322 (in the second row group of 4,000
+    rows), and the release of the folder's policy that fails on it."""
+    data = folder / "data.parquet"
+    table = pq.read_table(data)
+    values = table.column(column).to_pylist()
+    values[4_321] = value
+    where = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(where, column, pa.array(values)), data, row_group_size=4_000)
+    with pytest.raises(DataStepError) as caught:
+        release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
+    return caught.value
+
+
 def test_a_bad_value_in_a_later_row_group_publishes_nothing(parquet_release):
     """``sex = 'planted-X7'`` (outside its declared values) in the second row group: the run
     fails before any output, the reservation is released; the operator's error names the
     value's row in the file, the recorded error does not quote it."""
     folder = parquet_release
-    data = folder / "data.parquet"
-    table = pq.read_table(data)
-    sex = table.column("sex").to_pylist()
-    sex[4_321] = "planted-X7"
-    pq.write_table(table.set_column(1, "sex", pa.array(sex)), data, row_group_size=4_000)
-    with pytest.raises(DataStepError) as caught:
-        release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
-    assert "planted-X7" in caught.value.detail and "data row 4322" in caught.value.detail
-    assert "planted-X7" not in str(caught.value)
+    caught = planted_failure(folder, "sex", "planted-X7")
+    assert "planted-X7" in caught.detail and "data row 4322" in caught.detail
+    assert "planted-X7" not in str(caught)
     (run,) = runs()
     assert run.status == "failed" and "planted-X7" not in (run.error or "")
     assert [e.state for e in ledger_entries()] == ["released"]
@@ -386,14 +394,7 @@ def test_a_value_outside_a_scheme_in_a_later_row_group_names_the_row_groups_rows
     """``zone = 'q'`` (outside its value map, no declared values: found only when generalized)
     in the second row group: the error names the row within it and which data rows of the
     file that row group holds, as a Dask partition's does."""
-    folder = parquet_release
     monkeypatch.setattr(flow_data, "_read", never_one_table)
-    data = folder / "data.parquet"
-    table = pq.read_table(data)
-    zone = table.column("zone").to_pylist()
-    zone[4_321] = "q"
-    pq.write_table(table.set_column(2, "zone", pa.array(zone)), data, row_group_size=4_000)
-    with pytest.raises(DataStepError) as caught:
-        release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
-    assert "value 'q' at row 322 is outside" in caught.value.detail
-    assert "(in data rows 4001-8000 of 'data.parquet': row numbers count from the first of them)" in caught.value.detail
+    caught = planted_failure(parquet_release, "zone", "q")
+    assert "value 'q' at row 322 is outside" in caught.detail
+    assert "(in data rows 4001-8000 of 'data.parquet': row numbers count from the first of them)" in caught.detail
