@@ -29,6 +29,7 @@ import test_governance as governed
 from sqlmodel import col, select
 from test_audit_chain import check
 from test_audit_signing import rechain
+from test_check_before_spending import copy_database, put_back
 from test_signed_approvals import write_registry
 
 from privrelease.audit import approvals, approvers, chain, database, governance, signing, witness
@@ -208,6 +209,19 @@ def audit_verify_problems() -> list[str]:
     return [problem["kind"] for problem in json.loads(result.stdout)["problems"]]
 
 
+def refused_under_her_witness_then_the_sites(
+    policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str
+) -> None:
+    """The runner names a witness of her own: a setting error, since the site pins one; without
+    it, the site's witness refuses the run (``refusal``: what the refusal says)."""
+    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
+    with pytest.raises(UserError, match="PRIVRELEASE_WITNESS=.* names another file than the site file"):
+        release_plain(policy_path=str(policy))
+    monkeypatch.delenv("PRIVRELEASE_WITNESS")
+    with pytest.raises(AuditRefused, match=refusal):
+        release_plain(policy_path=str(policy))
+
+
 def test_the_runner_cannot_switch_production_off_by_rewriting_the_history(
     demo_dir: Path, work: Path, tmp_path: Path, keys: dict[str, Any], service_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,12 +254,7 @@ def test_the_runner_cannot_switch_production_off_by_rewriting_the_history(
 
     _rewrite_without_governance(audit, work)
     database.dispose_engines()  # the runner's next command is a new process
-    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
-    with pytest.raises(UserError, match="PRIVRELEASE_WITNESS=.* names another file than the site file"):
-        release_plain(policy_path=str(draft))
-    monkeypatch.delenv("PRIVRELEASE_WITNESS")
-    with pytest.raises(AuditRefused, match="rolled back"):
-        release_plain(policy_path=str(draft))
+    refused_under_her_witness_then_the_sites(draft, tmp_path, monkeypatch, "rolled back")
     assert "rolled_back" in audit_verify_problems()
 
     with database.session(database.open_database()) as s:  # the witness rewritten and re-signed too
@@ -266,7 +275,6 @@ def test_the_runner_cannot_give_back_a_published_charge_by_choosing_her_witness(
     refuses the copy, and putting back the older witness too is refused by the newer release's
     signed head in the site's published folder. `audit verify` flags the rollback."""
     import shutil
-    import sqlite3
 
     from privrelease import demo
 
@@ -276,25 +284,14 @@ def test_the_runner_cannot_give_back_a_published_charge_by_choosing_her_witness(
     write_site(witness=protected, public_key=service_key, releases=published)
     policy = demo_dir / demo.POLICY_FILE
     release_plain(policy_path=str(policy))
-    source, copy = sqlite3.connect(work / "audit.db"), sqlite3.connect(tmp_path / "copy.db")
-    source.backup(copy)
-    source.close()
-    copy.close()
+    copy_database(work / "audit.db", tmp_path / "copy.db")
     shutil.copy(protected, tmp_path / "older-witness.json")
     newer = release_plain(policy_path=str(policy))
-    database.dispose_engines()
-    for suffix in ("-wal", "-shm"):
-        (work / f"audit.db{suffix}").unlink(missing_ok=True)
-    shutil.copy(tmp_path / "copy.db", work / "audit.db")
+    put_back(work / "audit.db", tmp_path / "copy.db")
     for folder in (work / "releases").iterdir():
         if newer.run_id[:8] in folder.name:
             folder.rename(published / folder.name)
-    monkeypatch.setenv("PRIVRELEASE_WITNESS", str(tmp_path / "runners-own" / "audit.witness.json"))
-    with pytest.raises(UserError, match="PRIVRELEASE_WITNESS"):
-        release_plain(policy_path=str(policy))
-    monkeypatch.delenv("PRIVRELEASE_WITNESS")
-    with pytest.raises(AuditRefused, match="witness"):
-        release_plain(policy_path=str(policy))
+    refused_under_her_witness_then_the_sites(policy, tmp_path, monkeypatch, "witness")
     shutil.copy(tmp_path / "older-witness.json", protected)
     with pytest.raises(AuditRefused, match="the signed head of release .*share"):
         release_plain(policy_path=str(policy))

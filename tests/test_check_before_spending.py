@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,7 @@ def history(tmp_path_factory):
         release_plain(policy_path=str(policy))
         with session(open_database(), readonly=True) as s:
             before_second = chain.head(s)
-        with sqlite3.connect(base / "work" / "audit.db") as source, sqlite3.connect(base / "older.db") as copy:
-            source.backup(copy)
+        copy_database(base / "work" / "audit.db", base / "older.db")
         shutil.copy(base / "work" / "audit.db.witness.json", base / "older.witness.json")
         release_plain(policy_path=str(policy))
     dispose_engines()
@@ -109,12 +109,24 @@ def _refund_rehashed(engine: Any) -> None:
         s.add_all([record, records[index + 1]])
 
 
-def _roll_back(work: Path, base: Path) -> None:
-    """Put the copy taken before the second release in place of the database file."""
+def copy_database(database: Path, copy: Path) -> None:
+    """A consistent copy of the SQLite audit database ``database`` (what its log holds too)."""
+    with closing(sqlite3.connect(database)) as source, closing(sqlite3.connect(copy)) as target:
+        source.backup(target)
+
+
+def put_back(database: Path, copy: Path) -> None:
+    """The rollback: the older ``copy`` in place of the database file (its log removed, every
+    connection of this process closed first)."""
     dispose_engines()
     for suffix in ("-wal", "-shm"):
-        (work / f"audit.db{suffix}").unlink(missing_ok=True)
-    shutil.copy(base / "older.db", work / "audit.db")
+        database.with_name(database.name + suffix).unlink(missing_ok=True)
+    shutil.copy(copy, database)
+
+
+def _roll_back(work: Path, base: Path) -> None:
+    """Put the copy taken before the second release in place of the database file."""
+    put_back(work / "audit.db", base / "older.db")
 
 
 def _roll_back_both(work: Path, base: Path) -> None:

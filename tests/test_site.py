@@ -12,6 +12,7 @@ import pytest
 import test_flow_steps as flow_steps
 import test_governance as governed
 from test_attacks_found import write_site
+from test_check_before_spending import copy_database, put_back
 from test_signed_approvals import write_registry
 from typer.testing import CliRunner
 
@@ -141,18 +142,13 @@ def test_a_run_without_the_sites_service_key_is_refused_before_spending(
 def test_audit_verify_reads_the_witness(demo_dir: Path, work: Path, tmp_path: Path) -> None:
     """Without a site file too: a database put back to an older copy is flagged against the
     witness beside it, which `audit verify` now reads as every run does."""
-    import shutil
-
     from privrelease import demo
 
     policy = demo_dir / demo.POLICY_FILE
     release_plain(policy_path=str(policy))
-    shutil.copy(work / "audit.db", tmp_path / "copy.db")
+    copy_database(work / "audit.db", tmp_path / "copy.db")
     release_plain(policy_path=str(policy))
-    database.dispose_engines()
-    for suffix in ("-wal", "-shm"):
-        (work / f"audit.db{suffix}").unlink(missing_ok=True)
-    shutil.copy(tmp_path / "copy.db", work / "audit.db")
+    put_back(work / "audit.db", tmp_path / "copy.db")
     result = CliRunner().invoke(app, ["audit", "verify", "--json", "--no-files"])
     assert result.exit_code == 1
     found = json.loads(result.stdout)["problems"]

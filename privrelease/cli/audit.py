@@ -359,9 +359,9 @@ def audit_verify(
         result = verification.verify(
             s, head=external, output_root=output_root, check_files=files, public_key=key, replay=True
         )
-        recorded = release_roots(s, output_root=output_root) | {settings.work_dir / "releases", *settings.site.releases}
-        roots = releases or sorted(recorded)
-        result.problems += witness.outside_heads(s, key, sorted({*roots, *settings.site.releases}))
+        folders = set(witness.head_folders())  # the work folder's releases/ and the site's published folders
+        roots = releases or sorted(release_roots(s, output_root=output_root) | folders)
+        result.problems += witness.outside_heads(s, key, sorted({*roots, *folders}))
         for root in roots:
             found = release_folder_problems(s, root.expanduser(), output_root=output_root)
             result.problems += [chain.Problem(None, "unrecorded_release", message) for message in found]
