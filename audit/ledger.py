@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -552,7 +553,8 @@ def largest_fitting(measure: Callable[[int], tuple[bool, float]], maximum: int) 
         if not (0 < share_a < share_b < math.inf) or runs_a == runs_b:
             return None
         power = math.log(share_b / share_a) / math.log(runs_b / runs_a)
-        return runs_a * math.exp(-math.log(share_a) / power)
+        # in logs: shares nearly equal make the power tiny and the aim beyond any float
+        return math.exp(min(math.log(runs_a) - math.log(share_a) / power, math.log(sys.float_info.max)))
 
     points = [(1, measure(1)[1])]
     low = 1
