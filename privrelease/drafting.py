@@ -61,11 +61,13 @@ def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = 
     import os
 
     from privrelease.identity import problem
+    from privrelease.policies.loader import confine
     from privrelease.policies.schema import MECHANISM_TYPES
 
     if (why := problem(dataset_id, "--id")) is not None:
         raise UserError(why)
-    path = Path(data).expanduser().resolve()
+    # read only where `run` may read: the draft's folder and the data roots, no pseudo file system
+    path = confine(Path(data).expanduser(), Path(policy_folder).expanduser(), what="data file")
     if not path.is_file():
         raise UserError(f"data file {str(data)!r} does not exist or is not a file")
     parquet = path.suffix.lower() in (".parquet", ".pq")

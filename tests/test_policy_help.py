@@ -75,10 +75,10 @@ def test_policy_init_drafts_a_plannable_policy_from_a_csv_header_only(tmp_path: 
     assert json.loads(planned.stdout)["passed"]
     garbled = tmp_path / "garbled.csv"
     garbled.write_bytes(data_path.read_bytes().split(b"\n", 1)[0] + b"\n\xff\xfe not text\n")
-    again = cli("policy", "init", str(garbled), "--id", "synthetic-census")
+    again = cli("policy", "init", str(garbled), "--id", "synthetic-census", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.replace("garbled.csv", "X") == cli(
-        "policy", "init", str(data_path), "--id", "synthetic-census"
+        "policy", "init", str(data_path), "--id", "synthetic-census", cwd=tmp_path
     ).stdout.replace(data_path.name, "X").replace("data/X", "X")
 
 
@@ -103,3 +103,22 @@ def test_policy_init_bad_input_is_one_line(tmp_path: Path, args: list[str], mess
     (tmp_path / "data.csv").write_text("a,b\n1,2\n", encoding="utf-8")
     result = cli("policy", "init", *args, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("target", ["link.csv", "/proc/self/environ", "outside/secret.csv"])
+def test_policy_init_reads_only_where_run_may(tmp_path: Path, target: str) -> None:
+    """`policy init` is confined as `run` is (issue 25, item 22): a file outside the draft's
+    folder and PRIVRELEASE_DATA_ROOTS, a symlink leading out of them, or a pseudo file system
+    (`/proc/self/environ`: the process environment) is refused, one line quoting nothing of it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.csv").write_text("TOKEN_7f3a,b\n1,2\n", encoding="utf-8")
+    folder = tmp_path / "drafts"
+    folder.mkdir()
+    (folder / "link.csv").symlink_to(outside / "secret.csv")
+    path = target if target.startswith("/") else str(tmp_path / target)
+    result = cli("policy", "init", path if target != "link.csv" else target, "--id", "x", cwd=folder)
+    assert result.returncode == 2, result.stdout
+    assert "is outside the folders data may be read from" in result.stderr and "Traceback" not in result.stderr
+    assert "TOKEN_7f3a" not in result.stdout + result.stderr and "PATH=" not in result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -31,7 +31,11 @@ def policy_schema(
 
 
 def policy_init(
-    data: Path = typer.Argument(..., help="The data file (CSV or Parquet): only its header or schema is read."),
+    data: Path = typer.Argument(
+        ...,
+        help="The data file (CSV or Parquet), in the draft's folder or PRIVRELEASE_DATA_ROOTS as for `run`: "
+        "only its header or schema is read.",
+    ),
     dataset_id: str = typer.Option(..., "--id", help="The population the data is about, e.g. adult-census."),
     out: Path | None = typer.Option(
         None, "--out", help="Write the draft here (refused if it exists) instead of printing it."
