@@ -119,6 +119,11 @@ def load() -> Site:
     try:
         body = yaml.safe_load(SITE_FILE.read_bytes())
     except FileNotFoundError:
+        if (link := _dangling_link()) is not None:
+            raise UserError(
+                f"{where} cannot be read: {str(link)!r} is a symbolic link to {os.readlink(link)!r}, which does not "
+                "exist (it would pin nothing); restore its target or remove the link"
+            ) from None
         return Site()
     except OSError as error:
         raise UserError(f"{where} cannot be read: {error.strerror or error}") from None
@@ -138,6 +143,15 @@ def load() -> Site:
             f"{where}: {field}={item.get('input')!r} is not valid ({message}); it may set {FIELDS}",
             field=field,
         ) from None
+
+
+def _dangling_link() -> Path | None:
+    """The site file's path, or a folder on it, when it is a symbolic link that resolves to
+    nothing: the site file is then not absent but lost (None: no such link)."""
+    for path in (SITE_FILE, *SITE_FILE.parents):
+        if path.is_symlink() and not path.exists():
+            return path
+    return None
 
 
 def pin(settings: Any, site: Site) -> Any:

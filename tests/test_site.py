@@ -93,6 +93,43 @@ def test_a_malformed_site_file_is_one_line_naming_the_field(
     assert "Traceback" not in error and len(error.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("lost", ["the file", "its folder"])
+def test_a_site_file_lost_behind_a_dangling_link_is_refused(
+    work: Path, tmp_path: Path, lost: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A site path that is a symbolic link resolving to nothing (the file's, or a folder's on its
+    path) is not "no site file": the pins it held would be gone without a word (issue 25, item
+    23). Every command refuses to start, one line naming the link, exit 2; a missing target that
+    is not behind a link is still no site file."""
+    import sys
+
+    from privrelease.cli import main
+
+    custodians = tmp_path / "custodian"
+    custodians.mkdir()
+    write_site(production=True)
+    site.SITE_FILE.rename(custodians / "site.yaml")
+    if lost == "the file":
+        link = site.SITE_FILE
+        link.symlink_to(custodians / "site.yaml")
+    else:
+        link = tmp_path / "etc-privrelease"
+        link.symlink_to(custodians, target_is_directory=True)
+        monkeypatch.setattr(site, "SITE_FILE", link / "site.yaml")
+    assert get_settings().production  # pinned through the link
+    custodians.rename(tmp_path / "moved")
+    with pytest.raises(UserError, match=f"{link}' is a symbolic link to .*custodian.*, which does not exist"):
+        site.load()
+    monkeypatch.setattr(sys, "argv", ["privrelease", "ledger", "list"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    error = capsys.readouterr().err
+    assert exited.value.code == 2 and "does not exist (it would pin nothing)" in error, error
+    assert "Traceback" not in error and len(error.strip().splitlines()) == 1
+    link.unlink()
+    assert site.load() == site.Site()
+
+
 def test_the_sites_registry_overrides_the_one_pinned_in_the_database(
     demo_dir: Path, work: Path, tmp_path: Path, keys: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
