@@ -242,7 +242,8 @@ def write_head(
 ) -> Path:
     """Write ``{"seq", "hash"}`` to ``path`` atomically, with ``files`` (name -> sha256 of each
     file of a release) and the ``release`` binding when given, signed when a signing key is
-    set; returns the path."""
+    set; returns the path. Heads are public (0o644): a reviewer on another account, and every
+    run's check of the published folders, must be able to read them."""
     body: dict[str, Any] = {"seq": chain_head.seq, "hash": chain_head.hash}
     if files is not None:
         body["files"] = dict(sorted(files.items()))
@@ -252,14 +253,17 @@ def write_head(
     if key is not None:
         unsigned = Head(chain_head.seq, chain_head.hash, body.get("files"), release=release)
         body.update(signature=signing.sign(key, unsigned.message()), public_key=signing.public_text(key))
-    return write_json(path, body)
+    return write_json(path, body, mode=0o644)
 
 
-def write_json(path: Path | str, body: dict[str, Any], *, indent: int | None = None, make_folder: bool = True) -> Path:
+def write_json(
+    path: Path | str, body: dict[str, Any], *, indent: int | None = None, make_folder: bool = True, mode: int = 0o600
+) -> Path:
     """Write ``body`` as JSON to ``path`` atomically and durably (:func:`.files.write_atomic`;
-    owner-only, 0o600; a missing folder is made unless ``make_folder`` is False); returns the path."""
+    owner-only, 0o600, unless ``mode`` says otherwise; a missing folder is made unless
+    ``make_folder`` is False); returns the path."""
     text = json.dumps(body, sort_keys=True, indent=indent) + "\n"
-    return write_atomic(path, text, make_folder=make_folder, mode=0o600)
+    return write_atomic(path, text, make_folder=make_folder, mode=mode)
 
 
 def read_head(path: Path | str) -> Head:

@@ -41,7 +41,7 @@ from privrelease.audit.models import (
 )
 from privrelease.files import sha256_file, sha256_text
 
-__all__ = ["VerifyResult", "verify", "verify_release"]
+__all__ = ["ReleaseCheck", "VerifyResult", "verify", "verify_release"]
 
 
 @dataclass
@@ -277,22 +277,39 @@ def _approval_problems(
     return problems
 
 
-def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: str | None = None) -> list[str]:
+@dataclass(frozen=True)
+class ReleaseCheck:
+    """What :func:`verify_release` found: the ``problems`` (none: as its head lists), whether
+    the head carries no signature at all (``unsigned``: published without a signing key, so no
+    key vouches for it) and the ``release`` its head names."""
+
+    problems: list[str]
+    unsigned: bool = False
+    release: dict[str, str] | None = None
+
+    @property
+    def status(self) -> str:
+        """``broken`` (a problem), ``unsigned`` (none, but nothing signed) or ``intact``."""
+        return "broken" if self.problems else "unsigned" if self.unsigned else "intact"
+
+
+def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: str | None = None) -> ReleaseCheck:
     """Check a release folder offline, from its files alone: its head file carries a valid
     signature of ``key`` over the chain head, every file's sha256 and the release it belongs
     to (folder name, run id, policy), the folder has that name, the release is of ``run`` (an
     id or a prefix of 8+ characters) and ``policy`` (``name@version`` or a sha256 prefix of 12+)
     when given, each listed file has its sha256, and no file is there that the signature does
-    not list. Returns the problems."""
+    not list. A head with no signature is ``unsigned``, not forged: the rest is checked as if
+    it were signed."""
     head_file = folder / RELEASE_HEAD_FILE
     try:
         head = read_head(head_file)
     except FileNotFoundError:
-        return [f"{str(head_file)!r} is missing: the release cannot be checked"]
+        return ReleaseCheck([f"{str(head_file)!r} is missing: the release cannot be checked"])
     if head.files is None:
-        return [f"{str(head_file)!r} lists no files: not a release head file"]
+        return ReleaseCheck([f"{str(head_file)!r} lists no files: not a release head file"])
     problems = []
-    if not signing.valid(key, head.message(), head.signature):
+    if head.signature is not None and not signing.valid(key, head.message(), head.signature):
         problems.append(
             f"{str(head_file)!r} carries no valid signature of this key: forged, altered or signed by another"
         )
@@ -306,7 +323,7 @@ def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: st
     for path in sorted(folder.iterdir()):
         if path.name != head_file.name and path.name not in head.files:
             problems.append(f"{path.name!r} is in the folder but not among the signed files")
-    return problems
+    return ReleaseCheck(problems, head.signature is None, head.release)
 
 
 def _binding_problems(folder: Path, release: dict[str, str] | None, run: str | None, policy: str | None) -> list[str]:

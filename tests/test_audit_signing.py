@@ -241,6 +241,44 @@ def test_release_folders_verify_offline(attacked, tmp_path):
     assert check(resigned, other).exit_code == 0  # Mallory's key vouches for it: use the agency's
 
 
+def test_release_heads_are_public(signed_history):
+    """A release's head is as public as its other files (issue 25, item 14): written 0644, so a
+    reviewer on another account, or a run's check of a published folder, can read it (it was
+    0600: owner-only)."""
+    import stat
+
+    _, _, first, second = signed_history
+    for folder in (first, second):
+        modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in folder.iterdir()}
+        assert modes[chain.RELEASE_HEAD_FILE] == 0o644
+        assert all(mode & stat.S_IROTH for mode in modes.values()), modes
+
+
+def test_an_unsigned_release_is_said_unsigned_not_forged(demo_dir, work, tmp_path, monkeypatch):
+    """A release published without a signing key (the quickstart's) checked against a key is
+    UNSIGNED, exit 3: not BROKEN ("forged, altered or signed by another", exit 1) as it was
+    (issue 25, item 14); a changed file in it is still BROKEN, the missing signature named."""
+    monkeypatch.delenv("PRIVRELEASE_SIGNING_KEY", raising=False)
+    folder = Path(release_plain(policy_path=str(demo_dir / demo.POLICY_FILE)).release_dir)
+    assert "signature" not in json.loads((folder / chain.RELEASE_HEAD_FILE).read_text())
+    public = signing.generate(tmp_path / "agency.key")
+
+    def check(*more: str) -> Any:
+        return runner.invoke(app, ["audit", "verify-release", str(folder), "--public-key", public, *more])
+
+    result = check()
+    assert result.exit_code == 3, result.output
+    assert result.output.startswith("UNSIGNED: ") and "published without a signing key" in result.output
+    assert "BROKEN" not in result.output and "forged" not in result.output
+    document = json.loads(check("--json").output)
+    assert (document["ok"], document["status"], document["problems"]) == (False, "unsigned", [])
+    (folder / "report.html").write_text("changed")
+    result = check()
+    assert result.exit_code == 1 and result.output.startswith("BROKEN: ") and "was changed" in result.output
+    assert "carries no signature, so no key vouches for it" in result.output
+    assert json.loads(check("--json").output)["status"] == "broken"
+
+
 def test_release_folders_swapped_on_the_share_fail(attacked, tmp_path):
     """Two complete signed releases swapped by renaming: each folder's signed head names the
     release it belongs to (folder, run, policy), so both fail; `--run`/`--policy` check it."""

@@ -2,7 +2,8 @@
 
 Each command group lives in its own module and is registered here. Commands that need no flow
 never import Prefect (they must answer in well under 2 s). Exit codes: 0 ok, 1 a target is not
-met (or the operating system refused an operation), 2 invalid input; user mistakes, usage
+met (or the operating system refused an operation), 2 invalid input, 3 a release that
+`audit verify-release` finds intact but unsigned; user mistakes, usage
 errors (:mod:`privrelease.cli.usage`) and system errors print one clear message, never a
 traceback or a Click box.
 """

@@ -31,6 +31,9 @@ ledger_app = typer.Typer(
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
+UNSIGNED_EXIT = 3
+"""`audit verify-release`'s exit code for a release intact as its head lists but unsigned."""
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``policy``, ``audit`` and ``ledger`` command groups to ``app``."""
@@ -408,20 +411,40 @@ def audit_verify_release(
     """Check a release offline, from its folder alone: the head file's signature by the agency's
     key over the chain head, every file's sha256 and the release it belongs to (folder name, run,
     policy), the folder's name, the expected run and policy, and each file's bytes. Exit 0 when
-    intact, 1 naming what is not."""
-    from privrelease.audit import chain, signing, verification
+    intact, 1 naming what is not, 3 when it is otherwise intact but unsigned (published without a
+    signing key: no key vouches for it)."""
+    from privrelease.audit import signing, verification
     from privrelease.errors import UserError
 
     if not folder.is_dir():
         raise UserError(f"release folder {str(folder)!r} does not exist or is not a folder")
-    problems = verification.verify_release(folder, signing.public_key(public_key), run=run, policy=policy)
-    release = None if problems else chain.read_head(folder / "chain-head.json").release
+    found = verification.verify_release(folder, signing.public_key(public_key), run=run, policy=policy)
+    problems, release = found.problems, found.release
     if json_output:
-        print_json({"ok": not problems, "folder": str(folder), "release": release, "problems": problems})
+        print_json(
+            {
+                "ok": found.status == "intact",
+                "status": found.status,
+                "folder": str(folder),
+                "release": None if problems else release,
+                "problems": problems,
+            }
+        )
     elif problems:
         say(styled("[bold red]BROKEN[/]: {}", problems[0]))
         for problem in problems[1:]:
             say(f"  also: {problem}")
+        if found.unsigned:
+            say("  also: its head file carries no signature, so no key vouches for it")
+    elif found.unsigned:
+        say(
+            styled(
+                "[bold yellow]UNSIGNED[/]: {} was published without a signing key (its chain-head.json carries no "
+                "signature): its files are as its head lists, but no key vouches for them, so anyone who could "
+                "write the folder could have written it; sign releases with PRIVRELEASE_SIGNING_KEY (SECURITY.md)",
+                folder,
+            )
+        )
     elif release is None:
         say(
             styled(
@@ -439,8 +462,8 @@ def audit_verify_release(
                 release.get("policy", ""),
             )
         )
-    if problems:
-        raise typer.Exit(1)
+    if found.status != "intact":
+        raise typer.Exit(1 if problems else UNSIGNED_EXIT)
 
 
 @audit_app.command("keygen")
