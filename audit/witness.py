@@ -16,7 +16,7 @@ check verified, or one written on top of it in the same locked transaction.
 audit write lock) verifies the records after ``verified`` only (links, hashes and, with a
 signing key, their signatures: :func:`.chain.verify_tail`), that the database still holds
 the witnessed ``head`` and, with a signing key, every signed release head it finds in the
-release folders, and that every ledger entry is as its newest record describes it (that
+release folders (one it cannot read or parse is a refusal: it could be the newest), and that every ledger entry is as its newest record describes it (that
 record re-hashed and, with a key, its signature checked, however old: the one part whose cost
 grows with the ledger, about 0.1 ms an entry). A database that fails is refused with :class:`~privrelease.errors.AuditRefused` (exit 1)
 before anything is charged. What it cannot see is stated in SECURITY.md ("Known limits").
@@ -233,19 +233,55 @@ def head_folders(extra: Path | None = None) -> list[Path]:
     return sorted({settings.work_dir / "releases", *settings.site.releases, *([extra] if extra else [])})
 
 
+def _release_heads(roots: Sequence[Path]) -> tuple[list[tuple[Path, chain.Head]], list[chain.Problem]]:
+    """The release heads in the folders of ``roots`` (``ROOT/FOLDER/chain-head.json``; hidden
+    folders are releases still being written), and a problem for each root, folder or head
+    that cannot be listed, read or parsed: a head nobody can check could be the newest, so it
+    is a refusal, never skipped. A missing root or a folder without a head holds none."""
+    heads, problems = [], []
+    for root in roots:
+        try:
+            folders = sorted(entry for entry in root.iterdir() if not entry.name.startswith("."))
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            problems.append(_unreadable(root, error))
+            continue
+        for folder in folders:
+            file = folder / chain.RELEASE_HEAD_FILE
+            try:
+                if not folder.is_dir():
+                    continue
+                head = chain.read_head(file)
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                problems.append(_unreadable(file, error))
+            except UserError as error:
+                problems.append(chain.Problem(None, "head_unreadable", f"{error}: it cannot be checked"))
+            else:
+                if head.files is not None:  # a release's, not a copy of `audit head`
+                    heads.append((file, head))
+    return heads, problems
+
+
+def _unreadable(path: Path, error: OSError) -> chain.Problem:
+    return chain.Problem(
+        None,
+        "head_unreadable",
+        f"{str(path)!r} cannot be read ({error.strerror or error}): a release head there may name records the "
+        "database does not hold; make it readable to this account (heads are public: 0644)",
+    )
+
+
 def released(session: Session, roots: Sequence[Path], public_key: Any) -> list[chain.Problem]:
     """A release head in ``roots`` signed by the service key that the database does not hold
     (a rollback or cut-off the witness cannot show, e.g. the witness was rolled back too),
-    unless its run is still publishing (a crash between the head and the commit)."""
-    heads = []
-    for root in roots:
-        for file in sorted(root.glob(f"[!.]*/{chain.RELEASE_HEAD_FILE}")):
-            try:
-                head = chain.read_head(file)
-            except (OSError, UserError):
-                continue  # not a head: `audit verify-release` names it
-            if head.files is not None:  # a release's, not a copy of `audit head`
-                heads.append((file, head))
+    unless its run is still publishing (a crash between the head and the commit); or a head
+    there that cannot be read (:func:`_release_heads`)."""
+    heads, unreadable = _release_heads(roots)
+    if unreadable:
+        return unreadable
     held = dict(
         session.exec(
             select(AuditEvent.seq, AuditEvent.hash).where(col(AuditEvent.seq).in_({h.seq for _, h in heads}))

@@ -405,3 +405,138 @@ def test_a_published_charge_cannot_be_given_back_through_crash_recovery(
         assert entry.state == "reserved" and s.get(Run, published.run_id).status == "running"  # nothing settled
     result = check(audit, public_key=signing.public_key(service_key), head=chain.read_head(head))
     assert {"row_edited"} <= {p.kind for p in result.problems}
+
+
+# --------------------------------------------------------------------------- a second account
+
+AS_THE_RUNNER = r"""
+import json, sys
+from pathlib import Path
+from typer.testing import CliRunner
+from privrelease import site
+site.SITE_FILE = Path(sys.argv[1])  # the suite's own site file, as conftest pins it
+from privrelease.cli import app
+from privrelease.errors import UserError
+from privrelease.flows.steps import release_plain
+try:
+    release_plain(policy_path=sys.argv[2])
+    run = "published"
+except UserError as error:
+    run = str(error)
+verified = CliRunner().invoke(app, ["audit", "verify", "--json"])
+print(json.dumps({"run": run, "verify": [problem["kind"] for problem in json.loads(verified.stdout)["problems"]]}))
+"""
+
+
+@pytest.fixture
+def runners_account(tmp_path: Path) -> Any:
+    """A second local account (``nobody``) for the runner, and a folder every account can reach
+    (pytest's own are root's, 0700): root reads any file, so what the runner cannot read is
+    shown by a process of hers (``setpriv``). Skipped unless the suite runs as root with
+    ``setpriv`` and that account."""
+    import os
+    import pwd
+    import shutil
+    import tempfile
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv (util-linux) to run a process as a second account")
+    try:
+        account = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' account to be the second account")
+    base = Path(tempfile.mkdtemp(prefix="privrelease-runner-"))
+    base.chmod(0o755)
+
+    def run_as_her(*args: str, owned: list[Path]) -> dict[str, Any]:
+        """``AS_THE_RUNNER`` with ``args`` as her, the paths ``owned`` (recursively) made hers."""
+        import subprocess
+        import sys
+
+        for top in owned:
+            for path in [top, *(top.rglob("*") if top.is_dir() else [])]:
+                os.chown(path, account.pw_uid, account.pw_gid, follow_symlinks=False)
+        ids = [f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups"]
+        done = subprocess.run(
+            [setpriv, *ids, sys.executable, "-c", AS_THE_RUNNER, *args],
+            capture_output=True,
+            text=True,
+            cwd=base,
+            env={**os.environ, "HOME": str(base)},
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    yield base, run_as_her
+    shutil.rmtree(base)
+
+
+def test_a_release_head_the_runner_cannot_read_is_a_refusal(
+    work: Path, runners_account: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims (runner, with a site file pinning the witness, the service key and the share): a
+    charge is never given back by putting back an older database and witness while the newer
+    release sits in a published folder; `audit verify` shows it. She puts back both copies from
+    after release 1 and takes release 2 out of her `--out`; its signed head sits in the share,
+    but she cannot read it: a copy that is not hers, 0600 (as heads were written), or her own
+    that she `chmod 000`s in an add-only share. A head nobody can check was skipped, so her next
+    run spent again (issue 25, item 18); it is a refusal, for the run and for `audit verify`."""
+    import os
+    import shutil
+
+    from privrelease import demo, site
+
+    base, run_as_her = runners_account
+    mine = base / "runner"
+    mine.mkdir()
+    public = signing.generate(mine / "service.key")
+    monkeypatch.setenv("PRIVRELEASE_SIGNING_KEY", str(mine / "service.key"))
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(mine / "work"))
+    protected = mine / "witness" / "audit.witness.json"  # her process writes it: she can put it back
+    share = base / "share"
+    share.mkdir()
+    write_site(witness=protected, public_key=public, releases=share)
+    custodians = shutil.copy(site.SITE_FILE, base / "site.yaml")
+    policy, _ = demo.write_demo(mine / "demo", seed=11)
+    release_plain(policy_path=str(policy))
+    copy_database(mine / "work" / "audit.db", base / "copy.db")
+    shutil.copy(protected, base / "older-witness.json")
+    newer = release_plain(policy_path=str(policy))
+    put_back(mine / "work" / "audit.db", base / "copy.db")
+    shutil.copy(base / "older-witness.json", protected)
+    (folder,) = [f for f in (mine / "work" / "releases").iterdir() if newer.run_id[:8] in f.name]
+    folder.rename(share / folder.name)
+    head = share / folder.name / chain.RELEASE_HEAD_FILE
+    assert os.stat(head).st_mode & 0o044 == 0o044  # heads are written public now
+
+    head.chmod(0o600)  # not hers (the custodian's copy), owner-only
+    refused = run_as_her(str(custodians), str(policy), owned=[mine])
+    assert "refused before spending" in refused["run"] and "cannot be read (Permission denied)" in refused["run"]
+    assert str(head) in refused["run"] and "head_unreadable" in refused["verify"]
+
+    os.chown(head, *[os.stat(mine).st_uid, os.stat(mine).st_gid])  # hers, in a share she can only add to
+    head.chmod(0o000)
+    refused = run_as_her(str(custodians), str(policy), owned=[])
+    assert "cannot be read (Permission denied)" in refused["run"] and "head_unreadable" in refused["verify"]
+
+
+def test_a_release_head_that_does_not_parse_is_a_refusal(
+    demo_dir: Path, work: Path, tmp_path: Path, service_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head in a checked folder that is not a head (garbled) cannot be checked either: the next
+    run is refused and `audit verify` names it, where it was skipped (issue 25, item 18)."""
+    from privrelease import demo
+
+    share = tmp_path / "share"
+    share.mkdir()
+    write_site(public_key=service_key, releases=share)
+    policy = demo_dir / demo.POLICY_FILE
+    published = release_plain(policy_path=str(policy))
+    folder = Path(published.release_dir)
+    folder.rename(share / folder.name)
+    (share / folder.name / chain.RELEASE_HEAD_FILE).write_text('{"seq": "newest"}')
+    with pytest.raises(AuditRefused, match="refused before spending: chain head file .*share.* it cannot be checked"):
+        release_plain(policy_path=str(policy))
+    assert "head_unreadable" in audit_verify_problems()
