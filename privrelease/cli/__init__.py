@@ -5,7 +5,8 @@ never import Prefect (they must answer in well under 2 s). Exit codes: 0 ok, 1 a
 met (or the operating system refused an operation), 2 invalid input, 3 a release that
 `audit verify-release` finds intact but unsigned; user mistakes, usage
 errors (:mod:`privrelease.cli.usage`) and system errors print one clear message, never a
-traceback or a Click box.
+traceback or a Click box. A reader that stops reading the output (``| head``) neither stops a
+command nor changes its exit code: the rest of its output is discarded.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
 from privrelease.cli import server as server_commands
 from privrelease.cli import splu as splu_commands
-from privrelease.cli.output import fail, say, styled
+from privrelease.cli.output import fail, say, styled, survive_closed_output
 from privrelease.errors import TargetNotMet, UserError
 
 app = typer.Typer(
@@ -66,6 +67,7 @@ def _options(
 
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into exit codes."""
+    survive_closed_output()  # `privrelease ... | head`: the command finishes, its exit code its own
     try:
         from privrelease.settings import get_settings, unknown_variables
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
@@ -32,6 +33,49 @@ class _Console(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         self._width, self._height = new_size
+
+
+class _ReaderMayLeave:
+    """A standard stream whose reader may stop reading (``privrelease run ... | head``): a write
+    or flush that meets the closed pipe (``BrokenPipeError``) points the stream's descriptor at
+    ``/dev/null`` and goes on, so the command finishes what it was doing (a release is still
+    published and charged once) and exits with its own code; only the output nobody reads is lost."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._discard()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._discard()
+
+    def _discard(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+        self._stream.flush()  # what was buffered for the pipe goes to /dev/null
+
+
+def survive_closed_output() -> None:
+    """Let every command outlive a reader that stops reading its stdout or stderr
+    (:class:`_ReaderMayLeave`); called first by the entry point."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _ReaderMayLeave):
+            setattr(sys, name, _ReaderMayLeave(stream))
 
 
 # Markup off: user text (names, notes, approvers, data labels) always prints as written, in
