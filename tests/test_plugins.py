@@ -303,3 +303,26 @@ def test_a_release_records_its_plugin_and_survives_its_uninstall(workdir: Path) 
     (shown,) = ledger["entries"]
     assert (shown["epsilon"], shown["delta"]) == (entry.epsilon, entry.delta) and entry.epsilon > 0
     assert "not composed here" in text and f"{entry.epsilon:.6g}" in text, text
+
+
+def test_kinds_use_one_public_surface() -> None:
+    """Every name of ``privrelease.mechanisms.kinds.__all__`` resolves; the built-in kinds and the
+    outside one take those names from that module alone (never from the internal modules that
+    define them), and the outside one imports nothing else of privrelease."""
+    import ast
+
+    surface = set(kinds.__all__)
+    assert all(getattr(kinds, name) is not None for name in surface)
+    assert "stable" in (kinds.__doc__ or "") and "LoadedPolicy" in (kinds.__doc__ or "")
+    built_in = sorted(Path(kinds.__file__).parent.glob("*.py"))
+    sources = {path.name: path.read_text(encoding="utf-8") for path in built_in if path.name != "__init__.py"}
+    sources["the outside plugin"] = PLUGIN
+    for where, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("privrelease")):
+                continue
+            if node.module == "privrelease.mechanisms.kinds":
+                continue
+            assert where != "the outside plugin", f"the plugin imports {node.module}"
+            around = sorted(alias.name for alias in node.names if alias.name in surface)
+            assert not around, f"{where} imports {around} from {node.module}, not privrelease.mechanisms.kinds"
