@@ -190,8 +190,8 @@ def verify(
 
     problems += _approval_problems(session, intact, newest)
     if replay:
-        for problem in replaying.problems(session, {row: record.seq for row, (record, _) in newest.items()}):
-            (result.unreplayed if problem.kind == replaying.CANNOT_REPLAY else problems).append(problem)
+        for finding in replaying.problems(session, {row: record.seq for row, (record, _) in newest.items()}):
+            (result.unreplayed if finding.kind == replaying.CANNOT_REPLAY else problems).append(finding)
 
     # files of succeeded runs (a failed or unfinished run has nothing visible)
     if check_files:
