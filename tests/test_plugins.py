@@ -222,7 +222,7 @@ def test_a_plugin_that_cannot_be_imported_fails_every_command_in_one_line(workdi
     """Before: a 69-line traceback for every command and every policy."""
     site = install(workdir / "site", "agency-rr", "1.0", "agency_rr", PLUGIN)
     install(site, "agency-broken", "0.3", "agency_broken", "import agency_missing_dependency\n", point="broken")
-    for args in (("policy", "schema"), ("plan", "rr.yaml")):
+    for args in (("policy", "schema"), ("plan", "rr.yaml"), ("run", "rr.yaml")):
         line = one_line_refusal(with_plugins(site, *args))
         assert "mechanism plugin 'broken' = 'agency_broken'" in line, line
         assert "distribution agency-broken 0.3" in line and "cannot be imported" in line, line
@@ -303,6 +303,8 @@ def test_a_release_records_its_plugin_and_survives_its_uninstall(workdir: Path) 
     (shown,) = ledger["entries"]
     assert (shown["epsilon"], shown["delta"]) == (entry.epsilon, entry.delta) and entry.epsilon > 0
     assert "not composed here" in text and f"{entry.epsilon:.6g}" in text, text
+    code, text, listed = audit_cli("ledger", "list")
+    assert code == 0 and listed["datasets"][0]["spent"] is None and "not composed here" in text, text
 
 
 def test_kinds_use_one_public_surface() -> None:
@@ -326,3 +328,18 @@ def test_kinds_use_one_public_surface() -> None:
             assert where != "the outside plugin", f"the plugin imports {node.module}"
             around = sorted(alias.name for alias in node.names if alias.name in surface)
             assert not around, f"{where} imports {around} from {node.module}, not privrelease.mechanisms.kinds"
+
+
+def test_built_in_kinds_are_recorded_as_privrelease_code() -> None:
+    """A policy of built-in kinds: every type is privrelease's own at its version, in the plan
+    and the report's internal part (which says which code ran, beside the code version)."""
+    from privrelease.reports.context import example_context
+    from privrelease.reports.render import report_html
+    from privrelease.version import VERSION
+
+    context = example_context()
+    types = {spec.type for spec in context.plan.loaded.policy.mechanisms}
+    assert context.plan.kinds == {t: {"distribution": "privrelease", "version": VERSION} for t in sorted(types)}
+    report = report_html(context)
+    assert all(f"{t}: <code>privrelease {VERSION}</code>" in report for t in types), types
+    assert "Mechanism code" not in report_html(context, public_only=True)

@@ -466,7 +466,7 @@ def _load(point: EntryPoint) -> Any:
 
 
 _SHIPPED: dict[str, Distribution] = {}
-"""Top-level module of each plugin entry point -> its distribution (filled by :func:`all_kinds`)."""
+"""The module of each plugin entry point -> its distribution (filled by :func:`all_kinds`)."""
 
 
 @functools.cache
@@ -485,7 +485,7 @@ def all_kinds() -> dict[str, type[MechanismKind]]:
     for point in entry_points(group=ENTRY_POINT_GROUP):
         sources += [(_plugin(point), kind) for kind in _kinds_of(_load(point))]
         if point.dist is not None:
-            _SHIPPED[point.module.partition(".")[0]] = Distribution(point.dist.name, point.dist.version)
+            _SHIPPED[point.module] = Distribution(point.dist.name, point.dist.version)
     for where, kind in sources:
         if not (isinstance(kind, type) and issubclass(kind, MechanismKind)):
             raise UserError(f"{where}: {kind!r} is not a MechanismKind subclass")
@@ -501,11 +501,13 @@ def all_kinds() -> dict[str, type[MechanismKind]]:
 
 def defined_by(cls: type) -> Distribution | None:
     """The plugin distribution that defines a kind or event class (None: built into privrelease)."""
-    top = cls.__module__.partition(".")[0]
-    if top == "privrelease":
+    parts = cls.__module__.split(".")
+    if parts[0] == "privrelease":
         return None
     all_kinds()
-    if top not in _SHIPPED:
-        names = packages_distributions().get(top, [])
-        _SHIPPED[top] = Distribution(names[0], version(names[0])) if names else Distribution(top, "unknown")
-    return _SHIPPED[top]
+    for end in range(len(parts), 0, -1):  # the entry point's module, or a package holding the class's module
+        if ".".join(parts[:end]) in _SHIPPED:
+            return _SHIPPED[".".join(parts[:end])]
+    names = packages_distributions().get(parts[0], [])
+    _SHIPPED[parts[0]] = Distribution(names[0], version(names[0])) if names else Distribution(parts[0], "unknown")
+    return _SHIPPED[parts[0]]

@@ -845,10 +845,8 @@ def ledger_list(json_output: JsonFlag = False) -> None:
                     "epsilon": ds.lifetime_epsilon,
                     "delta": ds.lifetime_delta,
                 },
-                "spent": {
-                    "epsilon": status.spent.epsilon,
-                    "delta": status.spent.delta,
-                },
+                "spent": None if status.cannot_compose else status.spent.as_dict(),
+                "cannot_compose": status.cannot_compose or None,
                 "counting_entries": len(status.counting),
             }
         )
@@ -867,8 +865,10 @@ def ledger_list(json_output: JsonFlag = False) -> None:
             row["dataset"],
             ", ".join(row["files"]),
             row["notion"],
-            f"{spent['epsilon']:.4g} / {budget['epsilon']:.4g}",
-            f"{spent['delta']:.3g} / {budget['delta']:.3g}",
+            f"{spent['epsilon']:.4g} / {budget['epsilon']:.4g}"
+            if spent
+            else f"not composed here / {budget['epsilon']:.4g}",
+            f"{spent['delta']:.3g} / {budget['delta']:.3g}" if spent else f"not composed here / {budget['delta']:.3g}",
             str(row["counting_entries"]),
         )
     console.print(table)
