@@ -181,9 +181,18 @@ def _account(events: list[Any] | dict[Any, int], notion: str, limit: Budget) -> 
 
 
 def _trees(entries: list[LedgerEntry]) -> list[Any]:
-    from privrelease.mechanisms.events import event_from_json
+    """The entries' stored trees; :class:`~privrelease.mechanisms.events.UnknownEventKind`
+    naming the entry (and what to install) for one whose plugin is not installed here."""
+    from privrelease.mechanisms.events import UnknownEventKind, event_from_json
 
-    return [event_from_json(entry.event_json) for entry in entries]
+    trees = []
+    for entry in entries:
+        try:
+            trees.append(event_from_json(entry.event_json))
+        except UnknownEventKind as error:
+            where = f"ledger entry {entry.id} of dataset {entry.dataset_id} (run {entry.run_id[:12]})"
+            raise UnknownEventKind(f"{where}: {error}", recorded=error.recorded) from None
+    return trees
 
 
 def entry_charge(entry: LedgerEntry, dataset: DatasetIdentity) -> Budget:

@@ -157,6 +157,10 @@ targets:
   lifetime_budget: {epsilon: 10, delta: 1.0e-3}
 """
 
+COUNTS_FROM = "{name: answers, type: agency_rr, column: answer, epsilon: 1.5}"
+COUNTS = "{name: table, type: noisy_counts, columns: [answer], noise: {distribution: laplace, scale: 2}}"
+"""The survey's mechanism, and a built-in one charging the same population."""
+
 RELEASE = """
 from privrelease.flows.steps import release_plain
 print(release_plain(policy_path="rr.yaml").release_dir)
@@ -305,6 +309,16 @@ def test_a_release_records_its_plugin_and_survives_its_uninstall(workdir: Path) 
     assert "not composed here" in text and f"{entry.epsilon:.6g}" in text, text
     code, text, listed = audit_cli("ledger", "list")
     assert code == 0 and listed["datasets"][0]["spent"] is None and "not composed here" in text, text
+
+    from privrelease.errors import UserError
+    from privrelease.flows.steps import release_plain
+
+    counts = workdir / "counts.yaml"
+    counts.write_text(POLICY.replace("rr-survey", "rr-counts").replace(COUNTS_FROM, COUNTS), encoding="utf-8")
+    refusal = r"ledger entry 1 of dataset rr-population \(run \w+\): cannot replay .* install agency-rr==1\.0$"
+    with pytest.raises(UserError, match=refusal):  # the budget cannot be checked without the plugin
+        release_plain(policy_path=str(counts))
+    database.dispose_engines()
 
 
 def test_kinds_use_one_public_surface() -> None:
