@@ -250,16 +250,14 @@ def event_to_json(event: Event) -> str:
 
 def _defined_by(event: Event) -> dict[str, dict[str, str]]:
     """Event kind -> its plugin distribution, for every node of the tree a plugin defines."""
+    from privrelease.mechanisms.kinds import defined_by
+
     nodes = [event]
     found: dict[str, dict[str, str]] = {}
     while nodes:
         node = nodes.pop()
         values = [item for value in vars(node).values() for item in (value if isinstance(value, tuple) else (value,))]
         nodes += [value for value in values if isinstance(value, Event)]
-        if type(node).__module__.startswith("privrelease."):
-            continue
-        from privrelease.mechanisms.kinds import defined_by
-
         shipped = defined_by(type(node))
         if shipped is not None:
             found[node.kind] = shipped.as_dict()

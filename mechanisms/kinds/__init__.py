@@ -440,9 +440,6 @@ class Distribution:
     name: str
     version: str
 
-    def __str__(self) -> str:
-        return f"{self.name} {self.version}"
-
     def as_dict(self) -> dict[str, str]:
         return {"distribution": self.name, "version": self.version}
 
