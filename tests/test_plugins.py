@@ -346,7 +346,9 @@ def test_kinds_use_one_public_surface() -> None:
 
 def test_built_in_kinds_are_recorded_as_privrelease_code() -> None:
     """A policy of built-in kinds: every type is privrelease's own at its version, in the plan
-    and the report's internal part (which says which code ran, beside the code version)."""
+    and the report's internal part (which says which code ran, beside the code version); its
+    event tree's JSON is as before (no ``defined_by``), so stored trees and chains keep their bytes."""
+    from privrelease.mechanisms.events import event_to_json
     from privrelease.reports.context import example_context
     from privrelease.reports.render import report_html
     from privrelease.version import VERSION
@@ -357,3 +359,4 @@ def test_built_in_kinds_are_recorded_as_privrelease_code() -> None:
     report = report_html(context)
     assert all(f"{t}: <code>privrelease {VERSION}</code>" in report for t in types), types
     assert "Mechanism code" not in report_html(context, public_only=True)
+    assert set(json.loads(event_to_json(context.plan.event))) == {"schema_version", "event"}
