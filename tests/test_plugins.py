@@ -318,6 +318,8 @@ def test_a_release_records_its_plugin_and_survives_its_uninstall(workdir: Path) 
     refusal = r"ledger entry 1 of dataset rr-population \(run \w+\): cannot replay .* install agency-rr==1\.0$"
     with pytest.raises(UserError, match=refusal):  # the budget cannot be checked without the plugin
         release_plain(policy_path=str(counts))
+    with database.session(database.get_engine(), readonly=True) as s:
+        assert [r.kind for r in chain.records(s)].count("data_read") == 1, "refused before reading its data"
     database.dispose_engines()
 
 
