@@ -111,6 +111,10 @@ class LedgerStatus:
     spent: Budget
     remaining: Budget
     now: datetime
+    cannot_compose: str = ""
+    """Why the counting trees cannot be composed here (a plugin's event kind not installed:
+    :class:`~privrelease.mechanisms.events.UnknownEventKind`); then ``spent`` is unbounded and
+    nothing remains (fail closed), and only each entry's recorded charge can be shown."""
 
     def effective_state(self, entry: LedgerEntry) -> str:
         """``reserved``/``committed``/``released``, or ``expired`` for a lapsed reservation."""
@@ -177,9 +181,18 @@ def _account(events: list[Any] | dict[Any, int], notion: str, limit: Budget) -> 
 
 
 def _trees(entries: list[LedgerEntry]) -> list[Any]:
-    from privrelease.mechanisms.events import event_from_json
+    """The entries' stored trees; :class:`~privrelease.mechanisms.events.UnknownEventKind`
+    naming the entry (and what to install) for one whose plugin is not installed here."""
+    from privrelease.mechanisms.events import UnknownEventKind, event_from_json
 
-    return [event_from_json(entry.event_json) for entry in entries]
+    trees = []
+    for entry in entries:
+        try:
+            trees.append(event_from_json(entry.event_json))
+        except UnknownEventKind as error:
+            where = f"ledger entry {entry.id} of dataset {entry.dataset_id} (run {entry.run_id[:12]})"
+            raise UnknownEventKind(f"{where}: {error}", recorded=error.recorded) from None
+    return trees
 
 
 def entry_charge(entry: LedgerEntry, dataset: DatasetIdentity) -> Budget:
@@ -423,7 +436,13 @@ def ledger_status(
     entries = _entries(session, ds.id)
     counting = [entry for entry in entries if _counts(entry, now)]
     limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
-    spent = _account(_trees(counting), ds.notion, limit)
+    from privrelease.mechanisms.events import UnknownEventKind
+
+    try:
+        spent = _account(_trees(counting), ds.notion, limit)
+    except UnknownEventKind as error:
+        unbounded = Budget(math.inf, 1.0)
+        return LedgerStatus(ds, limit, entries, counting, unbounded, ZERO, now, cannot_compose=str(error))
     remaining = Budget(
         max(0.0, limit.epsilon - spent.epsilon) if math.isfinite(spent.epsilon) else 0.0,
         limit.delta if _at_lifetime_delta(ds.notion, limit) else max(0.0, limit.delta - spent.delta),
@@ -602,7 +621,7 @@ class DatasetLedger:
     def runway(self) -> Runway | None:
         """How many more runs like :attr:`latest` fit the budget (None: nothing charged yet)."""
         latest = self.latest
-        return None if latest is None else runway(self.status, latest.event_json)
+        return None if latest is None or self.status.cannot_compose else runway(self.status, latest.event_json)
 
 
 def dataset_ledger(session: Session, ref: str) -> DatasetLedger:

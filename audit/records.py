@@ -122,13 +122,15 @@ def start_run(
     owner: Mapping[str, Any] | None = None,
     release_dir: str | None = None,
     production: bool | None = None,
+    kinds: Mapping[str, Any] | None = None,
 ) -> Run:
     """Create a run (status ``pending``) of the policy content ``policy_sha256``: a registered
     version, or a draft (:func:`.approvals.record_draft`), registered only as it publishes.
     ``kind`` is ``release``, ``rerun`` or ``reissue`` (then ``source_run_id`` names the run
     repeated or handed back). ``owner`` (the process running it) and ``release_dir`` (where
-    it will publish) go into the ``run_started`` record, for crash recovery, and so does the
-    mode it runs in (``production``)."""
+    it will publish) go into the ``run_started`` record, for crash recovery, and so do the
+    mode it runs in (``production``) and the code of each mechanism type it runs (``kinds``:
+    type -> distribution and version, :func:`privrelease.planning.kind_sources`)."""
     if session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == policy_sha256)).first() is None:
         raise UserError(
             f"policy sha256 {policy_sha256[:12]} is not recorded: approve it, or record it (approvals.record_draft) first"
@@ -145,6 +147,8 @@ def start_run(
     located: dict[str, Any] = {"owner": dict(owner), "release_dir": release_dir} if owner is not None else {}
     if production is not None:
         located["production"] = production
+    if kinds is not None:
+        located["kinds"] = dict(kinds)
     chain.append(session, "run_started", run, run=run.id, policy_sha256=policy_sha256, **located)
     return run
 

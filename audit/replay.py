@@ -45,7 +45,12 @@ from sqlmodel import Session, col, select
 from privrelease.audit.chain import Problem
 from privrelease.audit.models import DatasetIdentity, Guarantee, LedgerEntry, PolicyVersion, Run
 
-__all__ = ["RELATIVE_TOLERANCE", "problems"]
+__all__ = ["CANNOT_REPLAY", "RELATIVE_TOLERANCE", "problems"]
+
+CANNOT_REPLAY = "cannot_replay"
+"""The finding of a stored tree whose event kind is defined by a plugin distribution (its tree
+records which) that is not installed here: not replayed, which says nothing against the record
+(``audit verify`` says what to install, and does not call the chain broken)."""
 
 RELATIVE_TOLERANCE = 1e-9
 """Relative slack of a stored guarantee against its replay (module docstring: why)."""
@@ -118,12 +123,21 @@ def _charge(entry: LedgerEntry, dataset: DatasetIdentity) -> Pair:
     return budget.epsilon, budget.delta
 
 
+class _NotInstalled(str):
+    """Why a tree cannot be replayed here: its event kind's plugin is not installed."""
+
+
 def _replayed(cache: dict[Any, Any], key: Any, compute: Callable[[], Pair]) -> Pair | str:
     """``compute()`` once per ``key`` (runs of one policy share their trees); the text of the
-    error when the tree cannot be parsed or accounted for."""
+    error when the tree cannot be parsed or accounted for (a :class:`_NotInstalled` when the
+    tree records the plugin distribution that defines a kind not installed here)."""
+    from privrelease.mechanisms.events import UnknownEventKind
+
     if key not in cache:
         try:
             cache[key] = compute()
+        except UnknownEventKind as error:
+            cache[key] = _NotInstalled(error) if error.recorded else f"{type(error).__name__}: {error}"
         except Exception as error:  # an unparseable or unaccountable tree is a finding, never a crash
             cache[key] = " ".join(f"{type(error).__name__}: {error}".split())[:400]
     return cache[key]
@@ -141,7 +155,9 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
         found.append(Problem(newest.get((table, key)), kind, f"{table} row {key!r} of run {run_id}: {message}"))
 
     def check(table: str, key: Any, run_id: str, what: str, stored: Pair, replayed: Pair | str) -> None:
-        if isinstance(replayed, str):
+        if isinstance(replayed, _NotInstalled):
+            report(table, key, run_id, CANNOT_REPLAY, replayed)
+        elif isinstance(replayed, str):
             report(table, key, run_id, "replay_failed", f"its stored event tree cannot be replayed ({replayed})")
         elif not all(_same(s, r) for s, r in zip(stored, replayed, strict=True)):
             report(table, key, run_id, "guarantee_mismatch", _mismatch(what, stored, replayed))

@@ -53,6 +53,9 @@ class VerifyResult:
     rows_checked: int = 0
     files_checked: int = 0
     problems: list[Problem] = field(default_factory=list)
+    unreplayed: list[Problem] = field(default_factory=list)
+    """Stored figures whose event kinds' plugin is not installed here (:data:`.replay.CANNOT_REPLAY`):
+    not replayed, not broken."""
 
     @property
     def ok(self) -> bool:
@@ -72,6 +75,7 @@ class VerifyResult:
             "files_checked": self.files_checked,
             "first_broken": asdict(first) if first else None,
             "problems": [asdict(problem) for problem in self.problems],
+            "cannot_replay": [asdict(problem) for problem in self.unreplayed],
         }
 
 
@@ -129,7 +133,8 @@ def verify(
     made after a registry was pinned (:func:`.approvers.problems`). With ``replay``, every stored
     guarantee and ledger charge is recomputed from its stored event tree by today's accountants
     (:func:`.replay.problems`): a value that does not match, or a tree that no longer parses, is
-    a finding (``guarantee_mismatch``, ``replay_failed``).
+    a finding (``guarantee_mismatch``, ``replay_failed``); one whose event kind's plugin is not
+    installed here, as its tree records, is listed in ``result.unreplayed`` (not broken).
     """
     root = Path(output_root) if output_root is not None else None
     records = list(session.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all())
@@ -185,7 +190,8 @@ def verify(
 
     problems += _approval_problems(session, intact, newest)
     if replay:
-        problems += replaying.problems(session, {row: record.seq for row, (record, _) in newest.items()})
+        for finding in replaying.problems(session, {row: record.seq for row, (record, _) in newest.items()}):
+            (result.unreplayed if finding.kind == replaying.CANNOT_REPLAY else problems).append(finding)
 
     # files of succeeded runs (a failed or unfinished run has nothing visible)
     if check_files:

@@ -185,6 +185,7 @@ def verify_policy(
     refused later (a data check) leaves it a draft, to be edited under the same version. A
     registered version that is refused here gets a failed run recording the refusal."""
     from privrelease.audit import approvals, chain, records, witness
+    from privrelease.planning import kind_sources
 
     if output_format not in OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
@@ -242,6 +243,7 @@ def verify_policy(
             owner=recovery.process_owner(),
             release_dir=str(out_root.resolve() / release_name),
             production=production,
+            kinds=kind_sources(loaded.policy),
         )
         if refusal is not None:
             records.finish_run(s, run_id, "failed", error=f"refused: {refusal}")

@@ -7,7 +7,8 @@ generalization of its columns, and what a data user needs to read it: how to est
 (sampled counts estimate population counts when multiplied by 1/beta) and the data-free
 accuracy statements of :func:`privrelease.planning.mechanism_accuracy` (publication
 probability, relative standard error, suppression bias and interval per cell size; a
-statistic's noise half-width). It is published with the outputs and checksummed
+statistic's noise half-width), and the distribution and version that define each mechanism
+type it ran (``kinds``: privrelease's own or a plugin's). It is published with the outputs and checksummed
 in the audit database like them.
 
 Warnings: an output with no rows, or a sampled output keeping less than ``LOW_SHARE`` of its
@@ -79,6 +80,7 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
         "policy": {"name": policy.name, "version": policy.version, "sha256": plan.loaded.sha256},
         "dataset": policy.dataset.id,
         "accounting": plan.notion,
+        "kinds": plan.kinds,
         "guarantee": {"epsilon": _number(composed.epsilon), "delta": composed.delta, "detail": composed.detail}
         if composed.supported
         else None,

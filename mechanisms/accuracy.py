@@ -286,9 +286,29 @@ def published_counts(k: int, beta: float, confidence: float, output: str) -> Pub
 
 
 @dataclass(frozen=True)
+class StatedAccuracy:
+    """A kind's own accuracy statement, for what the shapes above do not describe (a plugin's
+    randomized response, say): ``caption`` (one sentence saying what is stated, for whom and how
+    it is computed) over a table of ``columns`` and ``rows`` of text, as the report shows it,
+    and ``document`` (plain JSON data) published under ``key`` in ``plan --json`` and
+    ``release.json``."""
+
+    key: str
+    caption: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    document: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        assert all(len(row) == len(self.columns) for row in self.rows), "one cell per column"
+        assert self.key not in _KEYS, f"{self.key!r} is a built-in accuracy key"
+
+
+@dataclass(frozen=True)
 class AccuracyStatement:
     """What one mechanism's published numbers are worth, from the policy alone (its kind's
-    accuracy map): how to estimate, and the statements that apply to it."""
+    accuracy map): how to estimate, and the statements that apply to it (``stated``: the
+    kind's own, :class:`StatedAccuracy`)."""
 
     estimate: str
     cells: tuple[CountAccuracy, ...] = ()
@@ -296,6 +316,7 @@ class AccuracyStatement:
     noise: NoiseAccuracy | None = None
     large_sum: LargeSumUtility | None = None
     published_counts: PublishedCounts | None = None
+    stated: tuple[StatedAccuracy, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The statement in JSON (plan --json, release.json)."""
@@ -312,4 +333,23 @@ class AccuracyStatement:
             document.update(t_f=self.large_sum.t_f, epsilon=self.large_sum.epsilon, t_e=self.large_sum.t_e)
         if self.published_counts is not None:
             document["published_counts"] = self.published_counts.as_dict()
+        for own in self.stated:
+            document[own.key] = dict(own.document)
         return document
+
+
+_KEYS = frozenset(
+    (
+        "estimate",
+        "cells",
+        "selection_gap",
+        "noise_scale",
+        "half_width",
+        "clamping",
+        "t_f",
+        "epsilon",
+        "t_e",
+        "published_counts",
+    )
+)
+"""The keys of :meth:`AccuracyStatement.as_dict` the built-in shapes use."""

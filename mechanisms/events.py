@@ -26,6 +26,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny
 
+from privrelease.errors import UserError
 from privrelease.mechanisms.guarantees import Guarantee, Notion, Unsupported, pure, unsupported
 
 EVENT_SCHEMA_VERSION = 1
@@ -226,20 +227,90 @@ class Composed(Event):
     events: tuple[AnyEvent, ...]
 
 
+class UnknownEventKind(UserError):
+    """A stored event tree names an event kind no installed code defines (a plugin's, since
+    uninstalled): it cannot be replayed or composed here. ``recorded``: the tree names the
+    distribution defining every such kind (what to install)."""
+
+    def __init__(self, message: str, *, recorded: bool) -> None:
+        super().__init__(message)
+        self.recorded = recorded
+
+
 def event_to_json(event: Event) -> str:
-    """Canonical JSON of an event tree (sorted keys, no whitespace), with the schema version."""
-    body = {"schema_version": EVENT_SCHEMA_VERSION, "event": event.model_dump(mode="json")}
+    """Canonical JSON of an event tree (sorted keys, no whitespace), with the schema version and,
+    when the tree holds events of plugin kinds, ``defined_by``: each such kind's distribution and
+    version (what to install to replay it; :func:`~privrelease.mechanisms.kinds.defined_by`)."""
+    body: dict[str, Any] = {"schema_version": EVENT_SCHEMA_VERSION, "event": event.model_dump(mode="json")}
+    plugins = _defined_by(event)
+    if plugins:
+        body["defined_by"] = plugins
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
+def _defined_by(event: Event) -> dict[str, dict[str, str]]:
+    """Event kind -> its plugin distribution, for every node of the tree a plugin defines."""
+    from privrelease.mechanisms.kinds import defined_by
+
+    nodes = [event]
+    found: dict[str, dict[str, str]] = {}
+    while nodes:
+        node = nodes.pop()
+        values = [item for value in vars(node).values() for item in (value if isinstance(value, tuple) else (value,))]
+        nodes += [value for value in values if isinstance(value, Event)]
+        shipped = defined_by(type(node))
+        if shipped is not None:
+            found[node.kind] = shipped.as_dict()
+    return found
+
+
+def _kinds_in(value: Any) -> set[str]:
+    """Every ``kind`` tag of a JSON event tree."""
+    if isinstance(value, Mapping):
+        own = {str(value["kind"])} if "kind" in value else set()
+        return own.union(*(_kinds_in(item) for item in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_kinds_in(item) for item in value))
+    return set()
+
+
 def event_from_json(text: str) -> Event:
-    """Parse :func:`event_to_json` output; refuses a schema version this code does not know."""
+    """Parse :func:`event_to_json` output; refuses a schema version this code does not know, and
+    names what to install (:class:`UnknownEventKind`) for a kind no installed code defines."""
     body = json.loads(text)
     if body.get("schema_version") != EVENT_SCHEMA_VERSION:
         raise ValueError(f"event schema_version must be {EVENT_SCHEMA_VERSION}; got {body.get('schema_version')!r}")
+    missing = sorted(_kinds_in(body["event"]) - set(_CLASSES))
+    if missing:
+        from privrelease.mechanisms.kinds import all_kinds
+
+        all_kinds()  # importing the kinds registers their events
+        missing = sorted(kind for kind in missing if kind not in _CLASSES)
+    if missing:
+        recorded = body.get("defined_by") or {}
+        needed = {kind: _installable(recorded.get(kind)) for kind in missing}
+        raise UnknownEventKind(
+            f"cannot replay event kind{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}: "
+            f"no installed code defines {'them' if len(missing) > 1 else 'it'}; "
+            f"install {' and '.join(sorted({what for what in needed.values() if what}) or [UNRECORDED])}",
+            recorded=all(needed.values()),
+        )
     event = _as_event(body["event"])
     assert isinstance(event, Event)
     return event
+
+
+UNRECORDED = (
+    "the plugin that defined it (its tree does not record which: unknown, or stored before privrelease recorded it)"
+)
+
+
+def _installable(recorded: Any) -> str:
+    """What to install for a kind, as its stored tree's ``defined_by`` records it ("" when it
+    does not)."""
+    if isinstance(recorded, Mapping) and recorded.get("distribution") and recorded.get("version"):
+        return f"{recorded['distribution']}=={recorded['version']}"
+    return ""
 
 
 def leaves(event: Event) -> list[Event]:

@@ -77,11 +77,17 @@ class Plan:
         """The composed guarantee under the notion the policy demands."""
         return self.composed[self.notion]
 
+    @property
+    def kinds(self) -> dict[str, dict[str, str]]:
+        """:func:`kind_sources` of the policy: the code each mechanism type ran from."""
+        return kind_sources(self.loaded.policy)
+
     def as_dict(self) -> dict[str, Any]:
         policy = self.loaded.policy
         return {
             "policy": {"name": policy.name, "version": policy.version, "sha256": self.loaded.sha256},
             "accounting": self.notion,
+            "kinds": self.kinds,
             "mechanisms": [
                 {
                     "name": m.name,
@@ -99,6 +105,20 @@ class Plan:
             "passed": self.passed,
             "event_tree": json.loads(event_to_json(self.event)),
         }
+
+
+def kind_sources(policy: Any) -> dict[str, dict[str, str]]:
+    """Each mechanism ``type`` the policy uses -> the distribution and version that define it:
+    a plugin's (:func:`~privrelease.mechanisms.kinds.defined_by`), or privrelease's own. An
+    approval binds the ``type``; the run's record and report say which code it was."""
+    from privrelease.mechanisms.kinds import defined_by
+    from privrelease.version import VERSION
+
+    found = {}
+    for spec in policy.mechanisms:
+        shipped = defined_by(type(spec))
+        found[spec.type] = {"distribution": "privrelease", "version": VERSION} if shipped is None else shipped.as_dict()
+    return dict(sorted(found.items()))
 
 
 def plan_policy(loaded: LoadedPolicy) -> Plan:

@@ -194,6 +194,7 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
     large = statement.large_sum
     view["t_f"] = (large.t_f, fmt(large.epsilon), fmt(large.t_e)) if large else None
     view["published_counts"] = _published_counts(statement.published_counts)
+    view["stated"] = [(own.caption, own.columns, own.rows) for own in statement.stated]
     return view
 
 
@@ -341,6 +342,7 @@ def view(context: ReportContext) -> dict[str, Any]:
             "run_id": context.run_id,
             "flow_run_id": context.flow_run_id,
             "code_version": context.code_version,
+            "kinds": [(tag, f"{source['distribution']} {source['version']}") for tag, source in plan.kinds.items()],
             "dataset": context.dataset,
             "ledger": ledger_rows,
             "ledger_chart": None if context.ledger_curve is None else ledger_chart(context.ledger_curve),

@@ -536,7 +536,20 @@ def test_an_entry_point_kind_is_found(monkeypatch):
         type: Literal["noisy_counts"]
 
     def points(*classes):
-        return [type("Point", (), {"value": f"agency:{c.__name__}", "load": lambda self, c=c: c})() for c in classes]
+        return [
+            type(
+                "Point",
+                (),
+                {
+                    "name": c.__name__,
+                    "value": f"agency:{c.__name__}",
+                    "module": "agency",
+                    "dist": None,
+                    "load": lambda self, c=c: c,
+                },
+            )()
+            for c in classes
+        ]
 
     try:
         monkeypatch.setattr(kinds, "entry_points", lambda group: points(AgencyCounts))
@@ -545,7 +558,7 @@ def test_an_entry_point_kind_is_found(monkeypatch):
         assert found["agency_counts"] is AgencyCounts and list(found)[-1] == "agency_counts"
         monkeypatch.setattr(kinds, "entry_points", lambda group: points(Impostor))
         kinds.all_kinds.cache_clear()
-        with pytest.raises(TypeError, match="'noisy_counts' is defined twice"):
+        with pytest.raises(UserError, match="'noisy_counts' is defined twice"):
             kinds.all_kinds()
     finally:
         monkeypatch.undo()

@@ -21,6 +21,18 @@ report, release.json, CLI hints) is derived from the set of kinds: :func:`all_ki
 the ``KINDS`` of every module of this package, then those of the entry-point group
 ``privrelease.mechanisms`` (a module with ``KINDS``, or one class), so an agency can ship a kind
 in its own package. CONTRIBUTING.md, "Adding a mechanism", walks through one.
+
+**The public surface.** A kind, built in or shipped by another package, imports what it needs
+from this module alone: the names of ``__all__`` (the kind's base class and plan types, events
+and their guarantees, the result type, the accuracy shapes, the policy field types, the loaded
+policy it receives, randomness). They are **stable**: within a major version of privrelease
+they are neither removed nor changed incompatibly; every other module is internal and may change
+in any release. Each name is documented where it is defined; ``LoadedPolicy`` (what
+:meth:`MechanismKind.plan`, :meth:`~MechanismKind.accuracy`, :meth:`~MechanismKind.run` and the
+others receive) is the policy as validated (``.policy``: the :class:`Policy`, whose
+``.mechanisms`` hold the kinds themselves, ``.dataset.columns`` the declared columns and
+``.targets`` the targets), with ``.schemes(columns)`` (the generalization of those columns),
+``.sha256`` (the content hash an approval binds) and ``.path`` (the policy file).
 """
 
 from __future__ import annotations
@@ -31,20 +43,119 @@ import math
 import pkgutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from privrelease.mechanisms.events import Event
-from privrelease.policies.fields import ColumnRef, Issue, Loc, Model, Name
+from privrelease.errors import UserError
+from privrelease.mechanisms.events import AnyEvent, Composed, Event, Sampled, leaves
+from privrelease.mechanisms.guarantees import Guarantee, Notion, Unsupported, pure, unsupported
+from privrelease.policies.fields import (
+    ColumnRef,
+    Epsilon,
+    FieldError,
+    Issue,
+    Loc,
+    Model,
+    Name,
+    Names,
+    Number,
+    at_least,
+    checked,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from privrelease.mechanisms.accuracy import AccuracyStatement
+    from privrelease.mechanisms.accuracy import (
+        CONFIDENCES,
+        AccuracyStatement,
+        NoiseAccuracy,
+        StatedAccuracy,
+        laplace_half_width,
+    )
+    from privrelease.mechanisms.pld import pure_dp_pld
+    from privrelease.mechanisms.randomness import bernoulli, permutation, uniform_below
     from privrelease.mechanisms.results import MechanismResult
     from privrelease.policies.loader import LoadedPolicy
     from privrelease.policies.schema import AccuracyTarget, Policy
+
+__all__ = [
+    "CONFIDENCES",
+    "ENTRY_POINT_GROUP",
+    "AccuracyCheck",
+    "AccuracyStatement",
+    "AccuracyTarget",
+    "AnyEvent",
+    "Axis",
+    "ColumnRef",
+    "Composed",
+    "Distribution",
+    "Epsilon",
+    "Event",
+    "FieldError",
+    "Frontier",
+    "Guarantee",
+    "Issue",
+    "Job",
+    "LoadedPolicy",
+    "Loc",
+    "MechanismKind",
+    "MechanismResult",
+    "Model",
+    "Name",
+    "Names",
+    "NoiseAccuracy",
+    "Notion",
+    "Number",
+    "Planned",
+    "Policy",
+    "Sampled",
+    "StatedAccuracy",
+    "Unsupported",
+    "all_kinds",
+    "at_least",
+    "bernoulli",
+    "checked",
+    "defined_by",
+    "epsilon_at_target",
+    "frontier_of",
+    "half_width_target",
+    "laplace_half_width",
+    "leaves",
+    "log_grid",
+    "permutation",
+    "pure",
+    "pure_dp_pld",
+    "uniform_below",
+    "unsupported",
+]
+
+_LAZY = {
+    "privrelease.mechanisms.accuracy": (
+        "CONFIDENCES",
+        "AccuracyStatement",
+        "NoiseAccuracy",
+        "StatedAccuracy",
+        "laplace_half_width",
+    ),
+    "privrelease.mechanisms.pld": ("pure_dp_pld",),
+    "privrelease.mechanisms.randomness": ("bernoulli", "permutation", "uniform_below"),
+    "privrelease.mechanisms.results": ("MechanismResult",),
+    "privrelease.policies.loader": ("LoadedPolicy",),
+    "privrelease.policies.schema": ("AccuracyTarget", "Policy"),
+}
+"""Names of ``__all__`` imported on first use: the policy schema imports this module (so the
+loader and schema cannot be imported here first), and a command that only reads a policy need
+not import pyarrow."""
+
+
+def __getattr__(name: str) -> Any:
+    for module, names in _LAZY.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ENTRY_POINT_GROUP = "privrelease.mechanisms"
 
@@ -319,9 +430,47 @@ def _kinds_of(source: ModuleType | type) -> tuple[Any, ...]:
     return tuple(getattr(source, "KINDS", ()))
 
 
+@dataclass(frozen=True)
+class Distribution:
+    """The installed distribution (``pip`` package) that ships a mechanism kind or event
+    through the entry-point group :data:`ENTRY_POINT_GROUP`: recorded with every run that uses
+    the kind and every stored event tree holding its events, so an auditor knows what to
+    install to replay them."""
+
+    name: str
+    version: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"distribution": self.name, "version": self.version}
+
+
+def _plugin(point: EntryPoint) -> str:
+    """An entry point as a refusal names it: its name, value and distribution."""
+    dist = point.dist
+    shipped = f"distribution {dist.name} {dist.version}" if dist is not None else "no installed distribution"
+    return f"mechanism plugin {point.name!r} = {point.value!r} (entry point group {ENTRY_POINT_GROUP}, {shipped})"
+
+
+def _load(point: EntryPoint) -> Any:
+    """The module or class of an entry point; a :class:`UserError` naming the plugin, its
+    distribution and the error in one line when it cannot be imported."""
+    try:
+        return point.load()
+    except Exception as error:  # whatever a plugin's import raises, the command fails in one line
+        reason = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        uninstall = f"; fix it or pip uninstall {point.dist.name}" if point.dist is not None else ""
+        raise UserError(f"{_plugin(point)} cannot be imported: {reason}{uninstall}") from error
+
+
+_SHIPPED: dict[str, Distribution] = {}
+"""The module of each plugin entry point -> its distribution (filled by :func:`all_kinds`)."""
+
+
 @functools.cache
 def all_kinds() -> dict[str, type[MechanismKind]]:
-    """Every mechanism kind by its ``type``: this package's (by type), then the entry points'."""
+    """Every mechanism kind by its ``type``: this package's (by type), then the entry points'.
+    A plugin that cannot be imported, a ``type`` defined twice or a class that is not a kind is
+    a :class:`UserError` naming the entry point and its distribution."""
     found: dict[str, type[MechanismKind]] = {}
     own = [
         (module.name, importlib.import_module(f"{__name__}.{module.name}")) for module in pkgutil.iter_modules(__path__)
@@ -329,14 +478,33 @@ def all_kinds() -> dict[str, type[MechanismKind]]:
     sources: list[tuple[str, Any]] = sorted(
         ((where, kind) for where, module in own for kind in _kinds_of(module)), key=lambda pair: pair[1].kind_type()
     )
-    sources += [
-        (point.value, kind) for point in entry_points(group=ENTRY_POINT_GROUP) for kind in _kinds_of(point.load())
-    ]
+    _SHIPPED.clear()
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        sources += [(_plugin(point), kind) for kind in _kinds_of(_load(point))]
+        if point.dist is not None:
+            _SHIPPED[point.module] = Distribution(point.dist.name, point.dist.version)
     for where, kind in sources:
         if not (isinstance(kind, type) and issubclass(kind, MechanismKind)):
-            raise TypeError(f"{where}: {kind!r} is not a MechanismKind")
+            raise UserError(f"{where}: {kind!r} is not a MechanismKind subclass")
         tag = kind.kind_type()
         if found.get(tag, kind) is not kind:
-            raise TypeError(f"{where}: mechanism type {tag!r} is defined twice ({found[tag].__module__})")
+            raise UserError(
+                f"{where}: mechanism type {tag!r} is defined twice (already by {found[tag].__module__}); "
+                "a type is never replaced: rename it in the plugin or uninstall one"
+            )
         found[tag] = kind
     return found
+
+
+def defined_by(cls: type) -> Distribution | None:
+    """The plugin distribution that defines a kind or event class (None: built into privrelease)."""
+    parts = cls.__module__.split(".")
+    if parts[0] == "privrelease":
+        return None
+    all_kinds()
+    for end in range(len(parts), 0, -1):  # the entry point's module, or a package holding the class's module
+        if ".".join(parts[:end]) in _SHIPPED:
+            return _SHIPPED[".".join(parts[:end])]
+    names = packages_distributions().get(parts[0], [])
+    _SHIPPED[parts[0]] = Distribution(names[0], version(names[0])) if names else Distribution(parts[0], "unknown")
+    return _SHIPPED[parts[0]]

@@ -24,22 +24,26 @@ from pydantic import model_validator
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
     Axis,
+    ColumnRef,
+    FieldError,
     Frontier,
+    Issue,
+    Loc,
     MechanismKind,
+    Name,
+    Names,
+    Number,
     Planned,
     frontier_of,
     half_width_target,
     log_grid,
 )
-from privrelease.policies.fields import ColumnRef, FieldError, Issue, Loc, Name, Names, Number, Rho, num
+from privrelease.policies.fields import Rho, num
 
 if TYPE_CHECKING:
-    from privrelease.mechanisms.accuracy import AccuracyStatement
     from privrelease.mechanisms.identifiability import Calibration
-    from privrelease.mechanisms.results import MechanismResult
+    from privrelease.mechanisms.kinds import AccuracyStatement, AccuracyTarget, LoadedPolicy, MechanismResult, Policy
     from privrelease.mechanisms.schemes import ColumnScheme
-    from privrelease.policies.loader import LoadedPolicy
-    from privrelease.policies.schema import AccuracyTarget, Policy
 
 COUNT_COLUMN = "__privrelease_rows__"
 """The constant value column that stands in for a count."""
@@ -145,7 +149,7 @@ class IdentifiableStatisticMechanism(MechanismKind):
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
         """The Laplace half-width at each confidence, and the clamping bias."""
-        from privrelease.mechanisms.accuracy import CONFIDENCES, AccuracyStatement, NoiseAccuracy, laplace_half_width
+        from privrelease.mechanisms.kinds import CONFIDENCES, AccuracyStatement, NoiseAccuracy, laplace_half_width
 
         scale = planned.facts.get("lambda")
         if scale is None:
@@ -162,7 +166,7 @@ class IdentifiableStatisticMechanism(MechanismKind):
         """The Laplace noise within +-absolute_error with probability >= confidence: its
         half-width at that confidence is at most absolute_error (the noise on a mean is
         Lap(lambda) too)."""
-        from privrelease.mechanisms.accuracy import laplace_half_width
+        from privrelease.mechanisms.kinds import laplace_half_width
 
         assert target.absolute_error is not None
         scale = planned.facts.get("lambda")
@@ -174,7 +178,7 @@ class IdentifiableStatisticMechanism(MechanismKind):
         delta (its Laplace event with that rho, :func:`.epsilon_at_target`) and the Laplace
         half-width lambda ln(1 / (1 - C)) at the accuracy target's confidence (default 95%).
         None when the policy's rho is infeasible."""
-        from privrelease.mechanisms.accuracy import laplace_half_width
+        from privrelease.mechanisms.kinds import laplace_half_width
 
         calibration = self.calibration(loaded)
         if not calibration.feasible:

@@ -70,26 +70,32 @@ from pydantic import Field, StrictBool
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.columns import COUNT, taken_name
-from privrelease.mechanisms.events import Event
-from privrelease.mechanisms.guarantees import Guarantee, Notion, pure
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
     Axis,
+    ColumnRef,
+    Epsilon,
+    Event,
     Frontier,
+    Guarantee,
+    Issue,
+    Loc,
     MechanismKind,
+    Model,
+    Names,
+    Notion,
     Planned,
+    at_least,
+    checked,
     frontier_of,
     half_width_target,
     log_grid,
+    pure,
 )
-from privrelease.policies.fields import ColumnRef, Epsilon, Issue, Loc, Model, Names, at_least, checked
 
 if TYPE_CHECKING:
-    from privrelease.mechanisms.accuracy import AccuracyStatement
-    from privrelease.mechanisms.results import MechanismResult
+    from privrelease.mechanisms.kinds import AccuracyStatement, AccuracyTarget, LoadedPolicy, MechanismResult, Policy
     from privrelease.mechanisms.schemes import ColumnScheme
-    from privrelease.policies.loader import LoadedPolicy
-    from privrelease.policies.schema import AccuracyTarget, Policy
 
 Distribution = Literal["gaussian", "laplace"]
 DISTRIBUTIONS: tuple[Distribution, ...] = ("gaussian", "laplace")
@@ -551,7 +557,7 @@ class NoisyCountsMechanism(MechanismKind):
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Every published count is within +-w of its true count with probability >= C, w the
         exact half-width of the discrete noise (:func:`half_width`)."""
-        from privrelease.mechanisms.accuracy import CONFIDENCES, AccuracyStatement, NoiseAccuracy
+        from privrelease.mechanisms.kinds import CONFIDENCES, AccuracyStatement, NoiseAccuracy
 
         distribution, parameter = self._distribution
         widths = {c: half_width(distribution, parameter, c) for c in CONFIDENCES}
@@ -618,7 +624,7 @@ class NoisyCountsMechanism(MechanismKind):
 
     def _release(self, loaded: LoadedPolicy, job: CountJob, merged: Any) -> MechanismResult:
         """The table: ``merged`` (exact counts, row-major over ``job``'s domain) with noise."""
-        from privrelease.mechanisms.results import MechanismResult
+        from privrelease.mechanisms.kinds import MechanismResult
 
         distribution, parameter = self._distribution
         noisy = add_noise(np.asarray(merged, dtype=np.int64), distribution, parameter)

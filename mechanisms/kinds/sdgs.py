@@ -24,31 +24,34 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import model_validator
 
-from privrelease.mechanisms.events import SDGS, Composed, Event, ExponentialSelection, leaves
-from privrelease.mechanisms.kinds import AccuracyCheck, Axis, Frontier, MechanismKind, Planned, frontier_of
-from privrelease.mechanisms.results import MechanismResult
-from privrelease.policies.fields import (
-    Beta,
+from privrelease.mechanisms.events import SDGS, ExponentialSelection
+from privrelease.mechanisms.kinds import (
+    AccuracyCheck,
+    Axis,
     ColumnRef,
+    Composed,
     Epsilon,
+    Event,
     FieldError,
+    Frontier,
     Issue,
-    K,
     Loc,
+    MechanismKind,
+    MechanismResult,
     Model,
     Names,
-    PositiveEpsilon,
+    Planned,
     at_least,
-    num,
+    frontier_of,
+    leaves,
 )
+from privrelease.policies.fields import Beta, K, PositiveEpsilon, num
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from privrelease.mechanisms.accuracy import AccuracyStatement
+    from privrelease.mechanisms.kinds import AccuracyStatement, AccuracyTarget, LoadedPolicy, Policy
     from privrelease.mechanisms.schemes import ColumnScheme
-    from privrelease.policies.loader import LoadedPolicy
-    from privrelease.policies.schema import AccuracyTarget, Policy
 
 SELECTION_FAILURE = 0.05
 """The failure probability t at which the selection's utility gap is stated."""

@@ -18,14 +18,11 @@ import pyarrow as pa
 from pydantic import model_validator
 
 from privrelease.mechanisms.events import SPLUGen
-from privrelease.mechanisms.kinds import MechanismKind, Planned
-from privrelease.policies.fields import ColumnRef, FieldError, Gamma, Issue, Loc, Names, at_least
+from privrelease.mechanisms.kinds import ColumnRef, FieldError, Issue, Loc, MechanismKind, Names, Planned, at_least
+from privrelease.policies.fields import Gamma
 
 if TYPE_CHECKING:
-    from privrelease.mechanisms.accuracy import AccuracyStatement
-    from privrelease.mechanisms.results import MechanismResult
-    from privrelease.policies.loader import LoadedPolicy
-    from privrelease.policies.schema import Policy
+    from privrelease.mechanisms.kinds import AccuracyStatement, LoadedPolicy, MechanismResult, Policy
 
 
 class SpluGenMechanism(MechanismKind):
@@ -88,7 +85,8 @@ class SpluGenMechanism(MechanismKind):
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
         """T_f: counts of at least T_f are estimated within +-epsilon except with probability T_E."""
-        from privrelease.mechanisms.accuracy import AccuracyStatement, LargeSumUtility
+        from privrelease.mechanisms.accuracy import LargeSumUtility
+        from privrelease.mechanisms.kinds import AccuracyStatement
 
         utility = loaded.policy.targets.splu_utility
         if utility is None or "t_f" not in planned.facts:

@@ -381,6 +381,8 @@ def audit_verify(
                 result.head.hash,
             )
         )
+        for problem in result.unreplayed:
+            say(styled("[yellow]not replayed[/]: {}", problem.message))
     else:
         first = result.first
         assert first is not None
@@ -784,8 +786,9 @@ def ledger_show(
         "note": ds.note,
         "notion": ds.notion,
         "budget": status.budget.as_dict(),
-        "spent": status.spent.as_dict(),
-        "remaining": status.remaining.as_dict(),
+        "spent": None if status.cannot_compose else status.spent.as_dict(),
+        "remaining": None if status.cannot_compose else status.remaining.as_dict(),
+        "cannot_compose": status.cannot_compose or None,
         "counting_entries": len(status.counting),
         "runway": (
             None
@@ -807,8 +810,12 @@ def ledger_show(
     how = f"composition of {len(status.counting)} stored trees"
     if ds.notion == "approximate" and 0 < status.budget.delta < 1:
         how = f"the smallest epsilon at the lifetime delta; {how}"
-    say(f"spent            {status.spent}  ({how})")
-    say(f"remaining        {status.remaining}")
+    if status.cannot_compose:
+        say(styled("spent            [yellow]not composed here[/]: {}", status.cannot_compose))
+        say("remaining        unknown here (each entry's recorded charge is below)")
+    else:
+        say(f"spent            {status.spent}  ({how})")
+        say(f"remaining        {status.remaining}")
     if ahead is not None and latest is not None:
         more = f"{ahead.runs}{'+' if ahead.capped else ''} more run{'s' if ahead.runs != 1 else ''}"
         say(f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget")
@@ -861,10 +868,8 @@ def ledger_list(json_output: JsonFlag = False) -> None:
                     "epsilon": ds.lifetime_epsilon,
                     "delta": ds.lifetime_delta,
                 },
-                "spent": {
-                    "epsilon": status.spent.epsilon,
-                    "delta": status.spent.delta,
-                },
+                "spent": None if status.cannot_compose else status.spent.as_dict(),
+                "cannot_compose": status.cannot_compose or None,
                 "counting_entries": len(status.counting),
             }
         )
@@ -883,8 +888,10 @@ def ledger_list(json_output: JsonFlag = False) -> None:
             row["dataset"],
             ", ".join(row["files"]),
             row["notion"],
-            f"{spent['epsilon']:.4g} / {budget['epsilon']:.4g}",
-            f"{spent['delta']:.3g} / {budget['delta']:.3g}",
+            f"{spent['epsilon']:.4g} / {budget['epsilon']:.4g}"
+            if spent
+            else f"not composed here / {budget['epsilon']:.4g}",
+            f"{spent['delta']:.3g} / {budget['delta']:.3g}" if spent else f"not composed here / {budget['delta']:.3g}",
             str(row["counting_entries"]),
         )
     console.print(table)
