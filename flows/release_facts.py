@@ -39,9 +39,10 @@ def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
     return "kept as is" if scheme is None else str(scheme.in_words())
 
 
-def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
+def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, Any]:
     """The ``release.json`` document of a release (``plan``: its :class:`~privrelease.planning.Plan`;
-    ``outputs``: its staged :class:`~privrelease.flows.steps.OutputFacts`)."""
+    ``outputs``: its staged :class:`~privrelease.flows.steps.OutputFacts`; ``state``: what the
+    release is, :meth:`privrelease.reports.context.ReportContext.release_state`)."""
     policy = plan.loaded.policy
     mechanisms = {m.name: m for m in plan.mechanisms}
     files = []
@@ -63,6 +64,7 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
                 notion: {"epsilon": _number(g.epsilon), "delta": g.delta, "detail": g.detail} if g.supported else None
                 for notion, g in planned.guarantees.items()
             },
+            "columns": list(spec.published_columns()),
             "generalization": {column: _scheme(policy, column, output.public_facts) for column in columns},
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
@@ -83,6 +85,7 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
         if composed.supported
         else None,
         "outputs": files,
+        "release": state,
     }
 
 

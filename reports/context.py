@@ -46,6 +46,9 @@ class ReportContext:
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
     - ``chain_head``: ``{seq, hash}`` of the audit hash chain after this run's records, and
       ``public_key`` when the records are signed.
+    - ``production``: the run was a production run, so a counting approval of the policy's hash
+      for this data was checked before the data was read
+      (:func:`privrelease.audit.approvals.require_approved`); otherwise the release is a draft.
     - ``charts``: the plan's charts when already computed
       (:func:`privrelease.reports.charts.all_charts`, which depends on the plan alone), or None:
       computed when rendered.
@@ -70,6 +73,31 @@ class ReportContext:
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     chain_head: dict[str, Any] | None = None
     charts: list[Any] | None = None
+    production: bool = False
+
+    @property
+    def published_rows(self) -> int | None:
+        """The rows of every published file together (None: no file states its rows)."""
+        counted = [output["rows"] for output in self.outputs if output.get("rows") is not None]
+        return sum(counted) if counted else None
+
+    @property
+    def published_nothing(self) -> bool:
+        """A run that succeeded with files that hold no row at all: a release of nothing."""
+        return self.status == "succeeded" and self.published_rows == 0
+
+    def release_state(self) -> dict[str, Any]:
+        """What the release is, for the first screen of its public statement and
+        ``release.json``: ``approved`` (a production run: a counting approval was checked) or
+        a ``draft``, its ``published_rows`` and whether it ``published_nothing``, and the
+        plan's warnings (from the policy alone, made before any data was read)."""
+        return {
+            "approved": self.production,
+            "draft": not self.production,
+            "published_rows": self.published_rows,
+            "published_nothing": self.published_nothing,
+            "plan_warnings": list(self.plan.warnings),
+        }
 
     @property
     def fixed_before_data_access(self) -> bool | None:
@@ -155,4 +183,5 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
             "seq": 42,
             "hash": sha256_text("example chain head"),
         },
+        production=True,
     )
