@@ -151,8 +151,8 @@ def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
     from privrelease.reports.render import report_pages
 
     context = report_context(run, **facts)
-    described = release_facts.describe(context.plan, facts["outputs"], context.release_state())
-    described = json.dumps(described, indent=2, sort_keys=True) + "\n"
+    document = release_facts.describe(context.plan, facts["outputs"], context.release_state())
+    described = json.dumps(document, indent=2, sort_keys=True) + "\n"
     report, statement = report_pages(context)
     files = {}
     for name, text in ((REPORT_FILE, report), (STATEMENT_FILE, statement), (release_facts.RELEASE_FILE, described)):
