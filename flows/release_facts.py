@@ -7,8 +7,10 @@ generalization of its columns, and what a data user needs to read it: how to est
 (sampled counts estimate population counts when multiplied by 1/beta) and the data-free
 accuracy statements of :func:`privrelease.planning.mechanism_accuracy` (publication
 probability, relative standard error, suppression bias and interval per cell size; a
-statistic's noise half-width). It is published with the outputs and checksummed
-in the audit database like them.
+statistic's noise half-width). Its ``release`` section says what the release is (approved or
+a draft, the rows published, nothing published or far short of the plan, the plan's warnings:
+:meth:`privrelease.reports.context.ReportContext.release_state`). It is published with the
+outputs and checksummed in the audit database like them.
 
 Warnings: an output with no rows, or a sampled output keeping less than ``LOW_SHARE`` of its
 sample, is reported to the operator (terminal, internal report) with a pointer to
@@ -22,8 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-LOW_SHARE = 0.1
-"""A sampled output keeping less than this share of its sample is flagged to the operator."""
+from privrelease.reports.context import LOW_SHARE  # a sampled output keeping less of its sample is flagged
 
 RELEASE_FILE = "release.json"
 

@@ -467,7 +467,7 @@ def sdgs_chart(k: int, beta: float, releases: Sequence[tuple[str, float]], chart
     for x in sorted(sample):
         rows.append(
             (
-                fmt(float(x), 4),
+                fmt(float(x)),  # 6 digits; the threshold row is -ln(1 - beta) itself
                 fmt_delta(theorem1[x]),
                 fmt_delta(exact[x]),
                 ", ".join(by_eps.get(x, [])),

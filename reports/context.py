@@ -19,6 +19,10 @@ from privrelease.files import sha256_text
 from privrelease.planning import Plan, plan_policy
 from privrelease.policies import LoadedPolicy, load_policy
 
+LOW_SHARE = 0.1
+"""An output holding less than this share of what the policy leads to expect (an SDGS sample:
+the declared rows x beta) is far short of its plan: its public statement says so."""
+
 EXAMPLES_DIR = Path(privrelease.policies.__file__).resolve().parent / "examples"
 """The example policies (``policies/examples`` in the source tree)."""
 
@@ -86,16 +90,34 @@ class ReportContext:
         """A run that succeeded with files that hold no row at all: a release of nothing."""
         return self.status == "succeeded" and self.published_rows == 0
 
+    def short_outputs(self) -> list[dict[str, Any]]:
+        """The published files far short of their plan: no row, or fewer than :data:`LOW_SHARE`
+        of the rows the policy leads to expect (its kind's
+        :meth:`~privrelease.mechanisms.kinds.MechanismKind.expected_rows`, None: unknown)."""
+        short = []
+        if self.status != "succeeded":
+            return short
+        for output in self.outputs:
+            rows, name = output.get("rows"), output.get("mechanism") or ""
+            if rows is None:
+                continue
+            expected = self.plan.loaded.policy.mechanism(name).expected_rows(self.plan.loaded)
+            if rows == 0 or (expected is not None and rows < LOW_SHARE * expected):
+                short.append({"mechanism": name, "rows": rows, "expected": expected})
+        return short
+
     def release_state(self) -> dict[str, Any]:
         """What the release is, for the first screen of its public statement and
         ``release.json``: ``approved`` (a production run: a counting approval was checked) or
-        a ``draft``, its ``published_rows`` and whether it ``published_nothing``, and the
-        plan's warnings (from the policy alone, made before any data was read)."""
+        a ``draft``, its ``published_rows``, whether it ``published_nothing``, the files far
+        short of their plan (:meth:`short_outputs`) and the plan's warnings (from the policy
+        alone, made before any data was read)."""
         return {
             "approved": self.production,
             "draft": not self.production,
             "published_rows": self.published_rows,
             "published_nothing": self.published_nothing,
+            "short_of_plan": self.short_outputs(),
             "plan_warnings": list(self.plan.warnings),
         }
 

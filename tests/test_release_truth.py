@@ -262,3 +262,17 @@ def test_figures_are_named_and_rounded_as_a_reader_can_reconcile_them() -> None:
     frontier = next(chart for chart in charts if chart.title.startswith("Privacy-accuracy frontier of microdata"))
     policy_row = next(row for row in frontier.rows if row[3] == "policy")
     assert f"gives ε = {policy_row[1]} and" in frontier.caption
+
+
+def test_a_release_far_short_of_its_plan_says_so() -> None:
+    """The demo declares 50,000 rows and samples with beta 0.1: about 5,000 rows before
+    suppression. 37 published microdata rows are under a tenth of that (the other files as
+    planned): the first screen says so, with no green badge and no "safe to publish"."""
+    context = example_context()
+    outputs = [{**output, "rows": 37} if output["mechanism"] == "microdata" else output for output in context.outputs]
+    short = replace(context, outputs=outputs)
+    assert short.release_state()["short_of_plan"] == [{"mechanism": "microdata", "rows": 37, "expected": 50_000 * 0.1}]
+    html = report_html(short, public_only=True)
+    assert "FAR FEWER ROWS THAN PLANNED" in html and "microdata published 37 rows" in html and "about 5,000" in html
+    assert "all targets met" not in html and "safe to publish" not in html
+    assert context.release_state()["short_of_plan"] == []  # 4,949 rows: as planned

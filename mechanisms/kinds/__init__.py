@@ -280,6 +280,11 @@ class MechanismKind(Model):
         """What its published numbers are worth, from the policy alone (published)."""
         return None
 
+    def expected_rows(self, loaded: LoadedPolicy) -> float | None:
+        """About how many rows its output would hold before anything is suppressed, from the
+        policy alone (None: the policy does not say); a release far below it says so."""
+        return None
+
     def plan_warnings(self, loaded: LoadedPolicy) -> tuple[str, ...]:
         """What the policy alone shows a run will likely miss (e.g. generalized cells too many
         for the expected sample to reach k): warned by ``plan`` before any data is read, never

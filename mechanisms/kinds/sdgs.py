@@ -306,6 +306,11 @@ class SdgsMechanism(Generalizing):
         gap = selection_gap(selection.sensitivity, selection.epsilon, selection.candidates, SELECTION_FAILURE)
         return replace(statement, selection_gap=SelectionGap(SELECTION_FAILURE, gap))
 
+    def expected_rows(self, loaded: LoadedPolicy) -> float | None:
+        """The expected sample, N rows x beta, when the policy declares N (``dataset.rows``)."""
+        rows = loaded.policy.dataset.rows
+        return None if rows is None else rows * self.beta
+
     def _candidates(self, loaded: LoadedPolicy) -> dict[str, dict[str, ColumnScheme]]:
         assert self.select_scheme is not None
         return {name: loaded.schemes(self.columns, candidate=name) for name in self.select_scheme.candidates}
