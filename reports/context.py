@@ -94,7 +94,7 @@ class ReportContext:
         """The published files far short of their plan: no row, or fewer than :data:`LOW_SHARE`
         of the rows the policy leads to expect (its kind's
         :meth:`~privrelease.mechanisms.kinds.MechanismKind.expected_rows`, None: unknown)."""
-        short = []
+        short: list[dict[str, Any]] = []
         if self.status != "succeeded":
             return short
         for output in self.outputs:
