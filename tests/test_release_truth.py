@@ -85,6 +85,7 @@ def test_policy_init_and_plan_warn_that_the_discharge_draft_keeps_every_column_r
     assert "k = 20" in warning and "may publish nothing" in warning
     shown = cli("plan", str(draft), cwd=draft.parent)
     assert "warning: microdata: age, sex, zip3" in " ".join(shown.stdout.split())
+    assert "all targets met (but see the 1 warning(s) above)" in shown.stdout
 
 
 DECLARED = """
@@ -116,7 +117,7 @@ def test_plan_compares_the_expected_sample_with_the_declared_cells(tmp_path: Pat
     cells = 103 * 2
     assert f"{cells:,} generalized cells (103 (age) x 2 (sex))" in warning
     assert "2,000 sampled rows" in warning and f"{ROWS * 0.1 / cells:.3g} a cell on average" in warning
-    assert f"at most about {math.floor(ROWS * 0.1 / 20)} cells can reach k" in warning
+    assert f"at most about {math.floor(ROWS * 0.1 / 20)} of the {cells} cells can reach k" in warning
     coarse = load_policy_text(DECLARED.format(bins=[*range(0, 110, 10)]), tmp_path)
     assert plan_policy(coarse).warnings == ()
 

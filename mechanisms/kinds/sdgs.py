@@ -147,9 +147,10 @@ class Generalizing(MechanismKind):
         sizes = " x ".join(f"{count:,} ({column})" for column, count in known.items())
         return (
             f"{where}: {rows:,} rows x beta {self.beta:g} = {sampled:,.0f} sampled rows expected over "
-            f"{cells:,} generalized cells ({sizes}): {sampled / cells:.3g} a cell on average, below k = {self.k}; "
-            f"at most about {math.floor(sampled / self.k):,} cells can reach k, so most rows will likely be "
-            "suppressed: coarsen the scheme, or see `privrelease calibrate sdgs` (a larger beta or a smaller k)"
+            f"{cells:,} generalized cells ({sizes}): {sampled / cells:.3g} a cell on average, below k = {self.k}, "
+            f"so at most about {math.floor(sampled / self.k):,} of the {cells:,} cells can reach k and, unless the "
+            "people crowd into a few cells, most rows will be suppressed: coarsen the scheme, or see "
+            "`privrelease calibrate sdgs` (a larger beta or a smaller k)"
         )
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:

@@ -184,6 +184,7 @@ def _print_plan(result) -> None:
         styled(
             "[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]"
         )
+        + (styled(" [yellow](but see the {} warning(s) above)[/]", len(result.warnings)) if result.warnings else "")
     )
 
 
