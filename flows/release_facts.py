@@ -8,8 +8,10 @@ generalization of its columns, and what a data user needs to read it: how to est
 accuracy statements of :func:`privrelease.planning.mechanism_accuracy` (publication
 probability, relative standard error, suppression bias and interval per cell size; a
 statistic's noise half-width), and the distribution and version that define each mechanism
-type it ran (``kinds``: privrelease's own or a plugin's). It is published with the outputs and checksummed
-in the audit database like them.
+type it ran (``kinds``: privrelease's own or a plugin's). Its ``release`` section says what the
+release is (approved or a draft, the rows published, nothing published or far short of the plan,
+the plan's warnings: :meth:`privrelease.reports.context.ReportContext.release_state`). It is
+published with the outputs and checksummed in the audit database like them.
 
 Warnings: an output with no rows, or a sampled output keeping less than ``LOW_SHARE`` of its
 sample, is reported to the operator (terminal, internal report) with a pointer to
@@ -23,8 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-LOW_SHARE = 0.1
-"""A sampled output keeping less than this share of its sample is flagged to the operator."""
+from privrelease.reports.context import LOW_SHARE  # a sampled output keeping less of its sample is flagged
 
 RELEASE_FILE = "release.json"
 
@@ -40,9 +41,10 @@ def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
     return "kept as is" if scheme is None else str(scheme.in_words())
 
 
-def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
+def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, Any]:
     """The ``release.json`` document of a release (``plan``: its :class:`~privrelease.planning.Plan`;
-    ``outputs``: its staged :class:`~privrelease.flows.steps.OutputFacts`)."""
+    ``outputs``: its staged :class:`~privrelease.flows.steps.OutputFacts`; ``state``: what the
+    release is, :meth:`privrelease.reports.context.ReportContext.release_state`)."""
     policy = plan.loaded.policy
     mechanisms = {m.name: m for m in plan.mechanisms}
     files = []
@@ -64,6 +66,7 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
                 notion: {"epsilon": _number(g.epsilon), "delta": g.delta, "detail": g.detail} if g.supported else None
                 for notion, g in planned.guarantees.items()
             },
+            "columns": list(spec.published_columns()),
             "generalization": {column: _scheme(policy, column, output.public_facts) for column in columns},
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
@@ -85,6 +88,7 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
         if composed.supported
         else None,
         "outputs": files,
+        "release": state,
     }
 
 

@@ -131,6 +131,7 @@ def report_context(
         internal_facts=internal,
         chain_head={"seq": head.seq, "hash": head.hash, "public_key": _signing_public_key()},
         charts=None if prepared is None else prepared.charts.result(),
+        production=run.production,
     )
 
 
@@ -150,7 +151,8 @@ def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
     from privrelease.reports.render import report_pages
 
     context = report_context(run, **facts)
-    described = json.dumps(release_facts.describe(context.plan, facts["outputs"]), indent=2, sort_keys=True) + "\n"
+    document = release_facts.describe(context.plan, facts["outputs"], context.release_state())
+    described = json.dumps(document, indent=2, sort_keys=True) + "\n"
     report, statement = report_pages(context)
     files = {}
     for name, text in ((REPORT_FILE, report), (STATEMENT_FILE, statement), (release_facts.RELEASE_FILE, described)):

@@ -102,19 +102,21 @@ class LoadedPolicy:
             column: self.scheme(column) if self.policy.scheme_for(column) is not None else Keep() for column in columns
         }
 
-    def labels(self, columns: Iterable[str]) -> dict[str, list[str]]:
+    def labels(self, columns: Iterable[str], candidate: str | None = None) -> dict[str, list[str]]:
         """The labels each column can be published with, fixed by the policy alone: its
-        declared ``values`` generalized by its scheme (kept as they are without one), or, for a
-        hierarchy column without declared values, every label at the hierarchy's level. A
-        column with neither has no declared domain: KeyError (the policy checks refuse it)."""
+        declared ``values`` generalized by its scheme (``candidate``'s when it defines the
+        column; kept as they are without one), or, for a hierarchy column without declared
+        values, every label at the hierarchy's level. A column with neither has no declared
+        domain: KeyError (the policy checks refuse it)."""
         import pyarrow as pa
 
         from privrelease.mechanisms.generalization import generalize
+        from privrelease.mechanisms.schemes import Keep
 
         found: dict[str, list[str]] = {}
         for column in columns:
             spec = self.policy.dataset.columns[column]
-            scheme = self.policy.scheme_for(column)
+            scheme = self.policy.scheme_for(column, candidate)
             if spec.values is None:
                 if not isinstance(scheme, HierarchyScheme):
                     raise KeyError(f"column {column!r} declares no values and has no hierarchy")
@@ -123,9 +125,29 @@ class LoadedPolicy:
             array = pa.array(
                 spec.values, type={"integer": pa.int64(), "float": pa.float64()}.get(spec.type, pa.string())
             )
-            generalized = generalize(pa.table({column: array}), self.published_schemes([column]))
+            compiled = Keep() if scheme is None else self.scheme(column, candidate)
+            generalized = generalize(pa.table({column: array}), {column: compiled})
             found[column] = sorted(set(generalized.column(column).to_pylist()))
         return found
+
+    def label_count(self, column: str, candidate: str | None = None) -> int | None:
+        """How many labels ``column`` can be published with under its scheme (``candidate``'s
+        when it defines the column), from the policy alone: its declared values generalized
+        (:meth:`labels`), else what the scheme fixes by itself (1 when suppressed, a label per
+        bin, a map's labels and its default, a hierarchy's labels at its level). None when
+        nothing bounds it: a column kept raw or top/bottom coded with no declared values."""
+        from privrelease.policies.schema import BinsScheme, MapScheme, SuppressScheme
+
+        scheme = self.policy.scheme_for(column, candidate)
+        if self.policy.dataset.columns[column].values is not None or isinstance(scheme, HierarchyScheme):
+            return len(self.labels([column], candidate)[column])
+        if isinstance(scheme, SuppressScheme):
+            return 1
+        if isinstance(scheme, BinsScheme):
+            return len(set(scheme.labels)) if scheme.labels else len(scheme.bins) - 1
+        if isinstance(scheme, MapScheme):
+            return len(set(scheme.map.values()) | ({scheme.default} if scheme.default is not None else set()))
+        return None
 
 
 def canonical_json(loaded: LoadedPolicy) -> str:

@@ -107,6 +107,9 @@ def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = 
         "generalization:                    # fixed before any data is read; per column one of:",
         "  # keep | suppress | {bins: [0, 18, 65, 120], labels: [...]} | {top_bottom: ...}",
         "  # | {map: {value: label}, default: other} | {hierarchy: FILE.csv, level: 1} (ARX format)",
+        "  # Each column is kept raw only because the draft read no value: a raw column with many",
+        "  # distinct values (an age, a zip code) leaves cells under k and the release publishes",
+        "  # nothing. Declare its values and coarsen it (`privrelease plan` warns until then).",
     ]
     lines += [f"  {name.ljust(width)}: keep" for name in names]
     lines += [

@@ -63,6 +63,9 @@ class Plan:
     checks: list[Check]
     accuracy: dict[str, AccuracyStatement | None] = field(default_factory=dict)
     """Per mechanism name, its data-free accuracy statements (:func:`mechanism_accuracy`)."""
+    warnings: tuple[str, ...] = ()
+    """What the policy alone shows a run will likely miss (cells that cannot reach k: each
+    kind's :meth:`~privrelease.mechanisms.kinds.MechanismKind.plan_warnings`); never a failed check."""
 
     @property
     def notion(self) -> accountants.Notion:
@@ -103,6 +106,7 @@ class Plan:
             "checks": [check.as_dict() for check in self.checks],
             "accuracy": {name: {} if s is None else s.as_dict() for name, s in self.accuracy.items()},
             "passed": self.passed,
+            "warnings": list(self.warnings),
             "event_tree": json.loads(event_to_json(self.event)),
         }
 
@@ -149,7 +153,8 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
     composed["approximate"], facts = _approximate(loaded, tree, composed["approximate"])
     facts.update(_composed_facts(loaded, tree))
     checks = infeasible + _checks(loaded, mechanisms, composed, facts)
-    return Plan(loaded, mechanisms, tree, composed, facts, checks, accuracy)
+    warnings = tuple(warning for spec in loaded.policy.mechanisms for warning in spec.plan_warnings(loaded))
+    return Plan(loaded, mechanisms, tree, composed, facts, checks, accuracy, warnings)
 
 
 def dp_plan(loaded: LoadedPolicy) -> Plan:
@@ -236,10 +241,34 @@ def _composed_facts(loaded: LoadedPolicy, tree: Composed) -> dict[str, Any]:
     return facts
 
 
-def _fmt(value: float | None) -> str:
+def _fmt(value: float | None, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "none"
-    return f"{value:.4g}"
+    return f"{value:.{digits}g}"
+
+
+def _digits(value: float | None, limit: float, relation: str, passed: bool) -> int:
+    """The significant digits (at least 4; the limit's at least 6, as ``:g``) at which the
+    printed value and limit compare as the check decided: a check failed by a rounding margin
+    (epsilon 1.000000001 against a maximum of 1) prints the digit that decides it, never
+    "1 against 1, FAIL"."""
+    digits = 4
+    if value is None or not math.isfinite(value):
+        return digits
+    while digits < 17:
+        shown, bound = float(f"{value:.{digits}g}"), float(f"{limit:.{max(6, digits)}g}")
+        if (shown <= bound if relation == "<=" else shown >= bound) == passed:
+            break
+        digits += 1
+    return digits
+
+
+def _compared(target: str, relation: str, limit: float, value: float, passed: bool) -> Check:
+    """A numeric check, its requirement and achieved value printed with the digits that
+    decide it (:func:`_digits`)."""
+    digits = _digits(value, limit, relation, passed)
+    required = f"{relation} {limit:.{max(6, digits)}g}"
+    return Check(target, required, _fmt(value, digits), passed, relation, limit, value)
 
 
 def mechanisms_tree(mechanisms: list[MechanismPlan]) -> Composed:
@@ -260,77 +289,36 @@ def _checks(
         ("max_epsilon", targets.max_epsilon, guarantee.epsilon),
         ("delta", targets.delta, delta),
     ):
-        if limit is not None:
-            achieved = _fmt(value) if guarantee.supported else f"none: {guarantee.detail}"
-            checks.append(
-                Check(
-                    f"{target} ({targets.accounting})",
-                    f"<= {limit:g}",
-                    achieved,
-                    guarantee.supported and value <= limit,
-                    "<=",
-                    limit,
-                    value if guarantee.supported else None,
-                )
-            )
+        if limit is not None and guarantee.supported:
+            checks.append(_compared(f"{target} ({targets.accounting})", "<=", limit, value, value <= limit))
+        elif limit is not None:
+            none = f"none: {guarantee.detail}"
+            checks.append(Check(f"{target} ({targets.accounting})", f"<= {limit:g}", none, False, "<=", limit, None))
     if targets.delta is None and any(is_dp(m.event) and m.guarantees[targets.accounting].delta > 0 for m in mechanisms):
         checks.append(Check("delta", "declared", "no delta target, but a mechanism has delta > 0", False))
     if targets.rho is not None:
         for m in mechanisms:
             if "rho_achieved" in m.facts:
-                checks.append(
-                    Check(
-                        f"{m.name}: rho",
-                        f"<= {targets.rho:g}",
-                        _fmt(m.facts["rho_achieved"]),
-                        m.facts["rho_achieved"] <= targets.rho * (1 + 1e-9),
-                        "<=",
-                        targets.rho,
-                        m.facts["rho_achieved"],
-                    )
-                )
+                rho = m.facts["rho_achieved"]
+                checks.append(_compared(f"{m.name}: rho", "<=", targets.rho, rho, rho <= targets.rho * (1 + 1e-9)))
         if facts.get("rho_composed_statistics") is not None and sum("rho_achieved" in m.facts for m in mechanisms) > 1:
             rho = facts["rho_composed_statistics"]
             checks.append(
-                Check(
-                    "rho (statistics composed)",
-                    f"<= {targets.rho:g}",
-                    _fmt(rho),
-                    rho <= targets.rho * (1 + 1e-9),
-                    "<=",
-                    targets.rho,
-                    rho,
-                )
+                _compared("rho (statistics composed)", "<=", targets.rho, rho, rho <= targets.rho * (1 + 1e-9))
             )
     for m in mechanisms:
         if "t_p" in m.facts:
             want = targets.splu_privacy
             assert want is not None, "T_p is only computed for a privacy target"
-            checks.append(
-                Check(
-                    f"{m.name}: SPLU T_p (eps {want.epsilon:g}, alpha {want.alpha})",
-                    f">= {want.t_p:g}",
-                    _fmt(m.facts["t_p"]),
-                    m.facts["t_p"] >= want.t_p,
-                    ">=",
-                    want.t_p,
-                    m.facts["t_p"],
-                )
-            )
+            t_p = m.facts["t_p"]
+            what = f"{m.name}: SPLU T_p (eps {want.epsilon:g}, alpha {want.alpha})"
+            checks.append(_compared(what, ">=", want.t_p, t_p, t_p >= want.t_p))
         if "t_f" in m.facts:
             utility = targets.splu_utility
             assert utility is not None, "T_f is only computed for a utility target"
-            checks.append(
-                Check(
-                    f"{m.name}: SPLU T_f (eps {utility.epsilon:g}, T_E {utility.t_e:g})",
-                    f"<= {utility.t_f:g}",
-                    _fmt(m.facts["t_f"]),
-                    m.facts["t_f"] <= utility.t_f,
-                    "<=",
-                    utility.t_f,
-                    m.facts["t_f"],
-                )
-            )
+            t_f = m.facts["t_f"]
+            what = f"{m.name}: SPLU T_f (eps {utility.epsilon:g}, T_E {utility.t_e:g})"
+            checks.append(_compared(what, "<=", utility.t_f, t_f, t_f <= utility.t_f))
     budget = targets.lifetime_budget
     if budget is not None and any(is_dp(m.event) for m in mechanisms):
         if guarantee.supported and targets.accounting == "approximate" and 0 < budget.delta < 1:
@@ -339,11 +327,13 @@ def _checks(
                 "approximate", composition.epsilon_at([mechanisms_tree(mechanisms)], budget.delta).epsilon, budget.delta
             )
         fits = guarantee.supported and guarantee.epsilon <= budget.epsilon and guarantee.delta <= budget.delta
+        eps_digits = _digits(guarantee.epsilon, budget.epsilon, "<=", guarantee.epsilon <= budget.epsilon)
+        delta_digits = _digits(guarantee.delta, budget.delta, "<=", guarantee.delta <= budget.delta)
         checks.append(
             Check(
                 "fits the lifetime budget (before earlier releases)",
-                f"eps <= {budget.epsilon:g}, delta <= {budget.delta:g}",
-                f"eps {_fmt(guarantee.epsilon)}, delta {_fmt(guarantee.delta)}",
+                f"eps <= {budget.epsilon:.{max(6, eps_digits)}g}, delta <= {budget.delta:.{max(6, delta_digits)}g}",
+                f"eps {_fmt(guarantee.epsilon, eps_digits)}, delta {_fmt(guarantee.delta, delta_digits)}",
                 fits,
                 "<=",
                 budget.budget.as_dict(),
@@ -364,15 +354,11 @@ def _accuracy_checks(loaded: LoadedPolicy, mechanisms: list[MechanismPlan]) -> l
     for target in loaded.policy.targets.accuracy:
         spec = loaded.policy.mechanism(target.mechanism)
         check = spec.accuracy_check(loaded, target, planned.get(target.mechanism, Planned(None)))
+        what = f"{target.mechanism}: accuracy at {target.confidence:.0%} ({check.what})"
+        if check.value is not None:
+            checks.append(_compared(what, check.relation, check.limit, check.value, check.passed))
+            continue
         checks.append(
-            Check(
-                f"{target.mechanism}: accuracy at {target.confidence:.0%} ({check.what})",
-                f"{check.relation} {check.limit:g}",
-                _fmt(check.value) if check.value is not None else check.achieved,
-                check.passed,
-                check.relation,
-                check.limit,
-                check.value,
-            )
+            Check(what, f"{check.relation} {check.limit:g}", check.achieved, check.passed, check.relation, check.limit)
         )
     return checks

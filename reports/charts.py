@@ -467,7 +467,7 @@ def sdgs_chart(k: int, beta: float, releases: Sequence[tuple[str, float]], chart
     for x in sorted(sample):
         rows.append(
             (
-                repr(float(x)),  # shortest text that reads back as the same float
+                fmt(float(x)),  # 6 digits; the threshold row is -ln(1 - beta) itself
                 fmt_delta(theorem1[x]),
                 fmt_delta(exact[x]),
                 ", ".join(by_eps.get(x, [])),
@@ -859,8 +859,8 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
             else ""
         )
     )
-    rows = tuple(
-        (f"{v:g}", fmt(p), fmt(a), "policy" if v == chosen else "")
+    rows = tuple(  # to the caption's 4 digits, so the policy's row reads as the caption does
+        (f"{v:g}", fmt(p, 4), fmt(a, 4), "policy" if v == chosen else "")
         for v, p, a in zip(values, privacy, accuracy, strict=True)
     )
     return Chart(

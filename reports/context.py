@@ -19,6 +19,10 @@ from privrelease.files import sha256_text
 from privrelease.planning import Plan, plan_policy
 from privrelease.policies import LoadedPolicy, load_policy
 
+LOW_SHARE = 0.1
+"""An output holding less than this share of what the policy leads to expect (an SDGS sample:
+the declared rows x beta) is far short of its plan: its public statement says so."""
+
 EXAMPLES_DIR = Path(privrelease.policies.__file__).resolve().parent / "examples"
 """The example policies (``policies/examples`` in the source tree)."""
 
@@ -46,6 +50,9 @@ class ReportContext:
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
     - ``chain_head``: ``{seq, hash}`` of the audit hash chain after this run's records, and
       ``public_key`` when the records are signed.
+    - ``production``: the run was a production run, so a counting approval of the policy's hash
+      for this data was checked before the data was read
+      (:func:`privrelease.audit.approvals.require_approved`); otherwise the release is a draft.
     - ``charts``: the plan's charts when already computed
       (:func:`privrelease.reports.charts.all_charts`, which depends on the plan alone), or None:
       computed when rendered.
@@ -70,6 +77,49 @@ class ReportContext:
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     chain_head: dict[str, Any] | None = None
     charts: list[Any] | None = None
+    production: bool = False
+
+    @property
+    def published_rows(self) -> int | None:
+        """The rows of every published file together (None: no file states its rows)."""
+        counted = [output["rows"] for output in self.outputs if output.get("rows") is not None]
+        return sum(counted) if counted else None
+
+    @property
+    def published_nothing(self) -> bool:
+        """A run that succeeded with files that hold no row at all: a release of nothing."""
+        return self.status == "succeeded" and self.published_rows == 0
+
+    def short_outputs(self) -> list[dict[str, Any]]:
+        """The published files far short of their plan: no row, or fewer than :data:`LOW_SHARE`
+        of the rows the policy leads to expect (its kind's
+        :meth:`~privrelease.mechanisms.kinds.MechanismKind.expected_rows`, None: unknown)."""
+        short: list[dict[str, Any]] = []
+        if self.status != "succeeded":
+            return short
+        for output in self.outputs:
+            rows, name = output.get("rows"), output.get("mechanism") or ""
+            if rows is None:
+                continue
+            expected = self.plan.loaded.policy.mechanism(name).expected_rows(self.plan.loaded)
+            if rows == 0 or (expected is not None and rows < LOW_SHARE * expected):
+                short.append({"mechanism": name, "rows": rows, "expected": expected})
+        return short
+
+    def release_state(self) -> dict[str, Any]:
+        """What the release is, for the first screen of its public statement and
+        ``release.json``: ``approved`` (a production run: a counting approval was checked) or
+        a ``draft``, its ``published_rows``, whether it ``published_nothing``, the files far
+        short of their plan (:meth:`short_outputs`) and the plan's warnings (from the policy
+        alone, made before any data was read)."""
+        return {
+            "approved": self.production,
+            "draft": not self.production,
+            "published_rows": self.published_rows,
+            "published_nothing": self.published_nothing,
+            "short_of_plan": self.short_outputs(),
+            "plan_warnings": list(self.plan.warnings),
+        }
 
     @property
     def fixed_before_data_access(self) -> bool | None:
@@ -155,4 +205,5 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
             "seq": 42,
             "hash": sha256_text("example chain head"),
         },
+        production=True,
     )

@@ -73,6 +73,11 @@ FACT_LABELS = {
     "composition": "composition (every method compared, the tightest used)",
     "rho_composed_statistics": "ρ of the statistics composed",
     "not_dp": "not differential privacy",
+    "zcdp_rho": "zCDP ρ of the Gaussian noise, 1/(2σ²) (zero-concentrated DP, Bun & Steinke; not the identifiability ρ)",
+}
+INTERNAL_FACT_LABELS = {
+    "discernibility": "discernibility (Bayardo & Agrawal: the sum of the published classes' squared sizes plus "
+    "suppressed × sampled rows; lower means less information lost)",
 }
 
 
@@ -304,7 +309,13 @@ def view(context: ReportContext) -> dict[str, Any]:
     internal_facts = [
         (
             name,
-            [(str(key).replace("_", " "), _value(value)) for key, value in facts.items()],
+            [
+                (
+                    INTERNAL_FACT_LABELS.get(str(key), str(key).replace("_", " ")),
+                    f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else _value(value),
+                )
+                for key, value in facts.items()
+            ],
         )
         for name, facts in context.internal_facts.items()
     ]
@@ -317,8 +328,12 @@ def view(context: ReportContext) -> dict[str, Any]:
             "accounting": plan.notion,
             "accounting_name": NOTION_NAMES.get(plan.notion, plan.notion),
             "dataset_rows": policy.dataset.rows,
-            "columns": list(policy.dataset.columns),
+            "target_delta": policy.targets.delta,
+            "lifetime_delta": None if policy.targets.lifetime_budget is None else policy.targets.lifetime_budget.delta,
         },
+        "published_columns": [(spec.name, spec.published_columns()) for spec in policy.mechanisms],
+        "state": context.release_state(),
+        "signed": bool((context.chain_head or {}).get("public_key")),
         "status": context.status,
         "generated_at": context.generated_at,
         "approved_at": approval.get("approved_at"),

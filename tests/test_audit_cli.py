@@ -193,6 +193,7 @@ def test_ledger_show(db: Any) -> None:
     assert run_json("ledger", "show", "census.csv")["dataset"] == "census"
     human = run("ledger", "show", "census.csv")
     assert "remaining" in human and "committed" in human
+    assert "spent is not their sum: it is composition of 1 stored trees" in " ".join(human.split())
     assert "'census.csv' is a file of dataset census" in human and FINGERPRINT[:12] in human
     (listed,) = run_json("ledger", "list")["datasets"]
     assert listed["dataset"] == "census" and listed["counting_entries"] == 1

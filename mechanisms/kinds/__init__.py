@@ -362,6 +362,11 @@ class MechanismKind(Model):
         """Every column the mechanism uses."""
         return []
 
+    def published_columns(self) -> tuple[str, ...]:
+        """The columns its output publishes (generalized, counted or summarized), each once in
+        the policy's order: every column it uses (the report's "Columns published")."""
+        return tuple(dict.fromkeys(ref.column for ref in self.column_refs()))
+
     def delta_reason(self) -> str | None:
         """Why its guarantee has a delta > 0 (then the policy must state ``targets.delta``),
         e.g. "has beta 0.1 < 1"; None for pure DP or no DP."""
@@ -385,6 +390,17 @@ class MechanismKind(Model):
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
         """What its published numbers are worth, from the policy alone (published)."""
         return None
+
+    def expected_rows(self, loaded: LoadedPolicy) -> float | None:
+        """About how many rows its output would hold before anything is suppressed, from the
+        policy alone (None: the policy does not say); a release far below it says so."""
+        return None
+
+    def plan_warnings(self, loaded: LoadedPolicy) -> tuple[str, ...]:
+        """What the policy alone shows a run will likely miss (e.g. generalized cells too many
+        for the expected sample to reach k): warned by ``plan`` before any data is read, never
+        a failed check."""
+        return ()
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """One ``targets.accuracy`` entry naming this mechanism (its ``accuracy_fields``)."""

@@ -119,6 +119,43 @@ class Generalizing(MechanismKind):
             {"k_anonymity": self.k, "crowd_blending": f"({self.k}, 0)-crowd-blending private"},
         )
 
+    def plan_warnings(self, loaded: LoadedPolicy) -> tuple[str, ...]:
+        """Cells unlikely to reach k, from the policy alone: a column kept raw with no declared
+        domain leaves the number of generalized cells C unbounded; with the declared domains,
+        N rows x beta sampled rows spread over C cells average N beta / C a cell, and at most
+        N beta / k cells can reach k. Warned when every scheme the release may use (each
+        candidate under ``select_scheme``) averages below k or has an unbounded column."""
+        found = [self._cell_warning(loaded, candidate) for candidate in self.candidates or (None,)]
+        return () if any(warning is None for warning in found) else tuple(w for w in found if w is not None)
+
+    def _cell_warning(self, loaded: LoadedPolicy, candidate: str | None) -> str | None:
+        import math
+
+        counts = {column: loaded.label_count(column, candidate) for column in self.columns}
+        where = f"{self.name}" + (f" (candidate {candidate})" if candidate else "")
+        raw = [column for column, count in counts.items() if count is None]
+        known = {column: count for column, count in counts.items() if count is not None}
+        cells = math.prod(known.values())
+        rows = loaded.policy.dataset.rows
+        if raw:
+            return (
+                f"{where}: {', '.join(raw)} kept raw with no declared domain (dataset.columns.<column>.values), so "
+                f"the number of generalized cells is unknown before the data; a column with many distinct values "
+                f"(an age, a zip code, a diagnosis) leaves most cells under k = {self.k} and the release may "
+                "publish nothing: declare the values and coarsen them (bins, map, hierarchy)"
+            )
+        if rows is None or rows * self.beta >= self.k * cells:
+            return None
+        sampled = rows * self.beta
+        sizes = " x ".join(f"{count:,} ({column})" for column, count in known.items())
+        return (
+            f"{where}: {rows:,} rows x beta {self.beta:g} = {sampled:,.0f} sampled rows expected over "
+            f"{cells:,} generalized cells ({sizes}): {sampled / cells:.3g} a cell on average, below k = {self.k}, "
+            f"so at most about {math.floor(sampled / self.k):,} of the {cells:,} cells can reach k and, unless the "
+            "people crowd into a few cells, most rows will be suppressed: coarsen the scheme, or see "
+            "`privrelease calibrate sdgs` (a larger beta or a smaller k)"
+        )
+
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Per cell size N: publication probability, relative standard error of count / beta,
         the exact conditional interval (at :meth:`interval_confidence`) and the suppression bias
@@ -272,6 +309,11 @@ class SdgsMechanism(Generalizing):
             return statement
         gap = selection_gap(selection.sensitivity, selection.epsilon, selection.candidates, SELECTION_FAILURE)
         return replace(statement, selection_gap=SelectionGap(SELECTION_FAILURE, gap))
+
+    def expected_rows(self, loaded: LoadedPolicy) -> float | None:
+        """The expected sample, N rows x beta, when the policy declares N (``dataset.rows``)."""
+        rows = loaded.policy.dataset.rows
+        return None if rows is None else rows * self.beta
 
     def _candidates(self, loaded: LoadedPolicy) -> dict[str, dict[str, ColumnScheme]]:
         assert self.select_scheme is not None

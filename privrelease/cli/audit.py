@@ -845,6 +845,10 @@ def ledger_show(
             entry.reason or "",
         )
     console.print(table)
+    say(
+        "each entry: its own release's (epsilon, delta) as recorded when charged; spent is not their sum: "
+        f"it is {how} (counting entries only)"
+    )
 
 
 @ledger_app.command("list")

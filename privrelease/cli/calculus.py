@@ -178,10 +178,13 @@ def _print_plan(result) -> None:
             check.target, check.required, check.achieved, styled("[green]pass[/]" if check.passed else "[red]FAIL[/]")
         )
     console.print(checks)
+    for warning in result.warnings:
+        say(styled("[yellow]warning:[/] {}", warning))
     console.print(
         styled(
             "[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]"
         )
+        + (styled(" [yellow](but see the {} warning(s) above)[/]", len(result.warnings)) if result.warnings else "")
     )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from privrelease.cli.output import console, say
+from privrelease.cli.output import console, say, styled
 
 
 def register(app: typer.Typer) -> None:
@@ -48,9 +48,21 @@ def policy_init(
 
     if out is not None and out.exists():
         raise UserError(f"--out {str(out)!r} exists: the draft never overwrites a file")
-    text = draft_policy(data, dataset_id, out.parent if out is not None else Path.cwd())
+    folder = out.parent if out is not None else Path.cwd()
+    text = draft_policy(data, dataset_id, folder)
     if out is None:
         console.print(text, end="", highlight=False, markup=False, soft_wrap=True)
-        return
-    out.write_text(text, encoding="utf-8")
-    say(f"wrote {out}: review it, then `privrelease plan {out}`", err=True)
+    else:
+        out.write_text(text, encoding="utf-8")
+        say(f"wrote {out}: review it, then `privrelease plan {out}`", err=True)
+    for warning in draft_warnings(text, folder):
+        say(styled("[yellow]before a run, decide:[/] {}", warning), err=True)
+
+
+def draft_warnings(text: str, folder: Path) -> list[str]:
+    """What ``plan`` would warn of the draft ``text`` (its kinds' plan warnings: a draft keeps
+    every column raw, with no declared domain, so its cells may never reach k)."""
+    from privrelease.policies import load_policy_text
+
+    loaded = load_policy_text(text, folder)
+    return [warning for spec in loaded.policy.mechanisms for warning in spec.plan_warnings(loaded)]
