@@ -336,6 +336,10 @@ def kept_server() -> LocalServer:
     folder = server_folder(settings.work_dir)
     with _locked(folder):
         state = find_server(folder)
+        if state is not None and (folder / STATE_FILE).stat().st_mode & 0o077:
+            _terminate(state.pid, group=True)  # started by an older privrelease: an API open to every account
+            _forget(folder, state.token)
+            state = None
         if state is not None:
             _touch(folder)
             return LocalServer(folder, state, None)

@@ -245,6 +245,16 @@ def other_account() -> int:
         pytest.skip("no 'nobody' account to read as")
 
 
+def started(pid: int, uid: int) -> None:
+    """Wait until process ``pid`` runs as ``uid`` with ``privrelease.server`` in its command line
+    (right after ``Popen`` returns, /proc may show an empty one)."""
+    deadline = time.monotonic() + 10
+    process = Path(f"/proc/{pid}")
+    while process.stat().st_uid != uid or b"privrelease.server" not in (process / "cmdline").read_bytes():
+        assert time.monotonic() < deadline, f"process {pid} did not start as {uid}"
+        time.sleep(0.05)
+
+
 def test_a_server_of_another_account_is_not_ours(tmp_path):
     """A state file naming another account's process (whose command line names the server) is
     not this account's server: it is neither trusted nor adopted (issue 25, item 21)."""
@@ -262,11 +272,7 @@ def test_a_server_of_another_account_is_not_ours(tmp_path):
         ]  # fmt: skip
     )
     try:
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{sleeper.pid}").stat().st_uid != uid:  # setpriv has switched to the account
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert b"privrelease.server" in Path(f"/proc/{sleeper.pid}/cmdline").read_bytes()
+        started(sleeper.pid, uid)
         assert not prefect_server._alive(sleeper.pid)
         folder = tmp_path / "server"
         folder.mkdir()
@@ -276,6 +282,33 @@ def test_a_server_of_another_account_is_not_ours(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644])
+def test_a_server_started_by_an_older_privrelease_is_replaced(tmp_path, monkeypatch, mode):
+    """A kept server whose state file other accounts can read was started by a privrelease without
+    API authentication: the next run stops it and starts a new one; a private one is used."""
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setattr(prefect_server, "_spawn", lambda *args, **kwargs: "a new server")
+    folder = prefect_server.server_folder()
+    folder.mkdir(parents=True)
+    older = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "privrelease.server"], start_new_session=True
+    )
+    try:
+        started(older.pid, os.getuid())
+        state = prefect_server.ServerState(older.pid, 9, "http://127.0.0.1:9/api", time.time(), "x", 1800)
+        prefect_server._write_state(folder, state)
+        (folder / prefect_server.STATE_FILE).chmod(mode)
+        found = prefect_server.kept_server()
+        if mode == 0o600:
+            assert found.state == state and older.poll() is None
+        else:
+            assert found == "a new server" and older.wait(timeout=20) == -signal.SIGTERM
+            assert not (folder / prefect_server.STATE_FILE).exists()
+    finally:
+        older.kill()
+        older.wait()
 
 
 @pytest.mark.system
