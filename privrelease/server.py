@@ -452,10 +452,12 @@ def _unreachable_message(url: str, reason: str, outcome: str) -> str:
 def unreachable_api_error(error: BaseException) -> UserError | None:
     """A :class:`UserError` naming the API URL when ``error`` (or an exception it was raised from)
     is a failure to reach Prefect's API: an ``httpx`` transport error, or Prefect's
-    ``RuntimeError("Failed to reach API at ...")``. None for any other error."""
+    ``RuntimeError("Failed to reach API at ...")``; or its refusal for want of credentials (an
+    HTTP 401: a server with an auth string). None for any other error."""
     seen: set[int] = set()
     current: BaseException | None = error
     reason = None
+    unauthorized = False
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         module = type(current).__module__
@@ -463,13 +465,21 @@ def unreachable_api_error(error: BaseException) -> UserError | None:
             reason = reason or f"{type(current).__name__}: {current}"
         elif isinstance(current, RuntimeError) and str(current).startswith(UNREACHABLE_PREFIX):
             reason = reason or str(current)
+        elif getattr(getattr(current, "response", None), "status_code", None) == 401:
+            unauthorized = True
         current = current.__cause__ or current.__context__
-    if reason is None:
+    if reason is None and not unauthorized:
         return None
     url = None
     if "prefect" in sys.modules:
         url = configured_api_url()
     url = url or os.environ.get("PREFECT_API_URL") or "the configured PREFECT_API_URL"
+    if reason is None:
+        return UserError(
+            f"Prefect's API at {url} refused the run (401 Unauthorized): set {CLIENT_AUTH_ENV} to its auth string "
+            "(a server deploy/server.sh started: the content of $PREFECT_HOME/api-auth) or PREFECT_API_KEY; "
+            "nothing was released"
+        )
     return UserError(_unreachable_message(url, reason, "nothing was released"))
 
 

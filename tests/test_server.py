@@ -161,6 +161,8 @@ def test_server_is_started_once_and_reused(work, tmp_path):
     assert status["pid"] == pid and status["idle_seconds"] < 60 and status["uptime_seconds"] > 0
 
     other = Work(tmp_path / "other")  # the user's PREFECT_API_URL: that server, none started
+    refused = other.cli("run", str(policy), "--json", expect=2, PREFECT_API_URL=api_url)  # without its auth string
+    assert "refused the run (401 Unauthorized): set PREFECT_API_AUTH_STRING" in json.loads(refused)["error"]
     summary = json.loads(
         other.cli("run", str(policy), "--json", PREFECT_API_URL=api_url, PREFECT_API_AUTH_STRING=token)
     )
