@@ -109,8 +109,9 @@ def test_demo_says_how_to_call_privrelease(tmp_path, monkeypatch, capsys, on_pat
     monkeypatch.setattr(sys, "argv", ["privrelease", "demo", "--seed", "1"])
     with pytest.raises(SystemExit) as exited:
         main()
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert exited.value.code in (0, None), out
+    assert err.startswith("opening the audit database"), err  # its first line, before any work (item 17)
     if on_path:
         assert "open the report: privrelease report open 0123456789ab" in out and "PATH" not in out
     else:

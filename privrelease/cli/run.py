@@ -309,7 +309,12 @@ def demo_command(
     from privrelease.audit.database import open_database, session
 
     started = time.perf_counter()
-    open_database(create=True)  # the demo makes its own audit database, before any other work
+    progress = RichProgress()
+    progress.start("demo", "opening the audit database (created if missing)")
+    try:
+        open_database(create=True)  # the demo makes its own audit database, before any other work
+    finally:
+        progress.close()
     server = prefect_server.connect(server_reuse)
     try:
         from privrelease import demo
@@ -336,7 +341,6 @@ def demo_command(
             ),
             err=True,
         )
-        progress = RichProgress()
         summary, timings = run_flow(
             server=server,
             progress=progress,
