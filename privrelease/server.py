@@ -336,7 +336,7 @@ def kept_server() -> LocalServer:
     folder = server_folder(settings.work_dir)
     with _locked(folder):
         state = find_server(folder)
-        if state is not None and (folder / STATE_FILE).stat().st_mode & 0o077:
+        if state is not None and _readable_by_others(folder / STATE_FILE):
             _terminate(state.pid, group=True)  # started by an older privrelease: an API open to every account
             _forget(folder, state.token)
             state = None
@@ -345,6 +345,14 @@ def kept_server() -> LocalServer:
             return LocalServer(folder, state, None)
         home = {"PREFECT_HOME": str(folder / "home")}
         return _spawn(folder, settings.server_idle_seconds, detached=True, env=home)
+
+
+def _readable_by_others(path: Path) -> bool:
+    """True when ``path`` has group or other permission bits (False when it is gone)."""
+    try:
+        return bool(path.stat().st_mode & 0o077)
+    except OSError:
+        return False
 
 
 def temporary_server() -> LocalServer:
