@@ -258,7 +258,7 @@ def _check_folder(engine: sa.Engine, create: bool) -> None:
     other (a typo in ``PRIVRELEASE_DB_URL``) is a UserError naming it, and nothing is made. A
     SQLite file made here is ``0600`` (SQLite gives its ``-wal`` and ``-shm`` files the same mode):
     the history and the ledger are not for other local accounts to read."""
-    file = sqlite_file(engine.url)
+    file = sqlite_file(engine.url) if engine.url.get_backend_name() == "sqlite" else None
     if file is None:
         return
     if not file.parent.is_dir():
