@@ -255,10 +255,19 @@ def open_database(url: str | None = None, *, create: bool = False) -> sa.Engine:
 
 def _check_folder(engine: sa.Engine, create: bool) -> None:
     """A SQLite file's folder must exist: only the working folder is made (when ``create``); any
-    other (a typo in ``PRIVRELEASE_DB_URL``) is a UserError naming it, and nothing is made."""
-    file = sqlite_file(engine.url)
-    if file is None or file.parent.is_dir():
+    other (a typo in ``PRIVRELEASE_DB_URL``) is a UserError naming it, and nothing is made. A
+    SQLite file made here is ``0600`` (SQLite gives its ``-wal`` and ``-shm`` files the same mode):
+    the history and the ledger are not for other local accounts to read."""
+    file = sqlite_file(engine.url) if engine.url.get_backend_name() == "sqlite" else None
+    if file is None:
         return
+    if not file.parent.is_dir():
+        _make_work_dir(engine, file, create)
+    if create and file.parent.is_dir() and not file.exists():
+        os.close(os.open(file, os.O_WRONLY | os.O_CREAT, 0o600))  # an empty file is an empty SQLite database
+
+
+def _make_work_dir(engine: sa.Engine, file: Path, create: bool) -> None:
     folder, work_dir = file.parent.resolve(), get_settings().work_dir
     if folder != work_dir:
         shown = engine.url.render_as_string(hide_password=True)

@@ -6,7 +6,11 @@
 #   PRIVRELEASE_PREFECT_PORT  port of the local server that deploy/server.sh starts (default 4200)
 #   PREFECT_API_URL           the Prefect API (default: that local server, http://127.0.0.1:PORT/api)
 #   PREFECT_HOME              Prefect's files: the local server's SQLite database, logs, pid files
-#                             (default: <repo>/privrelease-work/prefect)
+#                             (default: <repo>/privrelease-work/prefect; kept 0700)
+#   PREFECT_API_AUTH_STRING   the API's auth string (Prefect's basic authentication); for the local
+#                             server, default: the content of $PREFECT_HOME/api-auth (0600), made
+#                             with a random string the first time: server.sh starts the server with
+#                             it (PREFECT_SERVER_API_AUTH_STRING), the other scripts send it
 #   PRIVRELEASE_WORK_POOL     the process work pool (default privrelease-process, as in prefect.yaml)
 #   PRIVRELEASE_PREFECT_FILE  the deployments (default <repo>/deploy/prefect.yaml)
 #   PRIVRELEASE_PREFECT_START_TIMEOUT  seconds to wait for the local server to answer (default 120)
@@ -33,6 +37,21 @@ die() {
   echo "privrelease deploy: error: $*" >&2
   exit 1
 }
+
+# PREFECT_HOME holds the local server's database (every flow run's parameters, logs, artifacts) and
+# its auth string: private to this account.
+mkdir -p "$PREFECT_HOME" && chmod 700 "$PREFECT_HOME" ||
+  die "cannot make PREFECT_HOME=$PREFECT_HOME a folder private to this account (mode 0700)"
+AUTH_FILE="$PREFECT_HOME/api-auth"
+if [[ -z "${PREFECT_API_AUTH_STRING:-}" && "${PREFECT_API_URL%/}" == "$LOCAL_API_URL" ]]; then
+  if [[ ! -s "$AUTH_FILE" ]]; then
+    (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$AUTH_FILE") ||
+      die "cannot write the API auth string to $AUTH_FILE"
+  fi
+  PREFECT_API_AUTH_STRING="$(cat "$AUTH_FILE")"
+fi
+export PREFECT_API_AUTH_STRING="${PREFECT_API_AUTH_STRING:-}"
+[[ -n "$PREFECT_API_AUTH_STRING" ]] || unset PREFECT_API_AUTH_STRING
 
 # The project's virtual environment first, then PATH (PREFECT and PYTHON are used by the scripts).
 # shellcheck disable=SC2034

@@ -10,6 +10,9 @@
 #
 # Port: PRIVRELEASE_PREFECT_PORT (default 4200). Log: $PREFECT_HOME/server.log. To use an existing
 # Prefect server instead, do not run this script: export PREFECT_API_URL=<that server>/api.
+# The API answers only requests carrying the auth string of $PREFECT_HOME/api-auth (common.sh; or
+# PREFECT_API_AUTH_STRING): another local account reaches the port and gets 401 (only /api/health
+# answers). Clients: export PREFECT_API_AUTH_STRING="$(cat $PREFECT_HOME/api-auth)".
 # shellcheck source=deploy/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -33,6 +36,9 @@ with socket.socket() as probe:
         sys.exit(1)
 PY
 }
+
+export PREFECT_SERVER_API_AUTH_STRING="${PREFECT_API_AUTH_STRING:-}"
+[[ -n "$PREFECT_SERVER_API_AUTH_STRING" ]] || unset PREFECT_SERVER_API_AUTH_STRING
 
 case "$action" in
 start)
@@ -65,6 +71,7 @@ start)
   done
   say "Prefect server ready at $PREFECT_API_URL after $((SECONDS - began)) s (UI: ${PREFECT_API_URL%/api})"
   echo "export PREFECT_API_URL=$PREFECT_API_URL"
+  [[ ! -s "$AUTH_FILE" ]] || echo "export PREFECT_API_AUTH_STRING=\"\$(cat '$AUTH_FILE')\""
   ;;
 stop)
   stop_group "Prefect server" "$PIDFILE"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from privrelease.errors import UserError
+from privrelease.files import private_folder, write_atomic
 from privrelease.flows import recovery
 from privrelease.flows.engines import Engine
 from privrelease.settings import get_settings
@@ -362,7 +363,8 @@ def safe_name(text: str) -> str:
 
 def manifest_path(run_id: str) -> Path:
     """Where a run's manifest (policy file, hierarchy files, data and output paths) is kept:
-    ``<work_dir>/runs/<run_id>.json``. It locates files for a rerun; it holds no data."""
+    ``<work_dir>/runs/<run_id>.json`` (``0600`` in a ``0700`` folder). It locates files for a
+    rerun; it holds no data."""
     return get_settings().work_dir / MANIFESTS_DIR / f"{run_id}.json"
 
 
@@ -387,9 +389,10 @@ def _write_manifest(run: RunContext) -> None:
         "output_format": run.output_format,
         "engine": {"engine": run.engine.name, "dask_address": run.engine.address, "workers": run.engine.workers},
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    try:  # private (0700 folder, 0600 file): it names the data files and where releases went
+        write_atomic(
+            private_folder(path.parent) / path.name, json.dumps(document, indent=2) + "\n", durable=False, mode=0o600
+        )
     except OSError as error:
         raise _write_error(path, error) from None
 

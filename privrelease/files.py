@@ -100,3 +100,14 @@ def write_atomic(
         else:
             temp.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
     return Path(path)
+
+
+def private_folder(path: str | Path) -> Path:
+    """``path`` made if missing (with its parents) and kept ``0700``: only this account can list
+    or enter it, whatever the umask (the work folder's server state, run records). A folder this
+    account does not own cannot be made private: ``PermissionError``."""
+    folder = Path(path)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_mode & 0o777 != 0o700:
+        os.chmod(folder, 0o700)
+    return folder

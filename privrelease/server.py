@@ -4,8 +4,15 @@ Prefect records every flow run on a server; starting one costs 8-30 s, a small r
 second. So the first run started from a work folder starts a server in the background (its own
 session, ``PREFECT_HOME`` and log under ``<work_dir>/prefect-server/``) and every later run finds
 it through the state file ``server.json`` there (pid, port, API URL, start time, owner token),
-checks that it answers as that server (``/api/health`` and the token at :data:`IDENTITY_PATH`)
-and uses it. A state file whose process is gone is removed and a new server started.
+checks that it answers as that server (``/api/health`` and a proof of the token at
+:data:`IDENTITY_PATH`) and uses it. A state file whose process is gone, or is not this account's,
+is removed and a new server started.
+
+Private to the account that runs releases (SECURITY.md): the folder is ``0700``, the state file
+and log ``0600``, and the API answers only requests that carry the owner token as Prefect's auth
+string (the server gets it as ``PREFECT_SERVER_API_AUTH_STRING``, the runs as
+``PREFECT_API_AUTH_STRING``; Prefect's basic authentication). Another local account can reach
+the port but reads, creates and deletes nothing (``401``); ``/api/health`` stays open.
 
 Idle shutdown: each run holds a lease (``clients/<pid>``) and touches ``last-used``; the server
 checks every few seconds and exits once no lease holder is alive and ``last-used`` is older than
@@ -26,6 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -44,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from privrelease.errors import UserError
-from privrelease.files import write_atomic
+from privrelease.files import private_folder, write_atomic
 
 PREFECT_DEFAULTS = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
@@ -58,8 +67,11 @@ LOG_FILE = "server.log"
 LAST_USED = "last-used"
 CLIENTS = "clients"
 IDENTITY_PATH = "/privrelease/server"
-"""Answers ``{"token": ..., "pid": ...}``: proves which server listens on a port."""
+"""``?nonce=N`` answers ``{"proof": HMAC-SHA256(token, N), "pid": ...}``: proves which server
+listens on a port without giving the token to whatever listens there."""
 TOKEN_ENV = "PRIVRELEASE_SERVER_TOKEN"
+SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
+CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"
 
 
 @dataclass(frozen=True)
@@ -106,7 +118,7 @@ def read_state(folder: Path) -> ServerState | None:
 
 
 def _write_state(folder: Path, state: ServerState) -> None:
-    write_atomic(folder / STATE_FILE, json.dumps(asdict(state), indent=2), durable=False)
+    write_atomic(folder / STATE_FILE, json.dumps(asdict(state), indent=2), durable=False, mode=0o600)
 
 
 def _forget(folder: Path, token: str) -> None:
@@ -117,26 +129,33 @@ def _forget(folder: Path, token: str) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """True when ``pid`` runs a privrelease server (Linux: checked by its command line)."""
+    """True when ``pid`` runs a privrelease server of this account (Linux: checked by its
+    command line and the owner of its ``/proc`` entry)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # PermissionError: another account's process
         return False
-    except PermissionError:
-        return True
-    cmdline = Path(f"/proc/{pid}/cmdline")
+    process = Path(f"/proc/{pid}")
     try:
-        return b"privrelease.server" in cmdline.read_bytes()  # a zombie's is empty
+        ours = process.stat().st_uid == os.getuid()
+        return ours and b"privrelease.server" in (process / "cmdline").read_bytes()  # a zombie's is empty
     except OSError:
-        return not cmdline.parent.parent.is_dir()  # no /proc: trust the pid
+        return not process.parent.is_dir()  # no /proc: trust the pid
+
+
+def _proof(token: str, nonce: str) -> str:
+    """HMAC-SHA256 of ``nonce`` under ``token``: what only the server holding ``token`` can answer."""
+    return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def identify(state: ServerState, timeout: float = 2.0) -> bool:
-    """True when the server at ``state.api_url`` is healthy and is the one ``state`` names."""
+    """True when the server at ``state.api_url`` is healthy and is the one ``state`` names (it
+    proves it holds the token for a fresh nonce; the token itself is never sent)."""
     base = state.api_url.removesuffix("/api")
+    nonce = secrets.token_hex(16)
     try:
-        with urllib.request.urlopen(base + IDENTITY_PATH, timeout=timeout) as answer:
-            if json.loads(answer.read()).get("token") != state.token:
+        with urllib.request.urlopen(f"{base}{IDENTITY_PATH}?nonce={nonce}", timeout=timeout) as answer:
+            if not hmac.compare_digest(str(json.loads(answer.read()).get("proof")), _proof(state.token, nonce)):
                 return False
         with urllib.request.urlopen(state.api_url + "/health", timeout=timeout) as answer:
             return answer.status == 200
@@ -176,7 +195,7 @@ def _lease_holders(folder: Path) -> list[int]:
 
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)
     with open(folder / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -264,8 +283,9 @@ class LocalServer:
 
 
 def _spawn(folder: Path, idle_seconds: float, *, detached: bool, env: dict[str, str]) -> LocalServer:
-    """Start ``python -m privrelease.server`` on a free port and record it in ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Start ``python -m privrelease.server`` on a free port and record it in ``folder`` (private:
+    ``0700``, its files ``0600``)."""
+    private_folder(folder)
     token = secrets.token_hex(16)
     port = _free_port()
     prefect_defaults()
@@ -279,7 +299,7 @@ def _spawn(folder: Path, idle_seconds: float, *, detached: bool, env: dict[str, 
     environment.pop("PREFECT_API_URL", None)
     command = [sys.executable, "-m", "privrelease.server", str(folder), str(port), str(idle_seconds)]
     _touch(folder)
-    with open(folder / LOG_FILE, "ab") as log:
+    with open(os.open(folder / LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
         process = subprocess.Popen(
             command,
             env=environment,
@@ -316,6 +336,10 @@ def kept_server() -> LocalServer:
     folder = server_folder(settings.work_dir)
     with _locked(folder):
         state = find_server(folder)
+        if state is not None and _readable_by_others(folder / STATE_FILE):
+            _terminate(state.pid, group=True)  # started by an older privrelease: an API open to every account
+            _forget(folder, state.token)
+            state = None
         if state is not None:
             _touch(folder)
             return LocalServer(folder, state, None)
@@ -323,11 +347,19 @@ def kept_server() -> LocalServer:
         return _spawn(folder, settings.server_idle_seconds, detached=True, env=home)
 
 
+def _readable_by_others(path: Path) -> bool:
+    """True when ``path`` has group or other permission bits (False when it is gone)."""
+    try:
+        return bool(path.stat().st_mode & 0o077)
+    except OSError:
+        return False
+
+
 def temporary_server() -> LocalServer:
     """A server for this process only (the user's ``PREFECT_HOME``), stopped when it exits."""
     import atexit
 
-    folder = server_folder() / f"temporary-{os.getpid()}-{secrets.token_hex(4)}"
+    folder = private_folder(server_folder()) / f"temporary-{os.getpid()}-{secrets.token_hex(4)}"
     (folder / CLIENTS).mkdir(parents=True)
     (folder / CLIENTS / str(os.getpid())).touch()  # this process's lease, for its whole life
     server = _spawn(folder, 0.0, detached=False, env={})
@@ -372,7 +404,8 @@ def connect(reuse: bool | None = None) -> LocalServer | None:
     """The server this process's runs record to, started (not waited for) if needed, and
     ``PREFECT_API_URL`` set to it: None when the user configured an API (that one is used), else
     the work folder's kept server, or with ``reuse`` False (default: the setting
-    ``PRIVRELEASE_SERVER_REUSE``) a temporary server of this process."""
+    ``PRIVRELEASE_SERVER_REUSE``) a temporary server of this process, with ``PREFECT_API_AUTH_STRING``
+    set to its token."""
     prefect_defaults()
     if user_configured():
         return None
@@ -382,6 +415,7 @@ def connect(reuse: bool | None = None) -> LocalServer | None:
         reuse = get_settings().server_reuse
     server = kept_server() if reuse else temporary_server()
     os.environ["PREFECT_API_URL"] = server.api_url
+    os.environ[CLIENT_AUTH_ENV] = server.state.token
     return server
 
 
@@ -426,10 +460,12 @@ def _unreachable_message(url: str, reason: str, outcome: str) -> str:
 def unreachable_api_error(error: BaseException) -> UserError | None:
     """A :class:`UserError` naming the API URL when ``error`` (or an exception it was raised from)
     is a failure to reach Prefect's API: an ``httpx`` transport error, or Prefect's
-    ``RuntimeError("Failed to reach API at ...")``. None for any other error."""
+    ``RuntimeError("Failed to reach API at ...")``; or its refusal for want of credentials (an
+    HTTP 401: a server with an auth string). None for any other error."""
     seen: set[int] = set()
     current: BaseException | None = error
     reason = None
+    unauthorized = False
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         module = type(current).__module__
@@ -437,13 +473,21 @@ def unreachable_api_error(error: BaseException) -> UserError | None:
             reason = reason or f"{type(current).__name__}: {current}"
         elif isinstance(current, RuntimeError) and str(current).startswith(UNREACHABLE_PREFIX):
             reason = reason or str(current)
+        elif getattr(getattr(current, "response", None), "status_code", None) == 401:
+            unauthorized = True
         current = current.__cause__ or current.__context__
-    if reason is None:
+    if reason is None and not unauthorized:
         return None
     url = None
     if "prefect" in sys.modules:
         url = configured_api_url()
     url = url or os.environ.get("PREFECT_API_URL") or "the configured PREFECT_API_URL"
+    if reason is None:
+        return UserError(
+            f"Prefect's API at {url} refused the run (401 Unauthorized): set {CLIENT_AUTH_ENV} to its auth string "
+            "(a server deploy/server.sh started: the content of $PREFECT_HOME/api-auth) or PREFECT_API_KEY; "
+            "nothing was released"
+        )
     return UserError(_unreachable_message(url, reason, "nothing was released"))
 
 
@@ -511,18 +555,22 @@ def _watch_idle(server: Any, folder: Path, idle: float, token: str) -> None:
 
 def serve(folder: Path, port: int, idle: float) -> None:
     """Run Prefect's API (temporary-server mode: no UI, no scheduler) on 127.0.0.1:``port``,
-    answering :data:`IDENTITY_PATH` with its owner token, until idle or SIGTERM."""
+    open only to requests carrying its owner token (Prefect's ``PREFECT_SERVER_API_AUTH_STRING``)
+    and proving the token at :data:`IDENTITY_PATH`, until idle or SIGTERM."""
     import threading
+    from urllib.parse import parse_qs
 
+    token = os.environ.pop(TOKEN_ENV)
+    os.environ[SERVER_AUTH_ENV] = token  # read by create_app: every /api route but /health asks for it
     import uvicorn
     from prefect.server.api.server import create_app
 
-    token = os.environ.pop(TOKEN_ENV)
     api = create_app(ephemeral=True, final=True)
-    identity = json.dumps({"token": token, "pid": os.getpid()}).encode()
 
     async def app(scope, receive, send):
         if scope["type"] == "http" and scope["path"] == IDENTITY_PATH:
+            nonce = parse_qs(scope.get("query_string", b"").decode()).get("nonce", [""])[0]
+            identity = json.dumps({"proof": _proof(token, nonce), "pid": os.getpid()}).encode()
             await send(
                 {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
             )

@@ -1,7 +1,8 @@
 """Runtime settings, read from the environment (prefix ``PRIVRELEASE_``) by pydantic-settings.
 
 =================================  ===============================================================
-``PRIVRELEASE_WORK_DIR``           working folder (default ``<cwd>/privrelease-work``)
+``PRIVRELEASE_WORK_DIR``           working folder (default: the site file's ``work``, else
+                                   ``<cwd>/privrelease-work``)
 ``PRIVRELEASE_DB_URL``             audit database URL (default ``sqlite:///<work_dir>/audit.db``;
                                    PostgreSQL: ``postgresql+psycopg://user:pw@host/db``), checked
                                    when read: a SQLite file or a PostgreSQL host and database

@@ -10,12 +10,16 @@ pins, never loosen it (:func:`pin`)::
     witness: /var/lib/privrelease/audit.witness.json  # PRIVRELEASE_WITNESS: unset or this file
     public_key: /etc/privrelease/agency.key.pub       # the service key every record is signed with
     releases: [/srv/share/releases]                   # published release folders: their signed heads are checked
+    work: /var/lib/privrelease/work                   # the work folder: one audit database, one ledger per host
 
 What it stops (SECURITY.md): a runner who holds the service key and writes the audit database
 rewriting its history without the governance records (production mode and the registry are
 the site's), naming a fresh witness after putting back an older copy of the database (the
 witness is the site's), or hiding a newer release from the check (the published folders are
-the site's). Every run's check before spending and ``audit verify`` read them.
+the site's). ``work`` pins the work folder (PRIVRELEASE_WORK_DIR: unset or this folder), which
+otherwise follows the current directory: ``audit init`` run elsewhere would start a second audit
+database, a second ledger for the same ``dataset.id`` (two budgets for one population), and a
+second kept Prefect server. Every run's check before spending and ``audit verify`` read them.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ class Site(BaseModel):
     witness: Path | None = None
     public_key: str | None = None
     releases: tuple[Path, ...] = ()
+    work: Path | None = None
     source: Path | None = None
 
-    @field_validator("approvers", "witness")
+    @field_validator("approvers", "witness", "work")
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_absolute():
@@ -95,7 +100,9 @@ class Site(BaseModel):
         return signing.public_key(self.public_key) if self.public_key else None
 
 
-FIELDS = "production (true/false), approvers, witness, public_key (absolute paths; the key also as base64), releases"
+FIELDS = (
+    "production (true/false), approvers, witness, public_key (absolute paths; the key also as base64), releases, work"
+)
 
 
 def stamp() -> tuple[int, int, int] | None:
@@ -157,7 +164,11 @@ def _dangling_link() -> Path | None:
 def pin(settings: Any, site: Site) -> Any:
     """``settings`` under the site's pins: production on when the site says so, the witness and
     the approver registry the site's (a ``PRIVRELEASE_WITNESS`` or ``PRIVRELEASE_APPROVERS`` naming
-    another file is a :class:`UserError`: it would loosen the site)."""
+    another file is a :class:`UserError`: it would loosen the site), the work folder the site's
+    (a ``PRIVRELEASE_WORK_DIR`` naming another is a :class:`UserError`; the default audit database
+    follows it)."""
+    if site.work is not None:
+        _pin_work(settings, site)
     for name in ("witness", "approvers"):
         pinned: Path | None = getattr(site, name)
         chosen: str = getattr(settings, name)
@@ -174,3 +185,19 @@ def pin(settings: Any, site: Site) -> Any:
     settings.production = settings.production or site.production
     settings._site = site
     return settings
+
+
+def _pin_work(settings: Any, site: Site) -> None:
+    """The work folder the site pins, and the default audit database in it."""
+    assert site.work is not None
+    work = site.work.resolve()
+    chosen = next((value for name, value in os.environ.items() if name.upper() == "PRIVRELEASE_WORK_DIR"), "")
+    if chosen and Path(chosen).expanduser().resolve() != work:
+        raise UserError(
+            f"PRIVRELEASE_WORK_DIR={chosen!r} names another folder than the site file {str(site.source)!r} pins "
+            f"(work: {str(site.work)!r}): unset PRIVRELEASE_WORK_DIR",
+            field="PRIVRELEASE_WORK_DIR",
+        )
+    if settings.db_url == f"sqlite:///{settings.work_dir / 'audit.db'}":
+        settings.db_url = f"sqlite:///{work / 'audit.db'}"
+    settings.work_dir = work

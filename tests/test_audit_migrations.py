@@ -196,3 +196,17 @@ def test_upgrade_to_0007_keeps_registered_versions_registered(backend: str, tmp_
                 s.flush()
             s.rollback()
         assert check(engine).ok
+
+
+def test_a_new_sqlite_database_is_private_and_a_postgresql_url_makes_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`audit init` makes a SQLite file 0600 whatever the umask (its -wal and -shm files take its
+    mode); a PostgreSQL URL's database name is no file to make (issue 25, item 21)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    database._check_folder(database.create_engine("postgresql+psycopg://u:p@127.0.0.1:1/audit"), True)  # lazy
+    assert list(tmp_path.iterdir()) == []
+    engine = database.open_database(f"sqlite:///{tmp_path / 'work' / 'audit.db'}", create=True)
+    assert (tmp_path / "work" / "audit.db").stat().st_mode & 0o777 == 0o600
+    engine.dispose()

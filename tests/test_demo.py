@@ -82,3 +82,40 @@ def test_unwritable_folder_is_a_user_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(UserError, match="cannot write the demo files"):
         demo.write_demo(blocker / "sub", rows=10)
+
+
+@pytest.mark.parametrize("on_path", [False, True])
+def test_demo_says_how_to_call_privrelease(tmp_path, monkeypatch, capsys, on_path):
+    """After ``make demo`` the console script sits in ``.venv/bin``, not on ``PATH``: the demo's
+    last lines name the command with its path and how to activate the environment; once it is on
+    ``PATH``, the plain name (issue 25, item 16). The flow itself is replaced: this is about the
+    words."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from privrelease.cli import main
+    from privrelease.cli import run as run_cli
+
+    folder = Path(sys.executable).parent
+    if not (folder / "privrelease").is_file() or not (folder / "activate").is_file():
+        pytest.skip(f"the tests do not run in a virtual environment with the privrelease script ({folder})")
+    summary = {"release_dir": str(tmp_path), "outputs": [], "report": "r", "statement": "s", "warnings": [],
+               "chain_head": {"seq": 1, "hash": "h"}, "run_id": "0123456789abcdef"}  # fmt: skip
+    monkeypatch.setattr(run_cli, "run_flow", lambda **parameters: (summary, {}))
+    monkeypatch.setattr(run_cli.prefect_server, "connect", lambda reuse: None)
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(folder)] * on_path + ["/usr/bin", "/bin"]))
+    monkeypatch.setattr(sys, "argv", ["privrelease", "demo", "--seed", "1"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    out, err = capsys.readouterr()
+    assert exited.value.code in (0, None), out
+    assert err.startswith("opening the audit database"), err  # its first line, before any work (item 17)
+    if on_path:
+        assert "open the report: privrelease report open 0123456789ab" in out and "PATH" not in out
+    else:
+        assert f"open the report: {folder}/privrelease report open 0123456789ab" in out.replace(
+            os.path.relpath(folder), str(folder)
+        )
+        assert "privrelease is not on your PATH: run `. " in out and "activate` or use " in out

@@ -109,11 +109,13 @@ class Stack:
 
     @contextmanager
     def client(self) -> Iterator[Any]:
-        """A synchronous Prefect client on this server (whatever API the test process has set)."""
+        """A synchronous Prefect client on this server (whatever API the test process has set),
+        with the auth string deploy/common.sh made in ``PREFECT_HOME``."""
         from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+        updates = {PREFECT_API_URL: self.api_url, PREFECT_API_AUTH_STRING: (self.home / "api-auth").read_text()}
+        with temporary_settings(updates=updates), get_client(sync_client=True) as client:
             yield client
 
     def stop(self) -> None:
@@ -277,6 +279,37 @@ def test_deploy_cli_without_prefect_import():
     assert done.stdout.strip() == "False"
     done = privrelease("deploy", "--help", env=_clean_environment())
     assert done.returncode == 0 and "worker" in done.stdout
+
+
+@pytest.mark.system
+def test_deploy_server_answers_only_with_its_auth_string(prefect_stack):
+    """The server ``deploy/server.sh`` started keeps its files private (``PREFECT_HOME`` 0700, the
+    auth string 0600) and its API refuses a request without the auth string (401: no flow run
+    listed, no deployment created), answers one with it; ``/api/health`` stays open (issue 25,
+    item 21)."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    stack = prefect_stack
+    auth = stack.home / "api-auth"
+    assert stack.home.stat().st_mode & 0o777 == 0o700 and auth.stat().st_mode & 0o777 == 0o600
+
+    def call(path: str, body: bytes | None, **headers: str) -> int:
+        request = urllib.request.Request(
+            stack.api_url + path, data=body, headers={"Content-Type": "application/json", **headers}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+
+    deployment = b'{"name": "x", "flow_id": "00000000-0000-0000-0000-000000000000"}'
+    assert call("/health", None) == 200
+    assert call("/flow_runs/filter", b"{}") == call("/deployments/", deployment) == 401
+    key = base64.b64encode(auth.read_bytes()).decode()
+    assert call("/flow_runs/filter", b"{}", Authorization=f"Basic {key}") == 200
 
 
 # --------------------------------------------------------------------------- the scheduled path

@@ -4,6 +4,7 @@ budget. No server is started (no server log is written) and nothing is recorded.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -177,3 +178,29 @@ def test_an_unapproved_policy_contacts_no_scheduler(demo_policy: Path, tmp_path:
                 release_plain(policy_path=str(policy))
         with pytest.raises(BlockingIOError):
             listener.accept()  # no connection is waiting: nothing contacted the scheduler
+
+
+def test_a_run_says_what_it_does_before_it_checks_or_imports_prefect(demo_policy, tmp_path):
+    """The first line on stderr (a pipe: no spinner is drawn) says the run is checking, and comes
+    before Prefect's first import (``-X importtime`` lines interleave on the same stream); each
+    step after it prints its own line as it starts (issue 25, item 17). The Prefect API is a
+    closed port, so no server starts and the run ends at the API check, exit 2."""
+    work = tmp_path / "work"
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "privrelease", "run", str(demo_policy), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "PRIVRELEASE_WORK_DIR": str(work), "PRIVRELEASE_AUTO_INIT": "true",
+             "PREFECT_API_URL": "http://127.0.0.1:9/api"},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "cannot reach Prefect's API at http://127.0.0.1:9/api" in json.loads(result.stdout)["error"]
+    lines = result.stderr.splitlines()
+    ours = [number for number, line in enumerate(lines) if not line.startswith("import time:")]
+    assert ours, "stderr holds nothing but import times"
+    prefect = next(n for n, line in enumerate(lines) if line.split("|")[-1].strip().split(".")[0] == "prefect")
+    assert lines[ours[0]].startswith("checking the policy, the data file, the audit chain"), lines[ours[0]]
+    assert ours[0] < prefect
+    assert any(lines[n].startswith("importing Prefect") for n in ours), [lines[n] for n in ours]

@@ -86,12 +86,13 @@ def gone(pid: int, within: float) -> bool:
     return False
 
 
-def flow_run(api_url: str, flow_run_id: str) -> Any:
-    """The flow run as the Prefect server at ``api_url`` recorded it."""
+def flow_run(api_url: str, flow_run_id: str, token: str) -> Any:
+    """The flow run as the Prefect server at ``api_url`` (auth string ``token``) recorded it."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+    updates = {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: token}
+    with temporary_settings(updates=updates), get_client(sync_client=True) as client:
         return client.read_flow_run(uuid.UUID(flow_run_id))
 
 
@@ -148,19 +149,24 @@ def test_server_is_started_once_and_reused(work, tmp_path):
     started = json.loads(work.cli("server", "start", "--json"))
     assert started["running"] and started["answering"]
     pid, api_url = started["pid"], started["api_url"]
+    token = prefect_server.read_state(work.folder).token
     policy, _ = demo.write_demo(tmp_path / "demo", seed=2)
     for _ in range(2):
         summary = json.loads(work.cli("run", str(policy), "--json"))
         assert "prefect_start" not in summary["timings"]  # no server started by the run
-        recorded = flow_run(api_url, audit_flow_run(work, summary["run_id"]))
+        recorded = flow_run(api_url, audit_flow_run(work, summary["run_id"]), token)
         assert recorded.state.type.value == "COMPLETED"
         assert recorded.parameters["policy_path"] == str(policy) and recorded.parameters["production"] is False
     status = work.status()
     assert status["pid"] == pid and status["idle_seconds"] < 60 and status["uptime_seconds"] > 0
 
     other = Work(tmp_path / "other")  # the user's PREFECT_API_URL: that server, none started
-    summary = json.loads(other.cli("run", str(policy), "--json", PREFECT_API_URL=api_url))
-    assert flow_run(api_url, audit_flow_run(other, summary["run_id"])).state.type.value == "COMPLETED"
+    refused = other.cli("run", str(policy), "--json", expect=2, PREFECT_API_URL=api_url)  # without its auth string
+    assert "refused the run (401 Unauthorized): set PREFECT_API_AUTH_STRING" in json.loads(refused)["error"]
+    summary = json.loads(
+        other.cli("run", str(policy), "--json", PREFECT_API_URL=api_url, PREFECT_API_AUTH_STRING=token)
+    )
+    assert flow_run(api_url, audit_flow_run(other, summary["run_id"]), token).state.type.value == "COMPLETED"
     assert not other.folder.exists()
     other.cli("server", "start", expect=2, PREFECT_API_URL=api_url)
 
@@ -214,3 +220,176 @@ def test_no_server_reuse_leaves_no_process(work, tmp_path):
     assert summary["timings"]["prefect_start"] > 0
     assert server_processes(work.folder) == []
     assert prefect_server.read_state(work.folder) is None and not list(work.folder.glob("temporary-*"))
+
+
+def as_account(uid: int, code: str) -> subprocess.CompletedProcess[str]:
+    """Python ``code`` run under the account ``uid`` (its group, no others) by ``setpriv``."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def other_account() -> int:
+    """The uid of another local account (``nobody``) this test can switch to; skip without one."""
+    import pwd
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("switching to another local account needs root and setpriv")
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        pytest.skip("no 'nobody' account to read as")
+
+
+def started(pid: int, uid: int) -> None:
+    """Wait until process ``pid`` runs as ``uid`` with ``privrelease.server`` in its command line
+    (right after ``Popen`` returns, /proc may show an empty one)."""
+    deadline = time.monotonic() + 10
+    process = Path(f"/proc/{pid}")
+    while process.stat().st_uid != uid or b"privrelease.server" not in (process / "cmdline").read_bytes():
+        assert time.monotonic() < deadline, f"process {pid} did not start as {uid}"
+        time.sleep(0.05)
+
+
+def test_a_server_of_another_account_is_not_ours(tmp_path):
+    """A state file naming another account's process (whose command line names the server) is
+    not this account's server: it is neither trusted nor adopted (issue 25, item 21)."""
+    uid = other_account()
+    sleeper = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "privrelease.server",
+        ]  # fmt: skip
+    )
+    try:
+        started(sleeper.pid, uid)
+        assert not prefect_server._alive(sleeper.pid)
+        folder = tmp_path / "server"
+        folder.mkdir()
+        state = prefect_server.ServerState(sleeper.pid, 9, "http://127.0.0.1:9/api", time.time(), "x", 1800)
+        prefect_server._write_state(folder, state)
+        assert prefect_server.find_server(folder) is None and not (folder / prefect_server.STATE_FILE).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644])
+def test_a_server_started_by_an_older_privrelease_is_replaced(tmp_path, monkeypatch, mode):
+    """A kept server whose state file other accounts can read was started by a privrelease without
+    API authentication: the next run stops it and starts a new one; a private one is used."""
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setattr(prefect_server, "_spawn", lambda *args, **kwargs: "a new server")
+    folder = prefect_server.server_folder()
+    folder.mkdir(parents=True)
+    older = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "privrelease.server"], start_new_session=True
+    )
+    try:
+        started(older.pid, os.getuid())
+        state = prefect_server.ServerState(older.pid, 9, "http://127.0.0.1:9/api", time.time(), "x", 1800)
+        prefect_server._write_state(folder, state)
+        (folder / prefect_server.STATE_FILE).chmod(mode)
+        found = prefect_server.kept_server()
+        if mode == 0o600:
+            assert found.state == state and older.poll() is None
+        else:
+            assert found == "a new server" and older.wait(timeout=20) == -signal.SIGTERM
+            assert not (folder / prefect_server.STATE_FILE).exists()
+    finally:
+        older.kill()
+        older.wait()
+
+
+@pytest.mark.system
+def test_kept_server_is_private_to_its_account(tmp_path):
+    """Another local account (``nobody``, under ``setpriv``) can reach the work folder and the
+    server's port, but reads none of the server's state (its token), the audit database or the
+    run records, and the API refuses it: listing flow runs, creating a deployment (401); only
+    ``/api/health`` answers. The runner's auth string is accepted (issue 25, item 21)."""
+    import base64
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    uid = other_account()
+    root = Path(tempfile.mkdtemp(prefix="privrelease-private-"))  # pytest's tmp_path is 0700: nobody gets in
+    work = Work(root)
+    try:
+        root.chmod(0o755)
+        (root / "work").mkdir(mode=0o755)
+        (root / "work" / "public.txt").write_text("readable\n")
+        (root / "work" / "public.txt").chmod(0o644)
+        policy, _ = demo.write_demo(tmp_path / "demo", seed=3, rows=2000)
+        summary = json.loads(work.cli("run", str(policy), "--json"))
+        folder, state = work.folder, prefect_server.read_state(work.folder)
+        database, runs = root / "work" / "audit.db", root / "work" / "runs"
+        assert state is not None and database.is_file() and (runs / f"{summary['run_id']}.json").is_file()
+        modes = {path.name: path.stat().st_mode & 0o777 for path in (folder, runs, database)}
+        modes.update({path.name: path.stat().st_mode & 0o777 for path in (*runs.iterdir(), *folder.iterdir())})
+        assert modes[folder.name] == modes[runs.name] == 0o700 and modes[database.name] == 0o600, modes
+        for name in (prefect_server.STATE_FILE, prefect_server.LOG_FILE, f"{summary['run_id']}.json"):
+            assert modes[name] == 0o600, (name, modes)
+
+        probe = f"""
+import json, urllib.error, urllib.request
+def attempt(action):
+    try:
+        return action()
+    except PermissionError:
+        return "denied"
+    except urllib.error.HTTPError as error:
+        return error.code
+def call(path, body=None):
+    request = urllib.request.Request({state.api_url!r} + path, data=body, headers={{"Content-Type": "application/json"}})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.status
+print(json.dumps({{
+    "public": attempt(lambda: open({str(root / "work" / "public.txt")!r}).read()),
+    "state": attempt(lambda: open({str(folder / prefect_server.STATE_FILE)!r}).read()),
+    "database": attempt(lambda: open({str(database)!r}, "rb").read(16).decode("latin-1")),
+    "runs": attempt(lambda: __import__("os").listdir({str(runs)!r})),
+    "health": attempt(lambda: call("/health")),
+    "flow_runs": attempt(lambda: call("/flow_runs/filter", b"{{}}")),
+    "deployments": attempt(lambda: call("/deployments/", b'{{"name": "x", "flow_id": "00000000-0000-0000-0000-000000000000"}}')),
+}}))
+"""
+        done = as_account(uid, probe)
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+        assert seen["public"] == "readable\n" and seen["health"] == 200, seen  # it reaches the folder and the port
+        assert seen["state"] == seen["database"] == seen["runs"] == "denied", seen
+        assert seen["flow_runs"] == seen["deployments"] == 401, seen
+
+        identity = state.api_url.removesuffix("/api") + prefect_server.IDENTITY_PATH + "?nonce=n"
+        with urllib.request.urlopen(identity, timeout=10) as answer:
+            assert state.token not in answer.read().decode()  # the identity check does not hand out the token
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(state.api_url + "/flow_runs/filter", data=b"{}"), timeout=10)
+        assert refused.value.code == 401
+        authorization = "Basic " + base64.b64encode(state.token.encode()).decode()
+        request = urllib.request.Request(
+            state.api_url + "/flow_runs/filter",
+            data=b"{}",
+            headers={"Content-Type": "application/json", "Authorization": authorization},
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            listed = json.loads(answer.read())
+        assert audit_flow_run(work, summary["run_id"]) in {run["id"] for run in listed}
+    finally:
+        work.kill_all()
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)

@@ -271,3 +271,41 @@ def test_writable_names_the_pinned_files_this_account_could_change(
     assert site.load().writable() == [registry, tmp_path / "etc" / "agency.key.pub"]
     runners.clear()
     assert site.load().writable() == []
+
+
+def test_the_site_pins_the_work_folder(work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a pin the work folder follows the current directory and `audit init` says so (a
+    second folder is a second ledger for the same dataset.id); with the site's `work:`, every
+    folder a command starts in finds the one audit database there, a PRIVRELEASE_WORK_DIR naming
+    another folder is one error naming it, and a PRIVRELEASE_DB_URL stays the user's (issue 25,
+    item 15)."""
+    monkeypatch.delenv("PRIVRELEASE_WORK_DIR")
+    first, second, pinned = tmp_path / "first", tmp_path / "second", tmp_path / "site-work"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    result = CliRunner().invoke(app, ["audit", "init"])
+    assert result.exit_code == 0, result.output
+    assert f"the work folder {first / 'privrelease-work'} follows the current directory" in result.stderr
+    database.dispose_engines()
+
+    write_site(work=pinned)
+    created = []
+    for folder in (first, second):
+        monkeypatch.chdir(folder)
+        assert get_settings().work_dir == pinned and get_settings().db_url == f"sqlite:///{pinned / 'audit.db'}"
+        result = CliRunner().invoke(app, ["audit", "init", "--json"])
+        assert result.exit_code == 0 and "follows the current directory" not in result.stderr, result.output
+        created.append(json.loads(result.stdout)["created"])
+        database.dispose_engines()
+    assert created == [True, False] and not (second / "privrelease-work").exists()
+
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(pinned / ".." / "site-work"))
+    assert get_settings().work_dir == pinned
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(second / "privrelease-work"))
+    with pytest.raises(UserError, match="PRIVRELEASE_WORK_DIR=.* names another folder than the site file") as error:
+        get_settings()
+    assert error.value.field == "PRIVRELEASE_WORK_DIR"
+    monkeypatch.delenv("PRIVRELEASE_WORK_DIR")
+    monkeypatch.setenv("PRIVRELEASE_DB_URL", f"sqlite:///{tmp_path / 'mine.db'}")
+    assert get_settings().db_url == f"sqlite:///{tmp_path / 'mine.db'}" and get_settings().work_dir == pinned

@@ -705,7 +705,10 @@ def audit_recover(
 def audit_init(json_output: JsonFlag = False) -> None:
     """Create the audit database (PRIVRELEASE_DB_URL; default PRIVRELEASE_WORK_DIR/audit.db).
     Other commands never create one: they refuse a database that does not exist."""
+    import os
+
     from privrelease.audit.database import current_revision, exists, get_engine, open_database
+    from privrelease.settings import get_settings
 
     engine = get_engine()
     existed = exists(engine)
@@ -717,6 +720,18 @@ def audit_init(json_output: JsonFlag = False) -> None:
     else:
         what = "already exists" if existed else "created"
         say(f"{shown}: {what}, schema at revision {revision}")
+    settings = get_settings()
+    from_cwd = settings.site.work is None and not any(name.upper() == "PRIVRELEASE_WORK_DIR" for name in os.environ)
+    if not existed and from_cwd and settings.db_url == f"sqlite:///{settings.work_dir / 'audit.db'}":
+        say(
+            styled(
+                "[bold yellow]warning:[/] the work folder {} follows the current directory: `audit init` in another "
+                "folder starts another audit database, whose ledger gives the same dataset.id a budget of its own; "
+                "keep one with PRIVRELEASE_WORK_DIR, or the site file's `work:` (README: The site file)",
+                settings.work_dir,
+            ),
+            err=True,
+        )
 
 
 @audit_app.command("migrate")

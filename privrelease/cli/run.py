@@ -87,13 +87,17 @@ def register(app: typer.Typer) -> None:
 
 
 class RichProgress:
-    """Progress of the release steps on stderr: a spinner while a step runs, then a line."""
+    """Progress of the release steps on stderr: what a step does as it starts (a spinner on a
+    terminal, a line otherwise: a log or a pipe shows it too), then a line when it is done."""
 
     def __init__(self) -> None:
         self._status: Any = None
 
     def start(self, step: str, description: str) -> None:
         self.close()
+        if not error_console.is_terminal:
+            say(f"{description}…", err=True)
+            return
         self._status = error_console.status(f"{description}…")
         self._status.start()
 
@@ -238,9 +242,15 @@ def rerun_command(
 
 
 def _start_checked(check: Callable[[], object], reuse: bool | None) -> LocalServer | None:
-    """Run the quick ``check`` of the user's input (about a second; no Prefect), then find or
-    start the Prefect server: a refused release never starts, waits for or imports Prefect."""
-    check()
+    """Run the quick ``check`` of the user's input (about a second; no Prefect), saying so on
+    stderr first, then find or start the Prefect server: a refused release never starts, waits
+    for or imports Prefect."""
+    progress = RichProgress()
+    progress.start("checks", "checking the policy, the data file, the audit chain and the budget")
+    try:
+        check()
+    finally:
+        progress.close()
     return prefect_server.connect(reuse)
 
 
@@ -299,7 +309,12 @@ def demo_command(
     from privrelease.audit.database import open_database, session
 
     started = time.perf_counter()
-    open_database(create=True)  # the demo makes its own audit database, before any other work
+    progress = RichProgress()
+    progress.start("demo", "opening the audit database (created if missing)")
+    try:
+        open_database(create=True)  # the demo makes its own audit database, before any other work
+    finally:
+        progress.close()
     server = prefect_server.connect(server_reuse)
     try:
         from privrelease import demo
@@ -326,7 +341,6 @@ def demo_command(
             ),
             err=True,
         )
-        progress = RichProgress()
         summary, timings = run_flow(
             server=server,
             progress=progress,
@@ -342,7 +356,25 @@ def demo_command(
     timings["total"] = time.perf_counter() - started
     _print_summary({**summary, "data": str(data_path), "policy": str(policy_path)}, timings, json_output)
     if not json_output:
+        command, hint = how_to_call()
         say(
-            f"demo finished in {timings['total']:.1f} s; open the report: "
-            f"privrelease report open {summary['run_id'][:12]}"
+            f"demo finished in {timings['total']:.1f} s; open the report: {command} report open {summary['run_id'][:12]}"
         )
+        if hint:
+            say(hint)
+
+
+def how_to_call() -> tuple[str, str]:
+    """How to call privrelease from this shell: ``privrelease`` when ``PATH`` finds this one,
+    else its path in this environment's ``bin`` folder (``.venv/bin/privrelease`` after ``make
+    demo``), with a line saying how to put it on ``PATH``."""
+    import os
+    import shutil
+
+    folder = Path(sys.executable).parent
+    found = shutil.which("privrelease")
+    if found is not None and Path(found).parent.resolve() == folder.resolve():
+        return "privrelease", ""
+    shown = Path(os.path.relpath(folder)) if folder.resolve().is_relative_to(Path.cwd()) else folder
+    activate = f"run `. {shown / 'activate'}` or " if (folder / "activate").is_file() else ""
+    return str(shown / "privrelease"), f"privrelease is not on your PATH: {activate}use {shown / 'privrelease'}"
