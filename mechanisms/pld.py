@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -160,6 +160,15 @@ def sdgs_pld(k: int, beta: float, discretization: float = DISCRETIZATION) -> Any
             f"(Li-Qardaji-Su Proposition 4); k = {k}"
         )
     grid, deltas = sdgs_profile(k, beta, discretization)
+    return _pld(*connect_the_dots(grid, deltas, discretization), discretization)
+
+
+def profile_pld(profile: Callable[[float], float], top: float, discretization: float = DISCRETIZATION) -> Any:
+    """A PLD dominating every pair whose delta is at most the convex ``profile`` in both
+    directions, the profile 0 from ``top`` on: connect-the-dots over :func:`profile_grid` up to
+    ``top`` (module docstring, steps 2 and 3)."""
+    grid = profile_grid(math.ceil(top / discretization))
+    deltas = np.array([profile(float(index * discretization)) for index in grid], dtype=float)
     return _pld(*connect_the_dots(grid, deltas, discretization), discretization)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import model_validator
 
-from privrelease.mechanisms.events import SDGS, Composed, Event, ExponentialSelection, leaves
+from privrelease.mechanisms.events import SDGS, BoundedRangeSelection, Composed, Event, ExponentialSelection, leaves
 from privrelease.mechanisms.kinds import AccuracyCheck, Axis, Frontier, MechanismKind, Planned, frontier_of
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.policies.fields import (
@@ -241,7 +241,7 @@ class SdgsMechanism(Generalizing):
 
         if self.select_scheme is None:
             return None
-        return ExponentialSelection(
+        return BoundedRangeSelection(
             epsilon=self.select_scheme.epsilon,
             candidates=len(self.select_scheme.candidates),
             sensitivity=sensitivity(self.k, self.beta),
