@@ -45,9 +45,13 @@ EXACT = "exact"
 PLD = "privacy loss distribution"
 OPTIMAL = "optimal composition"
 ADVANCED = "advanced composition"
-RENYI = "Rényi DP"
+RENYI = "Renyi DP"
 BASIC = "basic composition"
 SEQUENTIAL = "sequential composition (Theorem 2)"
+
+RECENT = (RENYI,)
+"""Methods added after figures computed without them were stored: such a figure replays to the
+tightest of the other methods (:func:`without_recent`), never to a mismatch."""
 
 OPTIMAL_RELEASES = 10
 """The optimal composition sums over 2^m subsets: beyond this many releases the PLD, which is
@@ -348,6 +352,17 @@ def delta_at(
     if not 0 <= epsilon < math.inf:
         raise ValueError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
     return _tightest(events, times, notion, epsilon=epsilon)
+
+
+def without_recent(result: Composition, solved_epsilon: bool) -> tuple[float, float] | None:
+    """The answer ``result`` had without the :data:`RECENT` methods (what a figure stored before
+    they existed holds), the epsilon solved for (``solved_epsilon``) or the delta; None when a
+    recent method did not give the answer."""
+    if result.method not in RECENT:
+        return None
+    solved = 0 if solved_epsilon else 1
+    older = [pair for name, pair in result.candidates.items() if name not in RECENT]
+    return min(older, key=lambda pair: pair[solved]) if older else None
 
 
 def summed(events: Sequence[Event] | Releases, notion: Notion) -> Composition:

@@ -13,9 +13,11 @@ so ``eps = tau + (ln(1/delta) + (a - 1) ln(1 - 1/a) - ln a) / (a - 1)`` reaches 
 order gives a sound answer and the smallest over :data:`ORDERS` is taken. Everything is
 computed in logs: no overflow at any count.
 
-A release's divergences (:func:`of_event`): its closed form where it has one
-(:meth:`~privrelease.mechanisms.events.Event.renyi`: the discrete Gaussian's ``a / (2 sigma^2)``,
-CKS Proposition 5), else those of the dominating pair of its privacy loss distribution
+A release's divergences (:func:`of_event`): at each order the smallest of its closed form, where
+it has one (:meth:`~privrelease.mechanisms.events.Event.renyi`: the discrete Gaussian's
+``a / (2 sigma^2)``; an epsilon-bounded-range selection's ``a epsilon^2 / 8``), those of
+randomized response at its epsilon when it is pure epsilon-DP, and those of the dominating pair
+of its privacy loss distribution
 (:mod:`.pld`), which bounds every neighbouring pair's divergence because D_a is a function of
 the pair's loss distribution that only grows under the domination the PLDs are built for
 (a neighbouring pair is a post-processing of the dominating pair, and D_a satisfies data
@@ -45,8 +47,18 @@ from typing import Any
 import numpy as np
 
 from privrelease.mechanisms.events import Event
+from privrelease.mechanisms.guarantees import Unsupported
 
-__all__ = ["ORDERS", "Renyi", "delta_for_epsilon", "epsilon_for_delta", "of_event"]
+__all__ = [
+    "ORDERS",
+    "Renyi",
+    "convert_delta",
+    "convert_epsilon",
+    "delta_for_epsilon",
+    "epsilon_for_delta",
+    "of_event",
+    "of_pld",
+]
 
 ORDERS = 1.0 + np.logspace(-8, 4, 601)
 """The orders ``a`` tried (``a - 1`` from 1e-8 to 1e4, 50 a decade): a billion Gaussian
@@ -86,40 +98,64 @@ def _log_moment(losses: np.ndarray, probs: np.ndarray) -> np.ndarray:
     return result
 
 
-def _of_direction(pmf: Any) -> Renyi:
-    """One direction of a ``dp_accounting`` PLD: the loss distribution under P."""
-    dense = pmf.to_dense_pmf()
-    probs = np.asarray(dense._probs, dtype=float)
-    keep = probs > 0
-    losses = ((dense._lower_loss + np.arange(probs.size)) * dense._discretization)[keep]
-    probs = probs[keep]
-    infinite = min(1.0, max(0.0, float(dense._infinity_mass)))
+def _of_pair(losses: np.ndarray, probs: np.ndarray, infinite: float) -> Renyi:
+    """The pair whose loss under P is ``losses`` with ``probs`` (finite part) and infinite with
+    mass ``infinite`` (module docstring: its finite part normalized, Q scaled to mass <= 1)."""
     if infinite >= 1.0 or not probs.size:
-        return Renyi(np.full(len(ORDERS), math.inf), infinite)
+        return Renyi(np.full(len(ORDERS), math.inf), min(1.0, infinite))
     finite = math.log1p(-infinite)  # ln(1 - m)
     q_total = math.fsum((probs * np.exp(-losses)).tolist()) * (1 + 8 * (probs.size + 8) * _U)
     divergences = (_log_moment(losses, probs) - ORDERS * finite) / (ORDERS - 1) + max(0.0, math.log(q_total))
     return Renyi(divergences * _ROUND_UP, infinite)
 
 
+def _of_direction(pmf: Any) -> Renyi:
+    """One direction of a ``dp_accounting`` PLD: the loss distribution under P."""
+    dense = pmf.to_dense_pmf()
+    probs = np.asarray(dense._probs, dtype=float)
+    keep = probs > 0
+    losses = ((dense._lower_loss + np.arange(probs.size)) * dense._discretization)[keep]
+    return _of_pair(losses, probs[keep], min(1.0, max(0.0, float(dense._infinity_mass))))
+
+
+def pure(epsilon: float) -> Renyi:
+    """Randomized response with odds e^epsilon (losses +-epsilon, P-masses 1 / (1 + e^-+epsilon)):
+    every epsilon-DP pair is a post-processing of it (Kairouz-Oh-Viswanath), so its divergences
+    bound every pure epsilon-DP release's."""
+    probs = np.array([1 / (1 + math.exp(-epsilon)), 1 / (1 + math.exp(epsilon))])
+    return _of_pair(np.array([epsilon, -epsilon]), probs, 0.0)
+
+
 def of_pld(pld: Any) -> Renyi:
     """The divergences of a ``dp_accounting`` PLD's dominating pairs, the larger direction."""
     directions = {id(p): _of_direction(p) for p in (pld._pmf_remove, pld._pmf_add)}.values()
-    return Renyi(
-        np.max([d.divergences for d in directions], axis=0), max(d.infinite for d in directions)
-    )
+    return Renyi(np.max([d.divergences for d in directions], axis=0), max(d.infinite for d in directions))
 
 
 @functools.lru_cache(maxsize=256)
 def of_event(event: Event) -> Renyi:
-    """A non-composed release's divergences: its closed form, else from its PLD
-    (:func:`.pld.event_pld`); :class:`~.guarantees.Unsupported` when it has neither."""
-    closed = event.renyi(ORDERS)
-    if closed is not None:
-        return Renyi(np.asarray(closed, dtype=float) * _ROUND_UP)
+    """A non-composed release's divergences: at each order the smallest of its closed form, of
+    randomized response at its epsilon when it is pure epsilon-DP (:func:`pure`) and of its PLD's
+    finite part (:func:`.pld.event_pld`), with the PLD's infinite mass (charged even at orders
+    where another bound is smaller: the module docstring's argument runs per order, the release
+    replaced by its dominating pair or not); :class:`~.guarantees.Unsupported` when it has none."""
+    from privrelease.mechanisms.accountants import account
     from privrelease.mechanisms.pld import event_pld
 
-    return of_pld(event_pld(event))
+    bounds = [] if (closed := event.renyi(ORDERS)) is None else [np.asarray(closed, dtype=float) * _ROUND_UP]
+    stated = account(event, "approximate")
+    if stated.supported and stated.delta == 0 and math.isfinite(stated.epsilon):
+        bounds.append(pure(stated.epsilon).divergences)
+    infinite = 0.0
+    try:
+        dominating = of_pld(event_pld(event))
+    except Unsupported:
+        if not bounds:
+            raise
+    else:
+        bounds.append(dominating.divergences)
+        infinite = dominating.infinite
+    return Renyi(np.min(bounds, axis=0), infinite)
 
 
 def _composed(releases: Mapping[Event, int]) -> tuple[np.ndarray, float]:
@@ -140,21 +176,31 @@ def _log_conversion() -> np.ndarray:
     return (ORDERS - 1) * np.log1p(-1 / ORDERS) - np.log(ORDERS)
 
 
-def epsilon_for_delta(releases: Mapping[Event, int], delta: float) -> float:
-    """The smallest epsilon over :data:`ORDERS` at which ``releases`` compose to
-    (epsilon, delta)-DP by the Rényi bound (module docstring); inf when none does."""
-    divergences, lost = _composed(releases)
+def convert_epsilon(divergences: np.ndarray, lost: float, delta: float) -> float:
+    """The smallest epsilon over :data:`ORDERS` with ``lost + e^((a - 1)(D_a - eps)) (1 - 1/a)^(a - 1)
+    / a <= delta`` (``divergences``: D_a at :data:`ORDERS`; module docstring), rounded up; inf
+    when none."""
     rest = delta - lost
     if rest <= 0:
         return math.inf
     epsilons = divergences + (_log_conversion() - math.log(rest)) / (ORDERS - 1)
-    best = float(np.nanmin(np.where(np.isfinite(epsilons), epsilons, np.inf)))
+    best = float(np.min(np.where(np.isfinite(epsilons), epsilons, np.inf)))
     return max(0.0, best * _ROUND_UP) if math.isfinite(best) else math.inf
 
 
-def delta_for_epsilon(releases: Mapping[Event, int], epsilon: float) -> float:
-    """The smallest delta over :data:`ORDERS` at ``epsilon`` by the Rényi bound, at most 1."""
-    divergences, lost = _composed(releases)
+def convert_delta(divergences: np.ndarray, lost: float, epsilon: float) -> float:
+    """The smallest delta over :data:`ORDERS` at ``epsilon`` (as :func:`convert_epsilon`), at most 1."""
     logs = (ORDERS - 1) * (divergences - epsilon) + _log_conversion()
     best = float(np.min(np.where(np.isfinite(logs), logs, np.inf)))
     return min(1.0, (lost + math.exp(min(best, 0.0))) * _ROUND_UP)
+
+
+def epsilon_for_delta(releases: Mapping[Event, int], delta: float) -> float:
+    """The smallest epsilon at which ``releases`` (release -> count) compose to
+    (epsilon, delta)-DP by the Rényi bound; inf when none does."""
+    return convert_epsilon(*_composed(releases), delta)
+
+
+def delta_for_epsilon(releases: Mapping[Event, int], epsilon: float) -> float:
+    """The smallest delta of ``releases`` at ``epsilon`` by the Rényi bound, at most 1."""
+    return convert_delta(*_composed(releases), epsilon)
