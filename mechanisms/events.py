@@ -234,10 +234,15 @@ class BoundedRangeSelection(ExponentialSelection):
         return profile_pld(self.exact_curve(), self.epsilon, discretization)  # type: ignore[arg-type]
 
     def renyi(self, orders: Any) -> Any:
-        """``a epsilon^2 / 8``: epsilon-bounded range is ``epsilon^2 / 8``-zCDP (Cesar, Rogers,
-        "Bounding, concentrating, and truncating: unifying privacy loss composition for data
-        analytics", ALT 2021; checked against the exact divergences in the tests)."""
-        return orders * self.epsilon**2 / 8
+        """The smaller of ``a epsilon^2 / 8`` (epsilon-bounded range is ``epsilon^2 / 8``-zCDP:
+        Cesar, Rogers, "Bounding, concentrating, and truncating: unifying privacy loss composition
+        for data analytics", ALT 2021; checked against the exact divergences in the tests) and
+        the divergences of its PLD (:func:`.pld.divergences`; it has no infinite loss)."""
+        import numpy as np
+
+        from privrelease.mechanisms.pld import DISCRETIZATION, divergences
+
+        return np.minimum(orders * self.epsilon**2 / 8, divergences(self.pld(DISCRETIZATION), orders)[0])
 
 
 def bounded_range_delta(width: float, epsilon: float) -> float:

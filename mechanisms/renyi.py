@@ -13,15 +13,16 @@ so ``eps = tau + (ln(1/delta) + (a - 1) ln(1 - 1/a) - ln a) / (a - 1)`` reaches 
 order gives a sound answer and the smallest over :data:`ORDERS` is taken. Everything is
 computed in logs: no overflow at any count.
 
-A release's divergences (:func:`of_event`): at each order the smallest of its closed form, where
-it has one (:meth:`~privrelease.mechanisms.events.Event.renyi`: the discrete Gaussian's
-``a / (2 sigma^2)``; an epsilon-bounded-range selection's ``a epsilon^2 / 8``), those of
-randomized response at its epsilon when it is pure epsilon-DP, and those of the dominating pair
-of its privacy loss distribution
+A release's divergences (:func:`of_event`): its closed form where it has one
+(:meth:`~privrelease.mechanisms.events.Event.renyi`: the discrete Gaussian's ``a / (2 sigma^2)``;
+an epsilon-bounded-range selection's ``a epsilon^2 / 8`` or its PLD's, the smaller), else those
+of the dominating pair of its privacy loss distribution
 (:mod:`.pld`), which bounds every neighbouring pair's divergence because D_a is a function of
 the pair's loss distribution that only grows under the domination the PLDs are built for
 (a neighbouring pair is a post-processing of the dominating pair, and D_a satisfies data
-processing). The largest over the PLD's two directions is used for both.
+processing). The largest over the PLD's two directions is used for both. A pure epsilon-DP
+release is also bounded by randomized response's divergences at epsilon (every epsilon-DP pair is
+a post-processing of it).
 
 An infinite loss (mass ``m`` of P where Q has none: SDGS publishing all k copies of a cell)
 makes D_a infinite; it is split off: with ``P = (1 - m) P' + m * (bottom)``, for the
@@ -47,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from privrelease.mechanisms.events import Event
-from privrelease.mechanisms.guarantees import Unsupported
 
 __all__ = [
     "ORDERS",
@@ -58,13 +58,13 @@ __all__ = [
     "epsilon_for_delta",
     "of_event",
     "of_pld",
+    "pure",
 ]
 
 ORDERS = 1.0 + np.logspace(-8, 4, 601)
 """The orders ``a`` tried (``a - 1`` from 1e-8 to 1e4, 50 a decade): a billion Gaussian
 releases of sigma 4 want ``a - 1`` near 1e-4, one pure-DP release of epsilon 0.1 near 10."""
 
-_U = float(np.finfo(float).eps)
 _ROUND_UP = 1 + 1e-12
 
 
@@ -77,85 +77,39 @@ class Renyi:
     infinite: float = 0.0
 
 
-def _log_moment(losses: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """``ln sum_j probs_j e^((a - 1) losses_j)`` at every order, raised by a bound on its
-    rounding: near ``a = 1`` as ``log1p(sum p - 1 + sum p expm1(x))`` (no cancellation), else
-    by shifting the largest exponent out."""
-    scale = (ORDERS - 1)[:, None]
-    x = scale * losses[None, :]
-    small = np.abs(x).max(axis=1) < 0.5
-    result = np.empty(len(ORDERS))
-    slack = 8 * (len(losses) + 8) * _U
-    if small.any():
-        terms = probs[None, :] * np.expm1(x[small])
-        inner = (math.fsum(probs.tolist()) - 1.0) + terms.sum(axis=1)
-        magnitude = np.abs(terms).sum(axis=1) + abs(math.fsum(probs.tolist()) - 1.0) + _U
-        result[small] = np.log1p(inner + slack * magnitude) + slack
-    if (~small).any():
-        top = x[~small].max(axis=1)
-        total = (probs[None, :] * np.exp(x[~small] - top[:, None])).sum(axis=1)
-        result[~small] = top + np.log(total * (1 + slack)) + slack * (np.abs(top) + 1)
-    return result
-
-
-def _of_pair(losses: np.ndarray, probs: np.ndarray, infinite: float) -> Renyi:
-    """The pair whose loss under P is ``losses`` with ``probs`` (finite part) and infinite with
-    mass ``infinite`` (module docstring: its finite part normalized, Q scaled to mass <= 1)."""
-    if infinite >= 1.0 or not probs.size:
-        return Renyi(np.full(len(ORDERS), math.inf), min(1.0, infinite))
-    finite = math.log1p(-infinite)  # ln(1 - m)
-    q_total = math.fsum((probs * np.exp(-losses)).tolist()) * (1 + 8 * (probs.size + 8) * _U)
-    divergences = (_log_moment(losses, probs) - ORDERS * finite) / (ORDERS - 1) + max(0.0, math.log(q_total))
-    return Renyi(divergences * _ROUND_UP, infinite)
-
-
-def _of_direction(pmf: Any) -> Renyi:
-    """One direction of a ``dp_accounting`` PLD: the loss distribution under P."""
-    dense = pmf.to_dense_pmf()
-    probs = np.asarray(dense._probs, dtype=float)
-    keep = probs > 0
-    losses = ((dense._lower_loss + np.arange(probs.size)) * dense._discretization)[keep]
-    return _of_pair(losses, probs[keep], min(1.0, max(0.0, float(dense._infinity_mass))))
-
-
 def pure(epsilon: float) -> Renyi:
     """Randomized response with odds e^epsilon (losses +-epsilon, P-masses 1 / (1 + e^-+epsilon)):
     every epsilon-DP pair is a post-processing of it (Kairouz-Oh-Viswanath), so its divergences
     bound every pure epsilon-DP release's."""
+    from privrelease.mechanisms.pld import pair_divergences
+
     probs = np.array([1 / (1 + math.exp(-epsilon)), 1 / (1 + math.exp(epsilon))])
-    return _of_pair(np.array([epsilon, -epsilon]), probs, 0.0)
+    return Renyi(pair_divergences(np.array([epsilon, -epsilon]), probs, 0.0, ORDERS))
 
 
 def of_pld(pld: Any) -> Renyi:
-    """The divergences of a ``dp_accounting`` PLD's dominating pairs, the larger direction."""
-    directions = {id(p): _of_direction(p) for p in (pld._pmf_remove, pld._pmf_add)}.values()
-    return Renyi(np.max([d.divergences for d in directions], axis=0), max(d.infinite for d in directions))
+    """The divergences of a ``dp_accounting`` PLD's dominating pairs (:func:`.pld.divergences`)."""
+    from privrelease.mechanisms.pld import divergences
+
+    return Renyi(*divergences(pld, ORDERS))
 
 
 @functools.lru_cache(maxsize=256)
 def of_event(event: Event) -> Renyi:
-    """A non-composed release's divergences: at each order the smallest of its closed form, of
-    randomized response at its epsilon when it is pure epsilon-DP (:func:`pure`) and of its PLD's
-    finite part (:func:`.pld.event_pld`), with the PLD's infinite mass (charged even at orders
-    where another bound is smaller: the module docstring's argument runs per order, the release
-    replaced by its dominating pair or not); :class:`~.guarantees.Unsupported` when it has none."""
+    """A non-composed release's divergences: its closed form when it has one, else those of its
+    PLD's finite part (:func:`.pld.event_pld`) with the PLD's infinite mass; at each order no
+    more than randomized response's at its epsilon when it is pure epsilon-DP (:func:`pure`;
+    the module docstring's argument runs per order, the release replaced by whichever pair
+    bounds it there). :class:`~.guarantees.Unsupported` when it has neither."""
     from privrelease.mechanisms.accountants import account
     from privrelease.mechanisms.pld import event_pld
 
-    bounds = [] if (closed := event.renyi(ORDERS)) is None else [np.asarray(closed, dtype=float) * _ROUND_UP]
+    closed = event.renyi(ORDERS)
+    found = Renyi(np.asarray(closed, dtype=float) * _ROUND_UP) if closed is not None else of_pld(event_pld(event))
     stated = account(event, "approximate")
     if stated.supported and stated.delta == 0 and math.isfinite(stated.epsilon):
-        bounds.append(pure(stated.epsilon).divergences)
-    infinite = 0.0
-    try:
-        dominating = of_pld(event_pld(event))
-    except Unsupported:
-        if not bounds:
-            raise
-    else:
-        bounds.append(dominating.divergences)
-        infinite = dominating.infinite
-    return Renyi(np.min(bounds, axis=0), infinite)
+        return Renyi(np.minimum(found.divergences, pure(stated.epsilon).divergences), found.infinite)
+    return found
 
 
 def _composed(releases: Mapping[Event, int]) -> tuple[np.ndarray, float]:
