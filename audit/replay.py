@@ -9,7 +9,11 @@ What is replayed:
   ``event_json`` under its ``notion``; under ``approximate``, the release's tightest composition
   (:func:`privrelease.mechanisms.composition.release_approximate`, which the plan states too),
   which reads the run's policy's ``targets.accounting`` and ``targets.delta`` from the policy
-  version's stored canonical JSON. An unsupported guarantee is stored as None, None;
+  version's stored canonical JSON. An unsupported guarantee is stored as None, None. A figure
+  recorded before a composition method was added (:data:`~privrelease.mechanisms.composition.RECENT`,
+  the Rényi bound) also replays to what the other methods give
+  (:func:`~privrelease.mechanisms.composition.without_recent`, never smaller than today's: the
+  tightest of fewer methods): a tighter method never turns an intact record into a finding;
 * every ``ledger_entry`` (a release's charge against its dataset's lifetime budget): its
   ``epsilon``/``delta`` against the ledger's own composition of its ``event_json`` alone under
   the dataset's lifetime budget (:func:`privrelease.audit.ledger.entry_charge`, as
@@ -105,29 +109,44 @@ def _targets(policy: PolicyVersion | None) -> tuple[str | None, float | None]:
     return (accounting if isinstance(accounting, str) else None), (float(delta) if delta is not None else None)
 
 
-def _guarantee_pair(event_json: str, notion: str, accounting: str | None, delta: float | None) -> Pair:
+def _guarantee_pairs(event_json: str, notion: str, accounting: str | None, delta: float | None) -> list[Pair]:
+    """The guarantee its tree replays to, then the one recorded before the recent composition
+    methods (:func:`privrelease.mechanisms.composition.without_recent`) where it differs."""
     from privrelease.mechanisms import accountants, composition
     from privrelease.mechanisms.events import event_from_json
 
     event = event_from_json(event_json)
     found = accountants.account(event, composition.as_notion(notion))
-    if notion == "approximate":
-        found, _ = composition.release_approximate(event, found, accounting, delta)
-    return (found.epsilon, found.delta) if found.supported else (None, None)
+    if notion != "approximate":
+        return [(found.epsilon, found.delta) if found.supported else (None, None)]
+    found, result = composition.release_approximate(event, found, accounting, delta)
+    if not found.supported:
+        return [(None, None)]
+    earlier = None if result is None else composition.without_recent(result, solved_epsilon=delta is not None)
+    return [(found.epsilon, found.delta), *([earlier] if earlier is not None else [])]
 
 
-def _charge(entry: LedgerEntry, dataset: DatasetIdentity) -> Pair:
+def _charges(entry: LedgerEntry, dataset: DatasetIdentity) -> list[Pair]:
+    """The charge its tree replays to, then the one recorded before the recent composition
+    methods where it differs (an approximate charge is the epsilon at the lifetime delta)."""
     from privrelease.audit import ledger
+    from privrelease.mechanisms import composition
+    from privrelease.mechanisms.events import event_from_json
 
     budget = ledger.entry_charge(entry, dataset)
-    return budget.epsilon, budget.delta
+    pairs: list[Pair] = [(budget.epsilon, budget.delta)]
+    if entry.notion == "approximate" and 0 < dataset.lifetime_delta < 1:  # as ledger._account composes
+        result = composition.epsilon_at([event_from_json(entry.event_json)], dataset.lifetime_delta)
+        earlier = composition.without_recent(result, solved_epsilon=True)
+        pairs += [(earlier[0], dataset.lifetime_delta)] if earlier is not None else []
+    return pairs
 
 
 class _NotInstalled(str):
     """Why a tree cannot be replayed here: its event kind's plugin is not installed."""
 
 
-def _replayed(cache: dict[Any, Any], key: Any, compute: Callable[[], Pair]) -> Pair | str:
+def _replayed(cache: dict[Any, Any], key: Any, compute: Callable[[], list[Pair]]) -> list[Pair] | str:
     """``compute()`` once per ``key`` (runs of one policy share their trees); the text of the
     error when the tree cannot be parsed or accounted for (a :class:`_NotInstalled` when the
     tree records the plugin distribution that defines a kind not installed here)."""
@@ -154,13 +173,13 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
     def report(table: str, key: Any, run_id: str, kind: str, message: str) -> None:
         found.append(Problem(newest.get((table, key)), kind, f"{table} row {key!r} of run {run_id}: {message}"))
 
-    def check(table: str, key: Any, run_id: str, what: str, stored: Pair, replayed: Pair | str) -> None:
+    def check(table: str, key: Any, run_id: str, what: str, stored: Pair, replayed: list[Pair] | str) -> None:
         if isinstance(replayed, _NotInstalled):
             report(table, key, run_id, CANNOT_REPLAY, replayed)
         elif isinstance(replayed, str):
             report(table, key, run_id, "replay_failed", f"its stored event tree cannot be replayed ({replayed})")
-        elif not all(_same(s, r) for s, r in zip(stored, replayed, strict=True)):
-            report(table, key, run_id, "guarantee_mismatch", _mismatch(what, stored, replayed))
+        elif not any(all(_same(s, r) for s, r in zip(stored, pair, strict=True)) for pair in replayed):
+            report(table, key, run_id, "guarantee_mismatch", _mismatch(what, stored, replayed[0]))
 
     versions = {version.sha256: version for version in session.exec(select(PolicyVersion)).all()}
     policies = {run.id: versions.get(run.policy_sha256) for run in session.exec(select(Run)).all()}
@@ -169,7 +188,7 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
         replayed = _replayed(
             cache,
             ("guarantee", row.event_json, row.notion, accounting, delta),
-            partial(_guarantee_pair, row.event_json, row.notion, accounting, delta),
+            partial(_guarantee_pairs, row.event_json, row.notion, accounting, delta),
         )
         check("guarantee", row.id, row.run_id, f"the {row.notion} guarantee", (row.epsilon, row.delta), replayed)
 
@@ -181,7 +200,7 @@ def problems(session: Session, newest: dict[tuple[str, Any], int] | None = None)
         replayed = _replayed(
             cache,
             ("ledger", entry.event_json, entry.notion, budget),
-            partial(_charge, entry, dataset),
+            partial(_charges, entry, dataset),
         )
         check(
             "ledger_entry",

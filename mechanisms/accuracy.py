@@ -25,9 +25,9 @@ targets at plan time. Each is exact for the mechanism as run (no normal approxim
   the data (how many values lie outside); its size is an internal fact of the run.
 * **Scheme selection** (the exponential mechanism with a monotone score, exponent
   ``epsilon u / Delta``): the chosen scheme's score is within
-  ``(Delta / epsilon) (ln |candidates| + ln(1 / t))`` of the best with probability at least
+  ``(Delta / epsilon) (ln(|candidates| - 1) + ln(1 / t))`` of the best with probability at least
   1 - t (:func:`selection_gap`: each worse scheme is chosen with probability at most
-  ``e^(-epsilon gap / Delta)``; a union bound over the candidates).
+  ``e^(-epsilon gap / Delta)``; a union bound over the candidates other than the best).
 """
 
 from __future__ import annotations
@@ -190,12 +190,17 @@ def laplace_half_width(scale: float, confidence: float = 0.95) -> float:
 def selection_gap(sensitivity: float, epsilon: float, candidates: int, failure: float = 0.05) -> float:
     """With probability at least 1 - ``failure`` the exponential mechanism (monotone score,
     exponent ``epsilon u / sensitivity``) chooses a candidate whose score is within this of the
-    best: ``(sensitivity / epsilon) (ln candidates + ln(1 / failure))``."""
+    best: ``(sensitivity / epsilon) (ln(candidates - 1) + ln(1 / failure))``, 0 for one candidate.
+    A candidate more than ``g`` below the best OPT has probability at most
+    ``e^(epsilon (OPT - g) / sensitivity) / Z <= e^(-epsilon g / sensitivity)`` (Z has the best's
+    term), and at most ``candidates - 1`` of them are not the best: a union bound over those."""
     if not 0 < failure < 1:
         raise UserError(f"failure probability must be in (0, 1); got {failure!r}")
     if candidates < 1:
         raise UserError(f"candidates must be an integer >= 1; got {candidates!r}")
-    return sensitivity / epsilon * (math.log(candidates) - math.log(failure))
+    if candidates == 1:
+        return 0.0
+    return sensitivity / epsilon * (math.log(candidates - 1) - math.log(failure))
 
 
 # --- what a mechanism's published numbers are worth: one typed statement per mechanism ---------

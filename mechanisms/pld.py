@@ -38,8 +38,10 @@ Kamath, Kumar, Manurangsi, PETS 2022, Algorithm 1) from values of the profile:
    absorbs it), so the result still dominates.
 
 Every other release brings its own PLD (:meth:`~privrelease.mechanisms.events.Event.pld`):
-Laplace events ``dp_accounting``'s own pessimistic Laplace PLD; the exponential-mechanism
-selection and sampled pure-DP events the PLD of a pure ``eps``-DP pair (randomized response,
+Laplace events ``dp_accounting``'s own pessimistic Laplace PLD; the scheme selection
+(``bounded_range_selection``) the connect-the-dots pair above its exact bounded-range profile
+(:func:`profile_pld`, steps 2 and 3 with that profile); an ``exponential_selection`` (as stored
+before) and sampled pure-DP events the PLD of a pure ``eps``-DP pair (randomized response,
 which dominates every ``eps``-DP mechanism). SPLU-Gen is not DP: :class:`Unsupported`.
 
 dp_accounting composes by FFT and truncates tails pessimistically (to the infinity mass). FFT
@@ -54,7 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,6 +165,15 @@ def sdgs_pld(k: int, beta: float, discretization: float = DISCRETIZATION) -> Any
     return _pld(*connect_the_dots(grid, deltas, discretization), discretization)
 
 
+def profile_pld(profile: Callable[[float], float], top: float, discretization: float = DISCRETIZATION) -> Any:
+    """A PLD dominating every pair whose delta is at most the convex ``profile`` in both
+    directions, the profile 0 from ``top`` on: connect-the-dots over :func:`profile_grid` up to
+    ``top`` (module docstring, steps 2 and 3)."""
+    grid = profile_grid(math.ceil(top / discretization))
+    deltas = np.array([profile(float(index * discretization)) for index in grid], dtype=float)
+    return _pld(*connect_the_dots(grid, deltas, discretization), discretization)
+
+
 def pure_dp_pld(epsilon: float, discretization: float = DISCRETIZATION) -> Any:
     """The PLD of randomized response with ``e^eps`` odds, which dominates every pure
     eps-DP mechanism (losses rounded up to the grid)."""
@@ -215,6 +226,62 @@ def composed_pld(
             part = part.self_compose(count * times)
         result = part if result is None else result.compose(part)
     return result
+
+
+# --- Rényi divergences of a PLD's pairs (for :mod:`.renyi`) -----------------------------------
+
+
+def _log_moment(losses: np.ndarray, probs: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """``ln sum_j probs_j e^((a - 1) losses_j)`` at every order, raised by a bound on its
+    rounding: near ``a = 1`` as ``log1p(sum p - 1 + sum p expm1(x))`` (no cancellation), else
+    by shifting the largest exponent out."""
+    scale = (orders - 1)[:, None]
+    x = scale * losses[None, :]
+    small = np.abs(x).max(axis=1) < 0.5
+    result = np.empty(len(orders))
+    slack = 8 * (len(losses) + 8) * _U
+    if small.any():
+        terms = probs[None, :] * np.expm1(x[small])
+        inner = (math.fsum(probs.tolist()) - 1.0) + terms.sum(axis=1)
+        magnitude = np.abs(terms).sum(axis=1) + abs(math.fsum(probs.tolist()) - 1.0) + _U
+        result[small] = np.log1p(inner + slack * magnitude) + slack
+    if (~small).any():
+        top = x[~small].max(axis=1)
+        total = (probs[None, :] * np.exp(x[~small] - top[:, None])).sum(axis=1)
+        result[~small] = top + np.log(total * (1 + slack)) + slack * (np.abs(top) + 1)
+    return result
+
+
+def pair_divergences(losses: np.ndarray, probs: np.ndarray, infinite: float, orders: np.ndarray) -> np.ndarray:
+    """Upper bounds of the Rényi divergences at ``orders`` of the pair whose loss under P is
+    ``losses`` with ``probs`` (finite part) and infinite with mass ``infinite``: of its finite
+    part normalized, Q scaled to mass <= 1 (:mod:`.renyi`'s docstring), raised by a bound on
+    the rounding."""
+    if infinite >= 1.0 or not probs.size:
+        return np.full(len(orders), math.inf)
+    finite = math.log1p(-infinite)  # ln(1 - m)
+    q_total = math.fsum((probs * np.exp(-losses)).tolist()) * (1 + 8 * (probs.size + 8) * _U)
+    moment = _log_moment(losses, probs, orders)
+    divergences = (moment - orders * finite) / (orders - 1) + max(0.0, math.log(q_total))
+    return divergences * (1 + 1e-12)
+
+
+def _direction_divergences(pmf: Any, orders: np.ndarray) -> tuple[np.ndarray, float]:
+    """One direction of a ``dp_accounting`` PLD (the loss distribution under P): its
+    :func:`pair_divergences` and infinite mass."""
+    dense = pmf.to_dense_pmf()
+    probs = np.asarray(dense._probs, dtype=float)
+    keep = probs > 0
+    losses = ((dense._lower_loss + np.arange(probs.size)) * dense._discretization)[keep]
+    infinite = min(1.0, max(0.0, float(dense._infinity_mass)))
+    return pair_divergences(losses, probs[keep], infinite, orders), infinite
+
+
+def divergences(pld: Any, orders: np.ndarray) -> tuple[np.ndarray, float]:
+    """Upper bounds of the Rényi divergences at ``orders`` of the finite parts of a PLD's
+    dominating pairs and their infinite mass, the larger of the two directions (:mod:`.renyi`)."""
+    found = [_direction_divergences(p, orders) for p in {id(p): p for p in (pld._pmf_remove, pld._pmf_add)}.values()]
+    return np.max([d for d, _ in found], axis=0), max(m for _, m in found)
 
 
 def fft_margin(pld: Any) -> float:

@@ -43,7 +43,9 @@ Mechanism: Pr[S] proportional to exp(epsilon u(S) / Delta), computed in log spac
 the largest exponent) and sampled by inverse CDF with a uniform from the OS CSPRNG
 (:mod:`.randomness`). Delta bounds the weighted scores too (w_S <= 1); using it whatever the
 weights keeps the event a function of k and beta only, as planned before data access. It is
-epsilon-DP, realized as the event ``ExponentialSelection(epsilon, candidates, sensitivity=Delta)``.
+epsilon-DP and epsilon-bounded-range (the losses of a neighbouring pair lie in one interval of width
+epsilon), realized as the event ``BoundedRangeSelection(epsilon, candidates, sensitivity=Delta)``,
+whose composition is accounted by that range (:class:`~.events.BoundedRangeSelection`).
 The SDGS run that follows samples afresh, so the release composes as Composed([selection, SDGS]).
 """
 
@@ -59,7 +61,7 @@ import pyarrow as pa
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial, randomness
-from privrelease.mechanisms.events import ExponentialSelection
+from privrelease.mechanisms.events import BoundedRangeSelection
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs import check_parameters, count_cells
 
@@ -75,7 +77,7 @@ class Selection:
 
     name: str
     scheme: Mapping[str, ColumnScheme]
-    event: ExponentialSelection
+    event: BoundedRangeSelection
     internal_facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -165,5 +167,5 @@ def select_by_scores(
     names = list(candidates)
     bound = sensitivity(k, beta)
     chosen = names[exponential_mechanism([scores[name] for name in names], epsilon=epsilon, sensitivity=bound)]
-    event = ExponentialSelection(epsilon=epsilon, candidates=len(names), sensitivity=bound)
+    event = BoundedRangeSelection(epsilon=epsilon, candidates=len(names), sensitivity=bound)
     return Selection(chosen, candidates[chosen], event, {"scores": {name: scores[name] for name in names}})

@@ -126,14 +126,20 @@ def test_laplace_half_width_by_opendps_own_sampler() -> None:
 def test_selection_gap_holds_for_the_worst_score_configuration(epsilon, candidates, failure) -> None:
     """Exact probabilities of the mechanism as run: with every other candidate just beyond the
     gap below the best, the chance of choosing one of them is at most t, and nearly t: there it
-    is (c - 1) (t / c) / (1 + (c - 1) t / c), so the union bound is tight to a factor (c - 1) / c."""
+    is t / (1 + t) (the union runs over the c - 1 candidates other than the best: with ln c in
+    place of ln(c - 1) it was (c - 1) t / c / (1 + (c - 1) t / c), 1.25x loose in the gap for
+    two candidates at t = 0.01)."""
     bound = 0.24
     gap = selection_gap(bound, epsilon, candidates, failure)
     scores = [100.0] + [100.0 - gap * (1 + 1e-12)] * (candidates - 1)
     miss = selection_probabilities(scores, epsilon=epsilon, sensitivity=bound)[1:].sum()
-    others = (candidates - 1) * failure / candidates
     assert miss <= failure
-    assert miss == pytest.approx(others / (1 + others), rel=1e-9)
+    assert miss == pytest.approx(failure / (1 + failure), rel=1e-9)
+
+
+def test_selection_gap_of_one_candidate_is_zero() -> None:
+    """With one candidate the mechanism always picks the best: no gap."""
+    assert selection_gap(0.24, 1.0, 1, 0.05) == 0.0
 
 
 def test_bad_parameters_name_the_field() -> None:

@@ -131,16 +131,33 @@ def _kov_epsilon_mpmath(points: list[tuple[float, float, int]], delta: float) ->
 
 
 def test_a_billion_releases_answer_in_closed_form_without_a_pld(monkeypatch) -> None:
-    """Beyond PLD_MAX_RELEASES no PLD is built (its FFT would take hours); advanced
-    composition answers, equal to an independent 50-digit evaluation and rounded up."""
+    """Beyond PLD_MAX_RELEASES no composed PLD is built (its FFT would take hours); advanced
+    composition equals an independent 50-digit evaluation, rounded up, and the Rényi bound
+    (tests/test_renyi.py) answers, tighter."""
     monkeypatch.setattr(pld, "composed_pld", lambda *a, **k: pytest.fail("a PLD was built"))
     laplace = Laplace(scale=10.0, sensitivity=1.0)
     result = composition.epsilon_at([laplace], 1e-6, times=10**9)
-    assert result.method == composition.ADVANCED and result.releases == 10**9
+    assert result.method == composition.RENYI and result.releases == 10**9
     truth = _kov_epsilon_mpmath([(0.1, 0.0, 10**9)], 1e-6)
-    assert truth <= result.epsilon <= truth * (1 + 1e-9)
+    assert truth <= result.candidates[composition.ADVANCED][0] <= truth * (1 + 1e-9)
+    assert result.epsilon < truth
     back = composition.delta_at([laplace], result.epsilon, times=10**9)
-    assert back.method == composition.ADVANCED and 0 < back.delta <= 1e-6 * (1 + 1e-9)
+    assert back.method == composition.RENYI and 0 < back.delta <= 1e-6 * (1 + 1e-9)
+    assert 0 < back.candidates[composition.ADVANCED][1] <= 1
+
+
+def test_a_billion_stated_deltas_do_not_overflow() -> None:
+    """Issue 25 item 7: a billion releases of a stated delta 1e-6 (adult-noisy) made
+    ln((1 - delta) / prod(1 - delta_i)) past 709 and expm1 raised OverflowError; the stated
+    deltas alone exceed delta, so advanced composition has no epsilon (inf), as 50 digits say."""
+    import mpmath
+
+    points = [(1.0, 1e-6, 10**9)]
+    assert composition._advanced_epsilon(points, 1e-6) == math.inf
+    assert 1 - (1 - mpmath.mpf(1e-6)) / (1 - mpmath.mpf(1e-6)) ** 10**9 < 0
+    assert composition._advanced_epsilon([(1.0, 1e-12, 10**3)], 1e-6) == pytest.approx(
+        float(_kov_epsilon_mpmath([(1.0, 1e-12, 10**3)], 1e-6)), rel=1e-9
+    )
 
 
 @pytest.mark.parametrize("points", [[(0.5, 1e-9, 6)], [(1.0, 1e-7, 2), (0.3, 0.0, 4)], [(0.1, 0.0, 10)]])

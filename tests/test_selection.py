@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.stats import binom
 
 from privrelease.errors import UserError
-from privrelease.mechanisms.events import ExponentialSelection
+from privrelease.mechanisms.events import BoundedRangeSelection
 from privrelease.mechanisms.schemes import Bins, Keep, Suppress, ValueMap
 from privrelease.mechanisms.selection import (
     expected_published_rows,
@@ -143,7 +143,7 @@ def test_select_scheme() -> None:
     table = pa.table({"job": np.tile(jobs.ravel(), 2)[order], "age": np.tile(ages.ravel(), 2)[order]})
     selection = select_scheme(table, CANDIDATES, k=20, beta=0.5, epsilon=1.0)
     bound = sensitivity(20, 0.5)
-    assert selection.event == ExponentialSelection(epsilon=1.0, candidates=3, sensitivity=bound)
+    assert selection.event == BoundedRangeSelection(epsilon=1.0, candidates=3, sensitivity=bound)
     scores = selection.internal_facts["scores"]
     assert list(scores) == ["fine", "coarse", "none"]
     assert scores["none"] == pytest.approx(published_rows_by_definition(640, 20, 0.5))  # = 320

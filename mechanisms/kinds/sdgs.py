@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import model_validator
 
-from privrelease.mechanisms.events import SDGS, ExponentialSelection
+from privrelease.mechanisms.events import SDGS, BoundedRangeSelection, ExponentialSelection
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
     Axis,
@@ -281,7 +281,7 @@ class SdgsMechanism(Generalizing):
 
         if self.select_scheme is None:
             return None
-        return ExponentialSelection(
+        return BoundedRangeSelection(
             epsilon=self.select_scheme.epsilon,
             candidates=len(self.select_scheme.candidates),
             sensitivity=sensitivity(self.k, self.beta),
