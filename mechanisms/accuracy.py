@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -42,12 +42,14 @@ import numpy as np
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
-from privrelease.mechanisms.columns import HISTOGRAM
+from privrelease.mechanisms.columns import HISTOGRAM, INTERVAL
 from privrelease.mechanisms.confidence import check_confidence
 
 _SPREAD = 12.0
 """Binomial mass is searched within this many standard deviations of the mean (plus k): the
 rest is below 1e-30, far under any confidence a user can ask for."""
+
+_U = float(np.finfo(float).eps)
 
 
 def _check_count(count: int) -> int:
@@ -179,6 +181,21 @@ CONFIDENCES = (0.9, 0.95, 0.99)
 """The confidence levels a statistic's noise half-width is stated at."""
 
 
+def each_cell_miss(confidence: float, cells: int) -> float:
+    """The probability ``m`` each of ``cells`` cells with independent noise may fall outside its
+    half-width so that all of them are inside at once with probability at least C:
+    ``P(all N within w) = P(|Z| <= w)^N`` (independence), which is >= C exactly when
+    ``P(|Z| > w) <= 1 - C^(1/N)``. Computed as ``-expm1(ln C / N)`` (no cancellation) and
+    rounded down by a bound on its float error, so a half-width found at ``m`` never overstates
+    the simultaneous coverage. One cell: ``1 - C`` (exact for C >= 1/2, Sterbenz)."""
+    confidence = check_confidence(confidence)
+    if isinstance(cells, bool) or not isinstance(cells, (int, np.integer)) or cells < 1:
+        raise UserError(f"cells must be an integer >= 1; got {cells!r}", field="cells", allowed="an integer >= 1")
+    if cells == 1:
+        return 1.0 - confidence
+    return -math.expm1(math.log(confidence) / int(cells)) * (1 - 8 * _U)
+
+
 def laplace_half_width(scale: float, confidence: float = 0.95) -> float:
     """The h with P[|Lap(scale)| <= h] = C: ``scale * ln(1 / (1 - C))`` (as -log1p(-C))."""
     confidence = check_confidence(confidence)
@@ -212,12 +229,33 @@ class SelectionGap:
 
 @dataclass(frozen=True)
 class NoiseAccuracy:
-    """Additive noise of scale ``scale``: each published value within +-``half_width[C]`` of
-    the true one with probability >= C; ``clamping``: the bias a clamp adds, in words."""
+    """Additive noise of scale ``scale``: EACH published value within +-``half_width[C]`` of
+    the true one with probability >= C (one value at a time); ``clamping``: the bias a clamp
+    adds, in words. A table of ``cells`` > 1 values with independent noise also states
+    ``all_cells_half_width[C]``: every value of the table within it AT ONCE with probability
+    >= C (simultaneous, :func:`each_cell_miss`), and ``interval_confidence``: the confidence of
+    the per-cell interval columns ``lower`` / ``upper`` of its output (None: it has none)."""
 
     scale: float
     half_width: Mapping[float, float]
     clamping: str | None = None
+    cells: int = 1
+    all_cells_half_width: Mapping[float, float] = field(default_factory=dict)
+    interval_confidence: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The statement's JSON keys (beside the mechanism's ``estimate``)."""
+        document: dict[str, Any] = {
+            "noise_scale": self.scale,
+            "half_width": {f"{c:g}": width for c, width in self.half_width.items()},
+            "clamping": self.clamping,
+        }
+        if self.all_cells_half_width:
+            document["table_cells"] = self.cells
+            document["all_cells_half_width"] = {f"{c:g}": width for c, width in self.all_cells_half_width.items()}
+        if self.interval_confidence is not None:
+            document["interval_columns"] = {"columns": list(INTERVAL[1:]), "confidence": self.interval_confidence}
+        return document
 
 
 @dataclass(frozen=True)
@@ -305,9 +343,7 @@ class AccuracyStatement:
         if self.selection_gap is not None:
             document["selection_gap"] = {"failure": self.selection_gap.failure, "rows": self.selection_gap.rows}
         if self.noise is not None:
-            document["noise_scale"] = self.noise.scale
-            document["half_width"] = {f"{c:g}": width for c, width in self.noise.half_width.items()}
-            document["clamping"] = self.noise.clamping
+            document.update(self.noise.as_dict())
         if self.large_sum is not None:
             document.update(t_f=self.large_sum.t_f, epsilon=self.large_sum.epsilon, t_e=self.large_sum.t_e)
         if self.published_counts is not None:

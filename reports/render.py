@@ -187,7 +187,18 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
         for cell in statement.cells
     ]
     noise = statement.noise
-    view["half_width"] = [(f"{c:.0%}", fmt(h, 4)) for c, h in noise.half_width.items()] if noise else []
+    view["half_width"] = (
+        [
+            (f"{c:.0%}", fmt(h, 4), *((fmt(noise.all_cells_half_width[c], 4),) if noise.all_cells_half_width else ()))
+            for c, h in noise.half_width.items()
+        ]
+        if noise
+        else []
+    )
+    view["all_cells"] = f"{noise.cells:,}" if noise and noise.all_cells_half_width else None
+    view["interval_columns"] = (
+        f"{noise.interval_confidence * 100:g}%" if noise and noise.interval_confidence is not None else None
+    )
     view["clamping"] = noise.clamping if noise else None
     gap = statement.selection_gap
     view["selection_gap"] = (fmt(gap.rows, 4), f"{(1 - gap.failure) * 100:g}%") if gap else None

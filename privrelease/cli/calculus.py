@@ -170,6 +170,7 @@ def _print_plan(result) -> None:
             )
             continue
         say(f"  {key.replace('_', ' ')}: {_value_text(value)}")
+    _print_noise_accuracy(result)
     checks = Table(title="Targets", title_justify="left")
     for column in ("target", "required", "achieved", "result"):
         checks.add_column(column, overflow="fold")
@@ -183,6 +184,19 @@ def _print_plan(result) -> None:
             "[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]"
         )
     )
+
+
+def _print_noise_accuracy(result) -> None:
+    """Each noisy table's half-width, cell by cell and for all its cells at once."""
+    from privrelease.cli.counts import cells_sentence
+
+    for name, statement in result.accuracy.items():
+        noise = statement.noise if statement is not None else None
+        if noise is None or not noise.all_cells_half_width:
+            continue
+        for confidence, each in noise.half_width.items():
+            together = noise.all_cells_half_width[confidence]
+            say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together)}")
 
 
 def _event_text(event) -> str:
