@@ -7,8 +7,9 @@ generalization of its columns, and what a data user needs to read it: how to est
 (sampled counts estimate population counts when multiplied by 1/beta) and the data-free
 accuracy statements of :func:`privrelease.planning.mechanism_accuracy` (publication
 probability, relative standard error, suppression bias and interval per cell size; a
-statistic's noise half-width). It is published with the outputs and checksummed
-in the audit database like them.
+noise half-width, and for a noisy table each cell's and all its cells' at once), and for SDGS
+microdata its companion file ``cells`` (each published cell's count with its exact interval).
+It is published with the outputs and checksummed in the audit database like them.
 
 Warnings: an output with no rows, or a sampled output keeping less than ``LOW_SHARE`` of its
 sample, is reported to the operator (terminal, internal report) with a pointer to
@@ -67,6 +68,8 @@ def describe(plan: Any, outputs: list[Any]) -> dict[str, Any]:
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
         }
+        if output.cells is not None:
+            entry["cells"] = {"file": output.cells.file, "sha256": output.cells.sha256, "rows": output.cells.rows}
         beta = getattr(spec, "beta", None)
         if beta is not None and beta < 1:
             entry["estimation"] = (

@@ -273,8 +273,8 @@ class PublishedCounts:
     """After the data: how to read each published count of SDGS microdata or a histogram, the
     estimate count / beta with an exact interval for the people behind it at ``confidence``,
     conditional on publication (:mod:`.count_intervals`; post-processing, no privacy cost).
-    ``columns``: the histogram's columns holding them (empty for microdata, whose counts a user
-    forms by grouping rows: ``how``)."""
+    ``columns``: the columns holding them, in the histogram or in the microdata's companion
+    file of its published cells (``command``: the same for counts a user forms herself)."""
 
     confidence: float
     construction: str
@@ -296,31 +296,31 @@ def published_counts(k: int, beta: float, confidence: float, output: str) -> Pub
     from privrelease.mechanisms.count_intervals import CONSTRUCTION
 
     level = f"{confidence:g}"
+    columns = dict(
+        zip(
+            HISTOGRAM,
+            (
+                "the sampled rows of the cell (published only when >= k)",
+                f"count / beta = count x {1 / beta:g}: the people in the cell, estimated",
+                f"the least N in the exact {level} interval for the people in the cell (>= count)",
+                f"the largest N in the exact {level} interval for the people in the cell",
+            ),
+            strict=True,
+        )
+    )
+    each = (
+        f"'estimate' = c / beta estimates the people N behind it, "
+        f"and [lower, upper] holds N with probability >= {level} given that the cell is published"
+    )
     if output == "histogram":
-        how = (
-            f"each row's count c is a published count: 'estimate' = c / beta estimates the people N behind it, "
-            f"and [lower, upper] holds N with probability >= {level} given that the cell is published"
-        )
-        columns = dict(
-            zip(
-                HISTOGRAM,
-                (
-                    "the sampled rows of the cell (published only when >= k)",
-                    f"count / beta = count x {1 / beta:g}: the people in the cell, estimated",
-                    f"the least N in the exact {level} interval for the people in the cell (>= count)",
-                    f"the largest N in the exact {level} interval for the people in the cell",
-                ),
-                strict=True,
-            )
-        )
-        return PublishedCounts(confidence, CONSTRUCTION, how, columns)
+        return PublishedCounts(confidence, CONSTRUCTION, f"each row's count c is a published count: {each}", columns)
     command = f"privrelease guarantee accuracy sdgs --k {k} --beta {beta:g} --observed c --confidence {level}"
     how = (
-        "group the published rows by their generalized values: each group's row count c is a published count; "
-        f"c / beta estimates the people N behind it, and its exact {level} interval (given publication) is given by "
-        f"`{command}` (Python: privrelease.count_intervals)"
+        "the companion file '<mechanism>.cells' lists each published cell (the published rows grouped by their "
+        f"generalized values) with its row count c: {each}; for other groupings, `{command}` "
+        "(Python: privrelease.count_intervals)"
     )
-    return PublishedCounts(confidence, CONSTRUCTION, how, {}, command)
+    return PublishedCounts(confidence, CONSTRUCTION, how, columns, command)
 
 
 @dataclass(frozen=True)

@@ -219,14 +219,16 @@ def _published_counts(counts: PublishedCounts | None) -> str | None:
         "Near k it lies lower than the estimate suggests: a small cell is published only when its sample was lucky. "
         "It is computed from the published count and the public k, β and confidence alone: no privacy cost."
     )
-    if counts.columns:
+    if not counts.command:
         return (
             "After the data: each published cell's count c comes with the columns estimate (c/β, the people in "
             f"the cell estimated) and lower and upper: {exact}"
         )
     return (
-        "After the data: group the published rows by their generalized values; a group of c rows "
-        f"estimates c/β people, and the command “{counts.command}” gives {exact}"
+        "After the data: the companion file (this output's name with .cells) lists each published cell, the "
+        "published rows grouped by their generalized values, with its count c and the columns estimate (c/β, the "
+        f"people in the cell estimated) and lower and upper: {exact} For other groupings of the rows, the command "
+        f"“{counts.command}” gives the same."
     )
 
 
