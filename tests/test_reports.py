@@ -708,6 +708,7 @@ def test_each_sdgs_and_histogram_output_says_how_to_read_its_count_intervals(mix
     histogram, microdata = sorted(sentences)
     assert "columns estimate (c/β" in histogram and "lower and upper" in histogram
     assert "--k 20 --beta 0.1 --observed c --confidence 0.95" in microdata
+    assert "the companion file (this output&#39;s name with .cells) lists each published cell" in microdata
     for sentence in sentences:
         assert "exact 95% confidence interval" in sentence and "given that it was published" in sentence
         assert "no privacy cost" in sentence
