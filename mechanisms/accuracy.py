@@ -199,9 +199,22 @@ def each_cell_miss(confidence: float, cells: int) -> float:
 def laplace_half_width(scale: float, confidence: float = 0.95) -> float:
     """The h with P[|Lap(scale)| <= h] = C: ``scale * ln(1 / (1 - C))`` (as -log1p(-C))."""
     confidence = check_confidence(confidence)
+    return _check_scale(scale) * -math.log1p(-confidence)
+
+
+def laplace_all_half_width(scale: float, confidence: float, values: int) -> float:
+    """The h with P[all ``values`` independent Lap(scale) noises within +-h at once] >= C:
+    ``P(|X| > h) = e^(-h / scale)`` must be at most ``m`` = :func:`each_cell_miss` (rounded
+    down, so h is rounded up): ``h = scale * ln(1 / m)``; :func:`laplace_half_width` for one."""
+    if values == 1:
+        return laplace_half_width(scale, confidence)
+    return _check_scale(scale) * -math.log(each_cell_miss(confidence, values))
+
+
+def _check_scale(scale: float) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
         raise UserError(f"scale must be a finite number > 0; got {scale!r}")
-    return float(scale) * -math.log1p(-confidence)
+    return float(scale)
 
 
 def selection_gap(sensitivity: float, epsilon: float, candidates: int, failure: float = 0.05) -> float:
@@ -231,7 +244,7 @@ class SelectionGap:
 class NoiseAccuracy:
     """Additive noise of scale ``scale``: EACH published value within +-``half_width[C]`` of
     the true one with probability >= C (one value at a time); ``clamping``: the bias a clamp
-    adds, in words. A table of ``cells`` > 1 values with independent noise also states
+    adds, in words. ``cells`` > 1 values (a table's cells, a statistic's groups) with independent noise also state
     ``all_cells_half_width[C]``: every value of the table within it AT ONCE with probability
     >= C (simultaneous, :func:`each_cell_miss`), and ``interval_confidence``: the confidence of
     the per-cell interval columns ``lower`` / ``upper`` of its output (None: it has none)."""
@@ -242,6 +255,8 @@ class NoiseAccuracy:
     cells: int = 1
     all_cells_half_width: Mapping[float, float] = field(default_factory=dict)
     interval_confidence: float | None = None
+    unit: str = "cell"
+    """What one of the ``cells`` values is, in words (a table's cell, a statistic's group)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The statement's JSON keys (beside the mechanism's ``estimate``)."""

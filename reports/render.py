@@ -196,6 +196,7 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
         else []
     )
     view["all_cells"] = f"{noise.cells:,}" if noise and noise.all_cells_half_width else None
+    view["unit"] = noise.unit if noise else None
     view["interval_columns"] = (
         f"{noise.interval_confidence * 100:g}%" if noise and noise.interval_confidence is not None else None
     )

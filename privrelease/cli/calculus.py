@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json, say, styled
+from privrelease.cli.output import cells_sentence, console, print_json, say, styled
 from privrelease.errors import TargetNotMet, UserError
 
 if TYPE_CHECKING:
@@ -187,16 +187,15 @@ def _print_plan(result) -> None:
 
 
 def _print_noise_accuracy(result) -> None:
-    """Each noisy table's half-width, cell by cell and for all its cells at once."""
-    from privrelease.cli.counts import cells_sentence
-
+    """Each noisy table's (or grouped statistic's) half-width, cell by cell and for all its
+    cells at once."""
     for name, statement in result.accuracy.items():
         noise = statement.noise if statement is not None else None
         if noise is None or not noise.all_cells_half_width:
             continue
         for confidence, each in noise.half_width.items():
             together = noise.all_cells_half_width[confidence]
-            say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together)}")
+            say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together, noise.unit)}")
 
 
 def _event_text(event) -> str:

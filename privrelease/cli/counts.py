@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json, say
+from privrelease.cli.output import cells_sentence, console, print_json, say
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.confidence import check_confidence
 
@@ -55,14 +55,6 @@ def _check_cells(cells: int | None) -> None:
 
     if cells is not None:
         _require("--cells", cells, f"an integer in [1, {MAX_CELLS:,}]", 1 <= cells <= MAX_CELLS)
-
-
-def cells_sentence(each: float, confidence: float, cells: int | None = None, together: float | None = None) -> str:
-    """The per-cell half-width in words, and the simultaneous one for ``cells`` cells."""
-    sentence = f"each cell within +-{each:g} of its true count with probability >= {confidence:g} (cell by cell)"
-    if cells is not None and together is not None:
-        sentence += f"; all {cells:,} cells at once within +-{together:g}"
-    return sentence
 
 
 def _noise(distribution: str, parameter: float) -> dict[str, Any]:
