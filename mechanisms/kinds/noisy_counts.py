@@ -509,7 +509,8 @@ class NoisyCountsMechanism(MechanismKind):
     included, nothing suppressed, each with discrete Gaussian or discrete Laplace noise; a
     person changes one cell by one (sensitivity 1). ``nonnegative``: negative noisy counts
     published as 0 (post-processing). ``epsilon``: where a Gaussian table states its delta
-    (default: the smallest epsilon reaching ``targets.delta``)."""
+    (default: the smallest epsilon reaching ``targets.delta``). Each count comes with ``lower``
+    and ``upper``: its interval at the accuracy target's confidence (default 95%), cell by cell."""
 
     type: Literal["noisy_counts"]
     columns: Annotated[Names, at_least(1, "column")]

@@ -234,7 +234,10 @@ class Generalizing(MechanismKind):
 
 class SdgsMechanism(Generalizing):
     """(k, beta)-SDGS microdata (Li, Qardaji, Su, Algorithm 4): sample with probability beta,
-    generalize by the fixed scheme, suppress generalized rows occurring fewer than k times."""
+    generalize by the fixed scheme, suppress generalized rows occurring fewer than k times.
+    Beside the rows, the file ``NAME.cells`` lists each published cell with its count,
+    ``estimate`` and exact interval [``lower``, ``upper``] for the people behind it (as a
+    histogram's)."""
 
     type: Literal["sdgs"]
     beta: Beta
