@@ -280,9 +280,21 @@ class ReadFacts:
 
 
 @dataclass(frozen=True)
+class StagedFile:
+    """A staged file: its name inside the release folder, checksum, row count and size."""
+
+    file: str
+    sha256: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class OutputFacts:
     """One staged output: the mechanism, its file (name inside the release folder), checksum,
-    size and row count, the realized event and the facts split by audience."""
+    size and row count, the realized event and the facts split by audience; ``cells``: its
+    companion file, when the mechanism publishes one (SDGS microdata's published cells with
+    their count intervals)."""
 
     mechanism: str
     type: str
@@ -293,6 +305,11 @@ class OutputFacts:
     event_json: str
     public_facts: dict[str, Any] = field(default_factory=dict)
     internal_facts: dict[str, Any] = field(default_factory=dict)
+    cells: StagedFile | None = None
+
+    def staged(self) -> list[StagedFile]:
+        """Every file this output published: its own, then its companion's."""
+        return [StagedFile(self.file, self.sha256, self.rows, self.bytes), *([self.cells] if self.cells else [])]
 
 
 @dataclass(frozen=True)

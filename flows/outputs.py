@@ -1,6 +1,7 @@
 """Step 7 of a release: run one policy mechanism (its kind's ``run`` in-process, or its
 ``finish`` from the partials of Dask or of a streamed in-process read:
-:mod:`privrelease.mechanisms.kinds`) and write its output to the staging folder."""
+:mod:`privrelease.mechanisms.kinds`) and write its output (and its companion, the published
+cells of SDGS microdata with their count intervals) to the staging folder."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from privrelease.files import atomic_path, sha256_file
 from privrelease.flows.context import (
     OutputFacts,
     RunContext,
+    StagedFile,
     _write_error,
     mechanism_step,
     plan_of,
@@ -25,6 +27,9 @@ from privrelease.flows.context import (
 )
 from privrelease.flows.data import run_partials, run_table, streams
 from privrelease.mechanisms.results import Pieces
+
+CELLS_SUFFIX = "cells"
+"""A companion output's file is ``<mechanism>.cells.<format>`` (:attr:`.results.MechanismResult.cells`)."""
 
 
 def write_table(table: pa.Table | Pieces, path: Path, output_format: str) -> int:
@@ -102,6 +107,12 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     )
     with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
         rows = write_table(result.table, path, run.output_format)
+    cells = None
+    if result.cells is not None:
+        cells_file = f"{safe_name(name)}.{CELLS_SUFFIX}.{run.output_format}"
+        cells_path = run.staging_dir / cells_file
+        cells_rows = write_table(result.cells, cells_path, run.output_format)
+        cells = StagedFile(cells_file, sha256_file(cells_path), cells_rows, cells_path.stat().st_size)
     return OutputFacts(
         mechanism=name,
         type=spec.type,
@@ -112,6 +123,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         event_json=event_to_json(result.event),
         public_facts=_jsonable(result.public_facts),
         internal_facts=_jsonable(result.internal_facts),
+        cells=cells,
     )
 
 

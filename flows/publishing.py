@@ -65,21 +65,22 @@ def publish(
     recorded = [
         {
             "mechanism": output.mechanism,
-            "path": str(final / output.file),
-            "sha256": output.sha256,
-            "rows": output.rows,
-            "bytes": output.bytes,
+            "path": str(final / staged.file),
+            "sha256": staged.sha256,
+            "rows": staged.rows,
+            "bytes": staged.bytes,
         }
         for output in outputs
+        for staged in output.staged()
     ]
     _PUBLISHING.add(run.run_id)  # from here a failure keeps the staged files (recovery may need them)
     with _session() as s:
         approvals.register_policy(s, approvals.PolicyFacts.recorded(s, run.sha256))  # a draft is registered here
         if reservation is not None:
             ledger.commit(s, reservation.entry_id)
-        for output in outputs:
+        for staged in (staged for output in outputs for staged in output.staged()):
             records.record_output(
-                s, run.run_id, final / output.file, sha256=output.sha256, rows=output.rows, size=output.bytes
+                s, run.run_id, final / staged.file, sha256=staged.sha256, rows=staged.rows, size=staged.bytes
             )
         for name, digest in (
             (report.statement_file, report.statement_sha256),
@@ -100,7 +101,7 @@ def publish(
     with _session() as s:
         records.finish_run(s, run.run_id, "succeeded", timings=timings)
         head = chain.head(s)
-        files = {output.file: output.sha256 for output in outputs}
+        files = {staged.file: staged.sha256 for output in outputs for staged in output.staged()}
         files |= {report.file: report.sha256, report.statement_file: report.statement_sha256}
         if report.release_file:
             files[report.release_file] = report.release_sha256

@@ -7,11 +7,13 @@ generalization of its columns, and what a data user needs to read it: how to est
 (sampled counts estimate population counts when multiplied by 1/beta) and the data-free
 accuracy statements of :func:`privrelease.planning.mechanism_accuracy` (publication
 probability, relative standard error, suppression bias and interval per cell size; a
-statistic's noise half-width), and the distribution and version that define each mechanism
-type it ran (``kinds``: privrelease's own or a plugin's). Its ``release`` section says what the
-release is (approved or a draft, the rows published, nothing published or far short of the plan,
-the plan's warnings: :meth:`privrelease.reports.context.ReportContext.release_state`). It is
-published with the outputs and checksummed in the audit database like them.
+statistic's noise half-width, and for a noisy table each cell's and all its cells' at once), and
+for SDGS microdata its companion file ``cells`` (each published cell's count with its exact
+interval), and the distribution and version that define each mechanism type it ran (``kinds``:
+privrelease's own or a plugin's). Its ``release`` section says what the release is (approved or
+a draft, the rows published, nothing published or far short of the plan, the plan's warnings:
+:meth:`privrelease.reports.context.ReportContext.release_state`). It is published with the
+outputs and checksummed in the audit database like them.
 
 Warnings: an output with no rows, or a sampled output keeping less than ``LOW_SHARE`` of its
 sample, is reported to the operator (terminal, internal report) with a pointer to
@@ -71,6 +73,8 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
         }
+        if output.cells is not None:
+            entry["cells"] = {"file": output.cells.file, "sha256": output.cells.sha256, "rows": output.cells.rows}
         beta = getattr(spec, "beta", None)
         if beta is not None and beta < 1:
             entry["estimation"] = (

@@ -120,12 +120,13 @@ def report_context(
         outputs=[
             {
                 "mechanism": o.mechanism,
-                "path": o.file,
-                "sha256": o.sha256,
-                "rows": o.rows,
-                "bytes": o.bytes,
+                "path": staged.file,
+                "sha256": staged.sha256,
+                "rows": staged.rows,
+                "bytes": staged.bytes,
             }
             for o in outputs
+            for staged in o.staged()
         ],
         timings=dict(timings),
         internal_facts=internal,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -42,12 +42,14 @@ import numpy as np
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
-from privrelease.mechanisms.columns import HISTOGRAM
+from privrelease.mechanisms.columns import HISTOGRAM, INTERVAL
 from privrelease.mechanisms.confidence import check_confidence
 
 _SPREAD = 12.0
 """Binomial mass is searched within this many standard deviations of the mean (plus k): the
 rest is below 1e-30, far under any confidence a user can ask for."""
+
+_U = float(np.finfo(float).eps)
 
 
 def _check_count(count: int) -> int:
@@ -179,12 +181,40 @@ CONFIDENCES = (0.9, 0.95, 0.99)
 """The confidence levels a statistic's noise half-width is stated at."""
 
 
+def each_cell_miss(confidence: float, cells: int) -> float:
+    """The probability ``m`` each of ``cells`` cells with independent noise may fall outside its
+    half-width so that all of them are inside at once with probability at least C:
+    ``P(all N within w) = P(|Z| <= w)^N`` (independence), which is >= C exactly when
+    ``P(|Z| > w) <= 1 - C^(1/N)``. Computed as ``-expm1(ln C / N)`` (no cancellation) and
+    rounded down by a bound on its float error, so a half-width found at ``m`` never overstates
+    the simultaneous coverage. One cell: ``1 - C`` (exact for C >= 1/2, Sterbenz)."""
+    confidence = check_confidence(confidence)
+    if isinstance(cells, bool) or not isinstance(cells, (int, np.integer)) or cells < 1:
+        raise UserError(f"cells must be an integer >= 1; got {cells!r}", field="cells", allowed="an integer >= 1")
+    if cells == 1:
+        return 1.0 - confidence
+    return -math.expm1(math.log(confidence) / int(cells)) * (1 - 8 * _U)
+
+
 def laplace_half_width(scale: float, confidence: float = 0.95) -> float:
     """The h with P[|Lap(scale)| <= h] = C: ``scale * ln(1 / (1 - C))`` (as -log1p(-C))."""
     confidence = check_confidence(confidence)
+    return _check_scale(scale) * -math.log1p(-confidence)
+
+
+def laplace_all_half_width(scale: float, confidence: float, values: int) -> float:
+    """The h with P[all ``values`` independent Lap(scale) noises within +-h at once] >= C:
+    ``P(|X| > h) = e^(-h / scale)`` must be at most ``m`` = :func:`each_cell_miss` (rounded
+    down, so h is rounded up): ``h = scale * ln(1 / m)``; :func:`laplace_half_width` for one."""
+    if values == 1:
+        return laplace_half_width(scale, confidence)
+    return _check_scale(scale) * -math.log(each_cell_miss(confidence, values))
+
+
+def _check_scale(scale: float) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
         raise UserError(f"scale must be a finite number > 0; got {scale!r}")
-    return float(scale) * -math.log1p(-confidence)
+    return float(scale)
 
 
 def selection_gap(sensitivity: float, epsilon: float, candidates: int, failure: float = 0.05) -> float:
@@ -217,12 +247,35 @@ class SelectionGap:
 
 @dataclass(frozen=True)
 class NoiseAccuracy:
-    """Additive noise of scale ``scale``: each published value within +-``half_width[C]`` of
-    the true one with probability >= C; ``clamping``: the bias a clamp adds, in words."""
+    """Additive noise of scale ``scale``: EACH published value within +-``half_width[C]`` of
+    the true one with probability >= C (one value at a time); ``clamping``: the bias a clamp
+    adds, in words. ``cells`` > 1 values (a table's cells, a statistic's groups) with independent noise also state
+    ``all_cells_half_width[C]``: every value of the table within it AT ONCE with probability
+    >= C (simultaneous, :func:`each_cell_miss`), and ``interval_confidence``: the confidence of
+    the per-cell interval columns ``lower`` / ``upper`` of its output (None: it has none)."""
 
     scale: float
     half_width: Mapping[float, float]
     clamping: str | None = None
+    cells: int = 1
+    all_cells_half_width: Mapping[float, float] = field(default_factory=dict)
+    interval_confidence: float | None = None
+    unit: str = "cell"
+    """What one of the ``cells`` values is, in words (a table's cell, a statistic's group)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The statement's JSON keys (beside the mechanism's ``estimate``)."""
+        document: dict[str, Any] = {
+            "noise_scale": self.scale,
+            "half_width": {f"{c:g}": width for c, width in self.half_width.items()},
+            "clamping": self.clamping,
+        }
+        if self.all_cells_half_width:
+            document["table_cells"] = self.cells
+            document["all_cells_half_width"] = {f"{c:g}": width for c, width in self.all_cells_half_width.items()}
+        if self.interval_confidence is not None:
+            document["interval_columns"] = {"columns": list(INTERVAL[1:]), "confidence": self.interval_confidence}
+        return document
 
 
 @dataclass(frozen=True)
@@ -240,8 +293,8 @@ class PublishedCounts:
     """After the data: how to read each published count of SDGS microdata or a histogram, the
     estimate count / beta with an exact interval for the people behind it at ``confidence``,
     conditional on publication (:mod:`.count_intervals`; post-processing, no privacy cost).
-    ``columns``: the histogram's columns holding them (empty for microdata, whose counts a user
-    forms by grouping rows: ``how``)."""
+    ``columns``: the columns holding them, in the histogram or in the microdata's companion
+    file of its published cells (``command``: the same for counts a user forms herself)."""
 
     confidence: float
     construction: str
@@ -263,31 +316,31 @@ def published_counts(k: int, beta: float, confidence: float, output: str) -> Pub
     from privrelease.mechanisms.count_intervals import CONSTRUCTION
 
     level = f"{confidence:g}"
+    columns = dict(
+        zip(
+            HISTOGRAM,
+            (
+                "the sampled rows of the cell (published only when >= k)",
+                f"count / beta = count x {1 / beta:g}: the people in the cell, estimated",
+                f"the least N in the exact {level} interval for the people in the cell (>= count)",
+                f"the largest N in the exact {level} interval for the people in the cell",
+            ),
+            strict=True,
+        )
+    )
+    each = (
+        f"'estimate' = c / beta estimates the people N behind it, "
+        f"and [lower, upper] holds N with probability >= {level} given that the cell is published"
+    )
     if output == "histogram":
-        how = (
-            f"each row's count c is a published count: 'estimate' = c / beta estimates the people N behind it, "
-            f"and [lower, upper] holds N with probability >= {level} given that the cell is published"
-        )
-        columns = dict(
-            zip(
-                HISTOGRAM,
-                (
-                    "the sampled rows of the cell (published only when >= k)",
-                    f"count / beta = count x {1 / beta:g}: the people in the cell, estimated",
-                    f"the least N in the exact {level} interval for the people in the cell (>= count)",
-                    f"the largest N in the exact {level} interval for the people in the cell",
-                ),
-                strict=True,
-            )
-        )
-        return PublishedCounts(confidence, CONSTRUCTION, how, columns)
+        return PublishedCounts(confidence, CONSTRUCTION, f"each row's count c is a published count: {each}", columns)
     command = f"privrelease guarantee accuracy sdgs --k {k} --beta {beta:g} --observed c --confidence {level}"
     how = (
-        "group the published rows by their generalized values: each group's row count c is a published count; "
-        f"c / beta estimates the people N behind it, and its exact {level} interval (given publication) is given by "
-        f"`{command}` (Python: privrelease.count_intervals)"
+        "the companion file '<mechanism>.cells' lists each published cell (the published rows grouped by their "
+        f"generalized values) with its row count c: {each}; for other groupings, `{command}` "
+        "(Python: privrelease.count_intervals)"
     )
-    return PublishedCounts(confidence, CONSTRUCTION, how, {}, command)
+    return PublishedCounts(confidence, CONSTRUCTION, how, columns, command)
 
 
 @dataclass(frozen=True)
@@ -331,9 +384,7 @@ class AccuracyStatement:
         if self.selection_gap is not None:
             document["selection_gap"] = {"failure": self.selection_gap.failure, "rows": self.selection_gap.rows}
         if self.noise is not None:
-            document["noise_scale"] = self.noise.scale
-            document["half_width"] = {f"{c:g}": width for c, width in self.noise.half_width.items()}
-            document["clamping"] = self.noise.clamping
+            document.update(self.noise.as_dict())
         if self.large_sum is not None:
             document.update(t_f=self.large_sum.t_f, epsilon=self.large_sum.epsilon, t_e=self.large_sum.t_e)
         if self.published_counts is not None:

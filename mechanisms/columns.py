@@ -15,6 +15,10 @@ INTERVAL = ("estimate", "lower", "upper")
 HISTOGRAM = (COUNT, *INTERVAL)
 """The columns a crowd-blending histogram adds to its cells' labels."""
 
+NOISY_TABLE = (COUNT, *INTERVAL[1:])
+"""The columns a noisy-counts table adds to its cells' labels: the noisy count and its
+per-cell interval (count -+ the half-width at the stated confidence, never below 0)."""
+
 
 def taken_name(column: str, table: str, added: tuple[str, ...]) -> str | None:
     """Why a ``table`` (a histogram, a noisy table) that adds the columns ``added`` to its cells'

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import pyarrow as pa
 
 from privrelease.errors import UserError
-from privrelease.mechanisms import randomness
-from privrelease.mechanisms.columns import COUNT, HISTOGRAM, taken_name
-from privrelease.mechanisms.count_intervals import count_intervals
+from privrelease.mechanisms.columns import HISTOGRAM, taken_name
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
-from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release
+from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, published_cells_table, release
 
 
 def crowd_blending_histogram(
@@ -66,14 +63,5 @@ def histogram_of_cells(
     from partitions by :func:`.partitioned.merge_counts`): the cells with at least k rows, in
     uniformly random order, with each count's estimate and interval at ``confidence``."""
     epsilon = 0.0 if epsilon is None else epsilon
-    published = np.flatnonzero(cells.counts >= k)
-    published = published[randomness.permutation(len(published))]
-    columns = cells.label_columns(published)
-    counts = np.asarray(cells.counts[published], dtype=np.int64)
-    intervals = count_intervals(counts, k, beta, confidence)
-    columns[COUNT] = pa.array(counts, pa.int64())
-    estimate, lower, upper = HISTOGRAM[1:]
-    columns[estimate] = pa.array(intervals.estimate, pa.float64())
-    columns[lower] = pa.array(intervals.lower, pa.int64())
-    columns[upper] = pa.array(intervals.upper, pa.int64())
-    return release(cells, pa.table(columns), k=k, beta=beta, epsilon=epsilon, output="histogram")
+    table = published_cells_table(cells, k=k, beta=beta, confidence=confidence)
+    return release(cells, table, k=k, beta=beta, epsilon=epsilon, output="histogram")

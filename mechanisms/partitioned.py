@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.results import MechanismResult, Pieces
 from privrelease.mechanisms.schemes import ColumnScheme
-from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release, shuffled_repeat
+from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cells, release, shuffled_repeat, with_cells
 
 _INT64_SAFE = 1 << 62
 ROWS_PER_FILE = 250_000
@@ -223,20 +223,28 @@ def result(cells: CellCounts, *, k: int, beta: float, epsilon: float) -> Mechani
 
 
 def microdata(
-    merged: CellCounts, *, k: int, beta: float, epsilon: float, rows_per_file: int = ROWS_PER_FILE
+    merged: CellCounts,
+    *,
+    k: int,
+    beta: float,
+    epsilon: float,
+    rows_per_file: int = ROWS_PER_FILE,
+    confidence: float | None = None,
 ) -> MechanismResult:
     """SDGS's output from the cell counts of the whole sample: every cell with ``n_c >= k``
     with its ``n_c`` rows, the rows split over :func:`file_count` pieces (each row in a
     uniformly random one, :func:`assign_files`), each piece in uniformly random order
     (:func:`file_table`) and computed only as it is written (:class:`.results.Pieces`); the
-    facts and event of :func:`result`."""
+    facts and event of :func:`result`; with ``confidence``, the published cells with their
+    count intervals as a companion output (:func:`.sdgs.with_cells`)."""
     published = published_cells(merged, k)
     pieces = assign_files(published.counts, file_count(int(published.counts.sum()), rows_per_file))
     outcome = result(merged, k=k, beta=beta, epsilon=epsilon)
     tables = (file_table(published, which, counts) for which, counts in pieces)
-    return MechanismResult(
+    rows = MechanismResult(
         Pieces(outcome.table.schema, tables), outcome.event, outcome.public_facts, outcome.internal_facts
     )
+    return with_cells(rows, merged, k=k, beta=beta, confidence=confidence)
 
 
 def streamed_sdgs(

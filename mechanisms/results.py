@@ -27,9 +27,14 @@ class MechanismResult:
     ``event``: the privacy event the run realized (accounted by the accountants).
     ``public_facts``: policy-derived or aggregate facts safe to publish with the data
     (e.g. parameters, output row count). ``internal_facts``: run facts that could themselves
-    disclose (rows in, rows sampled, cells suppressed, rows dropped): internal review only."""
+    disclose (rows in, rows sampled, cells suppressed, rows dropped): internal review only.
+    ``cells``: see below."""
 
     table: pa.Table | Pieces
     event: Event
     public_facts: dict[str, Any] = field(default_factory=dict)
     internal_facts: dict[str, Any] = field(default_factory=dict)
+    cells: pa.Table | None = None
+    """A companion output published beside ``table`` (its file ``<name>.cells``), a
+    post-processing of it: SDGS microdata's published cells, each with its row count and the
+    exact interval for the people behind it (:func:`.sdgs.published_cells_table`)."""

@@ -187,6 +187,42 @@ def release(
     return MechanismResult(table=table, event=event, public_facts=public, internal_facts=internal)
 
 
+def published_cells_table(cells: CellCounts, *, k: int, beta: float, confidence: float) -> pa.Table:
+    """One row per cell with at least k rows in the sample, in uniformly random order: its
+    labels (dictionary-encoded), ``count`` (int64), ``estimate`` = count / beta (float64) and the
+    exact interval [``lower``, ``upper``] (int64) for the people behind the count at
+    ``confidence``, conditional on publication (:func:`.count_intervals.count_intervals`,
+    vectorized over the distinct counts). A function of the published cells and the public
+    k, beta, C: post-processing. A crowd-blending histogram publishes it; SDGS microdata
+    publishes it beside the rows (the rows grouped by cell)."""
+    from privrelease.mechanisms.columns import COUNT, HISTOGRAM
+    from privrelease.mechanisms.count_intervals import count_intervals
+
+    published = np.flatnonzero(cells.counts >= k)
+    published = published[randomness.permutation(len(published))]
+    columns: dict[str, pa.Array] = dict(cells.label_columns(published))
+    counts = np.asarray(cells.counts[published], dtype=np.int64)
+    intervals = count_intervals(counts, k, beta, confidence)
+    columns[COUNT] = pa.array(counts, pa.int64())
+    estimate, lower, upper = HISTOGRAM[1:]
+    columns[estimate] = pa.array(intervals.estimate, pa.float64())
+    columns[lower] = pa.array(intervals.lower, pa.int64())
+    columns[upper] = pa.array(intervals.upper, pa.int64())
+    return pa.table(columns)
+
+
+def with_cells(
+    result: MechanismResult, cells: CellCounts, *, k: int, beta: float, confidence: float | None
+) -> MechanismResult:
+    """``result`` with its published cells as a companion output (:func:`published_cells_table`);
+    unchanged when ``confidence`` is None."""
+    if confidence is None:
+        return result
+    from dataclasses import replace
+
+    return replace(result, cells=published_cells_table(cells, k=k, beta=beta, confidence=confidence))
+
+
 def sdgs(
     table: pa.Table,
     schemes: Mapping[str, ColumnScheme],
@@ -194,6 +230,7 @@ def sdgs(
     k: int,
     beta: float,
     epsilon: float,
+    confidence: float | None = None,
 ) -> MechanismResult:
     """(k, beta)-SDGS microdata of the columns in ``schemes``: the sampled, generalized rows
     whose cell has at least k sampled rows, in uniformly random order, as dictionary-encoded
@@ -202,10 +239,13 @@ def sdgs(
 
     ``public_facts``: k, beta, epsilon, columns, rows_published, cells_published (all derivable
     from the output). ``internal_facts``: rows_in, rows_sampled, rows_suppressed,
-    cells_suppressed and :func:`utility_delivered` (they describe the input)."""
+    cells_suppressed and :func:`utility_delivered` (they describe the input). With
+    ``confidence``, the published cells with their count intervals as a companion output
+    (:func:`with_cells`)."""
     check_parameters(k, beta, epsilon)
     cells = count_cells(table, schemes, beta=beta)
     published = np.flatnonzero(cells.counts >= k)
     rows = shuffled_repeat(np.arange(len(published)), cells.counts[published])
     output = pa.table(cells.label_columns(published, rows))
-    return release(cells, output, k=k, beta=beta, epsilon=epsilon, output="microdata")
+    result = release(cells, output, k=k, beta=beta, epsilon=epsilon, output="microdata")
+    return with_cells(result, cells, k=k, beta=beta, confidence=confidence)

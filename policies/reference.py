@@ -68,6 +68,8 @@ def _section(name: str, model: dict[str, Any]) -> list[str]:
     required = set(model.get("required", []))
     for field, spec in model.get("properties", {}).items():
         need = "required" if field in required else f"default `{json.dumps(spec.get('default'))}`"
+        if "x-required" in spec:  # optional in the schema, required by a rule plan checks
+            need = f"required {spec['x-required']}, else {need}"
         lines.append(f"| `{field}` | {_type(spec)} | {need} | {_allowed(spec)} |")
     return [*lines, ""]
 

@@ -166,7 +166,9 @@ class Dataset(Model):
     where it is, optionally exactly which file (``sha256``: the vintage; a run refuses any
     other content, and an approval binds it), how to read it, and the columns it uses."""
 
-    id: DatasetId | None = None
+    id: DatasetId | None = Field(
+        None, json_schema_extra={"x-required": "when the release charges the lifetime budget (any DP mechanism)"}
+    )
     path: Name
     sha256: Annotated[StrictStr, AfterValidator(_sha256_hex)] | None = None
     format: Literal["csv", "parquet"] = "csv"
@@ -472,7 +474,9 @@ class AccuracyTarget(Model):
     SDGS microdata and histograms (``count``, ``relative_error``): a cell of ``count`` people
     is published and its estimate count/beta is within +-relative_error of it; identifiable
     statistics (``absolute_error``): each published value is within +-absolute_error of the
-    exact statistic of the clamped values."""
+    exact statistic of the clamped values; noisy counts (``absolute_error``): each cell's
+    published count is within +-absolute_error of its true count (cell by cell, not all cells
+    at once: plan, the report and release.json state the whole table's wider half-width too)."""
 
     mechanism: Name
     count: (

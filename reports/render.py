@@ -192,7 +192,19 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
         for cell in statement.cells
     ]
     noise = statement.noise
-    view["half_width"] = [(f"{c:.0%}", fmt(h, 4)) for c, h in noise.half_width.items()] if noise else []
+    view["half_width"] = (
+        [
+            (f"{c:.0%}", fmt(h, 4), *((fmt(noise.all_cells_half_width[c], 4),) if noise.all_cells_half_width else ()))
+            for c, h in noise.half_width.items()
+        ]
+        if noise
+        else []
+    )
+    view["all_cells"] = f"{noise.cells:,}" if noise and noise.all_cells_half_width else None
+    view["unit"] = noise.unit if noise else None
+    view["interval_columns"] = (
+        f"{noise.interval_confidence * 100:g}%" if noise and noise.interval_confidence is not None else None
+    )
     view["clamping"] = noise.clamping if noise else None
     gap = statement.selection_gap
     view["selection_gap"] = (fmt(gap.rows, 4), f"{(1 - gap.failure) * 100:g}%") if gap else None
@@ -214,14 +226,16 @@ def _published_counts(counts: PublishedCounts | None) -> str | None:
         "Near k it lies lower than the estimate suggests: a small cell is published only when its sample was lucky. "
         "It is computed from the published count and the public k, β and confidence alone: no privacy cost."
     )
-    if counts.columns:
+    if not counts.command:
         return (
             "After the data: each published cell's count c comes with the columns estimate (c/β, the people in "
             f"the cell estimated) and lower and upper: {exact}"
         )
     return (
-        "After the data: group the published rows by their generalized values; a group of c rows "
-        f"estimates c/β people, and the command “{counts.command}” gives {exact}"
+        "After the data: the companion file (this output's name with .cells) lists each published cell, the "
+        "published rows grouped by their generalized values, with its count c and the columns estimate (c/β, the "
+        f"people in the cell estimated) and lower and upper: {exact} For other groupings of the rows, the command "
+        f"“{counts.command}” gives the same."
     )
 
 

@@ -206,3 +206,38 @@ def test_calibrate_accuracy_reports_the_privacy_cost() -> None:
     assert document["epsilon"] == smallest_epsilon(20, document["beta"], 1e-6, "approximate").epsilon
     unreachable = cli("calibrate", "accuracy", "--k", "200", "--count", "100", "--relative-error", "0.1")
     assert unreachable.returncode == 1 and "no beta reaches it" in unreachable.stderr
+
+
+@pytest.mark.parametrize(("scale", "groups"), [(1.0, 2), (3.9152303779463504, 16), (0.0014, 1000), (50.0, 10**6)])
+def test_laplace_all_groups_half_width_against_scipy(scale: float, groups: int) -> None:
+    """All N i.i.d. Laplace noises within +-h at once: scipy's Laplace cdf gives
+    P(|X| <= h)^N >= C, equal to C within 1e-12 (h is the exact quantile, rounded up)."""
+    from scipy.stats import laplace
+
+    from privrelease.mechanisms.accuracy import laplace_all_half_width
+
+    for confidence in (0.5, 0.9, 0.95, 0.99):
+        h = laplace_all_half_width(scale, confidence, groups)
+        with mpmath.workdps(50):
+            inside = mpmath.mpf(1) - mpmath.mpf(2) * mpmath.mpf(float(laplace.sf(h, scale=scale)))
+            assert inside**groups >= confidence * (1 - 1e-14)  # scipy's sf in floats: relative 1e-16
+            assert abs(inside**groups / confidence - 1) < 1e-12
+        assert h > laplace_half_width(scale, confidence)
+    assert laplace_all_half_width(scale, 0.95, 1) == laplace_half_width(scale, 0.95)
+
+
+def test_a_grouped_statistic_states_each_group_and_all_groups() -> None:
+    """adult-identifiable counts people per education (16 groups): each group's half-width and
+    the wider one of all 16 at once; an ungrouped mean states one value's only."""
+    from privrelease.mechanisms.accuracy import laplace_all_half_width
+    from privrelease.planning import plan_policy
+    from privrelease.policies import load_policy
+
+    plan = plan_policy(load_policy(Path(__file__).resolve().parents[1] / "policies/examples/adult-identifiable.yaml"))
+    grouped, mean = plan.accuracy["people-by-education"], plan.accuracy["mean-age"]
+    assert grouped is not None and grouped.noise is not None and mean is not None and mean.noise is not None
+    scale = grouped.noise.scale
+    assert grouped.noise.cells == 16 and grouped.noise.unit == "group"
+    assert grouped.noise.all_cells_half_width == {c: laplace_all_half_width(scale, c, 16) for c in (0.9, 0.95, 0.99)}
+    assert grouped.as_dict()["all_cells_half_width"]["0.95"] > grouped.as_dict()["half_width"]["0.95"]
+    assert "all_cells_half_width" not in mean.as_dict()

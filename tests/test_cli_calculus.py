@@ -257,7 +257,34 @@ def test_guarantee_accuracy_noisy_counts(distribution: str, option: str, value: 
         "half_width": half_width(distribution, value, confidence),
     }
     text = cli(*args, "--confidence", str(confidence))
-    assert f"within +-{body['half_width']} with probability >= {confidence:g}" in text.stdout
+    assert (
+        f"each cell within +-{body['half_width']} of its true count with probability >= {confidence:g}" in text.stdout
+    )
+    assert "all cells at once need more (--cells N)" in text.stdout
+
+
+def test_guarantee_accuracy_noisy_counts_all_cells() -> None:
+    """--cells N adds the half-width of all N cells at once beside each cell's (adult-noisy:
+    sigma 4.231, 20 cells: +-8 each, +-13 all at once), in JSON and in words; calibrate too."""
+    from privrelease.mechanisms.kinds.noisy_counts import all_cells_half_width
+
+    args = ("guarantee", "accuracy", "noisy-counts", "--distribution", "gaussian", "--sigma", "4.231", "--cells", "20")
+    body = json.loads(cli(*args, "--json").stdout)
+    assert body == {
+        "distribution": "gaussian",
+        "sigma": 4.231,
+        "confidence": 0.95,
+        "half_width": 8,
+        "all_cells_half_width": 13,
+    }
+    assert body["all_cells_half_width"] == all_cells_half_width("gaussian", 4.231, 0.95, 20)
+    assert "each cell within +-8 " in cli(*args).stdout and "all 20 cells at once within +-13" in cli(*args).stdout
+    calibrated = json.loads(
+        cli("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1e-6", "--cells", "100", "--json").stdout
+    )
+    assert calibrated["half_width"] == 8 and calibrated["all_cells_half_width"] == 15
+    table = cli("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1e-6", "--cells", "1000").stdout
+    assert "all 1,000 cells at once" in table and "+-17" in table
 
 
 @pytest.mark.parametrize(
@@ -268,6 +295,24 @@ def test_guarantee_accuracy_noisy_counts(distribution: str, option: str, value: 
         (("calibrate", "noisy-counts", "--epsilon", "inf"), "--epsilon must be a finite number > 0; got inf"),
         (("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1"), "--delta must be a number in (0, 1); got 1"),
         (("calibrate", "noisy-counts", "--epsilon", "1", "--confidence", "1.5"), "--confidence must be a number in"),
+        (
+            ("calibrate", "noisy-counts", "--epsilon", "1", "--cells", "0"),
+            "--cells must be an integer in [1, 1,000,000]",
+        ),
+        (
+            (
+                "guarantee",
+                "accuracy",
+                "noisy-counts",
+                "--distribution",
+                "laplace",
+                "--scale",
+                "2",
+                "--cells",
+                "2000000",
+            ),
+            "--cells must be an integer in [1, 1,000,000]; got 2e+06",
+        ),
         (("guarantee", "accuracy", "noisy-counts", "--distribution", "poisson", "--scale", "2"), "--distribution must"),
         (
             ("guarantee", "accuracy", "noisy-counts", "--distribution", "gaussian"),

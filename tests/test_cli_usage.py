@@ -104,3 +104,34 @@ def test_help_version_and_success_keep_their_exit_codes(
     assert code == 0 and json.loads(out)["passed"] is True
     code, out, err = invoke(monkeypatch, capsys, "guarantee", "compose", DEMO, "--times", "0", "--delta", "1e-6")
     assert (code, err) == (2, "error: --times must be an integer >= 1; got 0\n")  # a UserError, as before
+
+
+def test_each_command_group_names_its_commands(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Every group's help (the line `privrelease --help` shows for it) names each of its commands
+    (`policy` once lacked init, schema and revoke), nested groups included."""
+    import typer.main
+
+    from privrelease.cli import app
+
+    def groups(group, path: tuple[str, ...]):
+        for name, command in group.commands.items():
+            if hasattr(command, "commands"):  # a group (Typer's own Click)
+                yield (*path, name), command
+                yield from groups(command, (*path, name))
+
+    found = list(groups(typer.main.get_command(app), ()))
+    assert {path for path, _ in found} >= {("policy",), ("audit",), ("audit", "governance"), ("calibrate",)}
+    for path, group in found:
+        listed = (group.help or "").split("Commands: ")[-1].rstrip(".").split(", ")
+        assert sorted(listed) == sorted(group.commands), path
+    code, out, _ = invoke(monkeypatch, capsys, "--help")
+    top = " ".join(out.replace("│", " ").split())
+    assert code == 0 and "Commands: approve, revoke, list, show, schema, init." in top
+
+
+@pytest.mark.parametrize("args", [("--help",), ("plan", "--help"), ("policy", "approve", "--help")])
+def test_flags_show_no_value_type(monkeypatch: pytest.MonkeyPatch, capsys, args: tuple[str, ...]) -> None:
+    """An on/off flag (--json, --help, --version) takes no value: its help shows no `<bool>`."""
+    code, out, _ = invoke(monkeypatch, capsys, *args)
+    assert code == 0 and "--help" in out and "<bool>" not in out
+    assert "<path>" in invoke(monkeypatch, capsys, "plan", "--help")[1]  # valued options keep their type

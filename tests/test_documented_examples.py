@@ -119,3 +119,51 @@ def test_every_readme_command_runs_as_written(released) -> None:
         assert "Traceback" not in result.stderr
         ran.append(args[0])
     assert {"plan", "guarantee", "calibrate", "policy", "ledger", "audit", "report", "estimate"} <= set(ran)
+
+
+def test_readme_noisy_counts_snippet_is_the_example_s_mechanisms() -> None:
+    """The README's noisy-counts YAML is the mechanisms section of the example it names."""
+    import yaml
+
+    text = (REPO / "README.md").read_text()
+    intro = text.index("`policies/examples/adult-noisy.yaml` is a complete policy:")
+    snippet = re.search(r"```yaml\n(.*?)```", text[intro:], re.S)
+    assert snippet is not None
+    example = yaml.safe_load((EXAMPLES / "adult-noisy.yaml").read_text())
+    assert yaml.safe_load(snippet.group(1)) == {"mechanisms": example["mechanisms"]}
+
+
+def test_noisy_counts_half_widths_in_the_readme_and_the_example_come_from_the_code() -> None:
+    """The figures the README and adult-noisy.yaml's comments state (each cell's 95% half-width,
+    all cells at once) are the kind's, at the example's sigma and number of cells."""
+    from privrelease.mechanisms.kinds.noisy_counts import all_cells_half_width, half_width
+    from privrelease.planning import plan_policy
+    from privrelease.policies import load_policy
+
+    path = EXAMPLES / "adult-noisy.yaml"
+    (table,) = plan_policy(load_policy(path)).mechanisms
+    sigma, cells = 4.231, table.facts["cells"]
+    each, together = half_width("gaussian", sigma, 0.95), all_cells_half_width("gaussian", sigma, 0.95, cells)
+    readme = re.sub(r"\s+", " ", (REPO / "README.md").read_text())
+    assert (
+        f"--cells {cells}` finds the smallest sigma for a target ({sigma:g}: each cell within +-{each} of its "
+        f"true count with probability 0.95, cell by cell; all {cells} cells at once only within +-{together})"
+    ) in readme
+    comments = re.sub(r"\s*\n\s*#\s*", " ", path.read_text())
+    assert (
+        f"each cell (cell by cell) within +-{each} people of its true count at 95%; all {cells} cells at once "
+        in comments
+    )
+    assert f"within +-{together} (plan and the report state both)" in comments
+    assert f"sigma: {sigma:g}" in path.read_text()
+
+
+@pytest.mark.parametrize("name", ["prefect.yaml", "README.md"])
+def test_the_scheduling_docs_say_every_extract_shares_the_dataset_budget(name: str) -> None:
+    """The budget model (README): every file read for a dataset.id shares its one lifetime budget.
+    The scheduling docs once said a new file had "its own budget" (a monthly schedule would seem
+    to reset it)."""
+    text = " ".join((REPO / "deploy" / name).read_text().replace("#", " ").split())
+    assert "own budget" not in text and "budget of its own" not in text
+    assert "shares that one budget" in text and "does not reset it" in text
+    assert "every extract" in text.lower() or "each new extract" in text

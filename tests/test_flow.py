@@ -69,6 +69,7 @@ def test_release_flow_on_demo_data(prefect_harness, demo_dir, work):
     folder = Path(summary["release_dir"])
     assert {Path(o["path"]).name for o in summary["outputs"]} == {
         "microdata.parquet",
+        "microdata.cells.parquet",
         "hours-by-sex.parquet",
         "mean-hours.parquet",
     }
@@ -102,7 +103,7 @@ def test_release_flow_on_adult_data(prefect_harness, adult_dir, work):
 
     summary = release(policy_path=str(EXAMPLES / "adult-combined.yaml"))
     outputs = {Path(o["path"]).name: o for o in summary["outputs"]}
-    assert set(outputs) == {"microdata.parquet", "counts.parquet", "mean-age.parquet"}
+    assert set(outputs) == {"microdata.parquet", "microdata.cells.parquet", "counts.parquet", "mean-age.parquet"}
     microdata = pq.read_table(outputs["microdata.parquet"]["path"])
     assert microdata.column_names == ["age", "sex", "race", "education", "salary-class"]
     assert set(microdata.column("race").to_pylist()) == {"*"}  # suppressed by the policy

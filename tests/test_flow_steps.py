@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from sqlmodel import col, select
 
-from privrelease import demo
+from privrelease import count_intervals, demo
 from privrelease.audit import approvals, chain, registered, verification
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
@@ -111,6 +111,7 @@ def test_release_on_demo_data(demo_dir, work):
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [
             "microdata.parquet",
+            "microdata.cells.parquet",
             "hours-by-sex.parquet",
             "mean-hours.parquet",
             steps.REPORT_FILE,
@@ -145,6 +146,25 @@ def test_release_on_demo_data(demo_dir, work):
     assert "conditional on publication" in stated["construction"] and "no privacy cost" in stated["construction"]
     (microdata_entry,) = [o for o in described["outputs"] if o["mechanism"] == "microdata"]
     assert "--observed c" in microdata_entry["accuracy"]["published_counts"]["how"]
+    # the microdata's published cells with their count intervals, beside the rows: the rows grouped
+    # by their generalized values (as a user would), each group's size with its exact interval
+    companion = pq.read_table(folder / "microdata.cells.parquet")
+    labels = ["age", "sex", "education", "salary-class"]
+    assert companion.column_names == [*labels, "count", "estimate", "lower", "upper"]
+    grouped = microdata.group_by(labels).aggregate([([], "count_all")])
+    by_cell = {tuple(row[c] for c in labels): row["count_all"] for row in grouped.to_pylist()}
+    rows = companion.to_pylist()
+    assert {tuple(row[c] for c in labels): row["count"] for row in rows} == by_cell and len(rows) == len(by_cell)
+    expected = count_intervals([row["count"] for row in rows], k=20, beta=0.1, confidence=0.95)
+    assert [row["lower"] for row in rows] == expected.lower.tolist()
+    assert [row["upper"] for row in rows] == expected.upper.tolist()
+    assert [row["estimate"] for row in rows] == expected.estimate.tolist()
+    assert microdata_entry["cells"] == {
+        "file": "microdata.cells.parquet",
+        "sha256": sha256_file(folder / "microdata.cells.parquet"),
+        "rows": len(rows),
+    }
+    assert "companion file '<mechanism>.cells'" in microdata_entry["accuracy"]["published_counts"]["how"]
     mean = pq.read_table(folder / "mean-hours.parquet").column("value").to_pylist()
     assert len(mean) == 1 and 30 < mean[0] < 50
     for output in published.outputs:
@@ -157,7 +177,7 @@ def test_release_on_demo_data(demo_dir, work):
     with session(open_database(), readonly=True) as s:
         outputs = list(s.exec(select(Output).where(Output.run_id == run.id)))
         report = s.exec(select(Report).where(Report.run_id == run.id)).one()
-    assert len(outputs) == 5  # three mechanisms, the public statement and release.json
+    assert len(outputs) == 6  # three mechanisms, the microdata's cells, the public statement and release.json
     assert report.path == str(folder / steps.REPORT_FILE)
     assert run.id in report.html and "demo-census" in report.html
     (entry,) = ledger_entries()
@@ -187,7 +207,8 @@ def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):
     with pytest.raises(UserError, match="no lifetime budget for the dataset"):
         release_plain(policy_path=str(unbudgeted))
     published = release_plain(policy_path=str(EXAMPLES / "adult-select.yaml"))
-    (output,) = published.outputs
+    output, cells = published.outputs  # the microdata and its published cells (with count intervals)
+    assert Path(cells["path"]).name == Path(output["path"]).name.replace(".parquet", ".cells.parquet")
     table = pq.read_table(output["path"])
     assert table.column_names == ["age", "sex", "education", "occupation", "salary-class"]
     assert table.num_rows > 1000
@@ -1035,8 +1056,9 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
 
     handed = reissue(first.run_id, tmp_path / "copies")
     assert [e.state for e in ledger_entries()] == ["committed", "committed"]  # no charge
-    assert [Path(o.path).name for o in handed.outputs][:3] == [
+    assert [Path(o.path).name for o in handed.outputs][:4] == [
         "microdata.parquet",
+        "microdata.cells.parquet",
         "hours-by-sex.parquet",
         "mean-hours.parquet",
     ]
@@ -1109,7 +1131,9 @@ def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work
     published = release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
     document = json.loads((Path(published.release_dir) / "release.json").read_text())
     by_file = {entry["file"]: entry for entry in document["outputs"]}
-    assert set(by_file) == {Path(output["path"]).name for output in published.outputs}
+    companions = {entry["cells"]["file"] for entry in document["outputs"] if "cells" in entry}
+    assert companions == {"microdata.cells.parquet"}
+    assert set(by_file) | companions == {Path(output["path"]).name for output in published.outputs}
     sampled = next(entry for entry in by_file.values() if entry["type"] == "sdgs")
     assert sampled["parameters"]["k"] > 0 and "1/beta" in sampled["estimation"]
     assert sampled["guarantees"]["probabilistic"]["delta"] > 0 and sampled["generalization"]

@@ -248,6 +248,94 @@ def test_half_width_reference_values() -> None:
     assert nc.half_width("laplace", 5.0, 0.95) == 15
 
 
+def mp_central(distribution: str, parameter: float, width: int) -> mpmath.mpf:
+    """``P(|Z| <= width)``, a 50-digit sum of the exact pmf."""
+    _, p = mp_pmf(distribution, parameter)
+    return mpmath.fsum(p(z) for z in range(-width, width + 1)) if width >= 0 else mpmath.mpf(0)
+
+
+@pytest.mark.parametrize(
+    ("distribution", "parameter", "cells"),
+    [
+        ("gaussian", 4.231, 20),
+        ("gaussian", 4.231, 100),
+        ("gaussian", 4.231, 1000),
+        ("gaussian", 0.7, 7),
+        ("gaussian", 20.0, 1_000_000),
+        ("laplace", 2.0, 12),
+        ("laplace", 0.3, 1000),
+    ],
+)
+def test_all_cells_half_width_against_the_exact_pmf(distribution: str, parameter: float, cells: int) -> None:
+    """All N cells within +-w at once: P(|Z| <= w)^N >= C (i.i.d. noise), and not at w - 1."""
+    for confidence in (0.5, 0.9, 0.95, 0.99):
+        w = nc.all_cells_half_width(distribution, parameter, confidence, cells)
+        assert mp_central(distribution, parameter, w) ** cells >= confidence, (w, confidence)
+        assert mp_central(distribution, parameter, w - 1) ** cells < confidence, (w, confidence)
+    assert nc.all_cells_half_width(distribution, parameter, 0.95, 1) == nc.half_width(distribution, parameter, 0.95)
+
+
+def test_adult_noisy_each_cell_is_not_all_cells() -> None:
+    """The issue's figures for adult-noisy (sigma 4.231, 20 cells), by the exact pmf: each cell
+    within +-8 with probability 0.956, all 20 at once only 0.406; all cells at once at 95% need
+    +-13 (100 cells +-15, 1,000 cells +-17)."""
+    assert nc.half_width("gaussian", 4.231, 0.95) == 8
+    each = mp_central("gaussian", 4.231, 8)
+    assert round(float(each), 3) == 0.956 and round(float(each**20), 3) == 0.406
+    widths = [nc.all_cells_half_width("gaussian", 4.231, 0.95, n) for n in (20, 100, 1000)]
+    assert widths == [13, 15, 17]
+
+
+def test_each_cell_miss() -> None:
+    """1 - C for one cell; for N cells (1 - m)^N >= C with m within 1e-12 of 1 - C^(1/N)
+    (50 digits); refuses what is not a count of cells or a confidence."""
+    from privrelease.mechanisms.accuracy import each_cell_miss
+
+    assert each_cell_miss(0.95, 1) == 1 - 0.95
+    for confidence in (0.5, 0.95, 0.999999):
+        for cells in (2, 20, 10**6, 10**12):
+            m = each_cell_miss(confidence, cells)
+            assert (1 - mpmath.mpf(m)) ** cells >= confidence
+            exact = 1 - mpmath.mpf(confidence) ** (mpmath.mpf(1) / cells)
+            assert abs(mpmath.mpf(m) / exact - 1) < 1e-12
+    for cells in (0, -3, 2.5, True):
+        with pytest.raises(UserError, match="cells must be an integer >= 1"):
+            each_cell_miss(0.95, cells)
+    with pytest.raises(UserError, match="confidence must be"):
+        each_cell_miss(1.0, 3)
+
+
+SIMULATED_TABLES = 10_000
+
+
+def test_simultaneous_coverage_of_simulated_tables() -> None:
+    """10,000 tables of 20 cells of OpenDP's discrete Gaussian (sigma 4.231): the share of tables
+    with every cell within +-13 (the all-cells half-width) and within +-8 (each cell's) against
+    the exact P(|Z| <= w)^20 (0.95... and 0.406), by a two-sided binomial test each: a correct
+    sampler and formula fail either with probability below 2 ALPHA. The +-8 share is far below
+    95%: the per-cell half-width does not cover the whole table."""
+    cells = 20
+    noise = nc.add_noise(np.zeros((SIMULATED_TABLES, cells), dtype=np.int64), "gaussian", 4.231)
+    worst = np.abs(noise).max(axis=1)
+    for width in (nc.all_cells_half_width("gaussian", 4.231, 0.95, cells), nc.half_width("gaussian", 4.231, 0.95)):
+        exact = float(mp_central("gaussian", 4.231, width) ** cells)
+        covered = int(np.sum(worst <= width))
+        assert stats.binomtest(covered, SIMULATED_TABLES, exact).pvalue > ALPHA, (width, covered, exact)
+    assert np.mean(worst <= 8) < 0.5 < 0.95 <= np.mean(worst <= 13) + 0.01
+
+
+def test_per_cell_interval_holds_the_true_count() -> None:
+    """[max(0, c - w), max(0, c + w)] holds t >= 0 whenever |c - t| <= w, and also when the
+    count c = t + z was published as max(0, t + z) (``nonnegative``); it is no wider than 2w."""
+    t, z = np.meshgrid(np.arange(0, 30), np.arange(-6, 7))
+    t, z = t.ravel(), z.ravel()
+    for published in (t + z, nc.nonnegative(t + z)):
+        lower, upper = nc.per_cell_interval(published, 6)
+        assert np.all((lower <= t) & (t <= upper)) and np.all(upper - lower <= 12)
+    lower, upper = nc.per_cell_interval(np.array([-9, 0, 40]), 6)
+    assert lower.tolist() == [0, 0, 34] and upper.tolist() == [0, 6, 46]
+
+
 # --- calibration -----------------------------------------------------------------------------------
 
 
@@ -443,6 +531,14 @@ def test_plan_states_the_exact_guarantees(demo_dir):
     statement = gaussian.accuracy["table"]
     assert statement is not None and statement.noise is not None
     assert statement.noise.half_width[0.95] == half_width("gaussian", 20, 0.95)
+    # each cell's half-width and the whole table's (all 12 cells at once), as release.json states them
+    document = statement.as_dict()
+    assert document["table_cells"] == 12
+    assert document["all_cells_half_width"] == {
+        f"{c:g}": nc.all_cells_half_width("gaussian", 20, c, 12) for c in (0.9, 0.95, 0.99)
+    }
+    assert document["all_cells_half_width"]["0.95"] > document["half_width"]["0.95"]
+    assert document["interval_columns"] == {"columns": ["lower", "upper"], "confidence": 0.95}
 
     laplace = plan_policy(load_policy(_policy(demo_dir, "{distribution: laplace, scale: 4}", version="nl")))
     assert laplace.mechanisms[0].guarantees["approximate"].epsilon == 0.25
@@ -462,7 +558,11 @@ def test_release_publishes_every_cell_with_noise(demo_dir):
     )
     published = release_plain(policy_path=str(path))
     table = pq.read_table(Path(published.release_dir) / "table.parquet")
-    assert table.num_rows == 12 and table.column_names == ["sex", "race", "salary-class", "count"]
+    assert table.num_rows == 12 and table.column_names == ["sex", "race", "salary-class", "count", "lower", "upper"]
+    # each count's 95% interval: the count -+ each cell's half-width, never below 0
+    width = half_width("laplace", 2, 0.95)
+    assert table.column("lower").to_pylist() == [max(0, c - width) for c in table.column("count").to_pylist()]
+    assert table.column("upper").to_pylist() == [c + width for c in table.column("count").to_pylist()]
     cells = set(zip(*(table.column(c).to_pylist() for c in ("sex", "race", "salary-class")), strict=True))
     assert len(cells) == 12
     counts = table.column("count").to_numpy()
@@ -481,19 +581,20 @@ def test_a_column_without_a_declared_domain_is_refused(demo_dir):
         load_policy(path)
 
 
-def test_a_column_named_like_the_count_is_refused(demo_dir):
-    """The output's ``count`` column would replace a kept column named ``count``."""
-    path = _policy(demo_dir, "{distribution: laplace, scale: 2}", version="count")
+@pytest.mark.parametrize("name", ["count", "lower", "upper"])
+def test_a_column_named_like_an_output_column_is_refused(demo_dir, name):
+    """The output's ``count``, ``lower`` and ``upper`` columns would replace a kept column of that name."""
+    path = _policy(demo_dir, "{distribution: laplace, scale: 2}", version=name)
     text = path.read_text().replace(
-        "    sex: {type: string, values: [Male, Female]}", "    count: {type: string, values: [Male, Female]}"
+        "    sex: {type: string, values: [Male, Female]}", f"    {name}: {{type: string, values: [Male, Female]}}"
     )
-    text = text.replace("  sex: keep", "  count: keep").replace(
-        "columns: [sex, race, salary-class]", "columns: [count, race]"
+    text = text.replace("  sex: keep", f"  {name}: keep").replace(
+        "columns: [sex, race, salary-class]", f"columns: [{name}, race]"
     )
     path.write_text(text)
     with pytest.raises(
         UserError,
-        match=r"mechanisms\[0\]\.columns\[0\]: a noisy table cannot generalize a column named 'count': the output uses that name",
+        match=rf"mechanisms\[0\]\.columns\[0\]: a noisy table cannot generalize a column named '{name}': the output uses",
     ):
         load_policy(path)
 
@@ -636,7 +737,7 @@ def test_release_on_dask_adds_the_noise_once_to_the_merged_counts(tmp_path, monk
     report = Path(published.report).read_text()
     assert f"{DASK_PARTITIONS} partitions on 2 workers" in report, "the release ran on Dask"
     table = pq.read_table(Path(published.release_dir) / "table.parquet")
-    assert table.column_names == ["sex", "group", "count"] and table.num_rows == len(truth) == 40
+    assert table.column_names == ["sex", "group", "count", "lower", "upper"] and table.num_rows == len(truth) == 40
     cells = list(zip(table.column("sex").to_pylist(), table.column("group").to_pylist(), strict=True))
     assert sorted(cells) == sorted(truth), "every declared cell once, the empty ones included"
     counts = table.column("count").to_numpy()
@@ -645,7 +746,7 @@ def test_release_on_dask_adds_the_noise_once_to_the_merged_counts(tmp_path, monk
     assert event_from_json(entry.event_json) == plan_policy(load_policy(path)).event
 
     noise = counts - np.array([truth[cell] for cell in cells])
-    width = half_width("gaussian", 20, 1 - ALPHA / len(cells))
+    width = nc.all_cells_half_width("gaussian", 20, 1 - ALPHA, len(cells))  # all 40 at once
     assert np.abs(noise).max() <= width, (noise.tolist(), width)
     total = 20 * math.sqrt(2 * len(cells) * math.log(2 / ALPHA))
     assert abs(int(counts.sum()) - DASK_PARTITIONS * DASK_ROWS) <= total

@@ -34,6 +34,23 @@ def test_the_generated_files_are_in_sync_with_the_schema() -> None:
     assert (REPO / reference.REFERENCE_FILE).read_text(encoding="utf-8") == reference.reference_markdown()
 
 
+def test_the_reference_says_what_absolute_error_covers_and_when_dataset_id_is_required() -> None:
+    """``absolute_error`` is named for every kind that checks it (noisy counts too, cell by cell);
+    ``dataset.id``, optional in the schema, is shown as required for a charging release (the
+    run refuses one without it), not as a plain "default null"."""
+    from privrelease.mechanisms.kinds import all_kinds
+
+    text = reference.reference_markdown()
+    section = text.split("## AccuracyTarget", 1)[1].split("\n## ", 1)[0]
+    checking = sorted(name for name, kind in all_kinds().items() if "absolute_error" in kind.accuracy_fields)
+    assert checking == ["identifiable_statistic", "noisy_counts"]
+    assert "identifiable statistics (``absolute_error``)" in section
+    assert "noisy counts (``absolute_error``): each cell's published count" in section
+    assert "cell by cell, not all cells at once" in section
+    row = next(line for line in text.split("## Dataset", 1)[1].splitlines() if line.startswith("| `id` |"))
+    assert "required when the release charges the lifetime budget" in row
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_every_example_validates_against_the_json_schema(name: str) -> None:
     """What an editor checks: every example policy is valid under the published JSON Schema, and

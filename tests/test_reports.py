@@ -708,6 +708,7 @@ def test_each_sdgs_and_histogram_output_says_how_to_read_its_count_intervals(mix
     histogram, microdata = sorted(sentences)
     assert "columns estimate (c/β" in histogram and "lower and upper" in histogram
     assert "--k 20 --beta 0.1 --observed c --confidence 0.95" in microdata
+    assert "the companion file (this output&#39;s name with .cells) lists each published cell" in microdata
     for sentence in sentences:
         assert "exact 95% confidence interval" in sentence and "given that it was published" in sentence
         assert "no privacy cost" in sentence
@@ -732,3 +733,24 @@ def test_previews_publish_as_many_rows_as_each_kind_would(adult_dir: Path) -> No
                 assert 1 <= output["rows"] < facts["rows_sampled"] - facts["rows_suppressed"]
             elif spec.type == "sdgs":
                 assert output["rows"] == facts["rows_sampled"] - facts["rows_suppressed"]
+
+
+def test_noisy_counts_accuracy_says_each_cell_and_all_cells_at_once() -> None:
+    """adult-noisy (sigma 4.231, 20 cells): the public statement's table gives each cell's
+    half-width and the wider one of all 20 cells at once, from the kind's functions, and says
+    the output's lower/upper columns hold each cell's true count cell by cell, not all at once."""
+    from privrelease.mechanisms.kinds.noisy_counts import all_cells_half_width, half_width
+    from privrelease.policies import load_policy
+
+    html = report_html(example_context(load_policy(EXAMPLES_DIR / "adult-noisy.yaml")))
+    public = re.sub(r"\s+", " ", public_part(html))
+    assert 'each cell\'s noise within ±</th><th class="num">all 20 cells at once within ±' in public
+    for confidence in (0.9, 0.95, 0.99):
+        each, together = (
+            half_width("gaussian", 4.231, confidence),
+            all_cells_half_width("gaussian", 4.231, confidence, 20),
+        )
+        row = f'<tr><td>{confidence:.0%}</td><td class="num">{each}</td><td class="num">{together}</td></tr>'
+        assert row in public
+    (sentence,) = re.findall(r'<p class="scope all-cells">(.*?)</p>', public)
+    assert "columns lower and upper" in sentence and "cell by cell, not all at once" in sentence

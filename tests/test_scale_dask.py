@@ -200,6 +200,10 @@ def test_same_release_as_in_process(cluster, work):
         micro = found["microdata"]
         assert micro.schema.names == names
         sampled_within_binomial_bounds(rows_of(micro), true_micro, 0.1)
+        companion = found["microdata.cells"]  # its published cells: the rows grouped, each count's interval
+        assert rows_of(companion.select(names)) == Counter(rows_of(micro).keys())
+        assert dict(zip(rows_of(companion.select(names)), companion.column("count").to_pylist())) == rows_of(micro)
+        assert (companion.column("lower").to_numpy() >= companion.column("count").to_numpy()).all()
         cells = found["cells"]
         counted = Counter({tuple(str(r[c]) for c in ("c0", "c1", "sex")): r["count"] for r in cells.to_pylist()})
         sampled_within_binomial_bounds(counted, true_cells, 0.1)
@@ -242,7 +246,9 @@ def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
     from privrelease.reissuing import reissue
 
     handed = reissue(again.run_id)
-    assert handed.source_run_id == again.run_id and len([o for o in handed.outputs if o.rows is not None]) == 4
+    assert (
+        handed.source_run_id == again.run_id and len([o for o in handed.outputs if o.rows is not None]) == 5
+    )  # and the microdata's cells
     (folder / "part-2.parquet").rename(folder / "part-9.parquet")
     assert combined_sha256([scan_file(str(path)) for path in sorted(folder.iterdir())]) != first.dataset_fingerprint
 

@@ -274,7 +274,7 @@ def test_a_policy_with_a_mechanism_without_a_job_reads_one_table(parquet_release
     policy.write_text(POLICY.replace("targets:", statistic + "targets:"))
     monkeypatch.setattr(flow_data, "_read", never_one_table)
     published = release_plain(policy_path=str(policy), out_dir=str(folder / "out"))
-    assert {Path(o["path"]).stem for o in published.outputs} == {"microdata", "cells", "by-sex"}
+    assert {Path(o["path"]).stem for o in published.outputs} == {"microdata", "microdata.cells", "cells", "by-sex"}
     monkeypatch.undo()
     splu = "mechanisms:\n  - {name: splu, type: splu_gen, gamma: 2, sensitive: [zone], columns: [age]}\n"
     policy.write_text(POLICY.split("mechanisms:")[0].replace('version: "1"', 'version: "2"') + splu)
@@ -333,7 +333,7 @@ def test_a_second_process_computes_the_partials_again(parquet_release, monkeypat
     monkeypatch.setattr(flow_data, "_read", never_one_table)
     swap_after_fingerprint(monkeypatch, "before a second process reads", lambda: None)
     published = release_plain(policy_path=str(folder / "policy.yaml"), out_dir=str(folder / "out"))
-    assert {Path(o["path"]).stem for o in published.outputs} == {"microdata", "cells"}
+    assert {Path(o["path"]).stem for o in published.outputs} == {"microdata", "microdata.cells", "cells"}
     (run,) = runs()
     assert run.status == "succeeded"
 

@@ -148,7 +148,10 @@ class IdentifiableStatisticMechanism(MechanismKind):
         return Planned(laplace_event(calibration), facts)
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
-        """The Laplace half-width at each confidence, and the clamping bias."""
+        """The Laplace half-width at each confidence, each group's and, with several ``by``
+        groups (i.i.d. noise), all groups' at once (:func:`.accuracy.laplace_all_half_width`),
+        and the clamping bias."""
+        from privrelease.mechanisms.accuracy import laplace_all_half_width
         from privrelease.mechanisms.kinds import CONFIDENCES, AccuracyStatement, NoiseAccuracy, laplace_half_width
 
         scale = planned.facts.get("lambda")
@@ -160,7 +163,10 @@ class IdentifiableStatisticMechanism(MechanismKind):
             else f"values outside [{self.lower:g}, {self.upper:g}] count as the nearer bound"
         )
         widths = {c: laplace_half_width(scale, c) for c in CONFIDENCES}
-        return AccuracyStatement("the published value", noise=NoiseAccuracy(scale, widths, clamping))
+        groups = math.prod(len(labels) for labels in loaded.labels(self.by).values())
+        together = {c: laplace_all_half_width(scale, c, groups) for c in CONFIDENCES} if groups > 1 else {}
+        noise = NoiseAccuracy(scale, widths, clamping, groups, together, unit="group")
+        return AccuracyStatement("the published value", noise=noise)
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """The Laplace noise within +-absolute_error with probability >= confidence: its
@@ -171,7 +177,8 @@ class IdentifiableStatisticMechanism(MechanismKind):
         assert target.absolute_error is not None
         scale = planned.facts.get("lambda")
         half = laplace_half_width(scale, target.confidence) if scale is not None else None
-        return AccuracyCheck("noise half-width", "<=", target.absolute_error, half, "none: rho infeasible")
+        what = "each group's noise half-width" if self.by else "noise half-width"
+        return AccuracyCheck(what, "<=", target.absolute_error, half, "none: rho infeasible")
 
     def frontier(self, loaded: LoadedPolicy) -> Frontier | None:
         """Over rho (log grid, feasible values only): the statistic's epsilon at the target

@@ -69,7 +69,7 @@ import pyarrow as pa
 from pydantic import Field, StrictBool
 
 from privrelease.errors import UserError
-from privrelease.mechanisms.columns import COUNT, taken_name
+from privrelease.mechanisms.columns import NOISY_TABLE, taken_name
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
     Axis,
@@ -288,13 +288,10 @@ def probabilistic_delta(distribution: Distribution, parameter: float, epsilon: f
 
 
 def half_width(distribution: Distribution, parameter: float, confidence: float) -> int:
-    """The smallest integer ``w`` with ``P(|Z| <= w) >= confidence`` for the noise ``Z``: each
-    published count is within ``±w`` of the true count with probability at least ``confidence``.
-    Exact from the pmf: ``w`` is the first with ``P(|Z| > w) <= 1 - confidence``, the tail bounded
-    above (discrete Laplace ``2 r^(w+1) / (1 + r)``; discrete Gaussian tail sums from the far end,
-    over the lower bound of ``C_sigma``, plus the bound beyond the summed range) and ``1 -
-    confidence`` rounded down, so the stated coverage is never overstated."""
-    parameter = _check(distribution, parameter)
+    """The smallest integer ``w`` with ``P(|Z| <= w) >= confidence`` for the noise ``Z``: EACH
+    published count is within ``±w`` of its true count with probability at least ``confidence``
+    (each cell on its own, not all at once: :func:`all_cells_half_width`). Exact from the pmf:
+    ``w`` is the first with ``P(|Z| > w) <= 1 - confidence`` (:func:`_width_for_miss`)."""
     if (
         isinstance(confidence, bool)
         or not isinstance(confidence, (int, float, np.integer, np.floating))
@@ -303,6 +300,27 @@ def half_width(distribution: Distribution, parameter: float, confidence: float) 
         raise UserError(f"confidence must be a number in (0, 1); got {confidence!r}", field="confidence")
     # 1 - C is exact for C >= 1/2 (Sterbenz); below, one rounding, taken downward
     slack = 1.0 - float(confidence) if confidence >= 0.5 else math.nextafter(1.0 - float(confidence), 0.0)
+    return _width_for_miss(distribution, parameter, slack)
+
+
+def all_cells_half_width(distribution: Distribution, parameter: float, confidence: float, cells: int) -> int:
+    """The smallest integer ``w`` with ``P(every one of the N cells within ±w) >= confidence``
+    (simultaneous, the whole table at once): the noise of the cells is i.i.d., so that
+    probability is ``P(|Z| <= w)^N``, and ``w`` is the first with ``P(|Z| > w) <= 1 -
+    C^(1/N)`` (:func:`.accuracy.each_cell_miss`, rounded down; exact from the pmf as
+    :func:`half_width`, which it equals for N = 1). Posting negative counts as 0 only shrinks
+    errors: the statement holds for a ``nonnegative`` table too."""
+    from privrelease.mechanisms.accuracy import each_cell_miss
+
+    return _width_for_miss(distribution, parameter, each_cell_miss(confidence, cells))
+
+
+def _width_for_miss(distribution: Distribution, parameter: float, slack: float) -> int:
+    """The smallest integer ``w`` with ``P(|Z| > w) <= slack``, the tail bounded above (discrete
+    Laplace ``2 r^(w+1) / (1 + r)``; discrete Gaussian tail sums from the far end, over the lower
+    bound of ``C_sigma``, plus the bound beyond the summed range), so the coverage ``1 - slack``
+    is never overstated. ``slack`` >= 2^-53 (a confidence < 1 as a float)."""
+    parameter = _check(distribution, parameter)
     if distribution == "laplace":
         log_r = -1.0 / parameter
 
@@ -415,6 +433,15 @@ def nonnegative(noisy: np.ndarray) -> np.ndarray:
     return np.maximum(np.asarray(noisy, dtype=np.int64), 0)
 
 
+def per_cell_interval(published: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each published count ``c``'s interval ``[max(0, c - w), max(0, c + w)]`` for its true
+    count ``t`` (>= 0): it holds ``t`` whenever ``|noise| <= w``, so with probability >= C for
+    ``w = half_width(C)``, cell by cell (not all at once); a count published as 0 (``nonnegative``)
+    had ``c + w`` above its noisy value's, so the same holds. Post-processing: no privacy cost."""
+    values = np.asarray(published, dtype=np.int64)
+    return np.maximum(values - width, 0), np.maximum(values + width, 0)
+
+
 # --- the kind: policy section, events, accuracy, engines, report -------------------------------
 
 MAX_CELLS = 1_000_000
@@ -493,7 +520,8 @@ class NoisyCountsMechanism(MechanismKind):
     included, nothing suppressed, each with discrete Gaussian or discrete Laplace noise; a
     person changes one cell by one (sensitivity 1). ``nonnegative``: negative noisy counts
     published as 0 (post-processing). ``epsilon``: where a Gaussian table states its delta
-    (default: the smallest epsilon reaching ``targets.delta``)."""
+    (default: the smallest epsilon reaching ``targets.delta``). Each count comes with ``lower``
+    and ``upper``: its interval at the accuracy target's confidence (default 95%), cell by cell."""
 
     type: Literal["noisy_counts"]
     columns: Annotated[Names, at_least(1, "column")]
@@ -516,11 +544,11 @@ class NoisyCountsMechanism(MechanismKind):
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
         """Every column's domain is declared (values, or a hierarchy's labels): a domain read
         from the data would disclose which values occur. No column is named like the output's
-        ``count`` column, which would take its place."""
+        ``count``, ``lower`` or ``upper`` columns, which would take their place."""
         from privrelease.policies.schema import HierarchyScheme
 
         for i, column in enumerate(self.columns):
-            if (taken := taken_name(column, "a noisy table", (COUNT,))) is not None:
+            if (taken := taken_name(column, "a noisy table", NOISY_TABLE)) is not None:
                 yield Issue((*here, "columns", i), taken)
             spec = policy.dataset.columns.get(column)
             if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
@@ -547,7 +575,7 @@ class NoisyCountsMechanism(MechanismKind):
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
         distribution, parameter = self._distribution
-        cells = math.prod(len(labels) for labels in loaded.labels(self.columns).values())
+        cells = self._cells(loaded)
         facts: dict[str, Any] = {
             "cells": cells,
             "noise": f"discrete {distribution.capitalize()}, {_parameter_name(distribution)} {parameter:g}",
@@ -560,23 +588,36 @@ class NoisyCountsMechanism(MechanismKind):
         return Planned(self._event(loaded), facts)
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
-        """Every published count is within +-w of its true count with probability >= C, w the
-        exact half-width of the discrete noise (:func:`half_width`)."""
+        """Each published count is within +-w of its true count with probability >= C, w the
+        exact half-width of the discrete noise (:func:`half_width`); all N cells at once within
+        +-w_N (:func:`all_cells_half_width`); the output's ``lower`` / ``upper`` columns at the
+        confidence of the accuracy target naming it (default 95%)."""
         from privrelease.mechanisms.kinds import CONFIDENCES, AccuracyStatement, NoiseAccuracy
 
         distribution, parameter = self._distribution
+        cells = self._cells(loaded)
         widths = {c: half_width(distribution, parameter, c) for c in CONFIDENCES}
+        together = {c: all_cells_half_width(distribution, parameter, c, cells) for c in CONFIDENCES}
         clamping = "negative counts are published as 0: small cells are biased upwards" if self.nonnegative else None
         estimate = "the published count" + (" (negative counts published as 0)" if self.nonnegative else "")
-        return AccuracyStatement(estimate, noise=NoiseAccuracy(parameter, widths, clamping))
+        confidence = half_width_target(loaded, self.name)[0]
+        noise = NoiseAccuracy(parameter, widths, clamping, cells, together, confidence)
+        return AccuracyStatement(estimate, noise=noise)
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
-        """Every cell within +-absolute_error with probability >= confidence."""
+        """Each cell within +-absolute_error with probability >= confidence (a per-cell target)."""
         assert target.absolute_error is not None
         distribution, parameter = self._distribution
         return AccuracyCheck(
-            "noise half-width", "<=", target.absolute_error, half_width(distribution, parameter, target.confidence)
+            "each cell's noise half-width",
+            "<=",
+            target.absolute_error,
+            half_width(distribution, parameter, target.confidence),
         )
+
+    def _cells(self, loaded: LoadedPolicy) -> int:
+        """The number of cells of the declared domain (every one published)."""
+        return math.prod(len(labels) for labels in loaded.labels(self.columns).values())
 
     def frontier(self, loaded: LoadedPolicy) -> Frontier:
         """Over sigma (Gaussian) or scale (Laplace) on a log grid, a decade either side of the
@@ -588,9 +629,10 @@ class NoisyCountsMechanism(MechanismKind):
         axis = Axis(
             "σ" if distribution == "gaussian" else "scale",
             f"noise.{_parameter_name(distribution)}",
-            f"{confidence:.0%} half-width of a count (people)",
+            f"{confidence:.0%} half-width of each count (people)",
             False,
-            f"Accuracy: every published count is within ± the half-width of its true count with probability "
+            f"Accuracy: each published count (each cell on its own, not all at once) is within ± the half-width "
+            f"of its true count with probability "
             f"at least {confidence:.0%} (discrete {distribution.capitalize()} noise, exact).",
             limit,
             label,
@@ -635,13 +677,16 @@ class NoisyCountsMechanism(MechanismKind):
         noisy = add_noise(np.asarray(merged, dtype=np.int64), distribution, parameter)
         if self.nonnegative:
             noisy = nonnegative(noisy)
+        width = half_width(distribution, parameter, half_width_target(loaded, self.name)[0])
         shape = tuple(len(labels) for labels in job.domain.values())
         position = np.unravel_index(np.arange(noisy.size), shape)
         columns = {
             column: pa.array(labels).take(pa.array(index))
             for (column, labels), index in zip(job.domain.items(), position, strict=True)
         }
-        columns[COUNT] = pa.array(noisy)
+        lower, upper = per_cell_interval(noisy, width)
+        for name, values in zip(NOISY_TABLE, (noisy, lower, upper), strict=True):
+            columns[name] = pa.array(values)
         public = {"cells": int(noisy.size), "noise": f"discrete {distribution}", "nonnegative": self.nonnegative}
         return MechanismResult(pa.table(columns), self._event(loaded), public, {"rows_counted": int(np.sum(merged))})
 
@@ -702,4 +747,4 @@ class CountJob:
 
 
 EXPLANATION = """<dt>Noisy counts</dt>
-<dd>Every cell of the table's declared domain is published, empty ones included, so which cells are empty is never revealed; each count has independent noise added, drawn from a discrete Gaussian or discrete Laplace distribution (OpenDP's exact samplers). Adding or removing one person changes one cell by one, so the table is ε-differentially private (Laplace, ε = 1/scale) or (ε, δ)-differentially private at the ε and δ shown (Gaussian, exact δ; Canonne, Kamath, Steinke 2020). Negative published counts, where the policy asks for them to be shown as 0, are post-processing and cost no privacy.</dd>"""
+<dd>Every cell of the table's declared domain is published, empty ones included, so which cells are empty is never revealed; each count has independent noise added, drawn from a discrete Gaussian or discrete Laplace distribution (OpenDP's exact samplers). Adding or removing one person changes one cell by one, so the table is ε-differentially private (Laplace, ε = 1/scale) or (ε, δ)-differentially private at the ε and δ shown (Gaussian, exact δ; Canonne, Kamath, Steinke 2020). Negative published counts, where the policy asks for them to be shown as 0, are post-processing and cost no privacy. Each published count comes with the columns lower and upper, the count ∓ the noise's half-width (never below 0): each cell's interval holds its true count with the stated probability, cell by cell; that every cell's interval holds at once is less likely, and the accuracy section states the wider half-width that covers the whole table at once.</dd>"""

@@ -10,7 +10,7 @@ Accuracy: :mod:`privrelease.mechanisms.accuracy` (publication probability, relat
 error of count / beta, exact conditional interval, suppression bias; the selection gap); after
 the data, :mod:`privrelease.mechanisms.count_intervals` (an exact interval for the people behind
 each published count: the histogram's ``estimate``, ``lower`` and ``upper`` columns; for
-microdata, stated in release.json and given by ``guarantee accuracy sdgs --observed``).
+microdata, the same columns in a companion output of its published cells, ``<name>.cells``).
 Dask: each partition counts its own Bernoulli(beta) sample per cell (:class:`CellJob`); the
 flow suppresses with the merged counts of the whole sample and writes the microdata as a
 uniformly random order of the published rows (:mod:`privrelease.mechanisms.partitioned`).
@@ -93,6 +93,17 @@ class Generalizing(MechanismKind):
 
     def column_refs(self) -> list[ColumnRef]:
         return [ColumnRef(("columns", i), c, needs_scheme=True) for i, c in enumerate(self.columns)]
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """No column named like a column of the published cells (``count``, ``estimate``,
+        ``lower``, ``upper``: the histogram, or the microdata's companion file), refused before
+        the data is read (a histogram's run checks the same)."""
+        from privrelease.mechanisms.columns import HISTOGRAM, taken_name
+
+        table = "a histogram" if self.output == "histogram" else "SDGS microdata (its published cells' file)"
+        for i, column in enumerate(self.columns):
+            if (taken := taken_name(column, table, HISTOGRAM)) is not None:
+                yield Issue((*here, "columns", i), taken)
 
     def delta_reason(self) -> str | None:
         return f"has beta {num(self.beta)} < 1" if self.beta < 1 else None
@@ -263,7 +274,10 @@ class Generalizing(MechanismKind):
 
 class SdgsMechanism(Generalizing):
     """(k, beta)-SDGS microdata (Li, Qardaji, Su, Algorithm 4): sample with probability beta,
-    generalize by the fixed scheme, suppress generalized rows occurring fewer than k times."""
+    generalize by the fixed scheme, suppress generalized rows occurring fewer than k times.
+    Beside the rows, the file ``NAME.cells`` lists each published cell with its count,
+    ``estimate`` and exact interval [``lower``, ``upper``] for the people behind it (as a
+    histogram's)."""
 
     type: Literal["sdgs"]
     beta: Beta
@@ -325,13 +339,14 @@ class SdgsMechanism(Generalizing):
         from privrelease.mechanisms.sdgs import sdgs
         from privrelease.mechanisms.selection import select_scheme
 
-        epsilon = self.epsilon or 0.0
+        epsilon, confidence = self.epsilon or 0.0, self.interval_confidence(loaded)
         if self.select_scheme is None:
-            return sdgs(table, loaded.schemes(self.columns), k=self.k, beta=self.beta, epsilon=epsilon)
+            schemes = loaded.schemes(self.columns)
+            return sdgs(table, schemes, k=self.k, beta=self.beta, epsilon=epsilon, confidence=confidence)
         selection = select_scheme(
             table, self._candidates(loaded), k=self.k, beta=self.beta, epsilon=self.select_scheme.epsilon
         )
-        result = sdgs(table, selection.scheme, k=self.k, beta=self.beta, epsilon=epsilon)
+        result = sdgs(table, selection.scheme, k=self.k, beta=self.beta, epsilon=epsilon, confidence=confidence)
         return _selected(result, selection)
 
     def job(self, loaded: LoadedPolicy) -> CellJob | SelectionJob:
@@ -360,7 +375,10 @@ class SdgsMechanism(Generalizing):
                 candidates, scores, k=self.k, beta=self.beta, epsilon=self.select_scheme.epsilon
             )
             merged = merged[selection.name][1]
-        result = partitioned.microdata(merged, k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0)
+        confidence = self.interval_confidence(loaded)
+        result = partitioned.microdata(
+            merged, k=self.k, beta=self.beta, epsilon=self.epsilon or 0.0, confidence=confidence
+        )
         return result if selection is None else _selected(result, selection)
 
     def explanations(self) -> tuple[str, ...]:
@@ -378,15 +396,6 @@ class HistogramMechanism(Generalizing):
 
     label: ClassVar[str] = "crowd-blending histogram"
     output: ClassVar[Literal["microdata", "histogram"]] = "histogram"
-
-    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
-        """No column named like an output column (``count``, ``estimate``, ``lower``, ``upper``),
-        refused before the data is read (the run's check says the same)."""
-        from privrelease.mechanisms.columns import HISTOGRAM, taken_name
-
-        for i, column in enumerate(self.columns):
-            if (taken := taken_name(column, "a histogram", HISTOGRAM)) is not None:
-                yield Issue((*here, "columns", i), taken)
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         from privrelease.mechanisms.histogram import crowd_blending_histogram
@@ -420,6 +429,7 @@ def _selected(result: MechanismResult, selection: Any) -> MechanismResult:
         event,
         {**result.public_facts, "chosen_scheme": selection.name},
         {**result.internal_facts, "selection": selection.internal_facts},
+        result.cells,
     )
 
 

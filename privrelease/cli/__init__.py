@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -45,6 +45,37 @@ lifetime.register(app)
 accuracy.register(app)
 counts.register(app)
 drafting.register(app)
+
+
+def _name_subcommands(parent: typer.Typer) -> None:
+    """Each command group's help ends with the names of its commands, as ``privrelease --help``
+    lists them: the one-line descriptions then never miss a command added by another module."""
+    from typer.main import get_command_name
+
+    for group in parent.registered_groups:
+        child = group.typer_instance
+        assert child is not None
+        names = [c.name or get_command_name(c.callback.__name__) for c in child.registered_commands if c.callback]
+        names += [g.name for g in child.registered_groups if g.name]
+        child.info.help = f"{str(child.info.help).rstrip('.')}. Commands: {', '.join(names)}."
+        _name_subcommands(child)
+
+
+def _flags_take_no_value() -> None:
+    """Typer's rich help shows ``<bool>`` beside an on/off flag (``--json``, ``--help``), which
+    takes no value: shown with no type, as Click's plain help does."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag and not self.count else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_name_subcommands(app)
+_flags_take_no_value()
 
 
 def _print_version(value: bool) -> None:

@@ -18,7 +18,10 @@ from rich.table import Table
 
 from privrelease.cli.output import console, print_json, say, styled
 
-policy_app = typer.Typer(help="Approve, list and show policy versions.", no_args_is_help=True)
+policy_app = typer.Typer(
+    help="Draft a policy, approve, revoke, list and show its versions, and print the policy format's JSON Schema.",
+    no_args_is_help=True,
+)
 audit_app = typer.Typer(help="Check the hash-chained audit log.", no_args_is_help=True)
 governance_app = typer.Typer(
     help="Sign and apply governance requests (production mode, approver registry, revocations) for a quorum.",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json, say, styled
+from privrelease.cli.output import cells_sentence, console, print_json, say, styled
 from privrelease.errors import TargetNotMet, UserError
 
 if TYPE_CHECKING:
@@ -170,6 +170,7 @@ def _print_plan(result) -> None:
             )
             continue
         say(f"  {key.replace('_', ' ')}: {_value_text(value)}")
+    _print_noise_accuracy(result)
     checks = Table(title="Targets", title_justify="left")
     for column in ("target", "required", "achieved", "result"):
         checks.add_column(column, overflow="fold")
@@ -186,6 +187,18 @@ def _print_plan(result) -> None:
         )
         + (styled(" [yellow](but see the {} warning(s) above)[/]", len(result.warnings)) if result.warnings else "")
     )
+
+
+def _print_noise_accuracy(result) -> None:
+    """Each noisy table's (or grouped statistic's) half-width, cell by cell and for all its
+    cells at once."""
+    for name, statement in result.accuracy.items():
+        noise = statement.noise if statement is not None else None
+        if noise is None or not noise.all_cells_half_width:
+            continue
+        for confidence, each in noise.half_width.items():
+            together = noise.all_cells_half_width[confidence]
+            say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together, noise.unit)}")
 
 
 def _event_text(event) -> str:

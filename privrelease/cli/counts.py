@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from privrelease.cli.output import console, print_json, say
+from privrelease.cli.output import cells_sentence, console, print_json, say
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.confidence import check_confidence
 
@@ -18,7 +18,13 @@ JSON = typer.Option(False, "--json", help="Print one JSON document instead of a 
 SMALL_EPSILON = 1e-4
 """Below it, the sigma found could exceed the largest a policy allows: checked first (one exact
 delta at that sigma, about 1.5 s), rather than searched for (its sums cost O(sigma))."""
-CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in [0.5, 1) of the stated half-width.")
+CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in [0.5, 1) of the stated half-widths.")
+CELLS = typer.Option(
+    None,
+    "--cells",
+    help="Cells N of the table: also the half-width that holds for all N cells at once (simultaneous) "
+    "with probability >= C.",
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +49,14 @@ def _round_up(value: float, digits: int = 10) -> float:
     return shown if shown >= value else float(f"{shown + step:.{digits}g}")
 
 
+def _check_cells(cells: int | None) -> None:
+    """``--cells`` is an integer in [1, MAX_CELLS] (the largest table a policy may declare)."""
+    from privrelease.mechanisms.kinds.noisy_counts import MAX_CELLS
+
+    if cells is not None:
+        _require("--cells", cells, f"an integer in [1, {MAX_CELLS:,}]", 1 <= cells <= MAX_CELLS)
+
+
 def _noise(distribution: str, parameter: float) -> dict[str, Any]:
     """The policy's ``noise`` section for these parameters."""
     return {"distribution": distribution, "sigma" if distribution == "gaussian" else "scale": parameter}
@@ -54,18 +68,21 @@ def calibrate_noisy_counts(
         None, "--delta", help="Target delta in (0, 1): discrete Gaussian noise (omit: discrete Laplace, pure DP)."
     ),
     confidence: float = CONFIDENCE,
+    cells: int | None = CELLS,
     json_out: bool = JSON,
 ) -> None:
     """The noise of a noisy-counts table (sensitivity 1) for a target: with --delta the smallest
     discrete Gaussian sigma whose exact delta at EPSILON is at most DELTA, without it the discrete
-    Laplace scale 1/EPSILON; and what it costs in accuracy: every cell within +-w of its true
-    count with probability >= C."""
+    Laplace scale 1/EPSILON; and what it costs in accuracy: each cell within +-w of its true
+    count with probability >= C (cell by cell), and with --cells N all N cells at once within
+    +-w_N."""
     from privrelease.mechanisms.kinds import noisy_counts as nc
 
     _require("--epsilon", epsilon, "a finite number > 0", 0 < epsilon < math.inf)
     if delta is not None:
         _require("--delta", delta, "a number in (0, 1)", 0 < delta < 1)
     check_confidence(confidence, "--confidence")
+    _check_cells(cells)
     if delta is None:
         distribution, parameter = "laplace", nc.calibrate_scale(epsilon)
         achieved = 0.0
@@ -77,7 +94,8 @@ def calibrate_noisy_counts(
             )
         distribution, parameter = "gaussian", nc.calibrate_sigma(epsilon, delta)
         achieved = nc.approximate_delta("gaussian", parameter, epsilon)
-    width = nc.half_width(distribution, parameter, confidence)  # type: ignore[arg-type]
+    rounded = _round_up(parameter)
+    widths = _widths(distribution, parameter, confidence, cells)
     name = "sigma" if distribution == "gaussian" else "scale"
     document = {
         "distribution": distribution,
@@ -86,29 +104,44 @@ def calibrate_noisy_counts(
         "delta": delta,
         "delta_achieved": achieved,
         "confidence": confidence,
-        "half_width": width,
-        "noise": _noise(distribution, _round_up(parameter)),
+        **widths,
+        "noise": _noise(distribution, rounded),
     }
     if json_out:
         print_json(document)
         return
     title = "discrete Gaussian, exact delta" if distribution == "gaussian" else "discrete Laplace, pure DP"
     table = Table(title=f"noisy counts calibrated ({title})", title_justify="left")
-    for column in ("epsilon", "delta target", "delta achieved", name, f"{confidence:.0%} half-width"):
+    headers = ["epsilon", "delta target", "delta achieved", name, f"{confidence:.0%} half-width, each cell"]
+    if cells is not None:
+        headers.append(f"{confidence:.0%} half-width, all {cells:,} cells at once")
+    for column in headers:
         table.add_column(column, justify="right")
     table.add_row(
         f"{epsilon:g}",
         "-" if delta is None else f"{delta:g}",
         f"{achieved:.4g}",
-        f"{_round_up(parameter):.10g}",
-        f"+-{width}",
+        f"{rounded:.10g}",
+        *(f"+-{widths[key]}" for key in ("half_width", "all_cells_half_width") if key in widths),
     )
     console.print(table)
-    snippet = f"noise: {{distribution: {distribution}, {name}: {_round_up(parameter):.10g}}}"
-    say(
-        f"policy: {snippet}; every published count is within +-{width} of the true count "
-        f"with probability >= {confidence:g}"
-    )
+    snippet = f"noise: {{distribution: {distribution}, {name}: {rounded:.10g}}}"
+    say(f"policy: {snippet}; {_widths_sentence(widths, confidence, cells)}")
+
+
+def _widths(distribution: str, parameter: float, confidence: float, cells: int | None) -> dict[str, int]:
+    """``half_width`` (each cell) and, with ``cells``, ``all_cells_half_width`` (all at once)."""
+    from privrelease.mechanisms.kinds import noisy_counts as nc
+
+    widths = {"half_width": nc.half_width(distribution, parameter, confidence)}  # type: ignore[arg-type]
+    if cells is not None:
+        widths["all_cells_half_width"] = nc.all_cells_half_width(distribution, parameter, confidence, cells)  # type: ignore[arg-type]
+    return widths
+
+
+def _widths_sentence(widths: dict[str, int], confidence: float, cells: int | None) -> str:
+    sentence = cells_sentence(widths["half_width"], confidence, cells, widths.get("all_cells_half_width"))
+    return sentence if cells is not None else f"{sentence}; all cells at once need more (--cells N)"
 
 
 def accuracy_noisy_counts(
@@ -116,10 +149,12 @@ def accuracy_noisy_counts(
     sigma: float | None = typer.Option(None, "--sigma", help="Discrete Gaussian sigma > 0 (--distribution gaussian)."),
     scale: float | None = typer.Option(None, "--scale", help="Discrete Laplace scale > 0 (--distribution laplace)."),
     confidence: float = CONFIDENCE,
+    cells: int | None = CELLS,
     json_out: bool = JSON,
 ) -> None:
-    """For noisy-counts tables: the exact half-width w of the discrete noise, every published
-    count within +-w of its true count with probability >= C."""
+    """For noisy-counts tables: the exact half-width w of the discrete noise, each published
+    count within +-w of its true count with probability >= C (cell by cell); with --cells N,
+    also w_N: all N counts within +-w_N at once with probability >= C."""
     from privrelease.mechanisms.kinds import noisy_counts as nc
 
     if distribution not in nc.DISTRIBUTIONS:
@@ -138,11 +173,12 @@ def accuracy_noisy_counts(
     allowed = f"a number in (0, {nc.MAX_NOISE:g}]"
     _require(option, value, allowed, 0 < value <= nc.MAX_NOISE)
     check_confidence(confidence, "--confidence")
-    width = nc.half_width(distribution, value, confidence)
+    _check_cells(cells)
+    widths = _widths(distribution, value, confidence, cells)
     if json_out:
-        print_json({**_noise(distribution, value), "confidence": confidence, "half_width": width})
+        print_json({**_noise(distribution, value), "confidence": confidence, **widths})
         return
     say(
-        f"discrete {distribution.capitalize()} noise of {option[2:]} {value:g} is within +-{width} "
-        f"with probability >= {confidence:g}"
+        f"discrete {distribution.capitalize()} noise of {option[2:]} {value:g}: "
+        f"{_widths_sentence(widths, confidence, cells)}"
     )
