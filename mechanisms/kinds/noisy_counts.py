@@ -617,7 +617,7 @@ class NoisyCountsMechanism(MechanismKind):
             loaded,
             axis,
             parameter,
-            log_grid(parameter, high=MAX_NOISE),
+            log_grid(parameter, low=MIN_NOISE, high=MAX_NOISE),
             lambda value: self._with_noise(value)._event(loaded),
             lambda value: half_width(distribution, value, confidence),
         )
