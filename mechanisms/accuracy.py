@@ -45,10 +45,6 @@ from privrelease.mechanisms import binomial
 from privrelease.mechanisms.columns import HISTOGRAM, INTERVAL
 from privrelease.mechanisms.confidence import check_confidence
 
-_SPREAD = 12.0
-"""Binomial mass is searched within this many standard deviations of the mean (plus k): the
-rest is below 1e-30, far under any confidence a user can ask for."""
-
 _U = float(np.finfo(float).eps)
 
 
@@ -108,12 +104,16 @@ def count_accuracy(
     return CountAccuracy(n, k, beta, published, rse, bias, confidence, interval, coverage, relative_error, within)
 
 
-def _support(k: int, beta: float, n: int) -> np.ndarray:
-    """Sampled-row counts x >= k holding all but a negligible part of Binomial(n, beta)."""
-    mean, sd = n * beta, math.sqrt(n * beta * (1 - beta))
-    low = max(k, math.floor(mean - _SPREAD * sd - 1))
-    high = min(n, math.ceil(mean + _SPREAD * sd + 1))
-    return np.arange(low, max(low, high) + 1, dtype=np.int64)
+def _least(holds: Any, low: int, high: int) -> int:
+    """The least integer x in [low, high] with ``holds(x)``, for ``holds`` false then true on
+    it and true at ``high`` (bisection: about log2(high - low) evaluations, whatever the count)."""
+    while low < high:
+        middle = (low + high) // 2
+        if holds(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _conditional_interval(
@@ -121,13 +121,15 @@ def _conditional_interval(
 ) -> tuple[tuple[float, float], float]:
     """The central interval [lo, hi] / beta of X / beta given X >= k: lo the least x with more
     than (1 - C) / 2 of the conditional mass at or below it, hi the least x with at most
-    (1 - C) / 2 above it; and its exact conditional coverage."""
-    x = _support(k, beta, n)
+    (1 - C) / 2 above it (both found by bisection over [k, n]: the conditional mass at or below
+    x grows with x, and all of it lies at or below n); and its exact conditional coverage."""
     tail = (1 - confidence) / 2
-    below = (binomial.upper_tail(k, n, beta) - binomial.upper_tail(x + 1, n, beta)) / published  # P[k<=X<=x | pub]
-    above = binomial.upper_tail(x + 1, n, beta) / published  # P[X > x | pub]
-    lo = int(x[np.argmax(below > tail)])
-    hi = int(x[np.argmax(above <= tail)])
+
+    def beyond(x: int) -> float:  # P[X > x]
+        return float(binomial.upper_tail(x + 1, n, beta))
+
+    lo = _least(lambda x: (published - beyond(x)) / published > tail, k, n)  # P[k <= X <= x | pub] > tail
+    hi = _least(lambda x: beyond(x) / published <= tail, k, n)  # P[X > x | pub] <= tail
     inside = float(binomial.upper_tail(lo, n, beta) - binomial.upper_tail(hi + 1, n, beta)) / published
     return (lo / beta, hi / beta), min(1.0, inside)
 

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, get_args
 
 from pydantic import (
     AfterValidator,
@@ -143,6 +143,26 @@ def checked(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool
     return _Allowed(check, allowed=allowed)
 
 
+def check_option(name: str, field: Any, value: Any) -> Any:
+    """A command-line option's ``value`` checked against the policy field type ``field`` (one
+    source of truth for bounds): a :class:`~privrelease.errors.UserError` "``name`` must be
+    <what the field allows>; got <value>" (exit 2) when the policy would refuse it."""
+    from privrelease.errors import UserError
+
+    (rule,) = [meta for meta in get_args(field)[1:] if isinstance(meta, _Allowed)]
+    try:
+        return rule.func(value)  # type: ignore[call-arg]
+    except ValueError:
+        raise UserError(f"{name} must be {rule.allowed}; got {show(value)}", field=name, allowed=rule.allowed) from None
+
+
+def check_options(*options: tuple[str, Any, Any]) -> None:
+    """:func:`check_option` for each ``(name, field, value)`` given (a None value is not given)."""
+    for name, field, value in options:
+        if value is not None:
+            check_option(name, field, value)
+
+
 def _number_as_text(value: Any) -> Any:
     """YAML numbers where text is expected (``version: 1``) are taken as their text."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -171,6 +191,9 @@ Names = Annotated[tuple[Name, ...], AfterValidator(_unique)]
 MAX_MAGNITUDE = 1e15  # every integer up to it is exact in a double; differences stay finite
 MAX_K = 100_000  # the SDGS calculus scans cell sizes from k: its work grows with k
 MAX_EPSILON = 100.0  # e^epsilon stays finite; beyond it a guarantee says nothing
+MIN_BETA = 1e-4  # the SDGS calculus scans cell sizes up to about k / beta: its work grows with 1 / beta
+MIN_RELATIVE_ERROR = 1e-6  # SPLU's T_f is about 2 ln(2 / T_E) / eps^2: below it, past any count (1e15)
+MAX_ALPHA = 1_000_000  # SPLU's T_p is a minimum over every count up to alpha: its work grows with alpha
 
 
 def _bounded(value: float, info: ValidationInfo) -> float:
@@ -196,7 +219,7 @@ def at_least(count: int, what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-Beta = Annotated[float, checked("beta", "in (0, 1]", lambda v: 0 < v <= 1)]
+Beta = Annotated[float, checked("beta", f"in [{MIN_BETA:g}, 1]", lambda v: MIN_BETA <= v <= 1)]
 K = Annotated[int, checked("k", f"an integer in [1, {MAX_K}]", lambda v: 1 <= v <= MAX_K, integer=True)]
 Gamma = Annotated[int, checked("gamma", f"an integer in [2, {MAX_K}]", lambda v: 2 <= v <= MAX_K, integer=True)]
 Epsilon = Annotated[float, checked("epsilon", "in [0, 100]", lambda v: 0 <= v <= MAX_EPSILON)]
@@ -204,6 +227,12 @@ PositiveEpsilon = Annotated[float, checked("epsilon", "in (0, 100]", lambda v: 0
 Rho = Annotated[float, checked("rho", "in (0, 1)", lambda v: 0 < v < 1)]
 Delta = Annotated[float, checked("delta", "in (0, 1)", lambda v: 0 < v < 1)]
 Level = Annotated[int, checked("level", "an integer in [0, 1000]", lambda v: 0 <= v <= 1000, integer=True)]
+Count = Annotated[int, checked("count", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
+RelativeError = Annotated[float, checked("relative_error", "> 0", lambda v: v > 0)]
+SpluEpsilon = Annotated[
+    float, checked("epsilon", f"in [{MIN_RELATIVE_ERROR:g}, 100]", lambda v: MIN_RELATIVE_ERROR <= v <= MAX_EPSILON)
+]
+Alpha = Annotated[int, checked("alpha", f"an integer in [1, {MAX_ALPHA}]", lambda v: 1 <= v <= MAX_ALPHA, integer=True)]
 Rows = Annotated[int, checked("rows", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
 
 

@@ -42,8 +42,9 @@ from privrelease.mechanisms.schemes import (
     ValueMap,
 )
 from privrelease.policies.fields import (
-    MAX_MAGNITUDE,
+    Alpha,
     ColumnRef,
+    Count,
     Delta,
     FieldError,
     Hierarchy,
@@ -54,8 +55,10 @@ from privrelease.policies.fields import (
     Name,
     Number,
     PositiveEpsilon,
+    RelativeError,
     Rho,
     Rows,
+    SpluEpsilon,
     Text,
     _number_as_text,
     at_least,
@@ -437,9 +440,9 @@ class SpluPrivacyTarget(Model):
     """(eps, T_p, alpha) small-sum privacy (Fu et al., Definition 3 / Theorem 4): every sum of
     at most alpha is estimated with relative error >= epsilon with probability >= t_p."""
 
-    epsilon: PositiveEpsilon
+    epsilon: SpluEpsilon
     t_p: Annotated[float, checked("t_p", "in (0, 1)", lambda v: 0 < v < 1)]
-    alpha: Annotated[int, checked("alpha", "an integer >= 1", lambda v: v >= 1, integer=True)]
+    alpha: Alpha
 
 
 class SpluUtilityTarget(Model):
@@ -448,7 +451,7 @@ class SpluUtilityTarget(Model):
     the smallest such T_f exactly (the paper's Lemma 1 formula understates it) and checks it is
     at most t_f."""
 
-    epsilon: PositiveEpsilon
+    epsilon: SpluEpsilon
     t_e: Annotated[float, checked("t_e", "in (0, 1)", lambda v: 0 < v < 1)]
     t_f: Annotated[float, checked("t_f", "> 0", lambda v: v > 0)]
 
@@ -479,11 +482,8 @@ class AccuracyTarget(Model):
     at once: plan, the report and release.json state the whole table's wider half-width too)."""
 
     mechanism: Name
-    count: (
-        Annotated[int, checked("count", "an integer in [1, 1e15]", lambda v: 1 <= v <= MAX_MAGNITUDE, integer=True)]
-        | None
-    ) = None
-    relative_error: Annotated[float, checked("relative_error", "> 0", lambda v: v > 0)] | None = None
+    count: Count | None = None
+    relative_error: RelativeError | None = None
     absolute_error: Annotated[float, checked("absolute_error", "> 0", lambda v: v > 0)] | None = None
     confidence: Confidence = 0.95
 

@@ -131,7 +131,10 @@ def test_plan_target_not_met(tmp_path: Path) -> None:
     [
         (("plan", "no-such.yaml"), "no-such.yaml"),
         (("guarantee", "sdgs", "--k", "0", "--beta", "0.1", "--epsilon", "1"), "k must be"),
-        (("guarantee", "sdgs", "--k", "5", "--beta", "1.2", "--epsilon", "1"), "beta must be in (0, 1]"),
+        (
+            ("guarantee", "sdgs", "--k", "5", "--beta", "1.2", "--epsilon", "1"),
+            "--beta must be in [0.0001, 1]; got 1.2",
+        ),
         (("guarantee", "sdgs", "--k", "5", "--beta", "0.1", "--epsilon", "-1"), "epsilon must be"),
         (("guarantee", "sdgs", "--k", "x", "--beta", "0.1", "--epsilon", "1"), "--k must be"),
         (("calibrate", "sdgs", "--k", "5", "--beta", "0.1"), "give exactly three"),
@@ -290,10 +293,10 @@ def test_guarantee_accuracy_noisy_counts_all_cells() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("calibrate", "noisy-counts", "--epsilon", "0", "--delta", "1e-6"), "--epsilon must be a finite number > 0"),
-        (("calibrate", "noisy-counts", "--epsilon", "-1"), "--epsilon must be a finite number > 0; got -1"),
-        (("calibrate", "noisy-counts", "--epsilon", "inf"), "--epsilon must be a finite number > 0; got inf"),
-        (("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1"), "--delta must be a number in (0, 1); got 1"),
+        (("calibrate", "noisy-counts", "--epsilon", "0", "--delta", "1e-6"), "--epsilon must be in (0, 100]; got 0"),
+        (("calibrate", "noisy-counts", "--epsilon", "-1"), "--epsilon must be in (0, 100]; got -1"),
+        (("calibrate", "noisy-counts", "--epsilon", "inf"), "--epsilon must be in (0, 100]; got inf"),
+        (("calibrate", "noisy-counts", "--epsilon", "1", "--delta", "1"), "--delta must be in (0, 1); got 1"),
         (("calibrate", "noisy-counts", "--epsilon", "1", "--confidence", "1.5"), "--confidence must be a number in"),
         (
             ("calibrate", "noisy-counts", "--epsilon", "1", "--cells", "0"),
@@ -324,11 +327,11 @@ def test_guarantee_accuracy_noisy_counts_all_cells() -> None:
         ),
         (
             ("guarantee", "accuracy", "noisy-counts", "--distribution", "gaussian", "--sigma", "-3"),
-            "--sigma must be a number in (0, 1e+06]; got -3",
+            "--sigma must be a number in [0.01, 1e+06]; got -3",
         ),
         (
             ("guarantee", "accuracy", "noisy-counts", "--distribution", "laplace", "--scale", "nan"),
-            "--scale must be a number in (0, 1e+06]; got nan",
+            "--scale must be a number in [0.01, 1e+06]; got nan",
         ),
     ],
 )

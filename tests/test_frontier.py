@@ -122,6 +122,20 @@ def test_laplace_noisy_counts_frontier(adult_dir: Path) -> None:
         assert width == half_width("laplace", scale, 0.95)
 
 
+def test_noisy_counts_frontier_stays_within_the_noise_a_policy_allows(adult_dir: Path) -> None:
+    """Laplace scale 0.02: the grid's decade below stops at 0.01, the smallest noise a policy
+    may name (each point is built as a policy's noise section: 0.002 was refused mid-plan)."""
+    from privrelease.mechanisms.kinds.noisy_counts import MIN_NOISE
+    from privrelease.policies.loader import load_policy_text
+
+    text = (REPO / "policies/examples/adult-noisy.yaml").read_text()
+    text = text.replace("{distribution: gaussian, sigma: 4.231}", "{distribution: laplace, scale: 0.02}")
+    loaded = load_policy_text(text, base_dir=REPO / "policies" / "examples")
+    frontier = loaded.policy.mechanisms[0].frontier(loaded)
+    assert frontier is not None and frontier.chosen == 0.02
+    assert min(frontier.values) > MIN_NOISE > 0.02 / 10 and max(frontier.values) == pytest.approx(0.2)
+
+
 def test_statistic_series_recomputed(adult_dir: Path) -> None:
     """rho on a feasible log grid; lambda = S(f) / ln((m - 1) rho / (1 - rho)) (Lee & Clifton,
     Theorem 1) by hand: epsilon = Delta / lambda (add/remove), half-width = lambda ln(1 / 0.05)."""

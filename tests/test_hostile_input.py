@@ -187,3 +187,100 @@ def test_a_declared_data_root_may_be_read(demo_policy, tmp_path, monkeypatch):
     monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", f"/nonexistent:{elsewhere}")
     published = release_plain(policy_path=str(demo_policy), data_path=str(data))
     assert Path(published.release_dir).is_dir()
+
+
+# --------------------------------------------------------------------------- the calculus at extremes
+
+BIG = "1000000000000000000"  # 1e18, past every bound (an integer option takes it as an integer)
+COUNT_LIMIT = "1000000000000000"  # 1e15: the largest count a policy may name, answered exactly
+
+
+_EXTREMES = [
+        (("calibrate", "noisy-counts", "--epsilon", "1e-300"), 2, "--epsilon must be in [1e-06, 100] for discrete Laplace"),
+        (("calibrate", "noisy-counts", "--epsilon", "1e-300", "--delta", "1e-6"), 0, "sigma: 398942.2809"),
+        (("calibrate", "noisy-counts", "--epsilon", "1e-300", "--delta", "1e-9"), 1, "no discrete Gaussian sigma up to 1e+06"),
+        (("calibrate", "noisy-counts", "--epsilon", "1e300", "--delta", "1e-6"), 2, "--epsilon must be in (0, 100]; got 1e+300"),
+        (("calibrate", "sdgs", "--k", "20", "--beta", "1e-300", "--delta", "1e-9"), 2, "--beta must be in [0.0001, 1]; got 1e-300"),
+        (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--observed", BIG), 2, f"--observed must be an integer in [1, 1e15]; got {BIG}"),
+        (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--observed", COUNT_LIMIT), 0, "estimate c/beta"),
+        (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--count", BIG), 2, f"--count must be an integer in [1, 1e15]; got {BIG}"),
+        (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--count", COUNT_LIMIT), 0, "95% interval"),
+        (("calibrate", "accuracy", "--k", "20", "--count", BIG, "--relative-error", "0.1"), 2, "--count must be an integer in [1, 1e15]"),
+        (("calibrate", "accuracy", "--k", "20", "--count", COUNT_LIMIT, "--relative-error", "0.1"), 0, "beta = 0.0001"),
+        (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "1e-300", "--observed", "25"), 2, "--beta must be in [0.0001, 1]"),
+        (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--count", "100", "--relative-error", "inf"), 2, "--relative-error must be > 0; got inf"),
+        (("calibrate", "accuracy", "--k", "20", "--count", "100", "--relative-error", "inf"), 2, "--relative-error must be > 0; got inf"),
+        (("guarantee", "accuracy", "noisy-counts", "--distribution", "gaussian", "--sigma", "1e-300"), 2, "--sigma must be a number in [0.01, 1e+06]; got 1e-300"),
+        (("calibrate", "accuracy", "--k", "20", "--count", "1000", "--relative-error", "0.1", "--accounting", "probabilistic", "--delta", "1e-300"), 1, "no epsilon up to 60 reaches delta 1e-300"),
+        (("guarantee", "sdgs", "--k", BIG, "--beta", "0.1", "--epsilon", "1"), 2, f"--k must be an integer in [1, 100000]; got {BIG}"),
+        (("guarantee", "sdgs", "--k", "20", "--beta", "1e-300", "--epsilon", "1e300"), 2, "must be in"),
+        (("calibrate", "splu", "--gamma", "10", "--eps", "1e-300", "--alpha", "3", "--t-e", "1e-300"), 2, "--eps must be in [1e-06, 100]; got 1e-300"),
+        (("calibrate", "splu", "--gamma", BIG, "--eps", "0.3", "--alpha", BIG), 2, f"--gamma must be an integer in [2, 100000]; got {BIG}"),
+        (("calibrate", "splu", "--gamma", "10", "--eps", "0.3", "--alpha", BIG), 2, f"--alpha must be an integer in [1, 1000000]; got {BIG}"),
+        (("guarantee", "accuracy", "laplace", "--scale", "1e308", "--confidence", "0.9999999999999999"), 2, "--scale must be a number in (0, 1e+300]; got 1e+308"),
+]  # fmt: skip
+
+_RUN_EACH = """
+import contextlib, io, json, sys, time
+from privrelease.cli import main
+done = {}
+for args in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = ["privrelease", *args]
+    start = time.process_time()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code or 0
+    seconds = time.process_time() - start
+    done[" ".join(args)] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "seconds": seconds}
+print(json.dumps(done))
+"""
+
+
+@pytest.fixture(scope="module")
+def extremes() -> tuple[dict, float]:
+    """Every command of :data:`_EXTREMES` run in one fresh process (each through ``main``, as
+    the console script runs it: exit code, stdout, stderr, CPU seconds), and the CPU seconds a
+    fresh process takes to import the CLI (measured now: a slower machine is slower at both)."""
+    from conftest import child_cpu_seconds
+
+    cases = json.dumps([list(args) for args, _, _ in _EXTREMES])
+    done, _, baseline = child_cpu_seconds(f"import sys\nsys.argv[1:] = [{cases!r}]\n" + _RUN_EACH)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), baseline
+
+
+@pytest.mark.parametrize("args, code, expected", _EXTREMES)
+def test_calculus_at_extremes_answers_at_once(extremes, args, code, expected):
+    """Each command with an extreme argument answers in one line (exit 2 naming the option, the
+    value and the range a policy allows; exit 1 for a target no parameter meets) or with a
+    finite answer, in less CPU time than a fresh process takes to import the CLI (measured in
+    the same test): before, some ran for minutes, asked for 53 GiB or ended in a traceback."""
+    done, baseline = extremes
+    result = done[" ".join(args)]
+    output = result["stdout"] + result["stderr"]
+    assert result["code"] == code, output
+    assert expected in output and "Traceback" not in output and "inf" not in result["stdout"], output
+    if code:
+        assert len(result["stderr"].strip().splitlines()) == 1, result["stderr"]
+    assert result["seconds"] < 3 * baseline, f"{result['seconds']:.2f} s of CPU; importing the CLI {baseline:.2f} s"
+
+
+def test_policy_noise_and_count_at_extremes(demo_policy, tmp_path):
+    """A noisy-counts policy with sigma 1e-300 is refused by the schema (it crashed `plan` and
+    `run` dividing by sigma^2); a target count of 1e15 (the largest allowed) plans as fast as the
+    demo (it took 256 s and 5.6 GB, then a MemoryError: the binomial support was materialized)."""
+    noisy = (Path(__file__).resolve().parents[1] / "policies" / "examples" / "adult-noisy.yaml").read_text()
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(noisy.replace("sigma: 4.231", "sigma: 1.0e-300"))
+    code, output, _ = _plan(tiny)
+    assert code == 2 and "noise.sigma: sigma must be a number in [0.01, 1e+06]; got 1e-300" in output
+    huge = _variant(demo_policy, r"count: 1000, relative_error", "count: 1000000000000000, relative_error")
+    _plan(demo_policy)  # warm-up, not measured
+    code, output, seconds = _plan(huge)
+    assert code == 0, output
+    benign_code, _, benign = _plan(demo_policy)
+    assert benign_code == 0 and seconds < 5 * benign, f"{seconds:.2f} s; the demo {benign:.2f} s"

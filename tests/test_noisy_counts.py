@@ -751,3 +751,27 @@ def test_release_on_dask_adds_the_noise_once_to_the_merged_counts(tmp_path, monk
     total = 20 * math.sqrt(2 * len(cells) * math.log(2 / ALPHA))
     assert abs(int(counts.sum()) - DASK_PARTITIONS * DASK_ROWS) <= total
     assert np.any(noise != 0)  # all 40 draws 0: probability below 0.02^40
+
+
+@pytest.mark.parametrize("delta", [0.3, 1e-3, 1e-6])
+@pytest.mark.parametrize("epsilon", [1e-300, 1e-20, 1e-18])
+def test_sigma_at_a_negligible_epsilon_in_closed_form(delta: float, epsilon: float) -> None:
+    """Where e^eps - 1 <= 1e-8 delta, sigma = 1 / (delta sqrt(2 pi)) (+1e-9): the exact delta at
+    eps meets the target and a sigma 1e-7 smaller misses it; where sigma is small enough to sum
+    in mpmath, P(0) = 1 / sum_z e^(-z^2 / (2 sigma^2)) is at most delta and within 1e-7 of it
+    (the bisection took 40 s at eps 1e-300 and is not run)."""
+    sigma = nc.zero_epsilon_sigma(epsilon, delta)
+    assert sigma is not None and nc.calibrate_sigma(epsilon, delta) == sigma
+    assert approximate_delta("gaussian", sigma, epsilon) <= delta
+    assert approximate_delta("gaussian", sigma * (1 - 1e-7), epsilon) > delta
+    if sigma < 1000:
+        with mpmath.workdps(30):
+            s2 = 2 * mpmath.mpf(sigma) ** 2
+            p0 = 1 / (1 + 2 * mpmath.fsum(mpmath.exp(-(z**2) / s2) for z in range(1, math.ceil(40 * sigma))))
+        assert delta * (1 - 1e-7) <= p0 <= delta
+
+
+def test_sigma_closed_form_only_where_epsilon_is_negligible() -> None:
+    assert nc.zero_epsilon_sigma(1e-12, 1e-6) is None  # e^eps - 1 = 1e-12 > 1e-14
+    assert nc.zero_epsilon_sigma(1e-300, 0.5) is None  # sigma 0.8 < 1: the Poisson sum is not ~1
+    assert nc.zero_epsilon_sigma(1e-300, 1e-9) > nc.MAX_NOISE  # the CLI: no sigma up to 1e6 reaches it

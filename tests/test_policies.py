@@ -375,8 +375,8 @@ def test_hash_invariant_under_key_permutation(tmp_path_factory: pytest.TempPathF
 
 BAD = [
     # (id, replacements, field path, line, bad value, allowed)
-    ("beta>1", [("beta: 0.1", "beta: 1.2")], "mechanisms[0].beta", 19, "1.2", "(0, 1]"),
-    ("beta=0", [("beta: 0.1", "beta: 0")], "mechanisms[0].beta", 19, "got 0", "(0, 1]"),
+    ("beta>1", [("beta: 0.1", "beta: 1.2")], "mechanisms[0].beta", 19, "1.2", "[0.0001, 1]"),
+    ("beta=0", [("beta: 0.1", "beta: 0")], "mechanisms[0].beta", 19, "got 0", "[0.0001, 1]"),
     ("k float", [("k: 20", "k: 2.5")], "mechanisms[0].k", 20, "2.5", "integer in [1, 100000]"),
     ("k zero", [("k: 20", "k: 0")], "mechanisms[0].k", 20, "got 0", "integer in [1, 100000]"),
     ("k bool", [("k: 20", "k: true")], "mechanisms[0].k", 20, "true", "integer in [1, 100000]"),
@@ -569,7 +569,7 @@ BAD = [
         "mechanisms[1].noise.sigma",
         22,
         "got -1",
-        "(0, 1e+06]",
+        "[0.01, 1e+06]",
     ),
     (
         "duplicate name",
@@ -740,7 +740,7 @@ def test_every_problem_is_listed_at_once(folder: Path) -> None:
         "p.yaml, line 20, mechanisms[0].beta",
         "p.yaml, line 21, mechanisms[0].k",
     ]
-    assert "got 2" in lines[1] and "in (0, 1]" in lines[1] and "got 0" in lines[2]
+    assert "got 2" in lines[1] and "in [0.0001, 1]" in lines[1] and "got 0" in lines[2]
 
 
 def test_top_not_above_bottom(folder: Path) -> None:

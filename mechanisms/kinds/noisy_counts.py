@@ -345,6 +345,25 @@ def _width_for_miss(distribution: Distribution, parameter: float, slack: float) 
     return int(np.flatnonzero(outside_at <= slack)[0])
 
 
+NEGLIGIBLE_EPSILON = 1e-8
+"""Below ``e^eps - 1 <= NEGLIGIBLE_EPSILON * delta`` sigma is calibrated at epsilon 0 (:func:`zero_epsilon_sigma`)."""
+
+
+def zero_epsilon_sigma(epsilon: float, delta: float) -> float | None:
+    """The sigma meeting (``epsilon``, ``delta``) in closed form when epsilon is negligible
+    (``e^eps - 1 <= 1e-8 delta``), else None. At epsilon 0 the hockey-stick sum telescopes over
+    ``z <= 0`` (where ``P(z) > P(z - 1)``) to ``P(0) = 1 / C_sigma``, and by Poisson summation
+    ``C_sigma = sigma sqrt(2 pi) sum_k e^(-2 pi^2 sigma^2 k^2) >= sigma sqrt(2 pi)``; so
+    ``sigma = 1 / (delta sqrt(2 pi))`` meets it (delta is nonincreasing in epsilon; raised by a
+    relative 1e-9, :func:`approximate_delta`'s upper bound meets it too). It is the smallest to
+    a relative 1e-7: ``delta(sigma, eps) >= P(0) - (e^eps - 1) / 2``, and the Poisson sum is
+    below ``1 + 1e-8`` once ``sigma >= 1`` (a larger delta: None, searched)."""
+    if math.expm1(epsilon) > NEGLIGIBLE_EPSILON * delta:
+        return None
+    sigma = 1.0 / (delta * math.sqrt(2 * math.pi)) * (1 + 1e-9)
+    return sigma if sigma >= 1 else None
+
+
 def calibrate_sigma(epsilon: float, delta: float) -> float:
     """The smallest ``sigma`` (to a relative 1e-6, rounded up) whose discrete Gaussian table is
     ``(epsilon, delta)``-DP by its exact delta (:func:`approximate_delta`): geometric bisection
@@ -356,6 +375,10 @@ def calibrate_sigma(epsilon: float, delta: float) -> float:
         raise UserError(f"epsilon must be > 0 to calibrate sigma; got {epsilon!r}", field="epsilon")
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
         raise UserError(f"delta must be a number in (0, 1); got {delta!r}", field="delta")
+
+    closed = zero_epsilon_sigma(epsilon, delta)
+    if closed is not None:
+        return closed
 
     def meets(sigma: float) -> bool:
         return approximate_delta("gaussian", sigma, epsilon) <= delta
@@ -448,6 +471,10 @@ MAX_CELLS = 1_000_000
 """The largest declared domain a table may have (every cell is published, with noise)."""
 
 MAX_NOISE = 1e6
+MIN_NOISE = 0.01
+"""The smallest noise a policy may name: the discrete Laplace of scale 0.01 is 100-DP (the largest
+epsilon a policy states); below it either noise is 0 except with probability under 2e^-100, the
+counts published as they are (and the calculus's 1 / sigma^2 would overflow near 1e-154)."""
 
 STATED_EPSILON_LIMIT = 100.0
 """The largest epsilon a Gaussian table's guarantee is stated at (a policy's epsilons are at
@@ -496,8 +523,9 @@ class DiscreteLaplace(Event):
         return noise_pld("laplace", self.scale, discretization)
 
 
-Sigma = Annotated[float, checked("sigma", f"a number in (0, {MAX_NOISE:g}]", lambda v: 0 < v <= MAX_NOISE)]
-Scale = Annotated[float, checked("scale", f"a number in (0, {MAX_NOISE:g}]", lambda v: 0 < v <= MAX_NOISE)]
+NOISE_RANGE = f"a number in [{MIN_NOISE:g}, {MAX_NOISE:g}]"
+Sigma = Annotated[float, checked("sigma", NOISE_RANGE, lambda v: MIN_NOISE <= v <= MAX_NOISE)]
+Scale = Annotated[float, checked("scale", NOISE_RANGE, lambda v: MIN_NOISE <= v <= MAX_NOISE)]
 
 
 class GaussianNoise(Model):
@@ -642,7 +670,7 @@ class NoisyCountsMechanism(MechanismKind):
             loaded,
             axis,
             parameter,
-            log_grid(parameter, high=MAX_NOISE),
+            log_grid(parameter, low=MIN_NOISE, high=MAX_NOISE),
             lambda value: self._with_noise(value)._event(loaded),
             lambda value: half_width(distribution, value, confidence),
         )

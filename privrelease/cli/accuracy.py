@@ -14,6 +14,9 @@ accuracy_app = typer.Typer(
 
 JSON = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
 CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level C in [0.5, 1).")
+MAX_SCALE = 1e300
+"""The largest Laplace scale ``guarantee accuracy laplace`` takes: its half-width, at most
+``-ln(2^-53) b < 37 b`` for a confidence below 1, stays a finite double."""
 
 
 def register(app: typer.Typer) -> None:
@@ -48,10 +51,13 @@ def accuracy_sdgs(
     with probability >= C. With --observed (after the data): per published count c, the
     estimate c/beta of the people N behind it and an exact interval holding N with probability
     >= C given publication (post-processing: no privacy cost)."""
-    from privrelease.cli.calculus import _numbers
+    from privrelease.cli.calculus import _check_sdgs, _numbers
     from privrelease.errors import UserError
     from privrelease.mechanisms.accuracy import count_accuracy
+    from privrelease.policies.fields import Count, RelativeError, check_option, check_options
 
+    _check_sdgs(k, beta, None)
+    check_options(("--relative-error", RelativeError, relative_error))
     if (count is None) == (observed is None):
         raise UserError(
             "give exactly one of --count (people in a cell: accuracy before the data) or "
@@ -64,7 +70,7 @@ def accuracy_sdgs(
         return
     assert count is not None
     rows = [
-        count_accuracy(k, beta, n, confidence=confidence, relative_error=relative_error)
+        count_accuracy(k, beta, check_option("--count", Count, n), confidence=confidence, relative_error=relative_error)
         for n in _numbers(count, "count", int)
     ]
     if json_out:
@@ -100,11 +106,10 @@ def _observed(k: int, beta: float, observed: str, confidence: float, json_out: b
     from privrelease.errors import UserError
     from privrelease.mechanisms.confidence import check_confidence
     from privrelease.mechanisms.count_intervals import count_intervals
-    from privrelease.mechanisms.sdgs_math import check_parameters
+    from privrelease.policies.fields import Count, check_option
 
-    check_parameters(k, beta, 0.0)
     check_confidence(confidence, "--confidence")
-    values = _numbers(observed, "observed", int)
+    values = [check_option("--observed", Count, value) for value in _numbers(observed, "observed", int)]
     below = [value for value in values if value < k]
     if below:
         raise UserError(
@@ -135,8 +140,12 @@ def accuracy_laplace(
     json_out: bool = JSON,
 ) -> None:
     """For rho-identifiable statistics: the noise is within +-b ln(1/(1-C)) with probability C."""
+    from privrelease.errors import UserError
     from privrelease.mechanisms.accuracy import laplace_half_width
 
+    allowed = f"a number in (0, {MAX_SCALE:g}]"
+    if not 0 < scale <= MAX_SCALE:
+        raise UserError(f"--scale must be {allowed}; got {scale:g}", field="--scale", allowed=allowed)
     half_width = laplace_half_width(scale, confidence)
     if json_out:
         print_json({"scale": scale, "confidence": confidence, "half_width": half_width})
@@ -184,13 +193,18 @@ def calibrate_accuracy(
     """The smallest beta (to 1e-4) at which a cell of COUNT people is published and within
     +-r with probability >= C, and what it costs in privacy: the smallest epsilon at DELTA."""
     from privrelease.cli.calculus import accounting_notion
-    from privrelease.errors import TargetNotMet, UserError
+    from privrelease.errors import TargetNotMet
     from privrelease.mechanisms import sdgs_calibration as cal
     from privrelease.mechanisms.accuracy import count_accuracy, smallest_beta
+    from privrelease.policies.fields import Count, Delta, K, RelativeError, check_options
 
     notion = accounting_notion(accounting)
-    if not 0 < delta < 1:
-        raise UserError(f"--delta must be in (0, 1); got {delta:g}")
+    check_options(
+        ("--k", K, k),
+        ("--count", Count, count),
+        ("--relative-error", RelativeError, relative_error),
+        ("--delta", Delta, delta),
+    )
     beta = smallest_beta(k, count, relative_error, confidence)
     if beta is None:
         raise TargetNotMet(
@@ -199,7 +213,10 @@ def calibrate_accuracy(
             f" < {confidence:g} (a smaller k or a larger error)"
         )
     statement = count_accuracy(k, beta, count, confidence=confidence, relative_error=relative_error)
-    epsilon = None if beta >= 1 else cal.smallest_epsilon(k, beta, delta, notion).epsilon
+    try:
+        epsilon = None if beta >= 1 else cal.smallest_epsilon(k, beta, delta, notion).epsilon
+    except cal.CalibrationError as error:
+        raise TargetNotMet(f"beta = {beta:g} meets the accuracy, but {error}") from None
     document = {
         "k": k,
         "beta": beta,

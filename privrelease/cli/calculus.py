@@ -53,12 +53,11 @@ def _numbers(text: str, name: str, kind: type) -> list:
 
 
 def _check_sdgs(k: int | None, beta: float | None, epsilon: float | None, delta: float | None = None) -> None:
-    """The given ones of (k, beta, epsilon, delta) are valid (a missing one is being solved for)."""
-    from privrelease.mechanisms.sdgs_math import check_parameters
+    """The given ones of (k, beta, epsilon, delta) are what a policy allows (a missing one is
+    being solved for)."""
+    from privrelease.policies.fields import Beta, Delta, Epsilon, K, check_options
 
-    check_parameters(1 if k is None else k, 0.5 if beta is None else beta, 0.0 if epsilon is None else epsilon)
-    if delta is not None and not 0 < delta < 1:
-        raise UserError(f"delta must be in (0, 1); got {delta:g}")
+    check_options(("--k", K, k), ("--beta", Beta, beta), ("--epsilon", Epsilon, epsilon), ("--delta", Delta, delta))
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:

@@ -13,6 +13,7 @@ from rich.table import Table
 from privrelease.cli.output import cells_sentence, console, print_json, say
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.confidence import check_confidence
+from privrelease.policies.fields import MAX_EPSILON, Delta, PositiveEpsilon, check_option
 
 JSON = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
 SMALL_EPSILON = 1e-4
@@ -78,16 +79,29 @@ def calibrate_noisy_counts(
     +-w_N."""
     from privrelease.mechanisms.kinds import noisy_counts as nc
 
-    _require("--epsilon", epsilon, "a finite number > 0", 0 < epsilon < math.inf)
+    check_option("--epsilon", PositiveEpsilon, epsilon)
     if delta is not None:
-        _require("--delta", delta, "a number in (0, 1)", 0 < delta < 1)
+        check_option("--delta", Delta, delta)
     check_confidence(confidence, "--confidence")
     _check_cells(cells)
     if delta is None:
+        allowed = f"in [{1 / nc.MAX_NOISE:g}, {MAX_EPSILON:g}] for discrete Laplace noise (its scale 1/epsilon at most "
+        _require(
+            "--epsilon",
+            epsilon,
+            allowed + f"{nc.MAX_NOISE:g}, the largest a policy allows)",
+            nc.MAX_NOISE * epsilon >= 1,
+        )
         distribution, parameter = "laplace", nc.calibrate_scale(epsilon)
         achieved = 0.0
     else:
-        if epsilon < SMALL_EPSILON and nc.approximate_delta("gaussian", nc.MAX_NOISE, epsilon) > delta:
+        closed = nc.zero_epsilon_sigma(epsilon, delta)
+        beyond = (
+            closed > nc.MAX_NOISE
+            if closed is not None
+            else epsilon < SMALL_EPSILON and nc.approximate_delta("gaussian", nc.MAX_NOISE, epsilon) > delta
+        )
+        if beyond:
             raise TargetNotMet(
                 f"no discrete Gaussian sigma up to {nc.MAX_NOISE:g} (the largest a policy allows) reaches "
                 f"delta {delta:g} at epsilon {epsilon:g}"
@@ -170,8 +184,7 @@ def accuracy_noisy_counts(
         raise UserError(f"{other} is not a parameter of {distribution} noise: give {option}", field=other)
     if value is None:
         raise UserError(f"{option} is required for {distribution} noise", field=option)
-    allowed = f"a number in (0, {nc.MAX_NOISE:g}]"
-    _require(option, value, allowed, 0 < value <= nc.MAX_NOISE)
+    check_option(option, nc.Sigma if distribution == "gaussian" else nc.Scale, value)
     check_confidence(confidence, "--confidence")
     _check_cells(cells)
     widths = _widths(distribution, value, confidence, cells)

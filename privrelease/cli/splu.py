@@ -188,7 +188,9 @@ def calibrate_splu_command(gamma: int, eps: float, alpha: int, t_e: float | None
     wrong, see :mod:`privrelease.mechanisms.splu_guarantees`): JSON ``{"t_p", "argmin_f", "gamma", "eps", "alpha"[, "t_e", "t_f"]}``
     or a table with the probability for every count up to alpha (at most 20 shown)."""
     from privrelease.mechanisms.splu_guarantees import calibrate, privacy_curve
+    from privrelease.policies.fields import Alpha, Gamma, SpluEpsilon, check_options
 
+    check_options(("--gamma", Gamma, gamma), ("--eps", SpluEpsilon, eps), ("--alpha", Alpha, alpha))
     result = calibrate(gamma, eps, alpha, t_e)
     if json_out:
         print_json(result.as_dict())
