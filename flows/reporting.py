@@ -124,6 +124,7 @@ def report_context(
                 "sha256": staged.sha256,
                 "rows": staged.rows,
                 "bytes": staged.bytes,
+                "companion": staged is o.cells,
             }
             for o in outputs
             for staged in o.staged()

@@ -81,8 +81,9 @@ class ReportContext:
 
     @property
     def published_rows(self) -> int | None:
-        """The rows of every published file together (None: no file states its rows)."""
-        counted = [output["rows"] for output in self.outputs if output.get("rows") is not None]
+        """The rows of every published output together, companion files (a microdata's cells
+        with their intervals) left out (None: no file states its rows)."""
+        counted = [output["rows"] for output in self._outputs_proper() if output.get("rows") is not None]
         return sum(counted) if counted else None
 
     @property
@@ -97,7 +98,7 @@ class ReportContext:
         short: list[dict[str, Any]] = []
         if self.status != "succeeded":
             return short
-        for output in self.outputs:
+        for output in self._outputs_proper():
             rows, name = output.get("rows"), output.get("mechanism") or ""
             if rows is None:
                 continue
@@ -105,6 +106,11 @@ class ReportContext:
             if rows == 0 or (expected is not None and rows < LOW_SHARE * expected):
                 short.append({"mechanism": name, "rows": rows, "expected": expected})
         return short
+
+    def _outputs_proper(self) -> list[dict[str, Any]]:
+        """The outputs the mechanisms publish, without their companion files (a companion's rows
+        are the published cells, not the release's rows)."""
+        return [output for output in self.outputs if not output.get("companion")]
 
     def release_state(self) -> dict[str, Any]:
         """What the release is, for the first screen of its public statement and

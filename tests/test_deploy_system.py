@@ -45,6 +45,7 @@ POOL = "privrelease-process"
 POSTGRES_ENV = postgres_server.URL_ENV
 DEMO_OUTPUTS = {
     "microdata.parquet",
+    "microdata.cells.parquet",
     "hours-by-sex.parquet",
     "mean-hours.parquet",
     "disclosure-statement.html",

@@ -160,6 +160,7 @@ def test_a_release_of_nothing_says_so_in_public_and_in_release_json(releases) ->
     assert [output["rows"] for output in described["outputs"]] == [0]
     assert described["release"]["published_rows"] == 0 and described["release"]["published_nothing"]
     assert described["release"]["draft"] and not described["release"]["approved"]
+    assert [short["mechanism"] for short in described["release"]["short_of_plan"]] == ["microdata"]
     assert "kept raw with no declared domain" in described["release"]["plan_warnings"][0]
     html = statement(releases["empty"])
     assert "PUBLISHED NO ROWS" in html and "published no rows</span>" in html
@@ -176,7 +177,9 @@ def test_a_development_run_is_a_draft_and_a_production_run_is_approved(releases)
     for name, approved_flag in (("draft", False), ("approved", True)):
         state = json.loads((releases[name] / "release.json").read_text(encoding="utf-8"))["release"]
         assert state["approved"] is approved_flag and state["published_rows"] > 0
-        assert not state["published_nothing"]
+        assert (
+            not state["published_nothing"] and state["short_of_plan"] == []
+        )  # the cells companion is no output of its own
 
 
 def test_each_statement_says_what_it_is_on_its_first_screen(releases, browser: Any, tmp_path: Path) -> None:

@@ -66,7 +66,9 @@ def _flags_take_no_value() -> None:
     takes no value: shown with no type, as Click's plain help does."""
     from typer.core import TyperOption
 
-    shown = TyperOption.display_type_rich
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # a Typer without the hook: its help as it is (tests/test_cli_usage.py says so)
+        return
 
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         return None if self.is_flag and not self.count else shown(self, ctx)
