@@ -26,7 +26,11 @@ Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run
 ``baseline_seconds`` (in-process run, median, null with --no-inprocess), ``ratio`` (of the
 medians; target <= TARGET_RATIO = 0.6, issue 18), ``cpu_seconds`` and ``baseline_cpu_seconds``
 (median CPU seconds of a run: the flow's process and, on Dask, the workers; on a shared machine
-a steadier figure than the time), ``cores`` (this machine's), ``cpu_floor_seconds`` (the Dask
+a steadier figure than the time), ``cpu_ratio`` (the Dask run's CPU over the in-process run's; target
+<= TARGET_CPU_RATIO), ``flow_cpu_seconds`` and ``worker_cpu_seconds`` (a Dask run's, apart; the bench's
+LocalCluster scheduler runs in the flow process), ``flow_cpu_beyond_fixed_seconds`` (the flow
+process's CPU on Dask less the in-process run's FIXED_STEPS; target <= TARGET_FLOW_CPU_BEYOND),
+``cores`` (this machine's), ``cpu_floor_seconds`` (the Dask
 run's CPU seconds over the cores: no schedule finishes sooner) and ``floor_ratio`` (that floor
 over the in-process median: the least ratio this machine allows the Dask run), ``pair_ratios`` (min, median, max), ``peak_rss_mb``
 (largest peak RSS of a Dask worker), ``flow_peak_rss_mb`` (the flow process on Dask),
@@ -74,6 +78,12 @@ WARM = (
 """Imported before the clock, in the flow process and on the workers (a running cluster's
 workers have them loaded after its first run)."""
 QUIET = {"DASK_LOGGING__DISTRIBUTED": "error"}
+FIXED_STEPS = ("verify policy", "prepare outputs", "fingerprint", "plan", "reserve budget", "report", "publish")
+"""The steps whose work does not grow with the data's rows (all but the read and the mechanisms)."""
+TARGET_CPU_RATIO = 1.25
+"""The Dask run's total CPU over the in-process run's (issue 28)."""
+TARGET_FLOW_CPU_BEYOND = 0.6
+"""The flow process's CPU seconds on a Dask run beyond the in-process run's fixed steps (issue 28)."""
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -329,6 +339,22 @@ def main() -> None:
         f" {dask['cluster_seconds']:.1f} s): {dask['seconds']:.2f} s over {dask['partitions']} partitions; worker"
         f" peak RSS {dask['worker_peak_rss_mb']:.0f} MB, flow process {dask['peak_rss_mb']:.0f} MB"
     )
+    flow_cpu = statistics.median(run["cpu_seconds"] for run in dask_runs)
+    worker_cpu = statistics.median(run["worker_cpu_seconds"] for run in dask_runs)
+    fixed_cpu = statistics.median(
+        sum(run["steps_cpu"][step] for step in FIXED_STEPS) for run in local_runs or dask_runs
+    )
+    cpu_ratio = median_cpu(dask_runs) / median_cpu(local_runs) if local_runs else None
+    print(
+        f"Dask run CPU (median): flow process {flow_cpu:.2f} s (the bench's LocalCluster scheduler runs in it), "
+        f"workers {worker_cpu:.2f} s; the flow process beyond the in-process fixed steps ({fixed_cpu:.2f} CPU s): "
+        f"{flow_cpu - fixed_cpu:.2f} s (target <= {TARGET_FLOW_CPU_BEYOND})"
+        + (
+            ""
+            if cpu_ratio is None
+            else f"; total CPU over the in-process run's {cpu_ratio:.2f} (target <= {TARGET_CPU_RATIO})"
+        )
+    )
     cores = os.cpu_count() or 1
     floor = median_cpu(dask_runs) / cores
     if inprocess is not None:
@@ -349,6 +375,11 @@ def main() -> None:
         "ratio": None if inprocess is None else round(dask["seconds"] / inprocess["seconds"], 3),
         "cpu_seconds": round(median_cpu(dask_runs), 3),
         "baseline_cpu_seconds": round(median_cpu(local_runs), 3) if local_runs else None,
+        "cpu_ratio": None if cpu_ratio is None else round(cpu_ratio, 3),
+        "flow_cpu_seconds": round(flow_cpu, 3),
+        "worker_cpu_seconds": round(worker_cpu, 3),
+        "fixed_steps_cpu_seconds": round(fixed_cpu, 3),
+        "flow_cpu_beyond_fixed_seconds": round(flow_cpu - fixed_cpu, 3),
         "target_ratio": TARGET_RATIO,
         "cores": cores,
         "cpu_floor_seconds": round(floor, 3),
