@@ -36,6 +36,7 @@ from privrelease.mechanisms.binomial import log_pmf as _log_pmf
 from privrelease.mechanisms.binomial import lower_tail as _lower_tail
 from privrelease.mechanisms.binomial import pmf as _pmf
 from privrelease.mechanisms.binomial import upper_tail as _upper_tail
+from privrelease.mechanisms.limits import MIN_BETA
 
 SAFETY_MARGIN = 1e-9
 """Relative amount by which every reported delta exceeds the computed one."""
@@ -76,11 +77,11 @@ def min_theorem1_epsilon(beta: float) -> float:
 
 
 def check_parameters(k: int, beta: float, epsilon: float) -> None:
-    """UserError unless k is an integer >= 1, 0 < beta <= 1 and epsilon >= 0 (finite)."""
+    """UserError unless k is an integer >= 1, MIN_BETA <= beta <= 1 and epsilon >= 0 (finite)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise UserError(f"k must be an integer >= 1; got {k!r}")
-    if not isinstance(beta, (int, float)) or not 0 < beta <= 1:
-        raise UserError(f"beta must be in (0, 1]; got {beta!r}")
+    if not isinstance(beta, (int, float)) or not MIN_BETA <= beta <= 1:
+        raise UserError(f"beta must be in [{MIN_BETA:g}, 1]; got {beta!r}")
     if not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
         raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
 

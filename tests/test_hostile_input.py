@@ -201,6 +201,8 @@ _EXTREMES = [
         (("calibrate", "noisy-counts", "--epsilon", "1e-300", "--delta", "1e-9"), 1, "no discrete Gaussian sigma up to 1e+06"),
         (("calibrate", "noisy-counts", "--epsilon", "1e300", "--delta", "1e-6"), 2, "--epsilon must be in (0, 100]; got 1e+300"),
         (("calibrate", "sdgs", "--k", "20", "--beta", "1e-300", "--delta", "1e-9"), 2, "--beta must be in [0.0001, 1]; got 1e-300"),
+        (("calibrate", "sdgs", "--k", "20", "--beta", "auto", "--epsilon", "1e-300"), 2, "--beta auto (1 - e^-epsilon) must be in [0.0001, 1]; got 1e-300"),
+        (("calibrate", "sdgs", "--k", "20", "--epsilon", "1", "--delta", "1e-300"), 1, "no beta in [0.0001, 1] (the range a policy allows) reaches delta 1e-300"),
         (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--observed", BIG), 2, f"--observed must be an integer in [1, 1e15]; got {BIG}"),
         (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--observed", COUNT_LIMIT), 0, "estimate c/beta"),
         (("guarantee", "accuracy", "sdgs", "--k", "20", "--beta", "0.1", "--count", BIG), 2, f"--count must be an integer in [1, 1e15]; got {BIG}"),

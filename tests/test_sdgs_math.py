@@ -7,9 +7,12 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from pydantic import TypeAdapter, ValidationError
 from scipy import special
 
+from privrelease.errors import UserError
 from privrelease.mechanisms import sdgs_math
+from privrelease.mechanisms.limits import MIN_BETA
 from privrelease.mechanisms.sdgs_calibration import (
     CalibrationError,
     auto_beta,
@@ -27,6 +30,7 @@ from privrelease.mechanisms.sdgs_math import (
     fsmooth_delta,
     theorem1_grid,
 )
+from privrelease.policies import fields
 
 # Li, Qardaji, Su, Table 1 (k = 20); rows beta = 0.05, 0.1, 0.2 (the first row's label is lost
 # in the text copy; 0.05 is what reproduces it), columns eps.
@@ -250,6 +254,29 @@ def test_smallest_epsilon_and_largest_beta(notion) -> None:
     widest = largest_beta(20, 1.0, 1e-9, notion)
     assert sdgs_delta(20, widest.beta, 1.0, notion) <= 1e-9
     assert sdgs_delta(20, widest.beta * (1 + 1e-8), 1.0, notion) > 1e-9
+
+
+@pytest.mark.parametrize("notion", ["probabilistic", "approximate"])
+def test_largest_beta_stays_in_the_range_a_policy_allows(notion) -> None:
+    """Solving for beta never returns one a policy refuses (it returned 4.01e-16 for k = 20,
+    epsilon 1, delta 1e-300); delta(20, MIN_BETA, 1) is about 1e-73, so 1e-300 is out of reach."""
+    assert sdgs_delta(20, MIN_BETA, 1.0, notion) > 1e-300
+    with pytest.raises(CalibrationError, match=r"no beta in \[0.0001, 1\] \(the range a policy allows\)"):
+        largest_beta(20, 1.0, 1e-300, notion)
+    if notion == "probabilistic":  # Theorem 1 caps beta at 1 - e^-eps = 1e-5 here
+        with pytest.raises(CalibrationError, match="below the smallest beta a policy allows"):
+            largest_beta(20, 1e-5, 1e-3, notion)
+
+
+def test_one_bound_on_beta_for_the_api_and_the_policy() -> None:
+    """``check_parameters`` (the Python API) refused only beta <= 0 while a policy refuses
+    beta < 1e-4: both now read ``mechanisms.limits.MIN_BETA``."""
+    assert fields.MIN_BETA is MIN_BETA == 1e-4
+    with pytest.raises(UserError, match=r"beta must be in \[0.0001, 1\]; got 5e-05"):
+        sdgs_math.check_parameters(20, MIN_BETA / 2, 1.0)
+    with pytest.raises(ValidationError, match="0.0001"):
+        TypeAdapter(fields.Beta).validate_python(MIN_BETA / 2)
+    sdgs_math.check_parameters(20, MIN_BETA, 1.0)
 
 
 def test_auto_beta_is_theorem1s_largest() -> None:

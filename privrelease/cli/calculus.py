@@ -52,12 +52,14 @@ def _numbers(text: str, name: str, kind: type) -> list:
     return values
 
 
-def _check_sdgs(k: int | None, beta: float | None, epsilon: float | None, delta: float | None = None) -> None:
+def _check_sdgs(
+    k: int | None, beta: float | None, epsilon: float | None, delta: float | None = None, beta_option: str = "--beta"
+) -> None:
     """The given ones of (k, beta, epsilon, delta) are what a policy allows (a missing one is
-    being solved for)."""
+    being solved for); ``beta_option`` names beta as the user gave it."""
     from privrelease.policies.fields import Beta, Delta, Epsilon, K, check_options
 
-    check_options(("--k", K, k), ("--beta", Beta, beta), ("--epsilon", Epsilon, epsilon), ("--delta", Delta, delta))
+    check_options(("--k", K, k), (beta_option, Beta, beta), ("--epsilon", Epsilon, epsilon), ("--delta", Delta, delta))
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -321,7 +323,7 @@ def calibrate_sdgs(
         beta_value = cal.auto_beta(epsilon)
     elif beta is not None:
         beta_value = _numbers(beta, "beta", float)[0]
-    _check_sdgs(k, beta_value, epsilon, delta)
+    _check_sdgs(k, beta_value, epsilon, delta, beta_option="--beta auto (1 - e^-epsilon)" if auto else "--beta")
     missing = [
         name
         for name, value in (("k", k), ("beta", beta_value), ("epsilon", epsilon), ("delta", delta))
