@@ -256,6 +256,73 @@ def test_smallest_epsilon_and_largest_beta(notion) -> None:
     assert sdgs_delta(20, widest.beta * (1 + 1e-8), 1.0, notion) > 1e-9
 
 
+def _mp_log10_tail(j: int, n: int, beta: float):
+    """log10 P[Bin(n, beta) >= j] for j far above the mean, summed in mpmath from f(j) until
+    the terms (ratio below 1 and falling) add less than 1e-30."""
+    b = mpmath.mpf(beta)
+    term = mpmath.exp(mpmath.loggamma(n + 1) - mpmath.loggamma(j + 1) - mpmath.loggamma(n - j + 1)) * b**j
+    term *= (1 - b) ** (n - j)
+    total, i = term, 0
+    while term > total * mpmath.mpf(10) ** -30:
+        term *= mpmath.mpf(n - j - i) / (j + i + 1) * b / (1 - b)
+        total += term
+        i += 1
+    return mpmath.log10(total)
+
+
+@pytest.mark.parametrize("k, beta, eps", [(100_000, 0.01, 0.02), (100_000, 1e-4, 0.00011), (100_000, 1e-4, 100.0)])
+def test_theorem1_at_the_largest_k_is_exact_at_its_argmax(k: int, beta: float, eps: float) -> None:
+    """Underflowing deltas at k = 100,000 (the largest a policy allows): the log-space scan is
+    vectorized and sums each tail from its first term (it summed the whole support one n at a
+    time: `guarantee sdgs --k 100000 --beta 0.01 --epsilon 0.02` ran past 86 s). The value is
+    never below the tail at the reported n (mpmath, 50 digits) and above it by at most the
+    rounding bound of a log pmf at that n; no neighbour beats it."""
+    result = delta_theorem1(k, beta, eps)
+    gamma = sdgs_math.gamma_of(beta, eps)
+    n = result.argmax_n
+    assert n is not None and result.log10_delta is not None
+    with mpmath.workdps(50):
+        at = {m: _mp_log10_tail(int(sdgs_math._first_above(gamma, m)), m, beta) for m in range(n - 3, n + 4)}
+    rounding = float(sdgs_math._log_rounding(n, beta)) / math.log(10)  # about 3e-7 and 6e-5 here
+    assert at[n] <= result.log10_delta <= at[n] + 2 * rounding + 1e-9  # computed within one, then raised by it
+    assert max(at.values()) == at[n] or n - 3 < sdgs_math._n_m(k, gamma)
+
+
+def _mp_log10_exact_add(k: int, beta: float, eps: float, n: int):
+    """log10 H(P_n || P_{n-1}) = log10(beta f(m-1; n-1) - (e^eps - 1) P[Bin(n-1) >= m]) in mpmath,
+    m = max(k, first j > gamma n), the tail summed from its first term until it adds below 1e-40."""
+    b, trials = mpmath.mpf(beta), n - 1
+    m = max(k, int(sdgs_math._first_above(sdgs_math.gamma_of(beta, eps), n)))
+
+    def pmf(j: int):
+        log_choose = mpmath.loggamma(trials + 1) - mpmath.loggamma(j + 1) - mpmath.loggamma(trials - j + 1)
+        return mpmath.exp(log_choose) * b**j * (1 - b) ** (trials - j)
+
+    term = pmf(m)
+    total, i = term, 0
+    while term > total * mpmath.mpf(10) ** -40:
+        term *= mpmath.mpf(trials - m - i) / (m + i + 1) * b / (1 - b)
+        total += term
+        i += 1
+    return mpmath.log10(b * pmf(m - 1) - mpmath.expm1(eps) * total)
+
+
+@pytest.mark.parametrize("k, beta, eps", [(100_000, 0.01, 0.02), (100_000, 1e-4, 0.001)])
+def test_exact_delta_at_the_largest_k_is_exact_near_its_argmax(k: int, beta: float, eps: float) -> None:
+    """The exact delta where it underflows, at k = 100,000: the add direction's difference
+    beta f(m-1) - (e^eps - 1) P[Bin >= m] cancels to about 2e-5 of its terms near n = 9e7, so
+    its log is taken from exact pmf ratios (d from two log-gamma differences gave 10^-64667.314 for the
+    second case; the truth is 10^-64667.325). Never below the mpmath value (80 digits) of any
+    n near the reported one, and above their max by less than 1e-4 in log10 (a relative 2.3e-4:
+    the rounding bound of the terms, amplified by the cancellation)."""
+    result = delta_exact(k, beta, eps)
+    n = result.argmax_n
+    assert n is not None and result.log10_delta is not None
+    with mpmath.workdps(80):
+        near = max(_mp_log10_exact_add(k, beta, eps, m) for m in range(n - 3, n + 4))
+    assert near <= result.log10_delta <= near + 1e-4
+
+
 @pytest.mark.parametrize("notion", ["probabilistic", "approximate"])
 def test_largest_beta_stays_in_the_range_a_policy_allows(notion) -> None:
     """Solving for beta never returns one a policy refuses (it returned 4.01e-16 for k = 20,
