@@ -347,6 +347,27 @@ def _log_remove_bound(k, beta, epsilon, n):
     return np.minimum(chernoff, _log_tv_bound(beta, n))
 
 
+def _remove_split(k, beta, epsilon):
+    """n_lo = floor(min(k / c, (k - 1) / beta)), c = 1 - e^eps (1 - beta) > 0: at n <= k / c no
+    count j >= k lies below c n (the remove direction's counts piece is empty, up to the
+    near-tie rounding of :func:`_exact_remove`), and f(k-1; n-1) is nondecreasing in n for
+    n <= (k - 1) / beta (f(j; N+1) / f(j; N) = (N + 1)(1 - beta) / (N + 1 - j) >= 1 iff
+    N + 1 <= j / beta)."""
+    c = -np.expm1(epsilon + np.log1p(-beta))
+    return np.maximum(np.floor(np.minimum(k / (c * (1 + 1e-9)), (k - 1) / beta)), 0.0)
+
+
+def _remove_bound_below(k, beta, epsilon, hi):
+    """A bound on H(P_{n-1} || P_n) for every n <= hi <= n_lo (:func:`_remove_split`),
+    nondecreasing in hi: there only the suppressed outcome counts, F(k-1; n-1) - e^eps F(k-1; n)
+    = beta f(k-1; n-1) - (e^eps - 1) F(k-1; n) (as F(j; n-1) - F(j; n) = beta f(j; n-1)), whose
+    first term grows with n up to hi and whose subtracted term shrinks. Raised by the rounding
+    of the two values; 0 where the difference is negative beyond that rounding."""
+    positive, negative = beta * _pmf(k - 1, hi - 1, beta), np.expm1(epsilon) * _lower_tail(k - 1, hi, beta)
+    error = _DOUBLE_ERROR * (positive + negative)
+    return np.where(positive - negative > -error, np.maximum(positive - negative, 0.0) + error, 0.0)
+
+
 def _filled(results: list[SdgsDelta | None]) -> list[SdgsDelta]:
     """``results`` once every cell has its delta."""
     filled = [result for result in results if result is not None]
@@ -391,13 +412,23 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
     remove = np.flatnonzero(ee < -np.log1p(-bb))
     if remove.size:
         rk, rb, re = kk[remove], bb[remove], ee[remove]
-        # seeded with the add direction's maximum: the scan stops once no n can beat it
-        best[remove], argmax[remove] = _scan_up(
-            lambda c, n: _exact_remove(rk[c, None], rb[c, None], re[c, None], n),
+
+        def remove_value(c, n):
+            return _exact_remove(rk[c, None], rb[c, None], re[c, None], n)
+
+        # seeded with the add direction's maximum: each scan stops once no n can beat it; from
+        # n_lo down (:func:`_remove_bound_below`), then up from n_lo + 1
+        n_lo = _remove_split(rk, rb, re)
+        part, where = _scan_down(
+            remove_value,
+            n_lo,
             np.ones(remove.size),
-            lambda c, n0: _log_remove_bound(rk[c], rb[c], re[c], n0),
+            lambda c, hi: _remove_bound_below(rk[c], rb[c], re[c], hi),
             best[remove],
             argmax[remove],
+        )
+        best[remove], argmax[remove] = _scan_up(
+            remove_value, n_lo + 1, lambda c, n0: _log_remove_bound(rk[c], rb[c], re[c], n0), part, where
         )
     for pos, c in enumerate(idx.tolist()):
         if best[pos] >= _TINY:

@@ -219,6 +219,7 @@ _EXTREMES = [
         (("guarantee", "sdgs", "--k", "100000", "--beta", "0.01", "--epsilon", "0.02"), 0, "3378000"),
         (("guarantee", "sdgs", "--k", "100000", "--beta", "0.0001", "--epsilon", "0.000100006", "--json"), 0, '"log10_delta_theorem1": -8390.98'),
         (("guarantee", "sdgs", "--k", "100000", "--beta", "0.0001", "--epsilon", "0.001", "--json"), 0, '"log10_delta_exact": -64667.32'),
+        (("guarantee", "sdgs", "--k", "100000", "--beta", "0.5", "--epsilon", "0", "--json"), 0, '"delta_exact": 0.000892065'),
         (("calibrate", "sdgs", "--k", "20", "--beta", "1e-5", "--delta", "1e-9", "--accounting", "approximate"), 2, "--beta must be in [0.0001, 1]; got 1e-05"),
         (("calibrate", "splu", "--gamma", "10", "--eps", "1e-300", "--alpha", "3", "--t-e", "1e-300"), 2, "--eps must be in [1e-06, 100]; got 1e-300"),
         (("calibrate", "splu", "--gamma", BIG, "--eps", "0.3", "--alpha", BIG), 2, f"--gamma must be an integer in [2, 100000]; got {BIG}"),

@@ -323,6 +323,20 @@ def test_exact_delta_at_the_largest_k_is_exact_near_its_argmax(k: int, beta: flo
     assert near <= result.log10_delta <= near + 1e-4
 
 
+@pytest.mark.parametrize("k, beta", [(20, 1e-4), (100_000, 0.5), (1000, 0.001)])
+def test_exact_delta_at_epsilon_zero_is_the_largest_step_of_the_suppression(k: int, beta: float) -> None:
+    """At eps = 0 the exact delta is the total variation max_n beta f(k-1; n-1) (the remove
+    direction's suppressed outcome; Bin(n) = Bin(n-1) + Bernoulli(beta)), at n - 1 = (k-1)/beta
+    (mpmath). Below n_lo the remove direction is now scanned down from n_lo with a monotone bound
+    instead of up from n = 1: k 20, beta 1e-4 took 0.6 s, k 100,000, beta 0.5 took 2.1 s."""
+    with mpmath.workdps(40):
+        b, top = mpmath.mpf(beta), round((k - 1) / beta)
+        truth = max(b * mpmath.binomial(m, k - 1) * b ** (k - 1) * (1 - b) ** (m - k + 1) for m in (top - 1, top))
+    result = delta_exact(k, beta, 0.0)
+    assert mpmath.mpf(result.delta) >= truth
+    assert result.delta <= float(truth) * (1 + 1e-6)
+
+
 @pytest.mark.parametrize("notion", ["probabilistic", "approximate"])
 def test_largest_beta_stays_in_the_range_a_policy_allows(notion) -> None:
     """Solving for beta never returns one a policy refuses (it returned 4.01e-16 for k = 20,
