@@ -30,7 +30,7 @@ from privrelease.mechanisms.sdgs_math import (
     fsmooth_delta,
     theorem1_grid,
 )
-from privrelease.policies import fields
+from privrelease.policies import fields, loader
 
 # Li, Qardaji, Su, Table 1 (k = 20); rows beta = 0.05, 0.1, 0.2 (the first row's label is lost
 # in the text copy; 0.05 is what reproduces it), columns eps.
@@ -358,6 +358,7 @@ def test_one_bound_on_beta_for_the_api_and_the_policy() -> None:
     with pytest.raises(ValidationError, match="0.0001"):
         TypeAdapter(fields.Beta).validate_python(MIN_BETA / 2)
     sdgs_math.check_parameters(20, MIN_BETA, 1.0)
+    assert loader._REQUIRED_HINTS["beta"] == "a number in [0.0001, 1]"  # it said (0, 1]
 
 
 def test_auto_beta_is_theorem1s_largest() -> None:

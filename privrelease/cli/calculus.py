@@ -11,6 +11,7 @@ from rich.table import Table
 
 from privrelease.cli.output import cells_sentence, console, print_json, say, styled
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.mechanisms.limits import MIN_BETA
 
 if TYPE_CHECKING:
     from privrelease.mechanisms.sdgs_calibration import Notion
@@ -242,7 +243,7 @@ def _facts_text(facts: dict) -> str:
 @guarantee_app.command("sdgs")
 def guarantee_sdgs(
     k: str = typer.Option(..., "--k", help="k, or a comma-separated list."),
-    beta: str = typer.Option(..., "--beta", help="Sampling probability beta in (0, 1], or a list."),
+    beta: str = typer.Option(..., "--beta", help=f"Sampling probability beta in [{MIN_BETA:g}, 1], or a list."),
     epsilon: str = typer.Option(..., "--epsilon", help="epsilon >= 0, or a list."),
     json_out: bool = JSON,
 ) -> None:
@@ -303,7 +304,7 @@ def guarantee_sdgs(
 def calibrate_sdgs(
     k: int | None = typer.Option(None, "--k", help="k (omit to find the smallest)."),
     beta: str | None = typer.Option(
-        None, "--beta", help="beta in (0, 1], or 'auto' for 1 - e^-eps (omit to find the largest)."
+        None, "--beta", help=f"beta in [{MIN_BETA:g}, 1], or 'auto' for 1 - e^-eps (omit to find the largest)."
     ),
     epsilon: float | None = typer.Option(None, "--epsilon", help="epsilon (omit to find the smallest)."),
     delta: float | None = typer.Option(None, "--delta", help="target delta (omit to compute it)."),
