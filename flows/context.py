@@ -257,6 +257,8 @@ class PlanSummary:
     charged_event_json: str | None
     """The DP part of the event tree (what the ledger is charged); None: nothing to charge."""
     checks: list[dict[str, Any]]
+    warnings: tuple[str, ...] = ()
+    """The plan's warnings (:attr:`privrelease.planning.Plan.warnings`), from the policy alone."""
 
 
 @dataclass(frozen=True)

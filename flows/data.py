@@ -227,6 +227,7 @@ def plan_summary(policy: PolicySource) -> PlanSummary:
         checks=[
             {key: getattr(check, key) for key in ("target", "required", "achieved", "passed")} for check in plan.checks
         ],
+        warnings=plan.warnings,
     )
 
 

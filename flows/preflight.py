@@ -29,7 +29,7 @@ def preflight(
     engine: str | None = None,
     dask_address: str | None = None,
     workers: int | None = None,
-) -> None:
+) -> tuple[str, ...]:
     """Settle the runs a crash left unfinished (:func:`.steps.settle_crashed_runs`, when the
         audit database exists: whatever this run's outcome), then check, in order: the policy (and
         ``dataset.id`` for a charged release), the output format, the data file (a Parquet folder:
@@ -37,7 +37,8 @@ def preflight(
     spending: :func:`~privrelease.audit.witness.check_before_spending`), the approval
         (production mode), that its name@version is not registered with other content and that
         the release fits its dataset's lifetime budget (cheapest first); last, once every local check has passed, that the engine's Dask scheduler answers
-        (no host a draft names is contacted before its approval)."""
+        (no host a draft names is contacted before its approval). Returns the plan's warnings
+        (:attr:`privrelease.planning.Plan.warnings`: cells unlikely to reach k, ...)."""
     from privrelease.audit import approvals, witness
     from privrelease.audit.database import exists, get_engine, open_database, session
 
@@ -76,6 +77,7 @@ def preflight(
             raise UserError(clash.message)
         require_budget(s, loaded, plan)
     engines.check_reachable(chosen)
+    return plan.warnings
 
 
 def check_output_format(output_format: str) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from privrelease.mechanisms.limits import MIN_BETA
 from privrelease.mechanisms.sdgs_math import delta_exact, delta_theorem1, min_theorem1_epsilon
 
 Notion = Literal["probabilistic", "approximate"]
@@ -125,14 +126,23 @@ def smallest_epsilon(k: int, beta: float, delta: float, notion: Notion, *, relat
 
 
 def largest_beta(k: int, epsilon: float, delta: float, notion: Notion) -> Calibrated:
-    """The largest beta with delta(k, beta, eps) <= target (to a relative 1e-10, verified).
+    """The largest beta in [MIN_BETA, 1) with delta(k, beta, eps) <= target (to a relative
+    1e-10, verified; CalibrationError where none is: a policy refuses a smaller beta).
     Under Theorem 1 beta is at most 1 - e^-eps (``auto_beta``)."""
     ceiling = auto_beta(epsilon) if notion == "probabilistic" else math.nextafter(1.0, 0.0)
+    if ceiling < MIN_BETA:
+        raise CalibrationError(
+            f"Theorem 1 needs beta <= 1 - e^-epsilon = {ceiling:.6g} at epsilon {epsilon:g}, below the "
+            f"smallest beta a policy allows ({MIN_BETA:g}); raise epsilon to -ln(1 - {MIN_BETA:g}) or more"
+        )
     if _meets(k, ceiling, epsilon, delta, notion):
         return _calibrated(k, ceiling, epsilon, notion)
+    if not _meets(k, MIN_BETA, epsilon, delta, notion):
+        raise CalibrationError(
+            f"no beta in [{MIN_BETA:g}, 1] (the range a policy allows) reaches delta {delta:g} "
+            f"with k = {k}, epsilon = {epsilon:g}; raise k or epsilon"
+        )
     beta = _narrow(
-        lambda b: _meets(k, b, epsilon, delta, notion), ceiling, 0.0, lambda a, b: (a + b) / 2, _within(1e-10)
+        lambda b: _meets(k, b, epsilon, delta, notion), ceiling, MIN_BETA, lambda a, b: (a + b) / 2, _within(1e-10)
     )
-    if beta == 0.0:
-        raise CalibrationError(f"no beta > 0 reaches delta {delta:g} with k = {k}, epsilon = {epsilon:g}")
     return _calibrated(k, beta, epsilon, notion)

@@ -16,11 +16,14 @@ sampling; the cell is published with its count when ``X >= k`` and suppressed ot
 The maxima over n are exact: n is scanned in vectorized blocks until a proven bound on every
 later n falls below the best value found (Chernoff-Hoeffding, ``P[Bin(n, b) >= a n] <=
 exp(-n KL(a || b))`` for ``a > b``, which decreases in n); no fixed cut-off. Tails come from
-scipy's regularized incomplete beta (``betainc``/``betaincc``, Boost) in double precision; below 1e-280 they are
-recomputed in mpmath at 40 digits, so values down to 1e-300 and beyond stay exact. A reported
+scipy's regularized incomplete beta (``betainc``/``betaincc``, Boost) in double precision; below 1e-280 the
+same vectorized scans run on the logs of the terms, each tail summed from its first term
+(:func:`.binomial.log_upper_tail`: a few hundred terms, never the whole support, so k = 100,000
+with beta = 1e-4 answers in milliseconds), so values far below 1e-308 stay exact. A reported
 delta is the computed one raised by ``SAFETY_MARGIN`` (relative; plus the cancellation error of
 the exact formula), a thousand times the largest error measured against mpmath in the tests, so
-it is never below the true value.
+it is never below the true value; in log space also by the rounding of log-gammas of size
+n ln n (:func:`_log_rounding`: a relative 7e-7 at n = 3.4e6, 1.4e-4 at n = 4.8e8).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from scipy import special
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.binomial import log_pmf as _log_pmf
+from privrelease.mechanisms.binomial import log_upper_tail as _log_upper_tail
 from privrelease.mechanisms.binomial import lower_tail as _lower_tail
 from privrelease.mechanisms.binomial import pmf as _pmf
 from privrelease.mechanisms.binomial import upper_tail as _upper_tail
+from privrelease.mechanisms.limits import MIN_BETA
 
 SAFETY_MARGIN = 1e-9
 """Relative amount by which every reported delta exceeds the computed one."""
@@ -76,11 +81,11 @@ def min_theorem1_epsilon(beta: float) -> float:
 
 
 def check_parameters(k: int, beta: float, epsilon: float) -> None:
-    """UserError unless k is an integer >= 1, 0 < beta <= 1 and epsilon >= 0 (finite)."""
+    """UserError unless k is an integer >= 1, MIN_BETA <= beta <= 1 and epsilon >= 0 (finite)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise UserError(f"k must be an integer >= 1; got {k!r}")
-    if not isinstance(beta, (int, float)) or not 0 < beta <= 1:
-        raise UserError(f"beta must be in (0, 1]; got {beta!r}")
+    if not isinstance(beta, (int, float)) or not MIN_BETA <= beta <= 1:
+        raise UserError(f"beta must be in [{MIN_BETA:g}, 1]; got {beta!r}")
     if not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
         raise UserError(f"epsilon must be a finite number >= 0; got {epsilon!r}")
 
@@ -95,14 +100,6 @@ def _kl(a, b):
     with np.errstate(divide="ignore", invalid="ignore"):
         kl = special.xlogy(a, a / b) + special.xlog1py(1 - a, -a) - special.xlog1py(1 - a, -b)
     return np.maximum(np.nan_to_num(kl, nan=0.0), 0.0) * (1 - 1e-9)
-
-
-def _log_upper_tail(j: int, n: int, beta: float) -> float:
-    """log P[Bin(n, beta) >= j] by a log-sum-exp of the pmf (no underflow)."""
-    if j > n:
-        return -math.inf
-    i = np.arange(max(j, 0), n + 1, dtype=float)
-    return float(special.logsumexp(_log_pmf(i, float(n), beta)))
 
 
 def _first_above(gamma, n):
@@ -142,15 +139,16 @@ def _log_tv_bound(beta, n):
 # --- block scans, vectorized over cells -------------------------------------------------------
 
 
-def _scan_up(values, start, log_bound, best=None, argmax=None):
+def _scan_up(values, start, log_bound, best=None, argmax=None, *, in_log=False):
     """Per cell, the max of values(cells, n) over n >= start[cell], scanning blocks of n until
     log_bound(cells, n0) (log of a bound on every term at n >= n0, nonincreasing in n0) is
     below the log of the best term (or below log 1e-280 while nothing representable was found).
     Given (best, argmax) from another part of the same maximum, folds into them (and stops
-    as soon as no later term can beat them). Returns (best, argmax)."""
+    as soon as no later term can beat them). ``in_log``: values are logs of the terms (never
+    underflow; the scan goes on while nothing above -inf was found). Returns (best, argmax)."""
     cells = len(start)
     if best is None:
-        best, argmax = np.zeros(cells), start.astype(float).copy()
+        best, argmax = np.full(cells, -np.inf if in_log else 0.0), start.astype(float).copy()
     n0 = start.astype(float).copy()
     active, block = np.arange(cells), _BLOCK
     while active.size:
@@ -162,17 +160,18 @@ def _scan_up(values, start, log_bound, best=None, argmax=None):
         best[active[better]] = top[better]
         argmax[active[better]] = n[better, i[better]]
         n0[active] += block
+        level = best[active] if in_log else np.log(np.maximum(best[active], _TINY))
         with np.errstate(divide="ignore"):
-            done = log_bound(active, n0[active]) < np.log(np.maximum(best[active], _TINY))
+            done = log_bound(active, n0[active]) < level
         active = active[~done]
         block = min(2 * block, _MAX_BLOCK)
     return best, argmax
 
 
-def _scan_down(values, top, bottom, bound, best, argmax):
+def _scan_down(values, top, bottom, bound, best, argmax, *, in_log=False):
     """Per cell, fold into (best, argmax) the max of values(cells, n) for bottom <= n <= top,
     scanning down in blocks while bound(cells, hi) (a bound on every term at n <= hi,
-    nondecreasing in hi) may exceed the best."""
+    nondecreasing in hi) may exceed the best (``in_log``: values and bound are logs)."""
     hi = top.astype(float).copy()
     active, block = np.arange(len(hi)), _BLOCK
 
@@ -184,7 +183,7 @@ def _scan_down(values, top, bottom, bound, best, argmax):
     active = open_cells(active)
     while active.size:
         n = hi[active, None] - np.arange(block)
-        vals = np.where(n >= bottom[active, None], values(active, np.maximum(n, 1)), 0.0)
+        vals = np.where(n >= bottom[active, None], values(active, np.maximum(n, 1)), -np.inf if in_log else 0.0)
         i = np.argmax(vals, axis=1)
         topv = vals[np.arange(active.size), i]
         better = topv > best[active]
@@ -269,14 +268,25 @@ def theorem1_grid(k, beta, epsilon) -> list[SdgsDelta]:
     return _filled(results)
 
 
+def _log_rounding(n, beta):
+    """A bound on the absolute error of a log pmf or log tail at n trials (:func:`_log_pmf`):
+    three log-gammas of about n ln n and two terms of about n |ln beta|, n |ln(1 - beta)|, each
+    within a few ulps (2.2e-16 relative); bounded by 1e-14 of their sum (the tail's own relative
+    error, 1e-12, besides). At n = 3.4e6 and beta = 0.01 about 7e-7, at n = 4.8e8 and beta = 1e-4
+    about 1.4e-4: a tiny delta is reported to that relative precision, never below the truth."""
+    return 1e-14 * (n + 1) * (np.log(n + 1) + abs(math.log(beta)) + abs(math.log1p(-beta)) + 3) + 1e-12
+
+
 def _theorem1_log_space(k: int, beta: float, gamma: float, kl: float) -> SdgsDelta:
-    best, argmax, n = -math.inf, None, int(_n_m(k, gamma))
-    while best == -math.inf or -n * kl >= best:
-        value = _log_upper_tail(int(_first_above(gamma, n)), n, beta)
-        if value > best:
-            best, argmax = value, n
-        n += 1
-    return _report(0.0, best, argmax)
+    """Theorem 1's max where it underflows a double: the same scan on the logs of the terms,
+    each raised by its rounding bound (:func:`_log_rounding`)."""
+    best, argmax = _scan_up(
+        lambda c, n: _log_upper_tail(_first_above(gamma, n), n, beta) + _log_rounding(n, beta),
+        np.array([_n_m(k, gamma)], dtype=float),
+        lambda c, n0: -n0 * kl,
+        in_log=True,
+    )
+    return _report(0.0, float(best[0]), argmax[0])
 
 
 def delta_theorem1(k: int, beta: float, epsilon: float) -> SdgsDelta:
@@ -337,6 +347,27 @@ def _log_remove_bound(k, beta, epsilon, n):
     return np.minimum(chernoff, _log_tv_bound(beta, n))
 
 
+def _remove_split(k, beta, epsilon):
+    """n_lo = floor(min(k / c, (k - 1) / beta)), c = 1 - e^eps (1 - beta) > 0: at n <= k / c no
+    count j >= k lies below c n (the remove direction's counts piece is empty, up to the
+    near-tie rounding of :func:`_exact_remove`), and f(k-1; n-1) is nondecreasing in n for
+    n <= (k - 1) / beta (f(j; N+1) / f(j; N) = (N + 1)(1 - beta) / (N + 1 - j) >= 1 iff
+    N + 1 <= j / beta)."""
+    c = -np.expm1(epsilon + np.log1p(-beta))
+    return np.maximum(np.floor(np.minimum(k / (c * (1 + 1e-9)), (k - 1) / beta)), 0.0)
+
+
+def _remove_bound_below(k, beta, epsilon, hi):
+    """A bound on H(P_{n-1} || P_n) for every n <= hi <= n_lo (:func:`_remove_split`),
+    nondecreasing in hi: there only the suppressed outcome counts, F(k-1; n-1) - e^eps F(k-1; n)
+    = beta f(k-1; n-1) - (e^eps - 1) F(k-1; n) (as F(j; n-1) - F(j; n) = beta f(j; n-1)), whose
+    first term grows with n up to hi and whose subtracted term shrinks. Raised by the rounding
+    of the two values; 0 where the difference is negative beyond that rounding."""
+    positive, negative = beta * _pmf(k - 1, hi - 1, beta), np.expm1(epsilon) * _lower_tail(k - 1, hi, beta)
+    error = _DOUBLE_ERROR * (positive + negative)
+    return np.where(positive - negative > -error, np.maximum(positive - negative, 0.0) + error, 0.0)
+
+
 def _filled(results: list[SdgsDelta | None]) -> list[SdgsDelta]:
     """``results`` once every cell has its delta."""
     filled = [result for result in results if result is not None]
@@ -381,13 +412,23 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
     remove = np.flatnonzero(ee < -np.log1p(-bb))
     if remove.size:
         rk, rb, re = kk[remove], bb[remove], ee[remove]
-        # seeded with the add direction's maximum: the scan stops once no n can beat it
-        best[remove], argmax[remove] = _scan_up(
-            lambda c, n: _exact_remove(rk[c, None], rb[c, None], re[c, None], n),
+
+        def remove_value(c, n):
+            return _exact_remove(rk[c, None], rb[c, None], re[c, None], n)
+
+        # seeded with the add direction's maximum: each scan stops once no n can beat it; from
+        # n_lo down (:func:`_remove_bound_below`), then up from n_lo + 1
+        n_lo = _remove_split(rk, rb, re)
+        part, where = _scan_down(
+            remove_value,
+            n_lo,
             np.ones(remove.size),
-            lambda c, n0: _log_remove_bound(rk[c], rb[c], re[c], n0),
+            lambda c, hi: _remove_bound_below(rk[c], rb[c], re[c], hi),
             best[remove],
             argmax[remove],
+        )
+        best[remove], argmax[remove] = _scan_up(
+            remove_value, n_lo + 1, lambda c, n0: _log_remove_bound(rk[c], rb[c], re[c], n0), part, where
         )
     for pos, c in enumerate(idx.tolist()):
         if best[pos] >= _TINY:
@@ -397,33 +438,49 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
     return _filled(results)
 
 
-def _log_exact_add(k: int, beta: float, epsilon: float, n: int) -> float:
-    m = max(k, int(_first_above(gamma_of(beta, epsilon), n)))
-    if m > n:
-        return -math.inf
-    log_pos = math.log(beta) + float(_log_pmf(m - 1.0, n - 1.0, beta))
-    log_neg = math.log(math.expm1(epsilon)) + _log_upper_tail(m, n - 1, beta)
-    if log_neg >= log_pos:
-        return -math.inf
-    return log_pos + math.log1p(-math.exp(log_neg - log_pos)) + 1e-9
+def _log_exact_add(k, beta, epsilon, n):
+    """log of :func:`_exact_add` without underflow (-inf where it is 0), vectorized over n:
+    pos - neg = pos (1 - e^d), pos = beta f(m-1; n-1), d = log(neg / pos). d is taken from the
+    exact ratio f(m; n-1) / f(m-1; n-1) = (n - m) beta / (m (1 - beta)) and the tail's series
+    P[Bin(n-1) >= m] / f(m; n-1), never from two log-gammas of size n ln n (their rounding,
+    about 1e-6 at n = 1e9, would swamp 1 - e^d). Raised by pos's rounding (:func:`_log_rounding`)
+    and by d's (a relative 1e-12 of the tail, plus 4 ulps of log f(m; n-1)), which moves
+    1 - e^d by at most e^d (e^dd - 1)."""
+    m = np.maximum(k, _first_above(gamma_of(beta, epsilon), n))
+    log_pos = math.log(beta) + _log_pmf(m - 1.0, n - 1.0, beta)
+    log_pmf_m = _log_pmf(m, n - 1.0, beta)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        series = _log_upper_tail(m, n - 1, beta) - log_pmf_m  # log of P[Bin(n-1) >= m] / f(m; n-1)
+        d = math.log(math.expm1(epsilon)) + np.log((n - m) / m) - math.log1p(-beta) + series
+        slack = 1e-12 + 4 * 2.3e-16 * np.abs(log_pmf_m)
+        ratio = np.exp(np.minimum(d, 0.0))
+        value = (
+            log_pos
+            + np.log1p(-ratio)
+            + _log_rounding(n, beta)
+            + np.log1p(np.exp(np.minimum(d, 0.0)) * np.expm1(slack) / (1 - ratio))
+        )
+    return np.where((m < n) & (d < 0), value, np.where(m == n, log_pos + _log_rounding(n, beta), -np.inf))
 
 
 def _exact_log_space(k: int, beta: float, epsilon: float, kl: float, n_m: int) -> SdgsDelta:
-    """The add direction in log space (the remove direction is never tiny: it is only present
-    for eps < -ln(1 - beta), where the suppressed outcome alone carries a large divergence)."""
-    best, argmax, n = -math.inf, None, n_m
-    while best == -math.inf or -n * kl >= best:
-        value = _log_exact_add(k, beta, epsilon, n)
-        if value > best:
-            best, argmax = value, n
-        n += 1
-    n = n_m - 1
-    while n >= k and _log_upper_tail(k, n, beta) > best:
-        value = _log_exact_add(k, beta, epsilon, n)
-        if value > best:
-            best, argmax = value, n
-        n -= 1
-    return _report(0.0, best, argmax)
+    """The add direction in log space, scanned as in :func:`exact_grid` on the logs of the terms
+    (the remove direction is never tiny: it is only present for eps < -ln(1 - beta), where the
+    suppressed outcome alone carries a large divergence)."""
+    start, bottom = np.array([float(n_m)]), np.array([float(k)])
+    best, argmax = _scan_up(
+        lambda c, n: _log_exact_add(k, beta, epsilon, n), start, lambda c, n0: -n0 * kl, in_log=True
+    )
+    best, argmax = _scan_down(
+        lambda c, n: _log_exact_add(k, beta, epsilon, n),
+        start - 1,
+        bottom,
+        lambda c, hi: _log_upper_tail(k, hi, beta),
+        best,
+        argmax,
+        in_log=True,
+    )
+    return _report(0.0, float(best[0]), argmax[0])
 
 
 def delta_exact(k: int, beta: float, epsilon: float) -> SdgsDelta:

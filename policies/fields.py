@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from privrelease.mechanisms.limits import MIN_BETA
+
 Loc = tuple[str | int, ...]
 Hierarchy = tuple[tuple[str, ...], ...]
 """A parsed ARX hierarchy: one row per leaf, ``row[L]`` is the label at level L, ``row[-1] == "*"``."""
@@ -191,7 +193,6 @@ Names = Annotated[tuple[Name, ...], AfterValidator(_unique)]
 MAX_MAGNITUDE = 1e15  # every integer up to it is exact in a double; differences stay finite
 MAX_K = 100_000  # the SDGS calculus scans cell sizes from k: its work grows with k
 MAX_EPSILON = 100.0  # e^epsilon stays finite; beyond it a guarantee says nothing
-MIN_BETA = 1e-4  # the SDGS calculus scans cell sizes up to about k / beta: its work grows with 1 / beta
 MIN_RELATIVE_ERROR = 1e-6  # SPLU's T_f is about 2 ln(2 / T_E) / eps^2: below it, past any count (1e15)
 MAX_ALPHA = 1_000_000  # SPLU's T_p is a minimum over every count up to alpha: its work grows with alpha
 

@@ -32,7 +32,7 @@ from privrelease.errors import UserError
 from privrelease.mechanisms.schemes import ColumnScheme
 
 from .canonical import policy_canonical_json, policy_sha256
-from .fields import UNKNOWN_FIELD, FieldError, Hierarchy, Loc, format_loc, show
+from .fields import MIN_BETA, UNKNOWN_FIELD, FieldError, Hierarchy, Loc, format_loc, show
 from .schema import MECHANISM_TYPES, HierarchyScheme, Policy
 
 HIERARCHY_DELIMITER = ";"
@@ -484,7 +484,7 @@ _REQUIRED_HINTS = {
     "columns": "the columns used, each with its type",
     "mechanisms": f"a list of mechanisms ({', '.join(MECHANISM_TYPES)})",
     "k": "an integer in [1, 100000]",
-    "beta": "a number in (0, 1]",
+    "beta": f"a number in [{MIN_BETA:g}, 1]",
     "epsilon": "a number in (0, 100]",
     "gamma": "an integer in [2, 100000]",
     "rho": "a number in (0, 1)",

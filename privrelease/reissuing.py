@@ -46,16 +46,19 @@ class Reissued:
 
 def reissue(run_ref: str, out: Path | None = None) -> Reissued:
     """Verify and hand back the outputs of run ``run_ref``; with ``out``, copy them (and the
-    report) into a new folder under ``out``. Recorded as a ``reissue`` run; nothing charged."""
+    report) into a new folder under ``out``. Recorded as a ``reissue`` run, with the source run's
+    ``kinds`` (the code of each mechanism type that made the outputs); nothing charged."""
     from sqlmodel import col, select
 
     from privrelease.audit import chain, records
     from privrelease.audit.database import open_database, session
     from privrelease.audit.models import Output, Report
+    from privrelease.flows.recovery import started_facts
     from privrelease.flows.steps import CHAIN_HEAD_FILE, code_version, safe_name
 
     with session(open_database(), readonly=True) as s:
         source = records.find_run(s, run_ref)
+        kinds = started_facts(s, source.id).get("kinds")  # the code that made what is handed back
         outputs = list(s.exec(select(Output).where(Output.run_id == source.id).order_by(col(Output.id))))
         report = s.exec(select(Report).where(Report.run_id == source.id)).first()
     if source.status != "succeeded" or source.kind == "reissue":
@@ -96,6 +99,7 @@ def reissue(run_ref: str, out: Path | None = None) -> Reissued:
             dataset_fingerprint=source.dataset_fingerprint,
             kind="reissue",
             source_run_id=source.id,
+            kinds=kinds,
         )
         report_path = None
         for path, expected, rows in files:

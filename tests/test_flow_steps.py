@@ -29,6 +29,7 @@ from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report,
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.files import sha256_file
 from privrelease.flows import data, engines, steps
+from privrelease.flows.recovery import started_facts
 from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import composition
 from privrelease.mechanisms.events import event_from_json
@@ -1067,6 +1068,11 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
     assert Path(handed.report or "").name == steps.REPORT_FILE
     reissued = next(r for r in runs() if r.id == handed.run_id)
     assert reissued.kind == "reissue" and reissued.source_run_id == first.run_id
+    with session(open_database(), readonly=True) as s:  # the code that made what it hands back
+        kinds = {run: started_facts(s, run).get("kinds") for run in (first.run_id, handed.run_id)}
+    described = json.loads((Path(first.release_dir) / "release.json").read_text())
+    assert kinds[handed.run_id] == kinds[first.run_id] == described["kinds"]
+    assert described["kinds"] and {kind["distribution"] for kind in described["kinds"].values()} == {"privrelease"}
     verify_intact()
 
     Path(first.outputs[0]["path"]).write_bytes(b"tampered")

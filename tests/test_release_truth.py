@@ -88,6 +88,46 @@ def test_policy_init_and_plan_warn_that_the_discharge_draft_keeps_every_column_r
     assert "all targets met (but see the 1 warning(s) above)" in shown.stdout
 
 
+@pytest.mark.parametrize("json_output", [False, True])
+def test_run_warns_like_plan_before_reading_the_data(
+    discharge_draft, json_output: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`privrelease run` prints the plan's warnings on stderr (one line each) before the flow
+    that reads the data starts (it printed them only after the charge, in the summary); with
+    ``--json`` they are also in the document (``plan_warnings``) and stdout is that document only."""
+    from privrelease.cli import main
+    from privrelease.cli import run as run_cli
+
+    draft, _ = discharge_draft
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_PRODUCTION", raising=False)
+    seen_before_the_flow: list[str] = []
+
+    def flow_reading_the_data(**_: Any) -> tuple[dict[str, Any], dict[str, float]]:
+        seen_before_the_flow.append(capsys.readouterr().err)
+        summary = {"release_dir": str(tmp_path), "outputs": [], "report": "r", "statement": "s", "run_id": "x"}
+        return {**summary, "chain_head": {"seq": 1, "hash": "h"}}, {"flow": 1.0}
+
+    monkeypatch.setattr(run_cli.prefect_server, "connect", lambda reuse: None)
+    monkeypatch.setattr(run_cli, "run_flow", flow_reading_the_data)
+    monkeypatch.setattr(sys, "argv", ["privrelease", "run", str(draft), *(["--json"] if json_output else [])])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    out, _ = capsys.readouterr()
+    assert stop.value.code in (0, None)
+    (before,) = seen_before_the_flow
+    (line,) = [line for line in before.splitlines() if line.startswith("warning:")]
+    assert (
+        line.startswith("warning: microdata: age, sex, zip3, diagnosis, length_of_stay kept raw") and "k = 20" in line
+    )
+    if json_output:
+        (warning,) = json.loads(out)["plan_warnings"]
+        assert line == f"warning: {warning}"
+    else:
+        assert "kept raw" not in out
+
+
 DECLARED = """
 name: discharges-declared
 version: "1"

@@ -7,9 +7,12 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from pydantic import TypeAdapter, ValidationError
 from scipy import special
 
+from privrelease.errors import UserError
 from privrelease.mechanisms import sdgs_math
+from privrelease.mechanisms.limits import MIN_BETA
 from privrelease.mechanisms.sdgs_calibration import (
     CalibrationError,
     auto_beta,
@@ -27,6 +30,7 @@ from privrelease.mechanisms.sdgs_math import (
     fsmooth_delta,
     theorem1_grid,
 )
+from privrelease.policies import fields, loader
 
 # Li, Qardaji, Su, Table 1 (k = 20); rows beta = 0.05, 0.1, 0.2 (the first row's label is lost
 # in the text copy; 0.05 is what reproduces it), columns eps.
@@ -250,6 +254,111 @@ def test_smallest_epsilon_and_largest_beta(notion) -> None:
     widest = largest_beta(20, 1.0, 1e-9, notion)
     assert sdgs_delta(20, widest.beta, 1.0, notion) <= 1e-9
     assert sdgs_delta(20, widest.beta * (1 + 1e-8), 1.0, notion) > 1e-9
+
+
+def _mp_log10_tail(j: int, n: int, beta: float):
+    """log10 P[Bin(n, beta) >= j] for j far above the mean, summed in mpmath from f(j) until
+    the terms (ratio below 1 and falling) add less than 1e-30."""
+    b = mpmath.mpf(beta)
+    term = mpmath.exp(mpmath.loggamma(n + 1) - mpmath.loggamma(j + 1) - mpmath.loggamma(n - j + 1)) * b**j
+    term *= (1 - b) ** (n - j)
+    total, i = term, 0
+    while term > total * mpmath.mpf(10) ** -30:
+        term *= mpmath.mpf(n - j - i) / (j + i + 1) * b / (1 - b)
+        total += term
+        i += 1
+    return mpmath.log10(total)
+
+
+@pytest.mark.parametrize("k, beta, eps", [(100_000, 0.01, 0.02), (100_000, 1e-4, 0.00011), (100_000, 1e-4, 100.0)])
+def test_theorem1_at_the_largest_k_is_exact_at_its_argmax(k: int, beta: float, eps: float) -> None:
+    """Underflowing deltas at k = 100,000 (the largest a policy allows): the log-space scan is
+    vectorized and sums each tail from its first term (it summed the whole support one n at a
+    time: `guarantee sdgs --k 100000 --beta 0.01 --epsilon 0.02` ran past 86 s). The value is
+    never below the tail at the reported n (mpmath, 50 digits) and above it by at most the
+    rounding bound of a log pmf at that n; no neighbour beats it."""
+    result = delta_theorem1(k, beta, eps)
+    gamma = sdgs_math.gamma_of(beta, eps)
+    n = result.argmax_n
+    assert n is not None and result.log10_delta is not None
+    with mpmath.workdps(50):
+        at = {m: _mp_log10_tail(int(sdgs_math._first_above(gamma, m)), m, beta) for m in range(n - 3, n + 4)}
+    rounding = float(sdgs_math._log_rounding(n, beta)) / math.log(10)  # about 3e-7 and 6e-5 here
+    assert at[n] <= result.log10_delta <= at[n] + 2 * rounding + 1e-9  # computed within one, then raised by it
+    assert max(at.values()) == at[n] or n - 3 < sdgs_math._n_m(k, gamma)
+
+
+def _mp_log10_exact_add(k: int, beta: float, eps: float, n: int):
+    """log10 H(P_n || P_{n-1}) = log10(beta f(m-1; n-1) - (e^eps - 1) P[Bin(n-1) >= m]) in mpmath,
+    m = max(k, first j > gamma n), the tail summed from its first term until it adds below 1e-40."""
+    b, trials = mpmath.mpf(beta), n - 1
+    m = max(k, int(sdgs_math._first_above(sdgs_math.gamma_of(beta, eps), n)))
+
+    def pmf(j: int):
+        log_choose = mpmath.loggamma(trials + 1) - mpmath.loggamma(j + 1) - mpmath.loggamma(trials - j + 1)
+        return mpmath.exp(log_choose) * b**j * (1 - b) ** (trials - j)
+
+    term = pmf(m)
+    total, i = term, 0
+    while term > total * mpmath.mpf(10) ** -40:
+        term *= mpmath.mpf(trials - m - i) / (m + i + 1) * b / (1 - b)
+        total += term
+        i += 1
+    return mpmath.log10(b * pmf(m - 1) - mpmath.expm1(eps) * total)
+
+
+@pytest.mark.parametrize("k, beta, eps", [(100_000, 0.01, 0.02), (100_000, 1e-4, 0.001)])
+def test_exact_delta_at_the_largest_k_is_exact_near_its_argmax(k: int, beta: float, eps: float) -> None:
+    """The exact delta where it underflows, at k = 100,000: the add direction's difference
+    beta f(m-1) - (e^eps - 1) P[Bin >= m] cancels to about 2e-5 of its terms near n = 9e7, so
+    its log is taken from exact pmf ratios (d from two log-gamma differences gave 10^-64667.314 for the
+    second case; the truth is 10^-64667.325). Never below the mpmath value (80 digits) of any
+    n near the reported one, and above their max by less than 1e-4 in log10 (a relative 2.3e-4:
+    the rounding bound of the terms, amplified by the cancellation)."""
+    result = delta_exact(k, beta, eps)
+    n = result.argmax_n
+    assert n is not None and result.log10_delta is not None
+    with mpmath.workdps(80):
+        near = max(_mp_log10_exact_add(k, beta, eps, m) for m in range(n - 3, n + 4))
+    assert near <= result.log10_delta <= near + 1e-4
+
+
+@pytest.mark.parametrize("k, beta", [(20, 1e-4), (100_000, 0.5), (1000, 0.001)])
+def test_exact_delta_at_epsilon_zero_is_the_largest_step_of_the_suppression(k: int, beta: float) -> None:
+    """At eps = 0 the exact delta is the total variation max_n beta f(k-1; n-1) (the remove
+    direction's suppressed outcome; Bin(n) = Bin(n-1) + Bernoulli(beta)), at n - 1 = (k-1)/beta
+    (mpmath). Below n_lo the remove direction is now scanned down from n_lo with a monotone bound
+    instead of up from n = 1: k 20, beta 1e-4 took 0.6 s, k 100,000, beta 0.5 took 2.1 s."""
+    with mpmath.workdps(40):
+        b, top = mpmath.mpf(beta), round((k - 1) / beta)
+        truth = max(b * mpmath.binomial(m, k - 1) * b ** (k - 1) * (1 - b) ** (m - k + 1) for m in (top - 1, top))
+    result = delta_exact(k, beta, 0.0)
+    assert mpmath.mpf(result.delta) >= truth
+    assert result.delta <= float(truth) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("notion", ["probabilistic", "approximate"])
+def test_largest_beta_stays_in_the_range_a_policy_allows(notion) -> None:
+    """Solving for beta never returns one a policy refuses (it returned 4.01e-16 for k = 20,
+    epsilon 1, delta 1e-300); delta(20, MIN_BETA, 1) is about 1e-73, so 1e-300 is out of reach."""
+    assert sdgs_delta(20, MIN_BETA, 1.0, notion) > 1e-300
+    with pytest.raises(CalibrationError, match=r"no beta in \[0.0001, 1\] \(the range a policy allows\)"):
+        largest_beta(20, 1.0, 1e-300, notion)
+    if notion == "probabilistic":  # Theorem 1 caps beta at 1 - e^-eps = 1e-5 here
+        with pytest.raises(CalibrationError, match="below the smallest beta a policy allows"):
+            largest_beta(20, 1e-5, 1e-3, notion)
+
+
+def test_one_bound_on_beta_for_the_api_and_the_policy() -> None:
+    """``check_parameters`` (the Python API) refused only beta <= 0 while a policy refuses
+    beta < 1e-4: both now read ``mechanisms.limits.MIN_BETA``."""
+    assert fields.MIN_BETA is MIN_BETA == 1e-4
+    with pytest.raises(UserError, match=r"beta must be in \[0.0001, 1\]; got 5e-05"):
+        sdgs_math.check_parameters(20, MIN_BETA / 2, 1.0)
+    with pytest.raises(ValidationError, match="0.0001"):
+        TypeAdapter(fields.Beta).validate_python(MIN_BETA / 2)
+    sdgs_math.check_parameters(20, MIN_BETA, 1.0)
+    assert loader._REQUIRED_HINTS["beta"] == "a number in [0.0001, 1]"  # it said (0, 1]
 
 
 def test_auto_beta_is_theorem1s_largest() -> None:

@@ -7,6 +7,7 @@ import typer
 from rich.table import Table
 
 from privrelease.cli.output import console, print_json, say
+from privrelease.mechanisms.limits import MIN_BETA
 
 accuracy_app = typer.Typer(
     help="Accuracy of published numbers for given parameters (reads no data).", no_args_is_help=True
@@ -29,7 +30,7 @@ def register(app: typer.Typer) -> None:
 @accuracy_app.command("sdgs")
 def accuracy_sdgs(
     k: int = typer.Option(..., "--k", help="Suppression threshold k >= 1."),
-    beta: float = typer.Option(..., "--beta", help="Sampling probability beta in (0, 1]."),
+    beta: float = typer.Option(..., "--beta", help=f"Sampling probability beta in [{MIN_BETA:g}, 1]."),
     count: str | None = typer.Option(
         None, "--count", help="People in a cell, or a comma-separated list (before the data)."
     ),

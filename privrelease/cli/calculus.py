@@ -11,6 +11,7 @@ from rich.table import Table
 
 from privrelease.cli.output import cells_sentence, console, print_json, say, styled
 from privrelease.errors import TargetNotMet, UserError
+from privrelease.mechanisms.limits import MIN_BETA
 
 if TYPE_CHECKING:
     from privrelease.mechanisms.sdgs_calibration import Notion
@@ -52,12 +53,14 @@ def _numbers(text: str, name: str, kind: type) -> list:
     return values
 
 
-def _check_sdgs(k: int | None, beta: float | None, epsilon: float | None, delta: float | None = None) -> None:
+def _check_sdgs(
+    k: int | None, beta: float | None, epsilon: float | None, delta: float | None = None, beta_option: str = "--beta"
+) -> None:
     """The given ones of (k, beta, epsilon, delta) are what a policy allows (a missing one is
-    being solved for)."""
+    being solved for); ``beta_option`` names beta as the user gave it."""
     from privrelease.policies.fields import Beta, Delta, Epsilon, K, check_options
 
-    check_options(("--k", K, k), ("--beta", Beta, beta), ("--epsilon", Epsilon, epsilon), ("--delta", Delta, delta))
+    check_options(("--k", K, k), (beta_option, Beta, beta), ("--epsilon", Epsilon, epsilon), ("--delta", Delta, delta))
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -240,7 +243,7 @@ def _facts_text(facts: dict) -> str:
 @guarantee_app.command("sdgs")
 def guarantee_sdgs(
     k: str = typer.Option(..., "--k", help="k, or a comma-separated list."),
-    beta: str = typer.Option(..., "--beta", help="Sampling probability beta in (0, 1], or a list."),
+    beta: str = typer.Option(..., "--beta", help=f"Sampling probability beta in [{MIN_BETA:g}, 1], or a list."),
     epsilon: str = typer.Option(..., "--epsilon", help="epsilon >= 0, or a list."),
     json_out: bool = JSON,
 ) -> None:
@@ -301,7 +304,7 @@ def guarantee_sdgs(
 def calibrate_sdgs(
     k: int | None = typer.Option(None, "--k", help="k (omit to find the smallest)."),
     beta: str | None = typer.Option(
-        None, "--beta", help="beta in (0, 1], or 'auto' for 1 - e^-eps (omit to find the largest)."
+        None, "--beta", help=f"beta in [{MIN_BETA:g}, 1], or 'auto' for 1 - e^-eps (omit to find the largest)."
     ),
     epsilon: float | None = typer.Option(None, "--epsilon", help="epsilon (omit to find the smallest)."),
     delta: float | None = typer.Option(None, "--delta", help="target delta (omit to compute it)."),
@@ -321,7 +324,7 @@ def calibrate_sdgs(
         beta_value = cal.auto_beta(epsilon)
     elif beta is not None:
         beta_value = _numbers(beta, "beta", float)[0]
-    _check_sdgs(k, beta_value, epsilon, delta)
+    _check_sdgs(k, beta_value, epsilon, delta, beta_option="--beta auto (1 - e^-epsilon)" if auto else "--beta")
     missing = [
         name
         for name, value in (("k", k), ("beta", beta_value), ("epsilon", epsilon), ("delta", delta))

@@ -138,14 +138,17 @@ def _print_summary(summary: dict[str, Any], timings: dict[str, float], json_outp
         say(styled("[bold yellow]warning:[/] {}", warning), err=True)
 
 
-def _release(json_output: bool, server: LocalServer | None, **parameters: Any) -> None:
+def _release(json_output: bool, checked: tuple[LocalServer | None, tuple[str, ...]], **parameters: Any) -> None:
+    """Run the flow on the server ``checked`` gives (:func:`_start_checked`); with ``--json``
+    the plan's warnings it printed are also in the document (``plan_warnings``)."""
+    server, plan_warnings = checked
     progress = RichProgress()
     try:
         summary, timings = run_flow(server=server, progress=progress, **parameters)
     except Exception as error:
         _fail_release(error)
         raise
-    _print_summary(summary, timings, json_output)
+    _print_summary({**summary, "plan_warnings": list(plan_warnings)} if json_output else summary, timings, json_output)
 
 
 # --------------------------------------------------------------------------- commands
@@ -179,9 +182,9 @@ def run_command(
     from privrelease.flows.preflight import preflight
 
     # what the run would refuse (policy, targets, data file, approval, budget) fails now, not after Prefect's start
-    def check() -> None:
+    def check() -> tuple[str, ...]:
         _check_format(output_format)
-        preflight(
+        return preflight(
             policy,
             data_path=data,
             output_format=output_format,
@@ -191,10 +194,9 @@ def run_command(
             workers=workers,
         )
 
-    server = _start_checked(check, server_reuse)
     _release(
         json_output,
-        server,
+        _start_checked(check, server_reuse),
         policy_path=str(policy),
         data_path=None if data is None else str(data),
         out_dir=None if out is None else str(out),
@@ -223,14 +225,14 @@ def rerun_command(
     manifest and checked against the recorded hash); the data must have the same sha256."""
     from privrelease.flows.preflight import preflight_rerun
 
-    def check() -> None:
+    def check() -> tuple[str, ...]:
         _check_format(output_format)
         preflight_rerun(run_id, output_format=output_format)
+        return ()
 
-    server = _start_checked(check, server_reuse)
     _release(
         json_output,
-        server,
+        _start_checked(check, server_reuse),
         rerun_of=run_id,
         data_path=None if data is None else str(data),
         out_dir=None if out is None else str(out),
@@ -241,17 +243,22 @@ def rerun_command(
     )
 
 
-def _start_checked(check: Callable[[], object], reuse: bool | None) -> LocalServer | None:
+def _start_checked(
+    check: Callable[[], tuple[str, ...]], reuse: bool | None
+) -> tuple[LocalServer | None, tuple[str, ...]]:
     """Run the quick ``check`` of the user's input (about a second; no Prefect), saying so on
-    stderr first, then find or start the Prefect server: a refused release never starts, waits
-    for or imports Prefect."""
+    stderr first, print the plan's warnings it returns (stderr, before any data is read), then
+    find or start the Prefect server: a refused release never starts, waits for or imports
+    Prefect. Returns the server and the warnings."""
     progress = RichProgress()
     progress.start("checks", "checking the policy, the data file, the audit chain and the budget")
     try:
-        check()
+        plan_warnings = check()
     finally:
         progress.close()
-    return prefect_server.connect(reuse)
+    for warning in plan_warnings:
+        say(styled("[bold yellow]warning:[/] {}", warning), err=True)
+    return prefect_server.connect(reuse), plan_warnings
 
 
 def _check_format(output_format: str) -> None:
