@@ -434,7 +434,12 @@ def exact_grid(k, beta, epsilon) -> list[SdgsDelta]:
         if best[pos] >= _TINY:
             results[c] = _report(best[pos], math.log(best[pos]), argmax[pos])
         else:
-            results[c] = _exact_log_space(int(kk[pos]), float(bb[pos]), float(ee[pos]), float(kl[pos]), int(n_m[pos]))
+            found = _exact_log_space(int(kk[pos]), float(bb[pos]), float(ee[pos]), float(kl[pos]), int(n_m[pos]))
+            if ee[pos] < -math.log1p(-bb[pos]) and (found.delta or 0.0) < _TINY:
+                # the remove direction was scanned in floats: every n of it is below _TINY (scanned,
+                # or pruned by a bound under max(best, _TINY)), which therefore bounds it
+                found = _report(_TINY, math.log(_TINY), argmax[pos])
+            results[c] = found
     return _filled(results)
 
 

@@ -383,3 +383,13 @@ def test_exact_stopping_rule_against_a_long_scan(k: int, beta: float, eps: float
     add = sdgs_math._exact_add(k, beta, eps, n[n >= k])
     remove = sdgs_math._exact_remove(k, beta, eps, n)
     assert delta_exact(k, beta, eps).delta == pytest.approx(max(add.max(), remove.max()), rel=1e-8)
+
+
+def test_exact_delta_under_the_suppression_threshold_never_drops_the_remove_direction() -> None:
+    """Below eps = -ln(1 - beta) both directions count. Where both underflow the float scan
+    (k 100000, beta 0.5, eps 0.5: every n of the remove direction below 1e-280), only the add
+    direction is recomputed in log space, so the remove direction is charged its float bound,
+    1e-280: the delta is never the add direction's alone (which is far smaller here)."""
+    found = sdgs_math.delta_exact(100000, 0.5, 0.5)
+    assert found.delta is not None and found.delta >= 1e-280
+    assert found.log10_delta is not None and found.log10_delta >= -280
