@@ -166,7 +166,7 @@ def test_select_scheme() -> None:
         ({"candidates": {}}, "at least one generalization scheme"),
         ({"epsilon": 0.0}, "epsilon must be a finite number > 0; got 0.0"),
         ({"k": 0}, "k must be an integer >= 1"),
-        ({"beta": 2.0}, r"beta must be in \(0, 1\]"),
+        ({"beta": 2.0}, r"beta must be in \[0.0001, 1\]"),
         ({"weights": {"other": 0.5}}, "weights name 'other', which is not a candidate"),
         (
             {"weights": {"fine": 0.0}},
