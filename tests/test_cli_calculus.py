@@ -40,6 +40,17 @@ def test_guarantee_sdgs_table() -> None:
     assert result.returncode == 0 and "4.07e-14" in result.stdout
 
 
+def test_guarantee_sdgs_table_shows_an_underflowed_delta_as_its_power_of_ten() -> None:
+    """Below the smallest double the float is only a bound (4.94e-324): the table prints the
+    exact power of ten the JSON carries, as ``10^...``."""
+    args = ("guarantee", "sdgs", "--k", "100000", "--beta", "0.01", "--epsilon", "0.02")
+    (row,) = json.loads(cli(*args, "--json").stdout)
+    shown = cli(*args).stdout
+    assert "e-324" not in shown
+    for key in ("log10_delta_theorem1", "log10_delta_exact"):
+        assert row[key] < -300 and f"10^{row[key]:.2f}" in shown
+
+
 def test_calibrate_sdgs_each_unknown() -> None:
     k = json.loads(cli("calibrate", "sdgs", "--beta", "0.1", "--epsilon", "1", "--delta", "1e-9", "--json").stdout)
     assert set(k) >= {"k", "beta", "epsilon", "delta"} and k["delta"] <= 1e-9

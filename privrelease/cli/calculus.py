@@ -71,6 +71,14 @@ def _fmt(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
+def _delta_text(delta: float | None, log10_delta: float | None) -> str:
+    """A delta for the table: below the smallest normal float its exact power of ten (the float
+    is then only the smallest positive double, a bound, not the value)."""
+    if delta is not None and delta < 1e-300 and log10_delta is not None and math.isfinite(log10_delta):
+        return f"10^{log10_delta:.2f}"
+    return _fmt(delta, 3)
+
+
 # --- plan ----------------------------------------------------------------------------------------
 
 
@@ -288,9 +296,9 @@ def guarantee_sdgs(
             str(row["k"]),
             _fmt(row["beta"]),
             _fmt(row["epsilon"]),
-            _fmt(row["delta_theorem1"], 3),
+            _delta_text(row["delta_theorem1"], row["log10_delta_theorem1"]),
             str(row["argmax_n"] or "-"),
-            _fmt(row["delta_exact"], 3),
+            _delta_text(row["delta_exact"], row["log10_delta_exact"]),
             str(row["argmax_n_exact"] or "-"),
             row["note"],
         )
