@@ -446,18 +446,25 @@ def runners_account(tmp_path: Path) -> Any:
         account = pwd.getpwnam("nobody")
     except KeyError:
         pytest.skip("no 'nobody' account to be the second account")
+    import subprocess
+    import sys
+
+    ids = [f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups"]
+    probe = subprocess.run(
+        [setpriv, *ids, sys.executable, "-c", "import privrelease.cli"], capture_output=True, text=True, timeout=120
+    )
+    if probe.returncode != 0:  # e.g. a checkout under a 0700 folder (mktemp -d, a home folder)
+        pytest.skip(
+            f"the second account cannot import this checkout's environment ({sys.executable}): a folder on its path is private"
+        )
     base = Path(tempfile.mkdtemp(prefix="privrelease-runner-"))
     base.chmod(0o755)
 
     def run_as_her(*args: str, owned: list[Path]) -> dict[str, Any]:
         """``AS_THE_RUNNER`` with ``args`` as her, the paths ``owned`` (recursively) made hers."""
-        import subprocess
-        import sys
-
         for top in owned:
             for path in [top, *(top.rglob("*") if top.is_dir() else [])]:
                 os.chown(path, account.pw_uid, account.pw_gid, follow_symlinks=False)
-        ids = [f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups"]
         done = subprocess.run(
             [setpriv, *ids, sys.executable, "-c", AS_THE_RUNNER, *args],
             capture_output=True,
