@@ -3,7 +3,8 @@
 canonical JSON = ``{"canonical_version": 1, "policy": <dump>}`` with sorted keys and no whitespace,
 where ``<dump>`` is the validated policy with every default filled in, floats written by their
 shortest round-trip form (``0.1`` and ``1e-1`` are the same float), and each hierarchy file path
-replaced by ``"sha256:<hex>"`` of its parsed rows; ``dataset.id``, ``dataset.sha256`` and ``approval``
+replaced by ``"sha256:<hex>"`` of its parsed rows; ``dataset.id``, ``dataset.sha256``,
+``dataset.person`` and ``approval``
 are left out when absent (so a policy written before the fields existed keeps its hash), and
 ``engine`` always (where the data work runs changes no output distribution, so it is not part of
 what is approved). So comments, key order, quoting and YAML layout do not change the hash; any
@@ -31,7 +32,7 @@ CANONICAL_VERSION = 1
 def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) -> str:
     """Canonical JSON of ``policy`` with ``hierarchies`` (column -> parsed rows)."""
     body = policy.model_dump(mode="python", exclude={"engine"})  # where it runs changes no output distribution
-    for optional in ("id", "sha256"):
+    for optional in ("id", "sha256", "person"):
         if body["dataset"][optional] is None:
             del body["dataset"][optional]  # absent: policies written before the field keep their hash
     if body["approval"] is None:

@@ -164,6 +164,26 @@ def _sha256_hex(value: str) -> str:
     return value
 
 
+MAX_ROWS_PER_PERSON = 1000
+
+
+class Person(Model):
+    """Who one person is: ``column`` holds a person's identifier (never published); a person's
+    rows beyond ``max_rows`` are dropped at random before any mechanism runs, so every guarantee
+    is for one person with at most ``max_rows`` rows."""
+
+    column: Name
+    max_rows: Annotated[
+        int,
+        checked(
+            "max_rows",
+            f"an integer in [1, {MAX_ROWS_PER_PERSON}]",
+            lambda v: 1 <= v <= MAX_ROWS_PER_PERSON,
+            integer=True,
+        ),
+    ]
+
+
 class Dataset(Model):
     """The input: who it is about (``id``: the population, which holds the lifetime budget),
     where it is, optionally exactly which file (``sha256``: the vintage; a run refuses any
@@ -180,6 +200,15 @@ class Dataset(Model):
     missing: Literal["reject", "drop"] = "reject"
     missing_values: tuple[Text, ...] = ("", "?")
     columns: Annotated[dict[Name, ColumnSpec], at_least(1, "column")]
+    person: Literal["row"] | Person | None = Field(
+        None, json_schema_extra={"x-default": "each row is taken to be a different person"}
+    )
+
+    @property
+    def rows_per_person(self) -> int:
+        """The most rows one person may have in what the mechanisms read: 1 unless ``person``
+        names a column (then its ``max_rows``)."""
+        return self.person.max_rows if isinstance(self.person, Person) else 1
 
     @model_validator(mode="before")
     @classmethod
