@@ -397,8 +397,31 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
         return ReadFacts(streamed.rows_read, streamed.rows_dropped, read_at)
     with withholding("reading the data"):
         result = _read(run, dataset.sha256, dataset.files)
-    engines.held(run.run_id).table = result.table
+        engines.held(run.run_id).table = person_rows(run.loaded(), result.table)
     return ReadFacts(result.rows_read, result.rows_dropped, read_at)
+
+
+def person_rows(loaded: Any, table: pa.Table) -> pa.Table:
+    """The rows every mechanism reads: with ``dataset.person`` naming a column, at most
+    ``max_rows`` of each person, a uniformly random subset (:mod:`privrelease.mechanisms.persons`),
+    before any mechanism runs; else ``table``."""
+    from privrelease.mechanisms.persons import keep_at_most
+    from privrelease.policies.schema import Person
+
+    person = loaded.policy.dataset.person
+    return keep_at_most(table, person.column, person.max_rows) if isinstance(person, Person) else table
+
+
+def mechanism_rows(loaded: Any, spec: Any, table: pa.Table) -> pa.Table:
+    """What mechanism ``spec`` reads of the run's :func:`person_rows`: all of them when it reads
+    ``max_rows`` per person (:attr:`~privrelease.mechanisms.kinds.MechanismKind.reads_max_rows`) or
+    ``max_rows`` is 1, else ONE random row of each person (its paper's one row per person)."""
+    from privrelease.mechanisms.persons import keep_at_most
+
+    person = loaded.policy.dataset.person
+    if loaded.policy.dataset.rows_per_person == 1 or spec.reads_max_rows:
+        return table
+    return keep_at_most(table, person.column, 1)
 
 
 def streams(run: RunContext) -> bool:
@@ -406,10 +429,13 @@ def streams(run: RunContext) -> bool:
     does, one row group at a time (:func:`.scaled.stream_partials`), and never holds the whole
     table: a Parquet file (not a folder) whose mechanisms all have a job
     (:meth:`~privrelease.mechanisms.kinds.MechanismKind.job`: per row group, merged, then
-    ``finish``, the output distribution of ``run``, as on Dask)."""
+    ``finish``, the output distribution of ``run``, as on Dask). Not with a person column: a
+    person's rows may sit in different row groups, and are bounded on the whole table
+    (:func:`person_rows`)."""
     loaded = run.loaded()
     return (
         not run.engine.scaled
+        and loaded.policy.dataset.person in (None, "row")
         and loaded.policy.dataset.format == "parquet"
         and not Path(run.data_path).is_dir()
         and all(spec.job(loaded) is not None for spec in loaded.policy.mechanisms)
@@ -444,7 +470,7 @@ def run_table(run: RunContext) -> pa.Table:
             if facts.sha256 != fingerprint:
                 raise UserError(f"dataset {run.data_path!r} changed after it was fingerprinted: nothing was read")
             files = facts.files
-        state.table = _read(run, fingerprint, files).table
+        state.table = person_rows(run.loaded(), _read(run, fingerprint, files).table)
     return state.table
 
 

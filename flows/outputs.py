@@ -25,7 +25,7 @@ from privrelease.flows.context import (
     safe_name,
     withholding,
 )
-from privrelease.flows.data import run_partials, run_table, streams
+from privrelease.flows.data import mechanism_rows, run_partials, run_table, streams
 from privrelease.mechanisms.results import Pieces
 
 CELLS_SUFFIX = "cells"
@@ -90,6 +90,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     :func:`.data.streams`: finish it from the merged partial results) and write its output to
     the staging folder. The realized event must be the planned one (what was reserved)."""
     from privrelease.mechanisms.events import event_to_json
+    from privrelease.planning import released_event
 
     loaded = run.loaded()
     spec = loaded.policy.mechanism(name)
@@ -100,10 +101,11 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         if run.engine.scaled or streams(run):
             result = spec.finish(loaded, run_partials(run)[name])
         else:
-            result = spec.run(loaded, run_table(run))
+            result = spec.run(loaded, mechanism_rows(loaded, spec, run_table(run)))
+    event = released_event(loaded, result.event)
     planned = {m.name: m.event for m in plan_of(run.policy).mechanisms}
-    assert result.event == planned[name], (
-        f"mechanism {name!r} realized {result.event!r}, but the plan (and the reservation) has {planned[name]!r}"
+    assert event == planned[name], (
+        f"mechanism {name!r} realized {event!r}, but the plan (and the reservation) has {planned[name]!r}"
     )
     with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
         rows = write_table(result.table, path, run.output_format)
@@ -120,7 +122,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         sha256=sha256_file(path),
         rows=rows,
         bytes=path.stat().st_size,
-        event_json=event_to_json(result.event),
+        event_json=event_to_json(event),
         public_facts=_jsonable(result.public_facts),
         internal_facts=_jsonable(result.internal_facts),
         cells=cells,

@@ -87,6 +87,7 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
         "policy": {"name": policy.name, "version": policy.version, "sha256": plan.loaded.sha256},
         "dataset": policy.dataset.id,
         "accounting": plan.notion,
+        "unit_of_privacy": plan.unit_of_privacy,
         "kinds": plan.kinds,
         "guarantee": {"epsilon": _number(composed.epsilon), "delta": composed.delta, "detail": composed.detail}
         if composed.supported

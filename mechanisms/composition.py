@@ -38,7 +38,7 @@ from typing import Any
 
 from privrelease.mechanisms import pld, renyi
 from privrelease.mechanisms.accountants import NOTIONS, Notion, account, optimal_composition_delta
-from privrelease.mechanisms.events import Event, leaf_counts, leaves
+from privrelease.mechanisms.events import Event, leaf_counts, leaves, relation_of
 from privrelease.mechanisms.guarantees import Guarantee, Unsupported
 
 EXACT = "exact"
@@ -98,9 +98,10 @@ thousands of identical monthly releases is a handful of entries, not a list of t
 
 def releases_of(events: Sequence[Event] | Mapping[Event, int], times: int = 1) -> Releases:
     """The non-composed releases of ``events`` (event trees, or a multiset of releases), each
-    composed ``times`` times."""
+    composed ``times`` times. All under one neighbouring relation (:func:`.events.relation_of`)."""
     if times < 1:
         raise ValueError(f"times must be >= 1; got {times}")
+    relation_of(events)
     return {leaf: count * times for leaf, count in leaf_counts(events).items()}
 
 

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, model_serializer
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.guarantees import Guarantee, Notion, Unsupported, pure, unsupported
@@ -37,14 +37,38 @@ _U = 2.0**-52
 
 _CLASSES: dict[str, type[Event]] = {}
 
+ROW = "row"
+"""The neighbouring relation of a release whose policy names no person column: add or remove one
+row (each row is taken to be a different person)."""
+
+PERSON = "person:"
+"""The prefix of a person-level relation, ``person:<column>``: add or remove one person, every
+row with the same value of ``<column>`` (at most the policy's ``max_rows`` of them are kept, at
+random, before any mechanism runs, so the mechanism's sensitivity bounds a whole person)."""
+
 
 class Event(BaseModel):
     """A release about the people of one dataset. Subclasses set ``kind`` (a ``Literal`` with
-    that default) and override the privacy map; the defaults fail closed."""
+    that default) and override the privacy map; the defaults fail closed. ``neighbours``: the
+    neighbouring relation its guarantee is for (:data:`ROW`, or :data:`PERSON` and a column),
+    left out of the JSON when it is :data:`ROW`, so trees stored before it existed replay
+    unchanged."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str
+    neighbours: str = ROW
+    omitted_at_default: ClassVar[dict[str, Any]] = {"neighbours": ROW}
+    """Fields left out of the JSON at these values (added after trees were stored)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: Any) -> Any:
+        body = handler(self)
+        for name, default in self.omitted_at_default.items():
+            if body.get(name) == default:
+                del body[name]
+        return body
+
     differentially_private: ClassVar[bool] = True
     """Whether the release claims (epsilon, delta)-DP (then it is checked against the policy's
     DP targets and charged to the lifetime budget, even when unsupported). Default True: a new
@@ -372,6 +396,38 @@ def _installable(recorded: Any) -> str:
     if isinstance(recorded, Mapping) and recorded.get("distribution") and recorded.get("version"):
         return f"{recorded['distribution']}=={recorded['version']}"
     return ""
+
+
+def person_level(event: Event, relation: str) -> Event:
+    """The tree with every release under the neighbouring ``relation`` (composed nodes are only
+    structure; a sampled release and the release it samples both carry it)."""
+    if isinstance(event, Composed):
+        return event.model_copy(update={"events": tuple(person_level(child, relation) for child in event.events)})
+    if isinstance(event, Sampled):
+        return event.model_copy(update={"event": person_level(event.event, relation), "neighbours": relation})
+    return event.model_copy(update={"neighbours": relation})
+
+
+def relation_of(events: Iterable[Event]) -> str:
+    """The one neighbouring relation of the releases ``events`` (:data:`ROW` when there are none);
+    a :class:`UserError` when they mix relations: a guarantee for one row says nothing about a
+    person with several rows (nor one person column about another), so they do not compose."""
+    found = sorted({leaf.neighbours for event in events for leaf in leaves(event)})
+    if len(found) > 1:
+        raise UserError(
+            "cannot compose releases under different neighbouring relations: "
+            + " and ".join(describe_relation(relation) for relation in found)
+            + "; a guarantee for one row says nothing about a person with several rows: "
+            "keep each unit of privacy on its own dataset.id"
+        )
+    return found[0] if found else ROW
+
+
+def describe_relation(relation: str) -> str:
+    """``relation`` in words."""
+    if relation.startswith(PERSON):
+        return f"add or remove one person (every row with the same {relation.removeprefix(PERSON)})"
+    return "add or remove one row (each row taken to be a different person)"
 
 
 def leaves(event: Event) -> list[Event]:

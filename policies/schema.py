@@ -605,6 +605,7 @@ class Policy(Model):
             *_check_schemes(self),
             *_check_mechanisms(self),
             *_check_targets(self),
+            *_check_person(self),
         ]
         if issues:
             raise FieldError(*issues)
@@ -718,6 +719,26 @@ def _check_ref(policy: Policy, mechanism: MechanismKind, loc: Loc, ref: ColumnRe
             f"column {ref.column!r} has no generalization scheme; add {where}: keep, suppress, "
             "a hierarchy, bins, top/bottom or a map",
         )
+
+
+def _check_person(policy: Policy) -> Iterator[Issue]:
+    """The person column is a declared column that nothing publishes: no mechanism uses it and
+    no generalization (or candidate scheme) generalizes it."""
+    person = policy.dataset.person
+    if not isinstance(person, Person):
+        return
+    loc: Loc = ("dataset", "person", "column")
+    column = person.column
+    if column not in policy.dataset.columns:
+        yield Issue(loc, f"person column {column!r} is not declared in dataset.columns; declared: {_declared(policy)}")
+        return
+    never = "the person column identifies people and is never published"
+    for i, mechanism in enumerate(policy.mechanisms):
+        if column in mechanism.published_columns():
+            yield Issue(loc, f"person column {column!r} is used by mechanisms[{i}] {mechanism.name!r}: {never}")
+    for where, scheme_column, _ in policy.scheme_locations():
+        if scheme_column == column:
+            yield Issue(loc, f"person column {column!r} has a scheme in {'.'.join(map(str, where))}: {never}")
 
 
 def _check_accuracy(policy: Policy) -> Iterator[Issue]:

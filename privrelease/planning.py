@@ -81,6 +81,11 @@ class Plan:
         return self.composed[self.notion]
 
     @property
+    def unit_of_privacy(self) -> dict[str, Any]:
+        """:func:`unit_of_privacy` of the policy."""
+        return unit_of_privacy(self.loaded)
+
+    @property
     def kinds(self) -> dict[str, dict[str, str]]:
         """:func:`kind_sources` of the policy: the code each mechanism type ran from."""
         return kind_sources(self.loaded.policy)
@@ -90,6 +95,7 @@ class Plan:
         return {
             "policy": {"name": policy.name, "version": policy.version, "sha256": self.loaded.sha256},
             "accounting": self.notion,
+            "unit_of_privacy": self.unit_of_privacy,
             "kinds": self.kinds,
             "mechanisms": [
                 {
@@ -125,6 +131,52 @@ def kind_sources(policy: Any) -> dict[str, dict[str, str]]:
     return dict(sorted(found.items()))
 
 
+def neighbours(loaded: LoadedPolicy) -> str:
+    """The neighbouring relation of the policy's releases: one person (``dataset.person`` names
+    a column: every row with its value) or one row (absent, or ``row``)."""
+    from privrelease.mechanisms.events import PERSON, ROW
+    from privrelease.policies.schema import Person
+
+    person = loaded.policy.dataset.person
+    return PERSON + person.column if isinstance(person, Person) else ROW
+
+
+def unit_of_privacy(loaded: LoadedPolicy) -> dict[str, Any]:
+    """Who one person is, in words (``statement``, the report's public statement and
+    ``release.json``), the neighbouring relation every guarantee is for (``neighbours``) and the
+    rule each mechanism applied to a person's rows (``rules``, by mechanism name)."""
+    from privrelease.mechanisms.events import describe_relation
+    from privrelease.policies.schema import Person
+
+    policy = loaded.policy
+    person = policy.dataset.person
+    if isinstance(person, Person):
+        m = person.max_rows
+        statement = (
+            f"one person = all rows with the same {person.column}, at most {m} kept "
+            "(drawn at random before any mechanism runs; the rest are dropped)"
+        )
+        rules = {
+            spec.name: f"at most {m} random rows per person, sensitivity {m}"
+            if spec.reads_max_rows and m > 1
+            else "one random row per person"
+            for spec in policy.mechanisms
+        }
+    else:
+        statement = "each row is taken to be a different person" + (
+            " (dataset.person: row)" if person == "row" else " (the policy names no person column)"
+        )
+        rules = {spec.name: "each row is one person" for spec in policy.mechanisms}
+    return {"statement": statement, "neighbours": describe_relation(neighbours(loaded)), "rules": rules}
+
+
+def released_event(loaded: LoadedPolicy, event: Event) -> Event:
+    """A mechanism's event under the policy's neighbouring relation (:func:`neighbours`)."""
+    from privrelease.mechanisms.events import person_level
+
+    return person_level(event, neighbours(loaded))
+
+
 def plan_policy(loaded: LoadedPolicy) -> Plan:
     """Every guarantee of the policy's release and a pass/fail check per target."""
     mechanisms: list[MechanismPlan] = []
@@ -137,6 +189,7 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
             what, required = planned.infeasible or ("feasible", "a release")
             infeasible.append(Check(f"{mechanism.name}: {what}", required, "infeasible", False))
             continue
+        event = released_event(loaded, event)
         accuracy[mechanism.name] = mechanism.accuracy(loaded, planned)
         guarantees: dict[str, accountants.Guarantee] = {
             notion: accountants.account(event, notion) for notion in accountants.NOTIONS

@@ -346,6 +346,7 @@ def view(context: ReportContext) -> dict[str, Any]:
             "lifetime_delta": None if policy.targets.lifetime_budget is None else policy.targets.lifetime_budget.delta,
         },
         "published_columns": [(spec.name, spec.published_columns()) for spec in policy.mechanisms],
+        "unit_of_privacy": plan.unit_of_privacy,
         "state": context.release_state(),
         "signed": bool((context.chain_head or {}).get("public_key")),
         "status": context.status,

@@ -349,6 +349,11 @@ class MechanismKind(Model):
     """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
     accuracy_elsewhere: ClassVar[str] = ""
     """Where its accuracy is targeted instead, when it takes no ``targets.accuracy`` entry."""
+    reads_max_rows: ClassVar[bool] = False
+    """With ``dataset.person`` naming a column: True, it reads up to ``max_rows`` rows of each
+    person and its event's sensitivity is ``max_rows`` (``dataset.rows_per_person``); False (the
+    default, a paper's one row per person), it reads ONE random row of each person
+    (:mod:`privrelease.mechanisms.persons`)."""
 
     @classmethod
     def kind_type(cls) -> str:

@@ -234,22 +234,38 @@ def _loss_top(sigma: float, epsilon: float) -> int:
 # --- public functions ---------------------------------------------------------------------------
 
 
-def noise_pld(distribution: Distribution, parameter: float, discretization: float = 1e-3) -> Any:
-    """``dp_accounting``'s privacy loss distribution of the whole table (sensitivity 1, one release),
+def noise_pld(distribution: Distribution, parameter: float, discretization: float = 1e-3, sensitivity: int = 1) -> Any:
+    """``dp_accounting``'s privacy loss distribution of the whole table (one release),
     pessimistic (its deltas are upper bounds): ``from_discrete_gaussian_mechanism(sigma)`` (its
     ``sigma`` is the discrete Gaussian's parameter, noise truncated where the mass left is below
     1e-30 and that mass charged as an infinite loss) or ``from_discrete_laplace_mechanism(a)``,
-    whose pmf is ``∝ e^(-a |x|)``: ``a = 1 / scale``."""
+    whose pmf is ``∝ e^(-a |x|)``: ``a = 1 / scale``; for ``sensitivity`` m the pair of one cell
+    moved by ``m`` (:data:`PERSON_PAIR`)."""
     parameter = _check(distribution, parameter)
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     if distribution == "gaussian":
         return pld.from_discrete_gaussian_mechanism(
-            parameter, sensitivity=1, pessimistic_estimate=True, value_discretization_interval=discretization
+            parameter, sensitivity=sensitivity, pessimistic_estimate=True, value_discretization_interval=discretization
         )
     return pld.from_discrete_laplace_mechanism(
-        1.0 / parameter, sensitivity=1, pessimistic_estimate=True, value_discretization_interval=discretization
+        1.0 / parameter,
+        sensitivity=sensitivity,
+        pessimistic_estimate=True,
+        value_discretization_interval=discretization,
     )
+
+
+PERSON_PAIR = """One person with at most m rows moves the table by an integer vector v with
+``sum |v_i| <= m``: L1 sensitivity m and L2 sensitivity m (one cell moved by m), the noise of
+every other cell cancelling. For the continuous Gaussian the pair (N(0, I), N(v, I)) is the
+pair (N(0, 1), N(|v|_2, 1)), largest at one cell moved by m; for the discrete noises the
+release's (epsilon, delta) statements and PLD are those of one cell moved by m, which
+dominated every other spread of m unit changes in a numerical check (every partition of
+m <= 5 over cells, discrete Gaussian sigma 0.5-3 and discrete Laplace scale 0.3-4, the
+hockey-stick delta on a grid of epsilons: ``tests/test_person.py`` repeats it); proven: the
+Laplace's pure epsilon m/t (each cell's loss is at most k_i/t) and the Gaussian's zCDP
+m^2 / (2 sigma^2) (:meth:`DiscreteGaussian.renyi`)."""
 
 
 def pure_epsilon(distribution: Distribution, parameter: float) -> float | None:
@@ -260,11 +276,17 @@ def pure_epsilon(distribution: Distribution, parameter: float) -> float | None:
     return 1.0 / parameter if distribution == "laplace" else None
 
 
-def approximate_delta(distribution: Distribution, parameter: float, epsilon: float) -> float:
+def approximate_delta(distribution: Distribution, parameter: float, epsilon: float, sensitivity: int = 1) -> float:
     """The exact hockey-stick delta of one table at ``epsilon`` under add/remove-one-row neighbours
     (both directions; they coincide), an upper bound within a relative ~1e-11:
-    ``sum_z (P(z) - e^eps P(z - 1))_+`` (CKS Theorem 7 for the discrete Gaussian; module docstring)."""
+    ``sum_z (P(z) - e^eps P(z - 1))_+`` (CKS Theorem 7 for the discrete Gaussian; module docstring).
+    ``sensitivity`` m > 1 (a person's rows): ``sum_z (P(z) - e^eps P(z - m))_+`` (:data:`PERSON_PAIR`),
+    from the pessimistic PLD of that pair (an upper bound)."""
     parameter, epsilon = _check(distribution, parameter), _check_epsilon(epsilon)
+    if sensitivity > 1:
+        return min(
+            1.0, float(noise_pld(distribution, parameter, sensitivity=sensitivity).get_delta_for_epsilon(epsilon))
+        )
     if distribution == "laplace":
         if epsilon >= 1.0 / parameter:
             return 0.0
@@ -274,12 +296,21 @@ def approximate_delta(distribution: Distribution, parameter: float, epsilon: flo
     return _gaussian_left_tail(parameter, _loss_top(parameter, epsilon), epsilon)
 
 
-def probabilistic_delta(distribution: Distribution, parameter: float, epsilon: float) -> float:
+def probabilistic_delta(distribution: Distribution, parameter: float, epsilon: float, sensitivity: int = 1) -> float:
     """The papers' probabilistic-DP delta of one table: ``P[L > eps]`` under the worse neighbour
     direction (they coincide). Discrete Gaussian: ``L = (1 - 2z) / (2 sigma^2)``, so
     ``P[X <= z*]``, ``z*`` the largest integer ``< 1/2 - eps sigma^2``; discrete Laplace: 0 when
-    ``eps >= 1/t``, else ``P[X <= 0] = 1 / (1 + e^(-1/t))``. Rounded up."""
+    ``eps >= 1/t``, else ``P[X <= 0] = 1 / (1 + e^(-1/t))``. Rounded up. ``sensitivity`` m > 1
+    (a person's rows; Gaussian): Markov's inequality on ``e^((a - 1) L)`` with the zCDP bound
+    ``D_a <= a rho``, ``rho = m^2 / (2 sigma^2)``: ``P[L > eps] <= e^((a - 1)(a rho - eps))``, least
+    at ``a = (eps + rho) / (2 rho)``: ``e^(-(eps - rho)^2 / (4 rho))`` for ``eps > rho`` (a bound,
+    for every spread of the person's rows; the Laplace's is 0 at ``eps >= m/t``, else 1)."""
     parameter, epsilon = _check(distribution, parameter), _check_epsilon(epsilon)
+    if sensitivity > 1:
+        if distribution == "laplace":
+            return 0.0 if epsilon >= sensitivity / parameter else 1.0
+        rho = sensitivity**2 / (2 * parameter**2)
+        return 1.0 if epsilon <= rho else min(1.0, math.exp(-((epsilon - rho) ** 2) / (4 * rho)) * (1 + 16 * _U))
     if distribution == "laplace":
         if epsilon >= 1.0 / parameter:
             return 0.0
@@ -482,45 +513,64 @@ most 100: beyond, a guarantee says nothing)."""
 
 
 class DiscreteGaussian(Event):
-    """A table of counts of sensitivity 1 with discrete Gaussian noise ``sigma``, its guarantee
-    stated at ``epsilon`` (delta from the exact curve; the module docstring)."""
+    """A table of counts of sensitivity ``sensitivity`` (1: one row; ``m``: one person with at
+    most ``m`` rows) with discrete Gaussian noise ``sigma``, its guarantee stated at ``epsilon``
+    (delta from the exact curve; the module docstring; ``m > 1``: :func:`person_delta`)."""
 
     kind: Literal["discrete_gaussian"] = "discrete_gaussian"
     sigma: float = Field(gt=0)
     epsilon: float = Field(ge=0)
+    sensitivity: int = Field(1, ge=1)
+    omitted_at_default: ClassVar[dict[str, Any]] = {**Event.omitted_at_default, "sensitivity": 1}
 
     def guarantee(self, notion: Notion) -> Guarantee:
+        m = self.sensitivity
         if notion == "probabilistic":
-            delta, how = probabilistic_delta("gaussian", self.sigma, self.epsilon), "P[loss > eps]"
+            how = (
+                "P[loss > eps]"
+                if m == 1
+                else f"P[loss > eps] <= min_a e^((a-1)(a rho - eps)), rho = {m}^2 / (2 sigma^2)"
+            )
+            delta = probabilistic_delta("gaussian", self.sigma, self.epsilon, m)
         else:
-            delta, how = approximate_delta("gaussian", self.sigma, self.epsilon), "exact hockey-stick delta"
+            how = "exact hockey-stick delta" if m == 1 else f"hockey-stick delta of one cell moved by {m}"
+            delta = approximate_delta("gaussian", self.sigma, self.epsilon, m)
         return Guarantee(notion, self.epsilon, delta, True, f"discrete Gaussian (sigma {self.sigma:g}), {how}")
 
     def pld(self, discretization: float) -> Any:
-        return noise_pld("gaussian", self.sigma, discretization)
+        return noise_pld("gaussian", self.sigma, discretization, self.sensitivity)
 
     def exact_curve(self) -> Callable[[float], float] | None:
-        sigma = self.sigma
-        return lambda epsilon: approximate_delta("gaussian", sigma, epsilon)
+        sigma, m = self.sigma, self.sensitivity
+        return lambda epsilon: approximate_delta("gaussian", sigma, epsilon, m)
 
     def renyi(self, orders: Any) -> Any:
-        """``a / (2 sigma^2)``: the discrete Gaussian of sensitivity 1 is ``1 / (2 sigma^2)``-zCDP,
-        as the continuous one (Canonne-Kamath-Steinke Theorem 4; OpenDP's map, checked at every release, says the same)."""
-        return np.asarray(orders, dtype=float) / (2 * self.sigma**2)
+        """``a m^2 / (2 sigma^2)``: the discrete Gaussian of sensitivity 1 is ``1 / (2 sigma^2)``-zCDP,
+        as the continuous one (Canonne-Kamath-Steinke Theorem 4; OpenDP's map, checked at every
+        release, says the same); a person moving cells by ``k_i`` (``sum k_i <= m``) adds the
+        cells' divergences, ``a sum k_i^2 / (2 sigma^2) <= a m^2 / (2 sigma^2)``."""
+        return np.asarray(orders, dtype=float) * self.sensitivity**2 / (2 * self.sigma**2)
 
 
 class DiscreteLaplace(Event):
-    """A table of counts of sensitivity 1 with discrete Laplace noise of scale ``scale``:
-    pure (1/scale)-DP."""
+    """A table of counts of sensitivity ``sensitivity`` (L1: one person with at most ``m`` rows
+    moves the cells by ``m`` in all) with discrete Laplace noise of scale ``scale``: pure
+    (m/scale)-DP, exactly (the loss of a cell moved by ``k`` is at most ``k/t``, and one cell moved
+    by ``m`` reaches ``m/t``)."""
 
     kind: Literal["discrete_laplace"] = "discrete_laplace"
     scale: float = Field(gt=0)
+    sensitivity: int = Field(1, ge=1)
+    omitted_at_default: ClassVar[dict[str, Any]] = {**Event.omitted_at_default, "sensitivity": 1}
 
     def guarantee(self, notion: Notion) -> Guarantee:
-        return pure(notion, 1 / self.scale, f"discrete Laplace (scale {self.scale:g})")
+        m = self.sensitivity
+        return pure(
+            notion, m / self.scale, f"discrete Laplace (scale {self.scale:g})" + (f", sensitivity {m}" if m > 1 else "")
+        )
 
     def pld(self, discretization: float) -> Any:
-        return noise_pld("laplace", self.scale, discretization)
+        return noise_pld("laplace", self.scale, discretization, self.sensitivity)
 
 
 NOISE_RANGE = f"a number in [{MIN_NOISE:g}, {MAX_NOISE:g}]"
@@ -546,7 +596,8 @@ class NoisyCountsMechanism(MechanismKind):
     """Counts of every cell of the declared domain of ``columns`` (each column's declared
     values, generalized by its scheme; a hierarchy column's labels at its level), zeros
     included, nothing suppressed, each with discrete Gaussian or discrete Laplace noise; a
-    person changes one cell by one (sensitivity 1). ``nonnegative``: negative noisy counts
+    person changes one cell by one (sensitivity 1), or, with ``dataset.person`` naming a column,
+    up to ``max_rows`` cells by one (sensitivity ``max_rows``: :data:`PERSON_PAIR`). ``nonnegative``: negative noisy counts
     published as 0 (post-processing). ``epsilon``: where a Gaussian table states its delta
     (default: the smallest epsilon reaching ``targets.delta``). Each count comes with ``lower``
     and ``upper``: its interval at the accuracy target's confidence (default 95%), cell by cell."""
@@ -559,6 +610,7 @@ class NoisyCountsMechanism(MechanismKind):
 
     label: ClassVar[str] = "noisy counts (discrete noise on every cell)"
     accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
+    reads_max_rows: ClassVar[bool] = True
 
     @property
     def _distribution(self) -> tuple[Distribution, float]:
@@ -590,16 +642,18 @@ class NoisyCountsMechanism(MechanismKind):
         return "has Gaussian noise" if isinstance(self.noise, GaussianNoise) else None
 
     def _event(self, loaded: LoadedPolicy) -> Event:
+        """Its event for one person: sensitivity ``dataset.rows_per_person`` (:data:`PERSON_PAIR`)."""
         distribution, parameter = self._distribution
+        m = loaded.policy.dataset.rows_per_person
         if distribution == "laplace":
-            return DiscreteLaplace(scale=parameter)
+            return DiscreteLaplace(scale=parameter, sensitivity=m)
         epsilon = self.epsilon
         if epsilon is None:
             targets = loaded.policy.targets
             assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
             delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
-            epsilon = _smallest_epsilon(lambda e: delta_of("gaussian", parameter, e), targets.delta)
-        return DiscreteGaussian(sigma=parameter, epsilon=epsilon)
+            epsilon = _smallest_epsilon(lambda e: delta_of("gaussian", parameter, e, m), targets.delta)
+        return DiscreteGaussian(sigma=parameter, epsilon=epsilon, sensitivity=m)
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
         distribution, parameter = self._distribution
@@ -607,10 +661,10 @@ class NoisyCountsMechanism(MechanismKind):
         facts: dict[str, Any] = {
             "cells": cells,
             "noise": f"discrete {distribution.capitalize()}, {_parameter_name(distribution)} {parameter:g}",
-            "sensitivity": "1 (one person changes one cell by one)",
+            "sensitivity": _sensitivity_fact(loaded.policy.dataset.rows_per_person),
         }
         if distribution == "gaussian":
-            facts["zcdp_rho"] = 1 / (2 * parameter**2)
+            facts["zcdp_rho"] = loaded.policy.dataset.rows_per_person**2 / (2 * parameter**2)
         if cells > MAX_CELLS:
             return Planned(None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; it has {cells:,}"))
         return Planned(self._event(loaded), facts)
@@ -729,6 +783,12 @@ class NoisyCountsMechanism(MechanismKind):
 KINDS = (NoisyCountsMechanism,)
 
 
+def _sensitivity_fact(m: int) -> str:
+    if m == 1:
+        return "1 (one person changes one cell by one)"
+    return f"{m} in L1 and L2 (one person, at most {m} rows, changes up to {m} cells by one, or one cell by {m})"
+
+
 def _smallest_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
     """The smallest epsilon in [0, 100] with delta_of(epsilon) <= delta (nonincreasing), to a
     relative 1e-9 and rounded up (:func:`.composition.smallest_epsilon`); 100 when none is."""
@@ -775,4 +835,4 @@ class CountJob:
 
 
 EXPLANATION = """<dt>Noisy counts</dt>
-<dd>Every cell of the table's declared domain is published, empty ones included, so which cells are empty is never revealed; each count has independent noise added, drawn from a discrete Gaussian or discrete Laplace distribution (OpenDP's exact samplers). Adding or removing one person changes one cell by one, so the table is ε-differentially private (Laplace, ε = 1/scale) or (ε, δ)-differentially private at the ε and δ shown (Gaussian, exact δ; Canonne, Kamath, Steinke 2020). Negative published counts, where the policy asks for them to be shown as 0, are post-processing and cost no privacy. Each published count comes with the columns lower and upper, the count ∓ the noise's half-width (never below 0): each cell's interval holds its true count with the stated probability, cell by cell; that every cell's interval holds at once is less likely, and the accuracy section states the wider half-width that covers the whole table at once.</dd>"""
+<dd>Every cell of the table's declared domain is published, empty ones included, so which cells are empty is never revealed; each count has independent noise added, drawn from a discrete Gaussian or discrete Laplace distribution (OpenDP's exact samplers). Adding or removing one person changes one cell by one (a person with several rows, at most m kept: the cells by m in all, and the ε and δ shown are for that), so the table is ε-differentially private (Laplace, ε = 1/scale, or m/scale) or (ε, δ)-differentially private at the ε and δ shown (Gaussian, exact δ; Canonne, Kamath, Steinke 2020). Negative published counts, where the policy asks for them to be shown as 0, are post-processing and cost no privacy. Each published count comes with the columns lower and upper, the count ∓ the noise's half-width (never below 0): each cell's interval holds its true count with the stated probability, cell by cell; that every cell's interval holds at once is less likely, and the accuracy section states the wider half-width that covers the whole table at once.</dd>"""

@@ -155,6 +155,10 @@ def _print_plan(result) -> None:
             result.notion,
         )
     )
+    unit = result.unit_of_privacy
+    say(f"unit of privacy: {unit['statement']}; neighbours {unit['neighbours']}")
+    for name, rule in unit["rules"].items():
+        say(f"  {name}: {rule}")
     table = Table(title="Mechanisms (no data read)", title_justify="left")
     for column in ("mechanism", "event", "probabilistic (eps, delta)", "approximate (eps, delta)", "also"):
         table.add_column(column, overflow="fold")
