@@ -104,12 +104,20 @@ def _merged(jobs: tuple[NamedJob, ...], results: list[Any]) -> Partials:
 
 
 def check_engine(loaded: Any, engine: Any) -> None:
-    """UserError when the policy cannot run on ``engine``: a mechanism that runs in-process
+    """UserError when the policy cannot run on ``engine``: a person with several rows (bounded
+    on the whole table in-process, :func:`.data.person_rows`), a mechanism that runs in-process
     only, or a CSV file the engine cannot split at line ends (an encoding in which a newline,
     the delimiter or the quote is not one byte of its own: :func:`splits_at_newlines`)."""
     if not engine.scaled:
         return
     dataset = loaded.policy.dataset
+    if dataset.person not in (None, "row"):
+        raise UserError(
+            f"dataset.person names column {dataset.person.column!r}: a "
+            "person's rows may sit in different partitions, and the Dask engine does not yet bound them across "
+            "partitions; run this policy with --engine local",
+            field="dataset.person",
+        )
     if dataset.format == "csv":
         options = dataset.csv
         encoding = "utf-8" if options is None else options.encoding

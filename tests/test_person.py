@@ -1,0 +1,385 @@
+"""The unit of privacy is a person: the loader's checks of ``dataset.person``, the truncation of a
+person's rows (uniform, by chi-square tests with a stated failure probability), the person-level
+privacy of noisy counts (an empirical test of neighbouring files that differ by one whole person,
+which catches a release that forgets the truncation or the factor m), the sensitivity-m privacy
+maps against an independent computation, the neighbouring relation in the event trees and the
+ledger, and a release end to end (what the report and release.json say, what is never published).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from scipy import stats
+
+from privrelease.errors import UserError
+from privrelease.flows.data import mechanism_rows, person_rows
+from privrelease.flows.steps import release_plain
+from privrelease.mechanisms import composition
+from privrelease.mechanisms.events import Composed, event_from_json, event_to_json, person_level
+from privrelease.mechanisms.kinds.noisy_counts import (
+    DiscreteGaussian,
+    DiscreteLaplace,
+    add_noise,
+    approximate_delta,
+    probabilistic_delta,
+)
+from privrelease.mechanisms.persons import kept_rows
+from privrelease.planning import plan_policy
+from privrelease.policies import load_policy_text
+
+ALPHA = 1e-6
+"""Every statistical test below fails a correct implementation with probability at most ALPHA."""
+
+POLICY = """
+name: discharges-test
+version: "1"
+dataset:
+  id: discharges-test
+  path: discharges.csv
+  PERSON
+  columns:
+    patient_id: {type: string}
+    county: {type: string, values: [A, B, C]}
+    diagnosis: {type: string, values: [x, y]}
+    age: {type: integer}
+generalization:
+  county: keep
+  diagnosis: keep
+mechanisms:
+  - {name: counts, type: noisy_counts, columns: [county, diagnosis], noise: {distribution: laplace, scale: 3}}
+  - {name: hist, type: histogram, columns: [county, diagnosis], k: 2, beta: 0.5, epsilon: 2.0}
+targets:
+  accounting: approximate
+  delta: 0.5
+  lifetime_budget: {epsilon: 100, delta: 0.9}
+"""
+
+
+def _loaded(person: str = "person: {column: patient_id, max_rows: 3}", text: str = POLICY, base: str = "."):
+    return load_policy_text(text.replace("PERSON", person), base)
+
+
+# --------------------------------------------------------------------------- the loader
+
+
+@pytest.mark.parametrize(
+    ("person", "change", "message"),
+    [
+        ("person: {column: patient, max_rows: 3}", None, "person column 'patient' is not declared in dataset.columns"),
+        (
+            "person: {column: patient_id, max_rows: 3}",
+            ("columns: [county, diagnosis], noise", "columns: [county, patient_id], noise"),
+            "person column 'patient_id' is used by mechanisms[0] 'counts'",
+        ),
+        (
+            "person: {column: patient_id, max_rows: 3}",
+            ("  county: keep\n", "  county: keep\n  patient_id: keep\n"),
+            "person column 'patient_id' has a scheme in generalization.patient_id",
+        ),
+        ("person: {column: patient_id, max_rows: 0}", None, "max_rows must be an integer in [1, 1000]"),
+    ],
+)
+def test_the_person_column_is_declared_and_never_published(person: str, change, message: str) -> None:
+    text = POLICY if change is None else POLICY.replace(*change)
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _loaded(person, text)
+
+
+# --------------------------------------------------------------------------- truncation
+
+
+def test_truncation_keeps_a_uniform_subset_of_at_most_m_rows() -> None:
+    """30,000 people with 6 rows each, m = 2: each keeps exactly 2 rows, and which 2 is uniform
+    over the C(6, 2) = 15 subsets (chi-square, 14 degrees of freedom, rejected above its
+    1 - ALPHA quantile: a correct truncation fails with probability ALPHA); 1,000 people with
+    one row keep it; people come out grouped, never in input order."""
+    people, rows, m = 30_000, 6, 2
+    codes = np.concatenate([np.repeat(np.arange(people), rows), np.arange(people, people + 1000)])
+    kept = kept_rows(codes, m)
+    per_person = np.bincount(codes[kept], minlength=people + 1000)
+    assert (per_person[:people] == m).all() and (per_person[people:] == 1).all()
+    position = kept[kept < people * rows] % rows
+    masks = np.bincount(codes[kept][kept < people * rows], weights=1 << position, minlength=people).astype(int)
+    subsets = {
+        mask: i for i, mask in enumerate(sorted({(1 << a) | (1 << b) for a in range(6) for b in range(a + 1, 6)}))
+    }
+    observed = np.bincount([subsets[mask] for mask in masks], minlength=15)
+    statistic = stats.chisquare(observed).statistic
+    assert statistic < stats.chi2.isf(ALPHA, 14), observed
+    assert not (np.diff(kept) > 0).all(), "the kept rows are not in input order"
+
+
+def test_one_row_kinds_read_one_uniform_row_of_all_of_a_persons_rows() -> None:
+    """With max_rows 3, the histogram (one row per person) reads one row of each person, uniform
+    over ALL of the person's 6 rows (the one of the 3 kept, itself uniform): chi-square over the 6
+    positions, 5 degrees of freedom, failure probability ALPHA; noisy_counts reads the 3 kept."""
+    loaded = _loaded()
+    people = 30_000
+    table = pa.table(
+        {
+            "patient_id": np.repeat(np.arange(people), 6).astype(str),
+            "county": np.tile(["A", "B", "C", "A", "B", "C"], people),
+            "diagnosis": np.full(6 * people, "x"),
+            "age": np.tile(np.arange(6), people),
+        }
+    )
+    kept = person_rows(loaded, table)
+    counts, hist = loaded.policy.mechanisms
+    assert mechanism_rows(loaded, counts, kept).num_rows == 3 * people
+    one = mechanism_rows(loaded, hist, kept)
+    assert one.num_rows == people and len(set(one["patient_id"].to_pylist())) == people
+    observed = np.bincount(one["age"].to_numpy(), minlength=6)
+    assert stats.chisquare(observed).statistic < stats.chi2.isf(ALPHA, 5), observed
+
+
+def test_person_row_behaves_as_today() -> None:
+    """``person: row`` and no person field: the same events (no relation, no sensitivity in the
+    JSON), the same figures, and every row read as it is."""
+    absent, row = _loaded(""), _loaded("person: row")
+    plans = [plan_policy(loaded) for loaded in (absent, row)]
+    assert event_to_json(plans[0].event) == event_to_json(plans[1].event)
+    assert "neighbours" not in event_to_json(plans[0].event) and "sensitivity" not in event_to_json(plans[0].event)
+    assert [m.guarantees for m in plans[0].mechanisms] == [m.guarantees for m in plans[1].mechanisms]
+    assert plans[0].composed == plans[1].composed
+    assert absent.sha256 != row.sha256  # stating the unit of privacy is part of what is approved
+    table = pa.table({"patient_id": ["a", "a"], "county": ["A", "B"], "diagnosis": ["x", "x"], "age": [1, 2]})
+    for loaded in (absent, row):
+        assert person_rows(loaded, table) is table
+        assert all(mechanism_rows(loaded, spec, table) is table for spec in loaded.policy.mechanisms)
+    assert plans[1].unit_of_privacy["statement"] == "each row is taken to be a different person (dataset.person: row)"
+
+
+# --------------------------------------------------------------------------- privacy maps
+
+
+def _spreads(m: int, largest: int | None = None):
+    """Every way of spreading m unit changes over cells (the partitions of m)."""
+    largest = largest or m
+    if m == 0:
+        yield ()
+        return
+    for k in range(min(m, largest), 0, -1):
+        for rest in _spreads(m - k, k):
+            yield (k, *rest)
+
+
+def _loss_pmf(distribution: str, parameter: float, k: int) -> dict[float, float]:
+    """The privacy loss ln p(z) / p(z - k) of one cell moved by k, under z ~ p (exact pmf, float64)."""
+    reach = int(40 * parameter) + 40
+    z = np.arange(-reach, reach + 1)
+    if distribution == "gaussian":
+        weights = np.exp(-(z**2) / (2 * parameter**2))
+        loss = (k * k - 2 * k * z) / (2 * parameter**2)  # ln p(z) / p(z + k): the direction is symmetric
+    else:
+        weights = np.exp(-np.abs(z) / parameter)
+        loss = (np.abs(z + k) - np.abs(z)) / parameter
+    found: dict[float, float] = {}
+    for value, weight in zip(np.round(loss, 9), weights / weights.sum(), strict=True):
+        found[float(value)] = found.get(float(value), 0.0) + float(weight)
+    return found
+
+
+def _spread_delta(distribution: str, parameter: float, spread: tuple[int, ...], epsilon: float) -> float:
+    """The hockey-stick delta of a person moving cells by ``spread``: the cells' losses add."""
+    total = {0.0: 1.0}
+    for k in spread:
+        cell = _loss_pmf(distribution, parameter, k)
+        combined: dict[float, float] = {}
+        for a, p in total.items():
+            for b, q in cell.items():
+                key = round(a + b, 9)
+                combined[key] = combined.get(key, 0.0) + p * q
+        total = combined
+    return sum(
+        p * -math.expm1(epsilon - loss) for loss, p in total.items() if loss > epsilon + 1e-8
+    )  # losses rounded to 1e-9
+
+
+@pytest.mark.parametrize(("distribution", "parameter"), [("gaussian", 1.0), ("gaussian", 2.5), ("laplace", 1.5)])
+def test_person_level_delta_bounds_every_spread_of_a_persons_rows(distribution: str, parameter: float) -> None:
+    """For m = 2 and 3, the stated delta (one cell moved by m, from dp_accounting's pessimistic
+    PLD) is at least the exact delta of every way of spreading m unit changes over cells, and
+    within the PLD's discretization of the exact one-cell delta."""
+    for m in (2, 3):
+        for epsilon in np.linspace(
+            0, m * m / (2 * parameter**2) + 1 if distribution == "gaussian" else m / parameter, 7
+        ):
+            stated = approximate_delta(distribution, parameter, float(epsilon), m)
+            exact = {spread: _spread_delta(distribution, parameter, spread, float(epsilon)) for spread in _spreads(m)}
+            assert stated >= max(exact.values()) - 1e-12, (m, epsilon, stated, exact)
+            assert max(exact.values()) == pytest.approx(exact[(m,)], abs=1e-12)
+            assert stated <= _spread_delta(distribution, parameter, (m,), float(epsilon) - 0.01) + 1e-9
+
+
+def test_person_level_privacy_maps() -> None:
+    """Discrete Laplace: pure m/t; discrete Gaussian: zCDP a m^2 / (2 sigma^2), the probabilistic
+    delta Markov's bound e^(-(eps - rho)^2 / (4 rho)) (never below the approximate delta); m = 1
+    keeps every figure of today."""
+    assert DiscreteLaplace(scale=3, sensitivity=4).guarantee("approximate").epsilon == 4 / 3
+    assert DiscreteLaplace(scale=3).guarantee("approximate").epsilon == 1 / 3
+    gaussian = DiscreteGaussian(sigma=5, epsilon=2, sensitivity=3)
+    assert gaussian.renyi(np.array([2.0]))[0] == pytest.approx(2 * 9 / 50)
+    rho = 9 / 50
+    assert probabilistic_delta("gaussian", 5, 2, 3) == pytest.approx(math.exp(-((2 - rho) ** 2) / (4 * rho)), rel=1e-12)
+    assert probabilistic_delta("gaussian", 5, 2, 3) >= approximate_delta("gaussian", 5, 2, 3)
+    assert gaussian.guarantee("approximate").delta == approximate_delta("gaussian", 5, 2, 3)
+    one = DiscreteGaussian(sigma=5, epsilon=2)
+    assert one.guarantee("approximate").delta == approximate_delta("gaussian", 5, 2)
+
+
+def test_stored_trees_replay_unchanged_and_relations_do_not_mix() -> None:
+    """A tree stored before the fields existed parses and writes back byte for byte; a
+    person-level tree keeps its relation and sensitivity; composing it with a row-level release
+    is refused, with itself it composes."""
+    stored = '{"event":{"events":[{"kind":"discrete_gaussian","epsilon":1.0,"sigma":4.231}],"kind":"composed"},"schema_version":1}'
+    stored = json.dumps(json.loads(stored), sort_keys=True, separators=(",", ":"))
+    assert event_to_json(event_from_json(stored)) == stored
+    person = person_level(Composed(events=(DiscreteLaplace(scale=3, sensitivity=3),)), "person:patient_id")
+    text = event_to_json(person)
+    assert '"neighbours":"person:patient_id"' in text and '"sensitivity":3' in text
+    assert event_from_json(text) == person
+    row = event_from_json(stored)
+    with pytest.raises(UserError, match="different neighbouring relations"):
+        composition.epsilon_at([row, person], 1e-6)
+    assert composition.epsilon_at([person, person], 1e-6).epsilon <= 2.0
+
+
+# --------------------------------------------------------------------------- empirical privacy
+
+COPIES = 100_000
+ROWS = 12  # the person's rows, all in the tested cell
+SCALE, M = 3.0, 3
+
+
+def _noisy_cell(loaded, *, with_person: bool, truncate: bool = True) -> np.ndarray:
+    """COPIES independent releases of one cell of noisy_counts (discrete Laplace, scale 3), run
+    at once: copy r of the file holds two people with one row in the cell and, on the larger
+    neighbour, person P with 12 rows there. Truncation through :func:`person_rows` and
+    :func:`mechanism_rows`, as a run reads (each copy's people are its own, so one call truncates
+    every copy independently), noise through :func:`add_noise`."""
+    people = 3 if with_person else 2
+    rows_each = [1, 1] + ([ROWS] if with_person else [])
+    ids = np.repeat(np.arange(COPIES * people), np.tile(rows_each, COPIES))
+    table = pa.table({"patient_id": ids, "county": np.full(ids.size, "A"), "diagnosis": np.full(ids.size, "x")})
+    if truncate:
+        table = mechanism_rows(loaded, loaded.policy.mechanisms[0], person_rows(loaded, table))
+    copy = table["patient_id"].to_numpy() // people
+    return add_noise(np.bincount(copy, minlength=COPIES), "laplace", SCALE)
+
+
+def _violations(smaller: np.ndarray, larger: np.ndarray, epsilon: float) -> list[int]:
+    """Outputs o in a range fixed in advance (2 - 20 .. 2 + ROWS + 20) where the samples show
+    p_larger(o) > e^eps p_smaller(o) or the reverse: the lower Clopper-Pearson bound of one side
+    above e^eps times the upper bound of the other, each bound at level ALPHA / (2K) for K
+    outputs, so every bound holds at once with probability >= 1 - ALPHA and a release that is
+    eps-DP for the pair shows no violation except with probability ALPHA."""
+    outputs = range(2 - 20, 2 + ROWS + 21)
+    level = ALPHA / (2 * len(outputs))
+    found = []
+    for o in outputs:
+        bounds = []
+        for sample in (smaller, larger):
+            hits = int(np.sum(sample == o))
+            low = stats.beta.ppf(level, hits, sample.size - hits + 1) if hits else 0.0
+            high = stats.beta.isf(level, hits + 1, sample.size - hits) if hits < sample.size else 1.0
+            bounds.append((low, high))
+        (low_s, high_s), (low_l, high_l) = bounds
+        if low_l > math.exp(epsilon) * high_s or low_s > math.exp(epsilon) * high_l:
+            found.append(o)
+    return found
+
+
+@pytest.fixture(scope="module")
+def _samples():
+    loaded = _loaded()
+    return (
+        loaded,
+        _noisy_cell(loaded, with_person=False),
+        _noisy_cell(loaded, with_person=True),
+        _noisy_cell(loaded, with_person=True, truncate=False),
+    )
+
+
+def test_neighbours_differing_by_one_whole_person_stay_within_the_stated_epsilon(_samples) -> None:
+    """The stated epsilon (m / scale = 1) holds for files differing by a person with 12 rows: no
+    output's probability ratio exceeds e^1 beyond sampling error (failure probability ALPHA)."""
+    loaded, smaller, larger, _ = _samples
+    stated = plan_policy(loaded).mechanisms[0].guarantees["approximate"]
+    assert stated.epsilon == M / SCALE and stated.delta == 0
+    assert _violations(smaller, larger, stated.epsilon) == []
+
+
+def test_forgetting_the_truncation_or_the_factor_m_is_caught(_samples) -> None:
+    """Without the truncation the person moves the cell by 12 (ratio e^4 against the stated e^1);
+    with it, a statement forgetting the factor m (epsilon 1/3) is exceeded (ratio e^1): both show
+    violations (the ratios are so far apart that missing them has probability far below ALPHA:
+    at o = 14, about 16,500 samples against 300)."""
+    _, smaller, larger, untruncated = _samples
+    assert _violations(smaller, untruncated, M / SCALE)
+    assert _violations(smaller, larger, 1 / SCALE)
+
+
+# --------------------------------------------------------------------------- a release
+
+
+def _write_release_files(folder: Path, person: str, version: str = "1") -> Path:
+    rng = np.random.default_rng(3)  # test data, not a mechanism
+    if not (folder / "discharges.csv").exists():
+        lines = ["patient_id,county,diagnosis,age"]
+        for patient in range(400):
+            for _ in range(int(rng.integers(1, 13))):
+                lines.append(
+                    f"P{patient:04d},{rng.choice(['A', 'B', 'C'])},{rng.choice(['x', 'y'])},{rng.integers(0, 90)}"
+                )
+        (folder / "discharges.csv").write_text("\n".join(lines) + "\n")
+    path = folder / f"policy-{version}.yaml"
+    path.write_text(POLICY.replace("PERSON", person).replace('version: "1"', f'version: "{version}"'))
+    return path
+
+
+def test_a_release_states_its_unit_of_privacy_and_never_publishes_the_person_column(tmp_path, work, monkeypatch):
+    """End to end: release.json and the report's public statement name the unit of privacy and
+    each mechanism's rule; no output has the person column; the ledger's tree carries the
+    relation; a row-level policy of the same dataset.id is then refused (relations do not mix)."""
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", str(tmp_path))
+    path = _write_release_files(tmp_path, "person: {column: patient_id, max_rows: 3}")
+    published = release_plain(policy_path=str(path))
+    folder = Path(published.release_dir)
+    facts = json.loads((folder / "release.json").read_text())
+    unit = facts["unit_of_privacy"]
+    assert unit["statement"].startswith("one person = all rows with the same patient_id, at most 3 kept")
+    assert unit["rules"] == {
+        "counts": "at most 3 random rows per person, sensitivity 3",
+        "hist": "one random row per person",
+    }
+    statement = (folder / "disclosure-statement.html").read_text()
+    assert "one person = all rows with the same patient_id, at most 3 kept" in statement
+    for file in folder.glob("*.parquet"):
+        assert "patient_id" not in pq.read_schema(file).names
+        assert not any("P0" in str(value) for column in pq.read_table(file).columns for value in column.to_pylist())
+    assert facts["outputs"][0]["guarantees"]["approximate"]["epsilon"] == 1.0
+
+    from test_flow_steps import ledger_entries
+
+    (entry,) = ledger_entries()
+    assert '"neighbours":"person:patient_id"' in entry.event_json
+
+    row_policy = _write_release_files(tmp_path, "", version="2")
+    with pytest.raises(UserError, match="different neighbouring relations"):
+        release_plain(policy_path=str(row_policy))
+
+
+def test_dask_refuses_a_person_column_before_anything_runs() -> None:
+    from privrelease.flows.engines import Engine
+    from privrelease.flows.scaled import check_engine
+
+    with pytest.raises(UserError, match="dataset.person names column 'patient_id'"):
+        check_engine(_loaded(), Engine(name="dask"))
+    check_engine(_loaded("person: row"), Engine(name="dask"))
