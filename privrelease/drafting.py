@@ -10,6 +10,7 @@ and types). Every choice in the draft is a commented placeholder for the custodi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,29 @@ def _csv_columns(path: Path) -> tuple[list[tuple[str, str]], str]:
         raise UserError(f"{str(path)!r} has no header line: the draft names its columns from it")
     dialect, names = csv_first_line(first, path)
     return [(name, "string") for name in names], dialect.delimiter
+
+
+IDENTIFIER = re.compile(r"(^|[^a-z])(id|pid|person|patient|ssn|nhs)([^a-z]|$)|[a-z]id$", re.IGNORECASE)
+"""A column name that looks like a person identifier (``patient_id``, ``PersonID``, ``ssn``)."""
+
+
+def _person_lines(names: list[str]) -> list[str]:
+    """The draft's commented ``person:`` lines: what a person is (the unit of privacy), and, when
+    a column's name looks like an identifier (:data:`IDENTIFIER`; the name only, no value), that
+    column as a suggestion."""
+    lines = [
+        "  # person: row                     # who one person is (the unit of privacy): row = each row is a different",
+        "  #                                 # person (also when absent); {column: NAME, max_rows: 5}: every row with",
+        "  #                                 # the same NAME is one person, at most 5 of them kept at random",
+    ]
+    suggested = next((name for name in names if IDENTIFIER.search(name)), None)
+    if suggested is not None:
+        lines.append(
+            f"  # person: {{column: {json.dumps(suggested)}, max_rows: 5}}   # {json.dumps(suggested)} looks like a person "
+            "identifier: if a person may have several rows, use it (and publish it nowhere: drop it from the "
+            "generalization and the mechanisms' columns)"
+        )
+    return lines
 
 
 def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = ".") -> str:
@@ -98,6 +122,7 @@ def draft_policy(data: str | Path, dataset_id: str, policy_folder: str | Path = 
     lines += [
         "  # rows: 10000                     # the number of rows, if it is public (a mean needs it)",
         "  missing: reject                   # or drop: rows with a missing value",
+        *_person_lines([name for name, _ in columns]),
         "  columns:                          # type: integer, float or string; add values: [...] for a fixed domain",
     ]
     if not parquet:

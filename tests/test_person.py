@@ -383,3 +383,40 @@ def test_dask_refuses_a_person_column_before_anything_runs() -> None:
     with pytest.raises(UserError, match="dataset.person names column 'patient_id'"):
         check_engine(_loaded(), Engine(name="dask"))
     check_engine(_loaded("person: row"), Engine(name="dask"))
+
+
+def test_policy_init_asks_who_a_person_is(tmp_path) -> None:
+    """The draft says what a person is in a commented ``person:`` line, and suggests a column
+    whose name looks like an identifier (from the header only); uncommented, the suggestion
+    loads once the column is published nowhere."""
+    import yaml
+
+    from privrelease.drafting import draft_policy
+
+    (tmp_path / "plain.csv").write_text("county,diagnosis\nA,x\n")
+    (tmp_path / "visits.csv").write_text("patient_id,county\nP1,A\n")
+    plain = draft_policy(tmp_path / "plain.csv", "plain", tmp_path)
+    assert "  # person: row " in plain and "at most 5 of them kept at random" in plain
+    assert "looks like a person identifier" not in plain
+    visits = draft_policy(tmp_path / "visits.csv", "visits", tmp_path)
+    suggestion = next(line for line in visits.splitlines() if "looks like a person identifier" in line)
+    assert suggestion.startswith('  # person: {column: "patient_id", max_rows: 5}')
+    document = yaml.safe_load(visits)
+    document["dataset"]["person"] = {"column": "patient_id", "max_rows": 5}
+    del document["generalization"]["patient_id"]
+    document["mechanisms"][0]["columns"].remove("patient_id")
+    loaded = load_policy_text(yaml.safe_dump(document), str(tmp_path))
+    assert loaded.policy.dataset.rows_per_person == 5
+
+
+def test_readme_figures_come_from_the_code() -> None:
+    """README "Who is a person": the Laplace (scale 5) and adult-noisy's Gaussian (sigma 4.231,
+    delta 1e-6) epsilons for max_rows 5 and for one row per person."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Who is a person") : readme.index("## What the guarantees mean")]
+    laplace = [DiscreteLaplace(scale=5, sensitivity=m).guarantee("approximate").epsilon for m in (5, 1)]
+    gaussian = [
+        composition.epsilon_at([DiscreteGaussian(sigma=4.231, epsilon=1, sensitivity=m)], 1e-6).epsilon for m in (5, 1)
+    ]
+    assert f"scale 5 is epsilon {laplace[0]:.3g} ({laplace[1]:.3g} for one row" in section
+    assert f"delta 1e-6 is epsilon {gaussian[0]:.3g} ({gaussian[1]:.3g} for one row)" in section

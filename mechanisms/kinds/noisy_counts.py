@@ -597,7 +597,8 @@ class NoisyCountsMechanism(MechanismKind):
     values, generalized by its scheme; a hierarchy column's labels at its level), zeros
     included, nothing suppressed, each with discrete Gaussian or discrete Laplace noise; a
     person changes one cell by one (sensitivity 1), or, with ``dataset.person`` naming a column,
-    up to ``max_rows`` cells by one (sensitivity ``max_rows``: :data:`PERSON_PAIR`). ``nonnegative``: negative noisy counts
+    up to ``max_rows`` cells by one, or one cell by ``max_rows`` (sensitivity ``max_rows`` in L1
+    and L2). ``nonnegative``: negative noisy counts
     published as 0 (post-processing). ``epsilon``: where a Gaussian table states its delta
     (default: the smallest epsilon reaching ``targets.delta``). Each count comes with ``lower``
     and ``upper``: its interval at the accuracy target's confidence (default 95%), cell by cell."""

@@ -156,9 +156,10 @@ def _print_plan(result) -> None:
         )
     )
     unit = result.unit_of_privacy
-    say(f"unit of privacy: {unit['statement']}; neighbours {unit['neighbours']}")
-    for name, rule in unit["rules"].items():
-        say(f"  {name}: {rule}")
+    lines = [f"unit of privacy: {unit['statement']}; neighbours {unit['neighbours']}"]
+    lines += [f"  {name}: {rule}" for name, rule in unit["rules"].items()]
+    for line in lines:  # wrapped at the terminal's width, as the tables are
+        console.print(line, highlight=False, markup=False)
     table = Table(title="Mechanisms (no data read)", title_justify="left")
     for column in ("mechanism", "event", "probabilistic (eps, delta)", "approximate (eps, delta)", "also"):
         table.add_column(column, overflow="fold")
