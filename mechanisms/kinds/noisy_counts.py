@@ -533,7 +533,11 @@ class DiscreteGaussian(Event):
             )
             delta = probabilistic_delta("gaussian", self.sigma, self.epsilon, m)
         else:
-            how = "exact hockey-stick delta" if m == 1 else f"hockey-stick delta of one cell moved by {m}"
+            how = (
+                "exact hockey-stick delta"
+                if m == 1
+                else f"hockey-stick delta of one cell moved by {m} (the worst spread in a numerical check, not a proof)"
+            )
             delta = approximate_delta("gaussian", self.sigma, self.epsilon, m)
         return Guarantee(notion, self.epsilon, delta, True, f"discrete Gaussian (sigma {self.sigma:g}), {how}")
 
