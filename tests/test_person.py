@@ -420,3 +420,14 @@ def test_readme_figures_come_from_the_code() -> None:
     ]
     assert f"scale 5 is epsilon {laplace[0]:.3g} ({laplace[1]:.3g} for one row" in section
     assert f"delta 1e-6 is epsilon {gaussian[0]:.3g} ({gaussian[1]:.3g} for one row)" in section
+
+
+def test_every_example_policy_states_its_unit_of_privacy() -> None:
+    """Each policy in policies/examples says who a person is (``person: row``: each row is one)."""
+    import yaml
+
+    folder = Path(__file__).resolve().parents[1] / "policies" / "examples"
+    examples = sorted(folder.glob("*.yaml"))
+    assert examples
+    for path in examples:
+        assert yaml.safe_load(path.read_text())["dataset"].get("person") == "row", path.name
