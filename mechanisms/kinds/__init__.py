@@ -349,6 +349,9 @@ class MechanismKind(Model):
     """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
     accuracy_elsewhere: ClassVar[str] = ""
     """Where its accuracy is targeted instead, when it takes no ``targets.accuracy`` entry."""
+    accuracy_statistics: ClassVar[tuple[str, ...]] = ()
+    """The statistics a ``targets.accuracy`` entry names in ``statistic`` when the kind publishes
+    several (none: it publishes one, and ``statistic`` is refused)."""
 
     @classmethod
     def kind_type(cls) -> str:

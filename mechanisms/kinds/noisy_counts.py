@@ -573,18 +573,7 @@ class NoisyCountsMechanism(MechanismKind):
         """Every column's domain is declared (values, or a hierarchy's labels): a domain read
         from the data would disclose which values occur. No column is named like the output's
         ``count``, ``lower`` or ``upper`` columns, which would take their place."""
-        from privrelease.policies.schema import HierarchyScheme
-
-        for i, column in enumerate(self.columns):
-            if (taken := taken_name(column, "a noisy table", NOISY_TABLE)) is not None:
-                yield Issue((*here, "columns", i), taken)
-            spec = policy.dataset.columns.get(column)
-            if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
-                yield Issue(
-                    (*here, "columns", i),
-                    f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
-                    "every cell of the table is published, so its domain is fixed before the data is read",
-                )
+        yield from domain_issues(policy, (*here, "columns"), self.columns, "a noisy table", NOISY_TABLE)
 
     def delta_reason(self) -> str | None:
         return "has Gaussian noise" if isinstance(self.noise, GaussianNoise) else None
@@ -729,6 +718,26 @@ class NoisyCountsMechanism(MechanismKind):
 KINDS = (NoisyCountsMechanism,)
 
 
+def domain_issues(
+    policy: Policy, here: Loc, columns: tuple[str, ...], table: str, added: tuple[str, ...]
+) -> Iterator[Issue]:
+    """Every cell column of a table published whole (``columns``, at ``here``) has a declared
+    domain (values, or a hierarchy's labels: a domain read from the data would disclose which
+    values occur) and is not named like one of the columns ``added`` beside the labels."""
+    from privrelease.policies.schema import HierarchyScheme
+
+    for i, column in enumerate(columns):
+        if (taken := taken_name(column, table, added)) is not None:
+            yield Issue((*here, i), taken)
+        spec = policy.dataset.columns.get(column)
+        if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
+            yield Issue(
+                (*here, i),
+                f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
+                "every cell of the table is published, so its domain is fixed before the data is read",
+            )
+
+
 def _smallest_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
     """The smallest epsilon in [0, 100] with delta_of(epsilon) <= delta (nonincreasing), to a
     relative 1e-9 and rounded up (:func:`.composition.smallest_epsilon`); 100 when none is."""
@@ -750,10 +759,16 @@ class CountJob:
         return math.prod(len(labels) for labels in self.domain.values())
 
     def partial(self, table: pa.Table) -> np.ndarray:
+        return np.bincount(self.cell_of(table), minlength=self.cells).astype(np.int64)
+
+    def cell_of(self, table: pa.Table) -> np.ndarray:
+        """Each row's cell: its index, row-major over ``domain`` (0 for every row without columns)."""
         import pyarrow.compute as pc
 
         from privrelease.mechanisms.generalization import generalize
 
+        if not self.domain:
+            return np.zeros(table.num_rows, dtype=np.int64)
         generalized = generalize(table.select(list(self.schemes)), self.schemes)
         shape = tuple(len(labels) for labels in self.domain.values())
         codes = []
@@ -767,8 +782,9 @@ class CountJob:
                     f"column {column!r} has a value outside its declared domain"
                 )  # data checks refuse earlier
             codes.append(index.to_numpy(zero_copy_only=False).astype(np.int64))
-        flat = np.ravel_multi_index(tuple(codes), shape) if codes[0].size else np.zeros(0, dtype=np.int64)
-        return np.bincount(flat, minlength=self.cells).astype(np.int64)
+        if not codes[0].size:
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(np.ravel_multi_index(tuple(codes), shape), dtype=np.int64)
 
     def merge(self, parts: list[np.ndarray]) -> np.ndarray:
         return np.asarray(np.sum(parts, axis=0, dtype=np.int64))
