@@ -167,3 +167,19 @@ def test_the_scheduling_docs_say_every_extract_shares_the_dataset_budget(name: s
     assert "own budget" not in text and "budget of its own" not in text
     assert "shares that one budget" in text and "does not reset it" in text
     assert "every extract" in text.lower() or "each new extract" in text
+
+
+def test_readme_noisy_sums_snippet_is_the_discharge_example_s_mechanisms() -> None:
+    """The README's noisy-sums YAML is the mechanisms section of discharges.yaml, whose data file
+    exists where the policy points (the generator's, byte for byte: tests/test_noisy_sums.py)."""
+    import yaml
+
+    from privrelease.policies import load_policy
+
+    text = (REPO / "README.md").read_text()
+    intro = text.index("`policies/examples/discharges.yaml` (a synthetic discharge file")
+    snippet = re.search(r"```yaml\n(.*?)```", text[intro:], re.S)
+    assert snippet is not None
+    example = yaml.safe_load((EXAMPLES / "discharges.yaml").read_text())
+    assert yaml.safe_load(snippet.group(1)) == {"mechanisms": example["mechanisms"]}
+    assert load_policy(EXAMPLES / "discharges.yaml").dataset_path.is_file()
