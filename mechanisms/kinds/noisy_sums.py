@@ -291,7 +291,8 @@ class NoisySumsMechanism(MechanismKind):
 
         cells = self._cells(loaded)
         confidence = half_width_target(loaded, self.name)[0]
-        rows, document = [], {}
+        rows: list[tuple[str, ...]] = []
+        document: dict[str, Any] = {}
         for statistic in STATISTICS:
             each = {f"{c:g}": self._widths(statistic, c) for c in CONFIDENCES}
             together = {f"{c:g}": self._widths(statistic, c, cells) for c in CONFIDENCES}
@@ -350,8 +351,8 @@ class NoisySumsMechanism(MechanismKind):
         noisy_total = add_noise(totals, "gaussian", self._total_sigma).astype(np.float64) * self.resolution
         confidence = half_width_target(loaded, self.name)[0]
         total_width, count_width = (self._widths(s, confidence) for s in STATISTICS)
-        halves = tuple(self._widths(s, 1 - (1 - confidence) / 2) for s in STATISTICS)
-        mean, mean_lower, mean_upper = mean_interval(noisy_total, noisy_count, *halves, self.bounds)
+        total_half, count_half = (self._widths(s, 1 - (1 - confidence) / 2) for s in STATISTICS)
+        mean, mean_lower, mean_upper = mean_interval(noisy_total, noisy_count, total_half, count_half, self.bounds)
         shape = tuple(len(labels) for labels in job.cells.domain.values())
         position = np.unravel_index(np.arange(noisy_count.size), shape)
         columns = {
