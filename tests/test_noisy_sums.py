@@ -334,3 +334,31 @@ def test_the_discharge_example_plans_runs_and_reports(tmp_path: Path, monkeypatc
     assert sums["accuracy"]["sums"]["interval_confidence"] == 0.95
     report = re.sub(r"\s+", " ", Path(published.report).read_text())
     assert "Noisy sums" in report
+
+
+def test_calibrate_finds_the_smallest_sigmas_for_a_target() -> None:
+    """The sigmas calibrate names meet (epsilon, delta) for one person of m rows; 0.1% less noise
+    on both misses it; the count takes count_share of rho."""
+    sigma_total, sigma_count = noisy_sums.calibrate(1.0, 1e-6, 4, 60000, count_share=0.3)
+    event = GaussianSums(
+        sigma_count=sigma_count, sigma_total=sigma_total, count_sensitivity=4, total_sensitivity=240000, epsilon=1.0
+    )
+    assert event.guarantee("approximate").delta <= 1e-6
+    assert (4 / sigma_count) ** 2 / 2 == pytest.approx(0.3 * event.rho, rel=1e-9)
+    tighter = event.model_copy(update={"sigma_count": sigma_count * 0.999, "sigma_total": sigma_total * 0.999})
+    assert tighter.guarantee("approximate").delta > 1e-6
+    with pytest.raises(UserError, match="count_share must be in"):
+        noisy_sums.calibrate(1.0, 1e-6, 4, 60000, count_share=1.0)
+
+
+def test_frontier_over_sigma_total() -> None:
+    """The discharge example's frontier: the policy's sigma_total on a decade-wide log grid,
+    epsilon falling and the total's half-width rising with it, the total target as the rule."""
+    loaded = load_policy(EXAMPLE)
+    charges = loaded.policy.mechanism("charges")
+    frontier = charges.frontier(loaded)
+    assert frontier.chosen == 760000 and frontier.accuracy_target == 1600000
+    assert list(frontier.privacy) == sorted(frontier.privacy, reverse=True)
+    assert list(frontier.accuracy) == sorted(frontier.accuracy)
+    assert frontier.accuracy[frontier.chosen_index] == charges._widths("total", 0.95)
+    assert frontier.privacy[frontier.chosen_index] == pytest.approx(plan_policy(loaded).mechanisms[1].event.epsilon)

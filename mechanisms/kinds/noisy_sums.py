@@ -43,13 +43,16 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
+from privrelease.errors import UserError
 from privrelease.mechanisms.columns import SUMS_TABLE
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
+    Axis,
     ColumnRef,
     Epsilon,
     Event,
     FieldError,
+    Frontier,
     Guarantee,
     Issue,
     Loc,
@@ -61,7 +64,9 @@ from privrelease.mechanisms.kinds import (
     Number,
     Planned,
     checked,
+    frontier_of,
     half_width_target,
+    log_grid,
 )
 from privrelease.mechanisms.kinds.noisy_counts import (
     MAX_CELLS,
@@ -107,6 +112,32 @@ def zcdp_approximate_delta(rho: float, epsilon: float) -> float:
     from privrelease.mechanisms import renyi
 
     return renyi.convert_delta(renyi.ORDERS * rho, 0.0, epsilon)
+
+
+def calibrate(
+    epsilon: float, delta: float, rows_per_person: int, bound: float, count_share: float = 0.25
+) -> tuple[float, float]:
+    """``(sigma_total, sigma_count)`` meeting (``epsilon``, ``delta``) by
+    :func:`zcdp_approximate_delta`: the largest rho (to a relative 1e-9, by bisection on the
+    nonincreasing delta) whose conversion reaches ``delta`` at ``epsilon``, ``count_share`` of it
+    spent on the counts: ``sigma_count = m / sqrt(2 s rho)``, ``sigma_total = m B / sqrt(2 (1 - s)
+    rho)``, ``B = max(|lo|, |hi|)`` (in the column's units) and m = ``rows_per_person``."""
+    if not 0 < count_share < 1:
+        raise UserError(f"count_share must be in (0, 1); got {count_share!r}", field="count_share")
+    if not (epsilon > 0 and 0 < delta < 1):
+        raise UserError(f"epsilon must be > 0 and delta in (0, 1); got {epsilon!r}, {delta!r}", field="epsilon")
+    low, high = 0.0, 1.0
+    while zcdp_approximate_delta(high, epsilon) <= delta:
+        low, high = high, 2 * high
+    while high - low > 1e-9 * high:
+        middle = (low + high) / 2
+        if zcdp_approximate_delta(middle, epsilon) <= delta:
+            low = middle
+        else:
+            high = middle
+    rho = low * (1 - 1e-9)
+    m = rows_per_person
+    return m * bound / math.sqrt(2 * (1 - count_share) * rho), m / math.sqrt(2 * count_share * rho)
 
 
 class GaussianSums(Event):
@@ -326,6 +357,45 @@ class NoisySumsMechanism(MechanismKind):
         assert target.absolute_error is not None and target.statistic in STATISTICS
         value = self._widths(target.statistic, target.confidence)
         return AccuracyCheck(f"each cell's {target.statistic} half-width", "<=", target.absolute_error, value)
+
+    def frontier(self, loaded: LoadedPolicy) -> Frontier:
+        """Over sigma_total on a log grid, a decade either side of the policy's (sigma_count as
+        it is): the release's epsilon at the target delta and each cell's total half-width at
+        the accuracy target's confidence (default 95%)."""
+        confidence, limit, label = half_width_target(loaded, self.name)
+        for target in loaded.policy.targets.accuracy:
+            if target.mechanism == self.name and target.statistic == "total" and target.absolute_error is not None:
+                confidence, limit, label = (
+                    target.confidence,
+                    target.absolute_error,
+                    f"required ±{target.absolute_error:g}",
+                )
+        axis = Axis(
+            "σ total",
+            "noise.sigma_total",
+            f"{confidence:.0%} half-width of each total",
+            False,
+            f"Accuracy: each published total (each cell on its own) is within ± the half-width of its true "
+            f"total with probability at least {confidence:.0%} (discrete Gaussian noise, exact); sigma_count "
+            f"stays {self.noise.sigma_count:g}.",
+            limit,
+            label,
+            log_x=True,
+        )
+        r = self.resolution
+        return frontier_of(
+            loaded,
+            axis,
+            self.noise.sigma_total,
+            log_grid(self.noise.sigma_total, low=MIN_NOISE * r, high=MAX_NOISE * r),
+            lambda value: self._with_sigma_total(value)._event(loaded),
+            lambda value: self._with_sigma_total(value)._widths("total", confidence),
+        )
+
+    def _with_sigma_total(self, value: float) -> NoisySumsMechanism:
+        """This release with sigma_total ``value`` (its delta stated at the target delta)."""
+        noise = self.noise.model_copy(update={"sigma_total": value})
+        return self.model_copy(update={"noise": noise, "epsilon": None})
 
     def job(self, loaded: LoadedPolicy) -> SumJob:
         domain = loaded.labels(self.by)
