@@ -214,6 +214,8 @@ class NoisySumsMechanism(MechanismKind):
     label: ClassVar[str] = "noisy sums (totals, counts and means by cell)"
     accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
     accuracy_statistics: ClassVar[tuple[str, ...]] = STATISTICS
+    reads_max_rows: ClassVar[bool] = True
+    """It reads up to ``max_rows`` rows of each person: its sensitivity is m (module docstring)."""
 
     @model_validator(mode="after")
     def _check_bounds(self) -> NoisySumsMechanism:
@@ -341,7 +343,7 @@ class NoisySumsMechanism(MechanismKind):
         caption = (
             f"Each published total and count is within ± the half-width of its true value with the stated "
             f"probability, cell by cell; all {cells} cells at once within the wider half-width (exact discrete "
-            "Gaussian tails). The mean's interval is formed after the data (see the text above)."
+            "Gaussian tails). Clamping: " + document["clamping"] + ". Mean: " + document["mean"] + "."
         )
         stated = StatedAccuracy(
             "sums",
@@ -520,4 +522,4 @@ MEAN = (
 )
 
 EXPLANATION = """<dt>Noisy sums</dt>
-<dd>For every cell of the table's declared domain, empty ones included, the total of a column and the number of rows are published with independent discrete Gaussian noise (OpenDP's exact sampler); the mean is their ratio, computed from the published numbers (post-processing, no privacy cost). Each value is first moved into its declared bounds, so one person with at most m rows changes the counts by at most m and the totals by at most m times the larger bound in size: the release is ρ-zCDP and (ε, δ)-differentially private at the ε and δ shown (Canonne, Kamath, Steinke 2020). Totals and counts come with intervals (lower, upper) that hold their true values with the stated probability, cell by cell; the mean's interval holds the mean of the clamped values with at least that probability, and is the whole range of the bounds where the noisy count is too small to say anything.</dd>"""
+<dd>For every cell of the table's declared domain, empty ones included, the total of a column and the number of rows are published with independent discrete Gaussian noise (OpenDP's exact sampler); the mean is their ratio, computed from the published numbers (post-processing, no privacy cost). Each value is first moved into its declared bounds, so one person with at most m rows changes the counts by at most m and the totals by at most m times the larger bound in size: the release is ρ-zCDP and (ε, δ)-differentially private at the ε and δ shown (Canonne, Kamath, Steinke 2020). Totals and counts come with intervals (the columns total_lower, total_upper, count_lower, count_upper) that hold their true values with the stated probability, cell by cell; the mean's interval (mean_lower, mean_upper) holds the mean of the clamped values with at least that probability, and is the whole range of the bounds where the noisy count is too small to say anything.</dd>"""
