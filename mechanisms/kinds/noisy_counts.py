@@ -465,6 +465,26 @@ def per_cell_interval(published: np.ndarray, width: int) -> tuple[np.ndarray, np
     return np.maximum(values - width, 0), np.maximum(values + width, 0)
 
 
+def domain_issues(
+    policy: Policy, here: Loc, columns: tuple[str, ...], table: str, added: tuple[str, ...]
+) -> Iterator[Issue]:
+    """Every cell column of a table published whole (``columns``, at ``here``) has a declared
+    domain (values, or a hierarchy's labels: a domain read from the data would disclose which
+    values occur) and is not named like one of the columns ``added`` beside the labels."""
+    from privrelease.policies.schema import HierarchyScheme
+
+    for i, column in enumerate(columns):
+        if (taken := taken_name(column, table, added)) is not None:
+            yield Issue((*here, i), taken)
+        spec = policy.dataset.columns.get(column)
+        if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
+            yield Issue(
+                (*here, i),
+                f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
+                "every cell of the table is published, so its domain is fixed before the data is read",
+            )
+
+
 # --- the kind: policy section, events, accuracy, engines, report -------------------------------
 
 MAX_CELLS = 1_000_000
@@ -716,26 +736,6 @@ class NoisyCountsMechanism(MechanismKind):
 
 
 KINDS = (NoisyCountsMechanism,)
-
-
-def domain_issues(
-    policy: Policy, here: Loc, columns: tuple[str, ...], table: str, added: tuple[str, ...]
-) -> Iterator[Issue]:
-    """Every cell column of a table published whole (``columns``, at ``here``) has a declared
-    domain (values, or a hierarchy's labels: a domain read from the data would disclose which
-    values occur) and is not named like one of the columns ``added`` beside the labels."""
-    from privrelease.policies.schema import HierarchyScheme
-
-    for i, column in enumerate(columns):
-        if (taken := taken_name(column, table, added)) is not None:
-            yield Issue((*here, i), taken)
-        spec = policy.dataset.columns.get(column)
-        if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
-            yield Issue(
-                (*here, i),
-                f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
-                "every cell of the table is published, so its domain is fixed before the data is read",
-            )
 
 
 def _smallest_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
