@@ -362,3 +362,50 @@ def test_frontier_over_sigma_total() -> None:
     assert list(frontier.accuracy) == sorted(frontier.accuracy)
     assert frontier.accuracy[frontier.chosen_index] == charges._widths("total", 0.95)
     assert frontier.privacy[frontier.chosen_index] == pytest.approx(plan_policy(loaded).mechanisms[1].event.epsilon)
+
+
+def test_on_dask_the_merged_partials_give_the_in_process_release(tmp_path: Path, monkeypatch) -> None:
+    """A Parquet file of 8 row groups on a local Dask cluster, noise removed: the published
+    totals, counts and means are the in-process ones of the whole file (each partition's exact
+    per-cell counts and clamped totals, merged, then ``finish`` once), and the report says Dask ran it."""
+    pytest.importorskip("distributed", reason="the dask extra is not installed: pip install -e '.[dask]'")
+    import logging
+
+    import pyarrow.parquet as pq
+    from distributed import LocalCluster
+
+    from privrelease.flows.engines import LOCAL_HTTP
+    from privrelease.flows.steps import release_plain
+
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+    for name in ("PRIVRELEASE_DB_URL", "PRIVRELEASE_PRODUCTION", "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET"):
+        monkeypatch.delenv(name, raising=False)
+    table = _table(np.random.default_rng(11), 1600)
+    pq.write_table(table, tmp_path / "data.parquet", row_group_size=200)
+    text = POLICY.format(
+        person="row",
+        column="amount",
+        bounds="[-5, 20]",
+        resolution="0.5",
+        by="[region, kind]",
+        sigma_total="40",
+        accuracy="[]",
+    ).replace("path: data.csv", "path: data.parquet\n  format: parquet")
+    text += "  lifetime_budget: {epsilon: 100, delta: 1.0e-3}\n"
+    monkeypatch.setattr(noisy_sums, "add_noise", lambda values, distribution, sigma: np.asarray(values))
+    loaded = load_policy_text(text, tmp_path)
+    expected = (
+        loaded.policy.mechanisms[0].run(loaded, table).table.sort_by([("region", "ascending"), ("kind", "ascending")])
+    )
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=LOCAL_HTTP) as cluster:
+        path = tmp_path / "sums-dask.yaml"
+        path.write_text(
+            text + f"engine: {{name: dask, address: '{cluster.scheduler_address}', rows_per_partition: 200}}\n"
+        )
+        published = release_plain(policy_path=str(path))
+    assert "8 partitions on 2 workers" in Path(published.report).read_text()
+    output = pq.read_table(Path(published.release_dir) / "sums.parquet").sort_by(
+        [("region", "ascending"), ("kind", "ascending")]
+    )
+    assert output.to_pylist() == expected.to_pylist()
