@@ -409,3 +409,37 @@ def test_on_dask_the_merged_partials_give_the_in_process_release(tmp_path: Path,
         [("region", "ascending"), ("kind", "ascending")]
     )
     assert output.to_pylist() == expected.to_pylist()
+
+
+def test_calibrate_command_prints_noise_that_meets_the_target() -> None:
+    """``calibrate noisy-sums --json``: the printed noise section, pasted into a policy, meets
+    (epsilon, delta) for one person of m rows by the event's own guarantee; the half-widths are
+    the kind's; a wrong option is one line on stderr, exit 2."""
+    import subprocess
+    import sys
+
+    args = ["--epsilon", "1", "--delta", "1e-6", "--bound", "60000", "--max-rows", "4", "--resolution", "10"]
+    result = subprocess.run(
+        [sys.executable, "-m", "privrelease", "calibrate", "noisy-sums", *args, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    document = json.loads(result.stdout)
+    noise = document["noise"]
+    event = GaussianSums(
+        sigma_count=noise["sigma_count"],
+        sigma_total=noise["sigma_total"] / 10,
+        count_sensitivity=4,
+        total_sensitivity=4 * 6000,
+        epsilon=1.0,
+    )
+    assert event.guarantee("approximate").delta <= 1e-6
+    assert document["count_half_width"] == half_width("gaussian", noise["sigma_count"], 0.95)
+    assert document["total_half_width"] == 10 * half_width("gaussian", noise["sigma_total"] / 10, 0.95)
+    wrong = subprocess.run(
+        [sys.executable, "-m", "privrelease", "calibrate", "noisy-sums", *args[:6], "--max-rows", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert wrong.returncode == 2 and wrong.stderr.strip() == "error: --max-rows must be an integer in [1, 1000]; got 0"
