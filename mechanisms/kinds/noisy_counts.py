@@ -693,10 +693,7 @@ class NoisyCountsMechanism(MechanismKind):
         )
 
     def job(self, loaded: LoadedPolicy) -> CountJob:
-        domain = loaded.labels(self.columns)
-        return CountJob(
-            loaded.published_schemes(self.columns), {column: tuple(labels) for column, labels in domain.items()}
-        )
+        return CountJob.declared(loaded, self.columns)
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         job = self.job(loaded)
@@ -715,12 +712,7 @@ class NoisyCountsMechanism(MechanismKind):
         if self.nonnegative:
             noisy = nonnegative(noisy)
         width = half_width(distribution, parameter, half_width_target(loaded, self.name)[0])
-        shape = tuple(len(labels) for labels in job.domain.values())
-        position = np.unravel_index(np.arange(noisy.size), shape)
-        columns = {
-            column: pa.array(labels).take(pa.array(index))
-            for (column, labels), index in zip(job.domain.items(), position, strict=True)
-        }
+        columns = job.labels()
         lower, upper = per_cell_interval(noisy, width)
         for name, values in zip(NOISY_TABLE, (noisy, lower, upper), strict=True):
             columns[name] = pa.array(values)
@@ -752,6 +744,21 @@ class CountJob:
 
     schemes: dict[str, ColumnScheme]
     domain: dict[str, tuple[Any, ...]]
+
+    @classmethod
+    def declared(cls, loaded: LoadedPolicy, columns: tuple[str, ...]) -> CountJob:
+        """The cells of the declared domain of ``columns`` (:meth:`LoadedPolicy.labels`)."""
+        domain = loaded.labels(columns)
+        return cls(loaded.published_schemes(columns), {column: tuple(labels) for column, labels in domain.items()})
+
+    def labels(self) -> dict[str, pa.Array]:
+        """Each cell's labels, one array per column, row-major over ``domain`` (as :meth:`partial`)."""
+        shape = tuple(len(labels) for labels in self.domain.values())
+        position = np.unravel_index(np.arange(self.cells), shape)
+        return {
+            column: pa.array(labels).take(pa.array(index))
+            for (column, labels), index in zip(self.domain.items(), position, strict=True)
+        }
 
     @property
     def cells(self) -> int:

@@ -400,11 +400,7 @@ class NoisySumsMechanism(MechanismKind):
         return self.model_copy(update={"noise": noise, "epsilon": None})
 
     def job(self, loaded: LoadedPolicy) -> SumJob:
-        domain = loaded.labels(self.by)
-        cells = CountJob(
-            loaded.published_schemes(self.by), {column: tuple(labels) for column, labels in domain.items()}
-        )
-        return SumJob(cells, self.column, *self._units, self.resolution)
+        return SumJob(CountJob.declared(loaded, self.by), self.column, *self._units, self.resolution)
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         job = self.job(loaded)
@@ -425,12 +421,7 @@ class NoisySumsMechanism(MechanismKind):
         total_width, count_width = (self._widths(s, confidence) for s in STATISTICS)
         total_half, count_half = (self._widths(s, 1 - (1 - confidence) / 2) for s in STATISTICS)
         mean, mean_lower, mean_upper = mean_interval(noisy_total, noisy_count, total_half, count_half, self.bounds)
-        shape = tuple(len(labels) for labels in job.cells.domain.values())
-        position = np.unravel_index(np.arange(noisy_count.size), shape)
-        columns = {
-            column: pa.array(labels).take(pa.array(index))
-            for (column, labels), index in zip(job.cells.domain.items(), position, strict=True)
-        }
+        columns = job.cells.labels()
         values = (
             noisy_total,
             noisy_total - total_width,

@@ -33,7 +33,7 @@ def calibrate_noisy_sums(
     the counts (sigma_count = m / sqrt(2 s rho)), the rest on the totals (sigma_total = m B /
     sqrt(2 (1 - s) rho)); and each cell's half-width of the total and the count at C."""
     from privrelease.mechanisms.kinds import noisy_sums as ns
-    from privrelease.mechanisms.kinds.noisy_counts import MAX_NOISE, MIN_NOISE, half_width
+    from privrelease.mechanisms.kinds.noisy_sums import MAX_NOISE, MIN_NOISE, half_width
     from privrelease.policies.schema import MAX_ROWS_PER_PERSON
 
     check_option("--epsilon", PositiveEpsilon, epsilon)
