@@ -334,6 +334,14 @@ def test_the_discharge_example_plans_runs_and_reports(tmp_path: Path, monkeypatc
     assert sums["accuracy"]["sums"]["interval_confidence"] == 0.95
     report = re.sub(r"\s+", " ", Path(published.report).read_text())
     assert "Noisy sums" in report
+    from test_flow_steps import ledger_entries
+
+    from privrelease.mechanisms.events import event_from_json, leaves
+
+    (entry,) = ledger_entries()
+    assert entry.dataset_id == "discharges-synthetic"
+    assert entry.epsilon == pytest.approx(plan.composed["approximate"].epsilon)
+    assert plan.mechanisms[1].event in leaves(event_from_json(entry.event_json))
 
 
 def test_calibrate_finds_the_smallest_sigmas_for_a_target() -> None:
