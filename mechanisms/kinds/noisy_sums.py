@@ -205,7 +205,9 @@ class NoisySumsMechanism(MechanismKind):
 
     type: Literal["noisy_sums"]
     column: Name
-    bounds: tuple[Number, Number]
+    bounds: Annotated[
+        tuple[Number, Number], Field(description="[lo, hi]: two numbers, lo < hi, each a multiple of resolution")
+    ]
     resolution: Annotated[float, checked("resolution", "a number > 0", lambda v: v > 0)] = 1.0
     by: Names = ()
     noise: GaussianSumsNoise
