@@ -451,3 +451,18 @@ def test_calibrate_command_prints_noise_that_meets_the_target() -> None:
         text=True,
     )
     assert wrong.returncode == 2 and wrong.stderr.strip() == "error: --max-rows must be an integer in [1, 1000]; got 0"
+
+
+def test_plan_prints_each_cell_s_half_widths_of_the_totals_and_counts() -> None:
+    """``plan`` on the discharge example prints the kind's own accuracy statement row by row
+    (the figures are the kind's: r times the discrete Gaussian half-width at sigma_total / r)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "privrelease", "plan", str(EXAMPLE)], capture_output=True, text=True, check=True
+    )
+    total = 10 * half_width("gaussian", 76000.0, 0.95)
+    count = half_width("gaussian", 20.0, 0.95)
+    assert f"accuracy of charges: statistic total, confidence 95%, each cell ±{total}," in result.stdout
+    assert f"accuracy of charges: statistic count, confidence 95%, each cell ±{count}," in result.stdout
