@@ -29,3 +29,18 @@ def taken_name(column: str, table: str, added: tuple[str, ...]) -> str | None:
         f"{table} cannot generalize a column named {column!r}: the output uses that name "
         f"(its columns are the cells' labels and {', '.join(added)})"
     )
+
+
+SUMS_TABLE = (
+    "total",
+    "total_lower",
+    "total_upper",
+    COUNT,
+    "count_lower",
+    "count_upper",
+    "mean",
+    "mean_lower",
+    "mean_upper",
+)
+"""The columns a noisy-sums table adds to its cells' labels: the noisy total and count, their
+ratio the mean, each with its interval (:mod:`.kinds.noisy_sums`)."""

@@ -510,12 +510,15 @@ class AccuracyTarget(Model):
     statistics (``absolute_error``): each published value is within +-absolute_error of the
     exact statistic of the clamped values; noisy counts (``absolute_error``): each cell's
     published count is within +-absolute_error of its true count (cell by cell, not all cells
-    at once: plan, the report and release.json state the whole table's wider half-width too)."""
+    at once: plan, the report and release.json state the whole table's wider half-width too);
+    noisy sums (``absolute_error`` and ``statistic``: ``total`` or ``count``): each cell's
+    published total (or count) is within +-absolute_error of its true one."""
 
     mechanism: Name
     count: Count | None = None
     relative_error: RelativeError | None = None
     absolute_error: Annotated[float, checked("absolute_error", "> 0", lambda v: v > 0)] | None = None
+    statistic: Name | None = None
     confidence: Confidence = 0.95
 
 
@@ -764,6 +767,10 @@ def _check_accuracy(policy: Policy) -> Iterator[Issue]:
                 loc,
                 f"an accuracy target on {kind} {target.mechanism!r} states {' and '.join(wanted)}; got {', '.join(sorted(stated)) or 'neither'}",
             )
+        statistics = mechanism.accuracy_statistics
+        if (target.statistic is None) != (not statistics) or (statistics and target.statistic not in statistics):
+            allowed = f"one of {', '.join(statistics)}" if statistics else f"absent: {kind} publishes one statistic"
+            yield Issue((*loc, "statistic"), f"statistic must be {allowed}; got {target.statistic!r}")
 
 
 def _check_targets(policy: Policy) -> Iterator[Issue]:

@@ -121,16 +121,22 @@ def test_every_readme_command_runs_as_written(released) -> None:
     assert {"plan", "guarantee", "calibrate", "policy", "ledger", "audit", "report", "estimate"} <= set(ran)
 
 
-def test_readme_noisy_counts_snippet_is_the_example_s_mechanisms() -> None:
-    """The README's noisy-counts YAML is the mechanisms section of the example it names."""
+def _readme_snippet_is_the_mechanisms_of(intro: str, example: str) -> None:
+    """The first YAML block of the README after ``intro`` is the mechanisms section of ``example``."""
     import yaml
 
     text = (REPO / "README.md").read_text()
-    intro = text.index("`policies/examples/adult-noisy.yaml` is a complete policy:")
-    snippet = re.search(r"```yaml\n(.*?)```", text[intro:], re.S)
+    snippet = re.search(r"```yaml\n(.*?)```", text[text.index(intro) :], re.S)
     assert snippet is not None
-    example = yaml.safe_load((EXAMPLES / "adult-noisy.yaml").read_text())
-    assert yaml.safe_load(snippet.group(1)) == {"mechanisms": example["mechanisms"]}
+    policy = yaml.safe_load((EXAMPLES / example).read_text())
+    assert yaml.safe_load(snippet.group(1)) == {"mechanisms": policy["mechanisms"]}
+
+
+def test_readme_noisy_counts_snippet_is_the_example_s_mechanisms() -> None:
+    """The README's noisy-counts YAML is the mechanisms section of the example it names."""
+    _readme_snippet_is_the_mechanisms_of(
+        "`policies/examples/adult-noisy.yaml` is a complete policy:", "adult-noisy.yaml"
+    )
 
 
 def test_noisy_counts_half_widths_in_the_readme_and_the_example_come_from_the_code() -> None:
@@ -167,3 +173,14 @@ def test_the_scheduling_docs_say_every_extract_shares_the_dataset_budget(name: s
     assert "own budget" not in text and "budget of its own" not in text
     assert "shares that one budget" in text and "does not reset it" in text
     assert "every extract" in text.lower() or "each new extract" in text
+
+
+def test_readme_noisy_sums_snippet_is_the_discharge_example_s_mechanisms() -> None:
+    """The README's noisy-sums YAML is the mechanisms section of discharges.yaml, whose data file
+    exists where the policy points (the generator's, byte for byte: tests/test_noisy_sums.py)."""
+    from privrelease.policies import load_policy
+
+    _readme_snippet_is_the_mechanisms_of(
+        "`policies/examples/discharges.yaml` (a synthetic discharge file", "discharges.yaml"
+    )
+    assert load_policy(EXAMPLES / "discharges.yaml").dataset_path.is_file()

@@ -500,7 +500,8 @@ def test_the_kind_is_one_module_found_by_the_registry():
     """noisy_counts is this module's KINDS, in the policy schema's union and type list, and its
     events parse from JSON by their kind tags (nothing else of the package names it but the
     command line's calculus of its noise, ``calibrate noisy-counts`` and ``guarantee accuracy
-    noisy-counts``: a convenience over its functions, not needed by any policy, plan or run)."""
+    noisy-counts``: a convenience over its functions, not needed by any policy, plan or run; and
+    the noisy_sums kind, whose noise it is)."""
     from privrelease.mechanisms.kinds import all_kinds
     from privrelease.policies.schema import MECHANISM_TYPES
 
@@ -515,7 +516,8 @@ def test_the_kind_is_one_module_found_by_the_registry():
         for path in (package / folder).rglob("*.py")
         if "noisy_counts" in path.read_text() and path.name != "noisy_counts.py"
     ]
-    assert mentions == [Path("privrelease/cli/counts.py")]
+    # noisy_sums builds on its discrete Gaussian (noise, half-widths, the cells of a declared domain)
+    assert sorted(mentions) == [Path("mechanisms/kinds/noisy_sums.py"), Path("privrelease/cli/counts.py")]
 
 
 def test_plan_states_the_exact_guarantees(demo_dir):

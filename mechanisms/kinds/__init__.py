@@ -345,6 +345,9 @@ class MechanismKind(Model):
     """How the report names the kind, e.g. "(k, β)-SDGS microdata"."""
     in_process_only: ClassVar[str] = ""
     """Why it cannot run on Dask (when :meth:`job` is None)."""
+    accuracy_statistics: ClassVar[tuple[str, ...]] = ()
+    """The statistics a ``targets.accuracy`` entry names in ``statistic`` when the kind publishes
+    several (none: it publishes one, and ``statistic`` is refused)."""
     accuracy_fields: ClassVar[tuple[str, ...]] = ()
     """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
     accuracy_elsewhere: ClassVar[str] = ""

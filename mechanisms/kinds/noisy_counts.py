@@ -496,6 +496,26 @@ def per_cell_interval(published: np.ndarray, width: int) -> tuple[np.ndarray, np
     return np.maximum(values - width, 0), np.maximum(values + width, 0)
 
 
+def domain_issues(
+    policy: Policy, here: Loc, columns: tuple[str, ...], table: str, added: tuple[str, ...]
+) -> Iterator[Issue]:
+    """Every cell column of a table published whole (``columns``, at ``here``) has a declared
+    domain (values, or a hierarchy's labels: a domain read from the data would disclose which
+    values occur) and is not named like one of the columns ``added`` beside the labels."""
+    from privrelease.policies.schema import HierarchyScheme
+
+    for i, column in enumerate(columns):
+        if (taken := taken_name(column, table, added)) is not None:
+            yield Issue((*here, i), taken)
+        spec = policy.dataset.columns.get(column)
+        if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
+            yield Issue(
+                (*here, i),
+                f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
+                "every cell of the table is published, so its domain is fixed before the data is read",
+            )
+
+
 # --- the kind: policy section, events, accuracy, engines, report -------------------------------
 
 MAX_CELLS = 1_000_000
@@ -630,18 +650,7 @@ class NoisyCountsMechanism(MechanismKind):
         """Every column's domain is declared (values, or a hierarchy's labels): a domain read
         from the data would disclose which values occur. No column is named like the output's
         ``count``, ``lower`` or ``upper`` columns, which would take their place."""
-        from privrelease.policies.schema import HierarchyScheme
-
-        for i, column in enumerate(self.columns):
-            if (taken := taken_name(column, "a noisy table", NOISY_TABLE)) is not None:
-                yield Issue((*here, "columns", i), taken)
-            spec = policy.dataset.columns.get(column)
-            if spec is not None and spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
-                yield Issue(
-                    (*here, "columns", i),
-                    f"column {column!r} needs declared values (dataset.columns.{column}.values) or a hierarchy: "
-                    "every cell of the table is published, so its domain is fixed before the data is read",
-                )
+        yield from domain_issues(policy, (*here, "columns"), self.columns, "a noisy table", NOISY_TABLE)
 
     def delta_reason(self) -> str | None:
         return "has Gaussian noise" if isinstance(self.noise, GaussianNoise) else None
@@ -743,10 +752,7 @@ class NoisyCountsMechanism(MechanismKind):
         )
 
     def job(self, loaded: LoadedPolicy) -> CountJob:
-        domain = loaded.labels(self.columns)
-        return CountJob(
-            loaded.published_schemes(self.columns), {column: tuple(labels) for column, labels in domain.items()}
-        )
+        return CountJob.declared(loaded, self.columns)
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
         job = self.job(loaded)
@@ -765,12 +771,7 @@ class NoisyCountsMechanism(MechanismKind):
         if self.nonnegative:
             noisy = nonnegative(noisy)
         width = half_width(distribution, parameter, half_width_target(loaded, self.name)[0])
-        shape = tuple(len(labels) for labels in job.domain.values())
-        position = np.unravel_index(np.arange(noisy.size), shape)
-        columns = {
-            column: pa.array(labels).take(pa.array(index))
-            for (column, labels), index in zip(job.domain.items(), position, strict=True)
-        }
+        columns = job.labels()
         lower, upper = per_cell_interval(noisy, width)
         for name, values in zip(NOISY_TABLE, (noisy, lower, upper), strict=True):
             columns[name] = pa.array(values)
@@ -809,16 +810,37 @@ class CountJob:
     schemes: dict[str, ColumnScheme]
     domain: dict[str, tuple[Any, ...]]
 
+    @classmethod
+    def declared(cls, loaded: LoadedPolicy, columns: tuple[str, ...]) -> CountJob:
+        """The cells of the declared domain of ``columns`` (:meth:`LoadedPolicy.labels`)."""
+        domain = loaded.labels(columns)
+        return cls(loaded.published_schemes(columns), {column: tuple(labels) for column, labels in domain.items()})
+
+    def labels(self) -> dict[str, pa.Array]:
+        """Each cell's labels, one array per column, row-major over ``domain`` (as :meth:`partial`)."""
+        shape = tuple(len(labels) for labels in self.domain.values())
+        position = np.unravel_index(np.arange(self.cells), shape)
+        return {
+            column: pa.array(labels).take(pa.array(index))
+            for (column, labels), index in zip(self.domain.items(), position, strict=True)
+        }
+
     @property
     def cells(self) -> int:
         """How many cells the table has (every one published)."""
         return math.prod(len(labels) for labels in self.domain.values())
 
     def partial(self, table: pa.Table) -> np.ndarray:
+        return np.bincount(self.cell_of(table), minlength=self.cells).astype(np.int64)
+
+    def cell_of(self, table: pa.Table) -> np.ndarray:
+        """Each row's cell: its index, row-major over ``domain`` (0 for every row without columns)."""
         import pyarrow.compute as pc
 
         from privrelease.mechanisms.generalization import generalize
 
+        if not self.domain:
+            return np.zeros(table.num_rows, dtype=np.int64)
         generalized = generalize(table.select(list(self.schemes)), self.schemes)
         shape = tuple(len(labels) for labels in self.domain.values())
         codes = []
@@ -832,8 +854,9 @@ class CountJob:
                     f"column {column!r} has a value outside its declared domain"
                 )  # data checks refuse earlier
             codes.append(index.to_numpy(zero_copy_only=False).astype(np.int64))
-        flat = np.ravel_multi_index(tuple(codes), shape) if codes[0].size else np.zeros(0, dtype=np.int64)
-        return np.bincount(flat, minlength=self.cells).astype(np.int64)
+        if not codes[0].size:
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(np.ravel_multi_index(tuple(codes), shape), dtype=np.int64)
 
     def merge(self, parts: list[np.ndarray]) -> np.ndarray:
         return np.asarray(np.sum(parts, axis=0, dtype=np.int64))

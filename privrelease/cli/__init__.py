@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from privrelease.cli import accuracy, calculus, counts, drafting, lifetime
+from privrelease.cli import accuracy, calculus, counts, drafting, lifetime, sums
 from privrelease.cli import audit as audit_commands
 from privrelease.cli import deploy as deploy_commands
 from privrelease.cli import report as report_commands
@@ -44,6 +44,7 @@ deploy_commands.register(app)
 lifetime.register(app)
 accuracy.register(app)
 counts.register(app)
+sums.register(app)
 drafting.register(app)
 
 

@@ -206,8 +206,11 @@ def _print_plan(result) -> None:
 
 def _print_noise_accuracy(result) -> None:
     """Each noisy table's (or grouped statistic's) half-width, cell by cell and for all its
-    cells at once."""
+    cells at once; a kind's own statements (``stated``) row by row."""
     for name, statement in result.accuracy.items():
+        for own in statement.stated if statement is not None else ():
+            for row in own.rows:
+                say(f"  accuracy of {name}: " + ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
         noise = statement.noise if statement is not None else None
         if noise is None or not noise.all_cells_half_width:
             continue
