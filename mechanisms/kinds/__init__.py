@@ -347,6 +347,8 @@ class MechanismKind(Model):
     """Why it cannot run on Dask (when :meth:`job` is None)."""
     accuracy_fields: ClassVar[tuple[str, ...]] = ()
     """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
+    accuracy_options: ClassVar[tuple[str, ...]] = ()
+    """Which optional fields of a ``targets.accuracy`` entry it reads (``table``, ``cells``)."""
     accuracy_elsewhere: ClassVar[str] = ""
     """Where its accuracy is targeted instead, when it takes no ``targets.accuracy`` entry."""
 
