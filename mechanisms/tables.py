@@ -1,0 +1,429 @@
+"""Tables that add up: a set of marginal tables measured with Gaussian noise and reconstructed by
+generalized least squares (GLS) into ONE estimate, of which every published table is a margin.
+
+**Domain.** Flat attributes ``j`` with sizes ``n_j`` and at most one hierarchical attribute (the
+geography) with nested levels ``0`` (finest) .. ``L-1`` and the implicit root ``L`` (the total).
+A :class:`Table` is a subset ``F`` of the flat attributes at one geography level (or the root).
+One row changes one cell of every table by 1 (L1 and L2 sensitivity 1 per table; with ``m`` rows
+per person the caller multiplies the sensitivity by ``m``).
+
+**Strategy = workload.** Table ``t`` is measured once, ``y_t = table_t(x) + N(0, sigma_t^2 I)``
+(the discrete Gaussian of the kind is treated as a Gaussian of variance ``sigma_t^2``: its
+variance is at most that, Canonne-Kamath-Steinke 2020, so the variances below are upper bounds and
+the half-widths a normal approximation for it).
+
+**Residual decomposition** (ResidualPlanner, Xiong, He, Kifer, NeurIPS 2023; McKenna et al., HDMM,
+VLDB 2018). For a subset ``S`` of the flat attributes the S-residual of a table over ``F ⊇ S`` is
+``A_S y``: ``(I - J/n_j)`` on every ``j`` in ``S``, the sum over every ``j`` in ``F \\ S``. From
+``y_t`` it has covariance ``sigma_t^2 prod_{j in F_t \\ S} n_j`` times the projector onto the
+residual subspace, and residuals of different ``S`` are independent, so GLS splits into one
+problem per ``S`` with the precision ``a_{S,l} = sum_{t: S ⊆ F_t, g_t = l} 1 / (sigma_t^2
+prod_{F_t \\ S} n_j)`` at level ``l`` (inverse-variance weights within a level).
+
+**Geography** (Hay, Rastogi, Miklau, Suciu, VLDB 2010, generalized to any fan-out and per-level
+variance: the Kalman/RTS smoother on the tree). Per ``S``, from the finest measured level up:
+leaves ``z = y, u = 1/a``; a node with children ``c``: ``s = sum z_c, U = sum u_c``, and if
+measured ``z = (a y + s/U) / (a + 1/U), u = 1 / (a + 1/U)``, else ``z = s, u = U``. Down: at the
+root ``x = z, V = u``; a child ``c`` of ``v``: ``x_c = z_c + (u_c/U_v)(x_v - s_v)``,
+``V_c = u_c + (u_c/U_v)^2 (V_v - U_v)``.
+
+**Reconstruction.** Table ``s`` = ``sum_{S ⊆ F_s}`` the S-residual estimate at ``s``'s level spread
+over ``F_s \\ S`` by ``1/n_j``; its cell variance at node ``c`` is ``sum_{S ⊆ F_s} V_S(c)
+prod_{j in S} (1 - 1/n_j) prod_{j in F_s \\ S} 1/n_j^2``. Cells of one table differ only by node.
+
+The array layout of a table: axis 0 the geography nodes at its level (absent at the root), then
+its flat attributes in :attr:`Domain.flat` order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import optimize, sparse, special
+
+from privrelease.errors import UserError
+from privrelease.mechanisms.accuracy import each_cell_miss
+from privrelease.mechanisms.confidence import check_confidence
+
+_U = float(np.finfo(float).eps)
+
+
+@dataclass(frozen=True, eq=False)
+class Geography:
+    """The one hierarchical attribute: levels finest first, ``parents[l][i]`` the node of level
+    ``l + 1`` that node ``i`` of level ``l`` belongs to (``len(parents) == len(levels) - 1``)."""
+
+    name: str
+    levels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    parents: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        if not self.levels or len(self.sizes) != len(self.levels) or len(self.parents) != len(self.levels) - 1:
+            raise UserError(
+                f"geography {self.name!r}: {len(self.levels)} levels, {len(self.sizes)} sizes and "
+                f"{len(self.parents)} parent arrays; need one size per level and one parent array fewer",
+                field="geography",
+                allowed="sizes per level, parents between consecutive levels",
+            )
+        for size in self.sizes:
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+                raise UserError(
+                    f"geography {self.name!r}: level size {size!r}", field="geography", allowed="integers >= 1"
+                )
+        for level, parent in enumerate(self.parents):
+            parent = np.asarray(parent)
+            children, coarse = self.sizes[level], self.sizes[level + 1]
+            if parent.shape != (children,) or not np.issubdtype(parent.dtype, np.integer):
+                raise UserError(
+                    f"geography {self.name!r}: parents of {self.levels[level]!r} have shape {parent.shape}",
+                    field="geography",
+                    allowed=f"{children} integer indexes into {self.levels[level + 1]!r}",
+                )
+            if parent.min() < 0 or parent.max() >= coarse or np.unique(parent).size != coarse:
+                raise UserError(
+                    f"geography {self.name!r}: parents of {self.levels[level]!r} must map onto every one of "
+                    f"the {coarse} nodes of {self.levels[level + 1]!r}",
+                    field="geography",
+                    allowed=f"indexes 0..{coarse - 1}, each used at least once",
+                )
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Flat attributes ``(name, size)`` in a fixed order, and at most one :class:`Geography`."""
+
+    flat: tuple[tuple[str, int], ...]
+    geography: Geography | None = None
+
+    @property
+    def root(self) -> int:
+        """The index of the root level (the total): the number of geography levels."""
+        return 0 if self.geography is None else len(self.geography.levels)
+
+    def nodes(self, level: int) -> int:
+        """Node count at ``level`` (``root`` included: 1)."""
+        return 1 if level == self.root else self.geography.sizes[level]  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A marginal table: flat attribute names (in :attr:`Domain.flat` order) at a geography level
+    index (``None``: the geography summed out)."""
+
+    flat: tuple[str, ...]
+    level: int | None = None
+
+    def shape(self, domain: Domain) -> tuple[int, ...]:
+        """The array shape: (nodes at its level if any,) then the flat sizes."""
+        sizes = dict(domain.flat)
+        head = () if self.level is None else (domain.nodes(self.level),)
+        return head + tuple(sizes[name] for name in self.flat)
+
+
+@dataclass
+class _Structure:
+    """What follows from (domain, tables) alone: attribute indexes, levels, the subsets ``S`` and
+    the matrix ``K`` with ``a[(S, l)] = K @ p`` (``p_t = 1 / sigma_t^2``)."""
+
+    domain: Domain
+    tables: tuple[Table, ...]
+    sizes: tuple[int, ...]
+    attrs: list[tuple[int, ...]]  # per table: flat attribute indexes
+    levels: list[int]  # per table: level index (root = domain.root)
+    subsets: list[tuple[int, ...]]
+    coefficients: np.ndarray  # (subsets, levels + 1, tables)
+    aggregate: list[Any] = field(default_factory=list)  # sparse (nodes l+1) x (nodes l), l = 0..root-1
+    parents: list[np.ndarray] = field(default_factory=list)
+
+
+def _structure(domain: Domain, tables: Sequence[Table]) -> _Structure:
+    names = [name for name, _ in domain.flat]
+    if len(set(names)) != len(names):
+        raise UserError(f"domain attributes {names} repeat a name", field="domain", allowed="distinct names")
+    sizes = tuple(int(size) for _, size in domain.flat)
+    if any(size < 1 for size in sizes):
+        raise UserError(f"domain sizes {sizes}", field="domain", allowed="sizes >= 1")
+    if not tables:
+        raise UserError("no tables", field="tables", allowed="at least one table")
+    attrs, levels = [], []
+    for table in tables:
+        unknown = [name for name in table.flat if name not in names]
+        if unknown:
+            raise UserError(
+                f"table {list(table.flat)}: {unknown[0]!r} is not an attribute of the domain",
+                field="tables",
+                allowed=f"attributes of {names}",
+            )
+        index = tuple(names.index(name) for name in table.flat)
+        if list(index) != sorted(set(index)):
+            raise UserError(
+                f"table {list(table.flat)}: attributes repeat or are out of the domain's order",
+                field="tables",
+                allowed=f"distinct attributes in the order {names}",
+            )
+        if table.level is not None and not (
+            isinstance(table.level, int) and not isinstance(table.level, bool) and 0 <= table.level < domain.root
+        ):
+            raise UserError(
+                f"table {list(table.flat)}: geography level {table.level!r}",
+                field="tables",
+                allowed=f"None or a level index 0..{domain.root - 1}" if domain.root else "None (no geography)",
+            )
+        attrs.append(index)
+        levels.append(domain.root if table.level is None else table.level)
+    subsets = sorted(
+        {sub for index in attrs for k in range(len(index) + 1) for sub in itertools.combinations(index, k)},
+        key=lambda sub: (len(sub), sub),
+    )
+    coefficients = np.zeros((len(subsets), domain.root + 1, len(tables)))
+    for i, sub in enumerate(subsets):
+        for t, index in enumerate(attrs):
+            if set(sub) <= set(index):
+                coefficients[i, levels[t], t] = 1.0 / math.prod(sizes[j] for j in index if j not in sub)
+    structure = _Structure(domain, tuple(tables), sizes, attrs, levels, subsets, coefficients)
+    for level in range(domain.root):
+        children = domain.nodes(level)
+        parent = (
+            np.asarray(domain.geography.parents[level], dtype=np.int64)  # type: ignore[union-attr]
+            if level + 1 < domain.root
+            else np.zeros(children, dtype=np.int64)
+        )
+        structure.parents.append(parent)
+        structure.aggregate.append(
+            sparse.csr_matrix(
+                (np.ones(children), (parent, np.arange(children))), shape=(domain.nodes(level + 1), children)
+            )
+        )
+    return structure
+
+
+def _precisions(sigmas: Sequence[float], count: int) -> np.ndarray:
+    values = np.asarray(sigmas, dtype=float)
+    if values.shape != (count,) or not np.all(np.isfinite(values)) or np.any(values <= 0):
+        raise UserError(
+            f"sigmas {list(sigmas)!r}", field="sigmas", allowed=f"{count} finite numbers > 0, one per table"
+        )
+    return 1.0 / values**2
+
+
+def _node_variances(structure: _Structure, precision: np.ndarray) -> list[list[np.ndarray | None]]:
+    """Per subset ``S`` and level ``l``: ``V_S`` per node (the RTS smoother's variance; ``None``
+    below the finest measured level). ``precision`` may be complex (complex-step derivatives)."""
+    result = []
+    for a in structure.coefficients @ precision:  # (levels,) per subset
+        measured = np.flatnonzero(a.real > 0)
+        out: list[np.ndarray | None] = [None] * len(a)
+        if not measured.size:
+            result.append(out)
+            continue
+        finest = int(measured[0])
+        nodes = structure.domain.nodes(finest)
+        u = [np.full(nodes, 1.0 / a[finest], dtype=a.dtype)]
+        sums = []
+        for level in range(finest + 1, len(a)):
+            total = structure.aggregate[level - 1] @ u[-1]
+            sums.append(total)
+            u.append(1.0 / (a[level] + 1.0 / total) if a[level].real > 0 else total)
+        variance = u[-1]
+        out[-1] = variance
+        for level in range(len(a) - 2, finest - 1, -1):
+            parent = structure.parents[level]
+            total = sums[level - finest][parent]
+            share = u[level - finest] / total
+            variance = u[level - finest] + share**2 * (variance[parent] - total)
+            out[level] = variance
+        result.append(out)
+    return result
+
+
+def _cell_factors(structure: _Structure, t: int) -> list[tuple[int, float]]:
+    """For table ``t``: (subset index, ``prod_S (1 - 1/n_j) prod_{F \\ S} 1/n_j^2``) per ``S ⊆ F``."""
+    index, sizes = structure.attrs[t], structure.sizes
+    return [
+        (
+            i,
+            math.prod(1 - 1 / sizes[j] for j in sub) * math.prod(1 / sizes[j] ** 2 for j in index if j not in sub),
+        )
+        for i, sub in enumerate(structure.subsets)
+        if set(sub) <= set(index)
+    ]
+
+
+def _table_node_variances(structure: _Structure, precision: np.ndarray) -> list[np.ndarray]:
+    """Per table, the cell variance per node of its level (``inf`` where not estimable)."""
+    trees = _node_variances(structure, precision)
+    out = []
+    for t, level in enumerate(structure.levels):
+        total: np.ndarray = np.zeros(structure.domain.nodes(level), dtype=precision.dtype)
+        for i, factor in _cell_factors(structure, t):
+            node = trees[i][level]
+            total = total + (np.inf if node is None else factor * node)
+        out.append(total)
+    return out
+
+
+def cell_variances(domain: Domain, tables: Sequence[Table], sigmas: Sequence[float]) -> list[np.ndarray]:
+    """Per table, the variance of each reconstructed cell (an array of the table's shape)."""
+    structure = _structure(domain, tables)
+    per_node = _table_node_variances(structure, _precisions(sigmas, len(tables)))
+    return [_spread(values, table, domain) for values, table in zip(per_node, tables, strict=True)]
+
+
+def _spread(per_node: np.ndarray, table: Table, domain: Domain) -> np.ndarray:
+    shape = table.shape(domain)
+    if table.level is None:
+        return np.full(shape, float(per_node[0]))
+    return np.broadcast_to(per_node.reshape((-1,) + (1,) * (len(shape) - 1)), shape).copy()
+
+
+def _residual(values: np.ndarray, index: tuple[int, ...], sub: tuple[int, ...]) -> np.ndarray:
+    """``A_S`` on an array (node axis first, then the attributes ``index``): sum out the
+    attributes not in ``S``, centre those in ``S``."""
+    out = values.sum(axis=tuple(1 + k for k, j in enumerate(index) if j not in sub))
+    for axis in range(1, 1 + len(sub)):
+        out = out - out.mean(axis=axis, keepdims=True)
+    return out
+
+
+def reconstruct(
+    domain: Domain,
+    tables: Sequence[Table],
+    sigmas: Sequence[float],
+    measured: Sequence[np.ndarray],
+    *,
+    releases: int | None = None,
+) -> list[np.ndarray]:
+    """The GLS estimate of every table from the noisy ``measured`` tables (each of its table's
+    shape): margins of one estimate, so cells add up to every table and across levels. With
+    ``releases`` = R, every array has a last axis of R independent releases (simulation), and
+    so has every estimate."""
+    structure = _structure(domain, tables)
+    precision = _precisions(sigmas, len(tables))
+    if len(measured) != len(tables):
+        raise UserError(
+            f"{len(measured)} measured tables for {len(tables)} tables", field="measured", allowed="one per table"
+        )
+    arrays = []
+    for table, values in zip(tables, measured, strict=True):
+        values = np.asarray(values, dtype=float)
+        expected = table.shape(domain) + (() if releases is None else (releases,))
+        if values.shape != expected:
+            raise UserError(
+                f"measured table {list(table.flat)} has shape {values.shape}",
+                field="measured",
+                allowed=f"shape {expected}",
+            )
+        arrays.append(values[np.newaxis] if table.level is None else values)
+    estimates = _residual_estimates(structure, precision, arrays)
+    return [_assemble(structure, estimates, t) for t in range(len(tables))]
+
+
+def _residual_estimates(
+    structure: _Structure, precision: np.ndarray, arrays: list[np.ndarray]
+) -> list[dict[int, np.ndarray]]:
+    """Per subset, per level from its finest measured one up: the GLS estimate of the
+    S-residual (node axis first)."""
+    result = []
+    for i, sub in enumerate(structure.subsets):
+        a = structure.coefficients[i] @ precision
+        measured = [int(level) for level in np.flatnonzero(a > 0)]
+        finest = measured[0]
+        y: dict[int, np.ndarray] = {}
+        for level in measured:  # inverse-variance weights of the tables measured at the level
+            weights = structure.coefficients[i, level] * precision
+            y[level] = np.zeros(())
+            for t in np.flatnonzero(weights):
+                y[level] = y[level] + weights[t] * _residual(arrays[t], structure.attrs[t], sub)
+            y[level] = y[level] / a[level]
+        z, u = [y[finest]], [np.full(structure.domain.nodes(finest), 1.0 / a[finest])]
+        sums, totals = [], []
+        for level in range(finest + 1, len(a)):
+            below = z[-1]
+            s = (structure.aggregate[level - 1] @ below.reshape(below.shape[0], -1)).reshape((-1,) + below.shape[1:])
+            total = structure.aggregate[level - 1] @ u[-1]
+            sums.append(s)
+            totals.append(total)
+            if a[level] > 0:
+                z.append((a[level] * y[level] + s / _column(total, s.ndim)) / _column(a[level] + 1 / total, s.ndim))
+                u.append(1 / (a[level] + 1 / total))
+            else:
+                z.append(s)
+                u.append(total)
+        x = z[-1]
+        out = {len(a) - 1: x}
+        for level in range(len(a) - 2, finest - 1, -1):
+            parent = structure.parents[level]
+            k = level - finest
+            share = u[k] / totals[k][parent]
+            x = z[k] + _column(share, x.ndim) * (x[parent] - sums[k][parent])
+            out[level] = x
+        result.append(out)
+    return result
+
+
+def _column(vector: np.ndarray, ndim: int) -> np.ndarray:
+    return vector.reshape((-1,) + (1,) * (ndim - 1))
+
+
+def _assemble(structure: _Structure, estimates: list[dict[int, np.ndarray]], t: int) -> np.ndarray:
+    """Table ``t`` from the residual estimates at its level, each spread over ``F \\ S`` by
+    ``1/n_j`` (ResidualPlanner's reconstruction)."""
+    index, level = structure.attrs[t], structure.levels[t]
+    batch = estimates[0][level].shape[1:]  # subsets[0] is S = {}: (nodes, releases...)
+    shape = (structure.domain.nodes(level),) + tuple(structure.sizes[j] for j in index) + batch
+    out = np.zeros(shape)
+    for i, sub in enumerate(structure.subsets):
+        if not set(sub) <= set(index):
+            continue
+        part = estimates[i][level]
+        spread = math.prod(structure.sizes[j] for j in index if j not in sub)
+        view = part.reshape((shape[0],) + tuple(structure.sizes[j] if j in sub else 1 for j in index) + batch)
+        out += view / spread
+    return out[0] if structure.tables[t].level is None else out
+
+
+def _check_variances(variances: np.ndarray | Sequence[float]) -> np.ndarray:
+    values = np.asarray(variances, dtype=float).ravel()
+    if not values.size or not np.all(np.isfinite(values)) or np.any(values <= 0):
+        raise UserError("cell variances must be finite and > 0", field="variances", allowed="finite numbers > 0")
+    return values
+
+
+def each_cell_half_width(variances: np.ndarray | Sequence[float], confidence: float) -> np.ndarray:
+    """Per cell, the ``w`` with ``P(|N(0, v)| <= w) = C``: ``sqrt(v) Phi^-1((1 + C) / 2)``."""
+    values = np.asarray(variances, dtype=float)
+    _check_variances(values)
+    return np.sqrt(values) * float(special.ndtri((1 + check_confidence(confidence)) / 2))
+
+
+def simultaneous_half_width(variances: np.ndarray | Sequence[float], confidence: float) -> float:
+    """One ``w`` with ``P(every cell within +-w at once) >= C`` for centred Gaussian errors of
+    these variances, however correlated: by Sidak's inequality (Sidak, JASA 1967) the
+    probability is at least ``prod_c P(|Z_c| <= w)``, and ``w`` solves ``sum_c ln(1 -
+    erfc(w / sqrt(2 v_c))) = ln C`` (equal variances: ``sqrt(v) Phi^-1(1 - m/2)`` with ``m`` =
+    :func:`.accuracy.each_cell_miss`, the bracket's ends). Raised by a relative 1e-12 until the
+    computed product is >= C, so the coverage is never overstated."""
+    confidence = check_confidence(confidence)
+    values, counts = np.unique(_check_variances(variances), return_counts=True)
+    target = math.log(confidence)
+
+    def log_coverage(width: float) -> float:
+        return float(np.sum(counts * np.log1p(-special.erfc(width / np.sqrt(2 * values)))))
+
+    quantile = float(special.ndtri(1 - each_cell_miss(confidence, int(counts.sum())) / 2))
+    low, high = math.sqrt(values[0]) * quantile, math.sqrt(values[-1]) * quantile
+    while log_coverage(high) < target:  # float rounding at the bracket's end
+        high *= 1 + 1e-12
+    if log_coverage(low) >= target:
+        width = low
+    else:
+        width = optimize.brentq(lambda w: log_coverage(w) - target, low, high, xtol=1e-300, rtol=4 * _U)
+    while log_coverage(width) < target:
+        width *= 1 + 1e-12
+    return float(width)
