@@ -1,0 +1,358 @@
+"""The ``noisy_tables`` kind (issue 26): a set of tables over declared domains and one hierarchy's
+levels, measured with discrete Gaussian noise and reconstructed into one consistent estimate.
+The mathematics (:mod:`privrelease.mechanisms.tables`) is tested in tests/test_tables_math.py;
+here: the policy (validation errors), the layout against an independent dense least-squares
+computation, outputs that add up across files and levels, Dask's partials, accuracy targets,
+the privacy event against dp_accounting, calibrate, and both examples end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from privrelease.errors import UserError
+from privrelease.mechanisms import tables
+from privrelease.mechanisms.events import Composed
+from privrelease.mechanisms.kinds.noisy_counts import DiscreteGaussian
+from privrelease.mechanisms.kinds.noisy_tables import NoisyTablesMechanism
+from privrelease.planning import plan_policy
+from privrelease.policies import load_policy, load_policy_text
+from privrelease.policies.loader import canonical_json
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "policies" / "examples"
+sys.path.insert(0, str(REPO / "tools"))
+import geo_tables  # noqa: E402  (the example's generator, a script in tools/)
+
+HIERARCHY = [("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B"), ("b2", "B")]
+"""A small unequal geography: 3 counties in state A, 2 in state B."""
+
+POLICY = """
+name: small-tables
+version: "1"
+dataset:
+  id: small
+  path: people.csv
+  format: csv
+  csv: {{delimiter: ";"}}
+  columns:
+    county: {{type: string}}
+    sex: {{type: string, values: [F, M]}}
+    age: {{type: string, values: [young, old, older]}}
+generalization:
+  county: {{hierarchy: counties.csv, level: 0}}
+  sex: keep
+  age: keep
+mechanisms:
+  - name: census
+    type: noisy_tables
+    tables: {tables}
+    levels: {{state: {{of: county, level: 1}}}}
+    noise: {noise}
+    nonnegative: {nonnegative}
+targets:
+  accounting: approximate
+  delta: 1.0e-6
+  accuracy: {accuracy}
+"""
+
+
+def _folder(tmp_path: Path, rows: int = 400) -> Path:
+    """The hierarchy file and ``rows`` people (county, sex, age) in ``tmp_path``."""
+    tmp_path.mkdir(exist_ok=True)
+    with (tmp_path / "counties.csv").open("w", newline="") as handle:
+        csv.writer(handle, delimiter=";").writerows((c, s, "*") for c, s in HIERARCHY)
+    rng = np.random.default_rng(3)  # test data, not a mechanism
+    with (tmp_path / "people.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle, delimiter=";")
+        writer.writerow(("county", "sex", "age"))
+        counties = rng.choice([c for c, _ in HIERARCHY], rows, p=[0.4, 0.3, 0.05, 0.2, 0.05])
+        writer.writerows(zip(counties, rng.choice(["F", "M"], rows), rng.choice(["young", "old"], rows), strict=True))
+    return tmp_path
+
+
+def _loaded(
+    tmp_path: Path,
+    tables_text: str = "[[county, sex], [county], [state], []]",
+    noise: str = "{distribution: gaussian, sigma: [1, 2, 1.5, 3]}",
+    accuracy: str = "[]",
+    nonnegative: str = "false",
+):
+    text = POLICY.format(tables=tables_text, noise=noise, accuracy=accuracy, nonnegative=nonnegative)
+    return load_policy_text(text, _folder(tmp_path))
+
+
+def _mechanism(loaded) -> NoisyTablesMechanism:
+    (mechanism,) = loaded.policy.mechanisms
+    assert isinstance(mechanism, NoisyTablesMechanism)
+    return mechanism
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+@pytest.mark.parametrize(
+    ("tables_text", "levels", "message"),
+    [
+        ("[[county, height]]", None, r"tables\[0\]\[1\].*height"),
+        ("[[county, sex], [sex, county]]", None, r"tables\[1\]: table \['sex', 'county'\] is listed twice"),
+        ("[[sex, sex]]", None, r"tables\[0\]: table \['sex', 'sex'\] names column 'sex' twice"),
+        ("[[county, state]]", None, r"tables\[0\]: table \['county', 'state'\] names 'county', 'state': levels of one"),
+        ("[[state]]", "{state: {of: county, level: 0}}", r"levels\.state\.level: level must be an integer >= 1"),
+        ("[[state]]", "{state: {of: sex, level: 1}}", r"levels\.state\.of: column 'sex' has no hierarchy"),
+        ("[[sex]]", "{sex: {of: county, level: 1}}", r"levels\.sex: level 'sex' is also a dataset column"),
+        ("[[state]]", "{state: {of: county, level: 1}, region: {of: age, level: 1}}", r"levels: levels name several"),
+    ],
+)
+def test_a_wrong_table_is_refused_naming_the_field_and_value(tmp_path, tables_text, levels, message) -> None:
+    text = POLICY.format(
+        tables=tables_text, noise="{distribution: gaussian, sigma: 2}", accuracy="[]", nonnegative="false"
+    )
+    if levels is not None:
+        text = text.replace("levels: {state: {of: county, level: 1}}", f"levels: {levels}")
+    with pytest.raises(UserError, match=message):
+        load_policy_text(text, _folder(tmp_path))
+
+
+def test_sigmas_one_per_table_or_targets_to_choose_them(tmp_path) -> None:
+    with pytest.raises(UserError, match=r"noise\.sigma: noise\.sigma lists 2 sigmas for 4 tables"):
+        _loaded(tmp_path, noise="{distribution: gaussian, sigma: [1, 2]}")
+    with pytest.raises(UserError, match=r"noise\.sigma is absent.*no accuracy target names mechanism 'census'"):
+        _loaded(tmp_path, noise="{distribution: gaussian}")
+    with pytest.raises(UserError, match=r"targets\.accuracy\[0\]\.table: table \['age'\] is not one of"):
+        _loaded(tmp_path, accuracy="[{mechanism: census, table: [age], absolute_error: 5}]")
+
+
+def test_table_and_cells_on_another_kind_are_refused(tmp_path) -> None:
+    text = (
+        (EXAMPLES / "adult-noisy.yaml")
+        .read_text()
+        .replace(
+            "{mechanism: table, absolute_error: 8, confidence: 0.95}",
+            "{mechanism: table, absolute_error: 8, confidence: 0.95, cells: all}",
+        )
+    )
+    with pytest.raises(UserError, match=r"targets\.accuracy\[0\]\.cells: cells applies to a noisy_tables mechanism"):
+        load_policy_text(text, EXAMPLES)
+
+
+def test_several_rows_per_person_are_refused(tmp_path) -> None:
+    text = POLICY.format(
+        tables="[[county]]", noise="{distribution: gaussian, sigma: 2}", accuracy="[]", nonnegative="false"
+    )
+    text = text.replace("  columns:\n", "  person: {column: sex, max_rows: 3}\n  columns:\n", 1)
+    with pytest.raises(
+        UserError, match=r"dataset\.person: mechanism 'census' \(noisy_tables\) needs one row per person"
+    ):
+        load_policy_text(text, _folder(tmp_path))
+
+
+def test_a_level_that_is_not_nested_is_refused(tmp_path) -> None:
+    folder = _folder(tmp_path)
+    (folder / "counties.csv").write_text("a1;x;A;*\na2;x;B;*\nb1;y;B;*\n")
+    text = POLICY.format(
+        tables="[[county], [region]]", noise="{distribution: gaussian, sigma: 2}", accuracy="[]", nonnegative="false"
+    )
+    text = text.replace(
+        "levels: {state: {of: county, level: 1}}",
+        "levels: {district: {of: county, level: 1}, region: {of: county, level: 2}}",
+    )
+    loaded = load_policy_text(text, folder)
+    with pytest.raises(
+        UserError, match=r"levels\.region: level 'region' is not nested in 'district': district 'x' lies"
+    ):
+        plan_policy(loaded)
+
+
+def test_existing_accuracy_targets_keep_their_hash() -> None:
+    """``table`` and ``cells`` are left out of the canonical form when absent: every policy
+    written before them keeps its hash (and its approvals)."""
+    loaded = load_policy_text((EXAMPLES / "adult-noisy.yaml").read_text(), EXAMPLES)
+    document = json.loads(canonical_json(loaded))
+    (target,) = document["policy"]["targets"]["accuracy"]
+    assert set(target) == {"mechanism", "count", "relative_error", "absolute_error", "confidence"}
+
+
+def test_too_many_cells_is_an_infeasible_plan(tmp_path, monkeypatch) -> None:
+    from privrelease.mechanisms.kinds import noisy_tables
+
+    monkeypatch.setattr(noisy_tables, "MAX_CELLS", 10)
+    plan = plan_policy(_loaded(tmp_path))
+    assert not plan.passed
+    assert any(check.required == "at most 10 cells; the tables have 18" for check in plan.checks if not check.passed)
+
+
+# --------------------------------------------------------------------------- the estimate
+
+
+def _dense(sigmas: list[float]) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """An independent dense GLS for [[county, sex], [county], [state], []] over HIERARCHY x (F, M):
+    the measurement matrices, per table its map from cells, and the estimate's covariance."""
+    counties = sorted(c for c, _ in HIERARCHY)
+    states = sorted({s for _, s in HIERARCHY})
+    cells = [(c, s) for c in counties for s in ("F", "M")]
+    state_of = dict(HIERARCHY)
+    maps = [
+        np.eye(len(cells)),
+        np.array([[float(cell[0] == c) for cell in cells] for c in counties]),
+        np.array([[float(state_of[cell[0]] == s) for cell in cells] for s in states]),
+        np.ones((1, len(cells))),
+    ]
+    a = np.vstack(maps)
+    weights = np.concatenate([np.full(m.shape[0], 1 / s**2) for m, s in zip(maps, sigmas, strict=True)])
+    covariance = np.linalg.inv(a.T @ (weights[:, None] * a))
+    return a, maps, covariance
+
+
+def test_layout_estimates_and_variances_match_a_dense_least_squares(tmp_path) -> None:
+    """The kind's layout (labels, hierarchy parents, axis order) fed to the reconstruction gives
+    the dense GLS's estimates and per-cell variances (np.linalg on the 10-cell domain)."""
+    sigmas = [1.0, 2.0, 1.5, 3.0]
+    loaded = _loaded(tmp_path)
+    mechanism = _mechanism(loaded)
+    layout = mechanism.layout(loaded)
+    assert layout.labels["county"] == ["a1", "a2", "a3", "b1", "b2"] and layout.labels["state"] == ["A", "B"]
+    assert layout.axes == (("county", "sex"), ("county",), ("state",), ())
+    a, maps, covariance = _dense(sigmas)
+    rng = np.random.default_rng(11)  # test data, not a mechanism
+    measured = rng.normal(20, 5, a.shape[0])
+    weights = np.concatenate([np.full(m.shape[0], 1 / s**2) for m, s in zip(maps, sigmas, strict=True)])
+    estimate = covariance @ (a.T @ (weights * measured))
+    shapes = [(5, 2), (5,), (2,), ()]
+    pieces = np.split(measured, np.cumsum([m.shape[0] for m in maps])[:-1])
+    got = tables.reconstruct(
+        layout.domain, layout.tables, sigmas, [p.reshape(s) for p, s in zip(pieces, shapes, strict=True)]
+    )
+    variances = tables.cell_variances(layout.domain, layout.tables, sigmas)
+    for m, value, variance in zip(maps, got, variances, strict=True):
+        np.testing.assert_allclose(np.ravel(value), m @ estimate, rtol=1e-10, atol=1e-9)
+        np.testing.assert_allclose(np.ravel(variance), np.diag(m @ covariance @ m.T), rtol=1e-10)
+    statements = mechanism.statements(loaded)
+    for m, row in zip(maps, statements, strict=True):
+        assert row["standard_error"] == pytest.approx(math.sqrt(np.max(np.diag(m @ covariance @ m.T))), rel=1e-10)
+
+
+def _counts(loaded) -> list[np.ndarray]:
+    table = pa.csv.read_csv(loaded.resolve("people.csv"), parse_options=pa.csv.ParseOptions(delimiter=";"))
+    return _mechanism(loaded).job(loaded).partial(table)
+
+
+@pytest.mark.parametrize("nonnegative", ["false", "true"])
+def test_outputs_add_up_across_files_and_levels(tmp_path, nonnegative) -> None:
+    """Every published table is a margin of the finest: county x sex summed over sex is the
+    county table, counties summed within their state the state table, everything the total
+    (to float rounding; exactly, in integers, when nonnegative)."""
+    loaded = _loaded(tmp_path, nonnegative=nonnegative)
+    mechanism = _mechanism(loaded)
+    table = pa.csv.read_csv(loaded.resolve("people.csv"), parse_options=pa.csv.ParseOptions(delimiter=";"))
+    result = mechanism.run(loaded, table)
+    assert list(result.tables) == ["county-sex", "county", "state", "total"]
+    out = {name: t.column("estimate").to_numpy() for name, t in result.tables.items()}
+    assert result.tables["county-sex"].column_names == ["county", "sex", "estimate", "lower", "upper"]
+    assert result.tables["county-sex"].column("county").to_pylist() == [c for c, _ in HIERARCHY for _ in "FM"]
+    finest = out["county-sex"].reshape(5, 2)
+    states = np.array([0, 0, 0, 1, 1])
+    sums = [
+        (finest.sum(axis=1), out["county"]),
+        (np.bincount(states, out["county"]), out["state"]),
+        (out["state"].sum(keepdims=True), out["total"]),
+    ]
+    for summed, margin in sums:
+        if nonnegative == "true":
+            assert margin.dtype.kind == "i" and (margin >= 0).all()
+            np.testing.assert_array_equal(summed, margin)
+        else:
+            np.testing.assert_allclose(summed, margin, rtol=1e-12, atol=1e-9)
+    for name, published in result.tables.items():
+        lower, upper = published.column("lower").to_numpy(), published.column("upper").to_numpy()
+        assert (lower <= np.maximum(out[name], 0)).all() and (upper >= out[name]).all() and (lower >= 0).all()
+    assert result.event == plan_policy(loaded).mechanisms[0].event
+
+
+def test_dask_partials_merge_to_the_whole_table_and_publish_the_same_layout(tmp_path) -> None:
+    """What Dask runs (each partition's exact counts, merged, then finish) counts exactly what one
+    process counts, and publishes the same files, columns and cells."""
+    loaded = _loaded(tmp_path)
+    mechanism = _mechanism(loaded)
+    job = mechanism.job(loaded)
+    table = pa.csv.read_csv(loaded.resolve("people.csv"), parse_options=pa.csv.ParseOptions(delimiter=";"))
+    parts = [job.partial(table.slice(start, 150)) for start in range(0, table.num_rows, 150)]
+    merged = job.merge(parts)
+    whole = job.partial(table)
+    for left, right in zip(merged, whole, strict=True):
+        np.testing.assert_array_equal(left, right)
+    assert int(whole[-1][0]) == table.num_rows == int(whole[0].sum())
+    on_dask, in_process = mechanism.finish(loaded, merged), mechanism.run(loaded, table)
+    assert list(on_dask.tables) == list(in_process.tables)
+    for name, published in on_dask.tables.items():
+        other = in_process.tables[name]
+        assert published.schema == other.schema
+        labels = [c for c in published.column_names if c not in ("estimate", "lower", "upper")]
+        assert published.select(labels).equals(other.select(labels))
+    assert on_dask.event == in_process.event
+
+
+# --------------------------------------------------------------------------- targets and privacy
+
+
+def test_accuracy_targets_pass_and_fail_by_the_statements(tmp_path) -> None:
+    """A target on a table checks its simultaneous half-width (``cells: all``, the default) or
+    each cell's (``cells: each``) at its confidence, as the plan states them."""
+    loaded = _loaded(tmp_path)
+    rows = {row["table"]: row for row in _mechanism(loaded).statements(loaded)}
+    finest = rows["county-sex"]
+    assert finest["all_cells_half_width"] > finest["each_cell_half_width"]
+    every, each = finest["all_cells_half_width"], finest["each_cell_half_width"]
+    accuracy = (
+        f"[{{mechanism: census, table: [county, sex], absolute_error: {every * 1.001}}},"
+        f" {{mechanism: census, table: [sex, county], absolute_error: {each * 1.001}, cells: each}},"
+        f" {{mechanism: census, table: [county, sex], absolute_error: {every * 0.999}}},"
+        f" {{mechanism: census, absolute_error: {each * 0.999}, cells: each}}]"
+    )
+    checks = [c for c in plan_policy(_loaded(tmp_path / "t", accuracy=accuracy)).checks if "half-width" in c.target]
+    assert [c.passed for c in checks] == [True, True, False, False]
+
+
+def test_the_event_is_one_discrete_gaussian_per_table_as_dp_accounting_composes_them(tmp_path) -> None:
+    """The plan's event composes one discrete Gaussian per table; its approximate epsilon at the
+    target delta is dp_accounting's for the composed discrete Gaussian PLDs, and close to the
+    continuous Gaussian mechanism of 1/sigma_eff^2 = sum_t 1/sigma_t^2 (zCDP rho the same)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    sigmas = [1.0, 2.0, 1.5, 3.0]
+    plan = plan_policy(_loaded(tmp_path))
+    (mechanism,) = plan.mechanisms
+    assert isinstance(mechanism.event, Composed)
+    assert [e.sigma for e in mechanism.event.events if isinstance(e, DiscreteGaussian)] == sigmas
+    assert mechanism.facts["zcdp_rho"] == pytest.approx(sum(1 / (2 * s**2) for s in sigmas), rel=1e-15)
+    composed = pld.from_discrete_gaussian_mechanism(sigmas[0], value_discretization_interval=1e-4)
+    for sigma in sigmas[1:]:
+        composed = composed.compose(pld.from_discrete_gaussian_mechanism(sigma, value_discretization_interval=1e-4))
+    expected = composed.get_epsilon_for_delta(1e-6)
+    assert plan.composed["approximate"].epsilon == pytest.approx(expected, rel=2e-3)
+    effective = 1 / math.sqrt(sum(1 / s**2 for s in sigmas))
+    continuous = pld.from_gaussian_mechanism(effective, value_discretization_interval=1e-4).get_epsilon_for_delta(1e-6)
+    assert plan.composed["approximate"].epsilon == pytest.approx(continuous, rel=0.02)
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_the_committed_hierarchy_is_the_generator_s(tmp_path) -> None:
+    """geo-counties.csv is what `python tools/geo_tables.py` writes (seed 26): 3,000 counties in
+    50 states of unequal sizes."""
+    hierarchy, people = geo_tables.write(tmp_path, rows=1_000)
+    assert hierarchy.read_bytes() == (EXAMPLES / "geo-counties.csv").read_bytes()
+    rows = list(csv.reader(hierarchy.open(), delimiter=";"))
+    sizes = np.unique([row[1] for row in rows], return_counts=True)[1]
+    assert len(rows) == 3_000 and len(sizes) == 50 and sizes.max() >= 10 * sizes.min()
+    assert sum(1 for _ in people.open()) == 1_001
