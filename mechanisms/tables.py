@@ -427,3 +427,112 @@ def simultaneous_half_width(variances: np.ndarray | Sequence[float], confidence:
     while log_coverage(width) < target:
         width *= 1 + 1e-12
     return float(width)
+
+
+def variance_limit(half_width: float, confidence: float, cells: int) -> float:
+    """The largest per-cell variance ``v`` for which ``cells`` cells of variance at most ``v`` are
+    all within ``+-half_width`` at once with probability >= C (``cells`` = 1: each cell):
+    ``(w / Phi^-1(1 - m/2))^2``, ``m`` = :func:`.accuracy.each_cell_miss` (by Sidak's inequality,
+    whatever the correlations). This turns an accuracy target into a limit for :func:`allocate`."""
+    if not (math.isfinite(half_width) and half_width > 0):
+        raise UserError(f"half-width {half_width!r}", field="absolute_error", allowed="a finite number > 0")
+    quantile = float(special.ndtri(1 - each_cell_miss(confidence, cells) / 2))
+    return (half_width / quantile) ** 2 * (1 - 1e-9)  # below float noise of the half-width
+
+
+def privacy_cost(sigmas: Sequence[float], rows_per_person: int = 1) -> float:
+    """zCDP ``rho = m^2 sum_t 1 / (2 sigma_t^2)``: the tables together are one Gaussian mechanism
+    of L2 sensitivity ``m`` per table with ``1 / sigma_eff^2 = sum_t 1 / sigma_t^2`` (Bun and
+    Steinke 2016, Prop. 1.6 and Lemma 2.3); the discrete Gaussian has the same rho (CKS 2020)."""
+    precision = _precisions(sigmas, len(sigmas))
+    return float(rows_per_person**2 * precision.sum() / 2)
+
+
+FLOOR = 1e-6
+"""Every table is measured with a precision ``1 / sigma^2`` at least FLOOR times the largest of
+the starting allocation (each table on its own at its limit): sigma at most 1,000 times the
+smallest, at a cost of at most FLOOR per table."""
+
+
+def _check_limits(limits: Sequence[float | None], count: int) -> np.ndarray:
+    """``limits`` as floats (``nan`` for None), or a UserError."""
+    if len(limits) != count or any(
+        limit is not None and not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0)
+        for limit in limits
+    ):
+        raise UserError(
+            f"limits {list(limits)!r}", field="limits", allowed=f"{count} variances > 0 or None, one per table"
+        )
+    values = np.array([math.nan if limit is None else float(limit) for limit in limits])
+    if np.all(np.isnan(values)):
+        raise UserError("no table has an accuracy target", field="limits", allowed="at least one limit")
+    return values
+
+
+def naive_sigmas(domain: Domain, tables: Sequence[Table], limits: Sequence[float | None]) -> tuple[float, ...]:
+    """Each table measured and published on its own (cell variance ``sigma^2``), the budget
+    split equally (one sigma for all): ``sigma^2`` = the smallest limit."""
+    _structure(domain, tables)
+    sigma = math.sqrt(float(np.nanmin(_check_limits(limits, len(tables)))))
+    return (sigma,) * len(tables)
+
+
+def allocate(domain: Domain, tables: Sequence[Table], limits: Sequence[float | None]) -> tuple[float, ...]:
+    """Per table the sigma minimizing the privacy cost ``sum_t p_t`` (``p_t = 1 / sigma_t^2``:
+    zCDP rho and every Gaussian epsilon at fixed delta increase with it) subject to every
+    table's largest reconstructed cell variance <= its limit (None: no limit; the table is
+    still measured, at least at :data:`FLOOR`).
+
+    The variances are convex in ``p`` (diagonals of the inverse of a matrix affine in ``p``), so
+    the feasible set is convex and the cost linear: SLSQP over ``p / p_start`` from the feasible
+    start ``p_t = 1 / limit_t`` (each table on its own at its limit), with exact gradients
+    (complex step) on the distinct node variances of each table. The result is checked on every
+    cell and scaled up if rounding missed (the variances scale as ``1/c`` when ``p`` scales by
+    ``c``), and never costs more than the start."""
+    structure = _structure(domain, tables)
+    limit = _check_limits(limits, len(tables))
+    constrained = np.flatnonzero(~np.isnan(limit))
+    start = np.where(np.isnan(limit), 1 / np.nanmax(limit), 1 / limit)
+    floor = FLOOR * start.max()
+
+    def excess(precision: np.ndarray) -> float:
+        variances = _table_node_variances(structure, precision)
+        return max(float(variances[t].max()) / limit[t] for t in constrained)
+
+    def feasible(precision: np.ndarray) -> np.ndarray:
+        precision = np.maximum(precision, floor)
+        while (ratio := excess(precision)) > 1:
+            precision = precision * ratio * (1 + 1e-12)
+        return precision
+
+    # the distinct node-variance functions of each constrained table: equal at two random points
+    probe = np.random.default_rng(0)
+    probes = [_table_node_variances(structure, start * probe.uniform(0.5, 2, start.size)) for _ in range(2)]
+    nodes = [
+        np.unique(np.round(np.log([probes[0][t], probes[1][t]]), 9), axis=1, return_index=True)[1] for t in constrained
+    ]
+
+    def used(q: np.ndarray) -> np.ndarray:  # variance / limit at the distinct nodes, 1 - that >= 0
+        variances = _table_node_variances(structure, start * q)
+        return np.concatenate([variances[t][index] / limit[t] for t, index in zip(constrained, nodes, strict=True)])
+
+    step = 1e-20
+    result = optimize.minimize(
+        lambda q: float(start @ q) / start.sum(),
+        np.ones(len(tables)),
+        jac=lambda q: start / start.sum(),
+        method="SLSQP",
+        bounds=[(floor / p, None) for p in start],
+        constraints=[
+            {
+                "type": "ineq",
+                "fun": lambda q: 1 - used(q).real,
+                "jac": lambda q: np.stack(
+                    [-used(q + 1j * step * np.eye(q.size)[k]).imag / step for k in range(q.size)], axis=1
+                ),
+            }
+        ],
+        options={"ftol": 1e-14, "maxiter": 1000},
+    )
+    best = min((feasible(start * result.x), feasible(start)), key=lambda p: float(p.sum()))
+    return tuple(float(s) for s in 1 / np.sqrt(best))

@@ -15,10 +15,14 @@ from privrelease.mechanisms.tables import (
     Domain,
     Geography,
     Table,
+    allocate,
     cell_variances,
     each_cell_half_width,
+    naive_sigmas,
+    privacy_cost,
     reconstruct,
     simultaneous_half_width,
+    variance_limit,
 )
 
 # 6 counties in 3 states of 1, 2 and 3 counties, in 2 regions of 1 and 2 states: unequal blocks
@@ -209,3 +213,88 @@ def test_a_hundred_thousand_cells_reconstruct_in_linear_time() -> None:
     baseline = best(lambda: np.sort(measured[0], axis=None))
     assert best(lambda: reconstruct(domain, tables, [1.0, 2.0, 3.0, 4.0], measured)) < 50 * baseline
     assert best(lambda: cell_variances(domain, tables, [1.0, 2.0, 3.0, 4.0])) < 50 * baseline
+
+
+def grid_best(tables: list[Table], limits: list[float | None]) -> float:
+    """Brute force: the least cost ``sum p`` over a grid of directions ``p = exp(u)``, ``u`` on
+    a grid of [-6, 6]^(T-1) (last table 0; the variances scale as 1/c when p scales by c, so a
+    direction costs its largest variance/limit), step 0.3, then step 0.03 around the best."""
+    bound = np.array([np.inf if limit is None else limit for limit in limits])
+
+    def search(axes: list[np.ndarray]) -> tuple[float, np.ndarray]:
+        points = np.stack(np.meshgrid(*axes), -1).reshape(-1, len(axes))
+        costs = []
+        for point in points:
+            direction = np.exp(np.append(point, 0.0))
+            variances = cell_variances(DOMAIN, tables, 1 / np.sqrt(direction / direction.sum()))
+            costs.append(max(float(v.max()) / b for v, b in zip(variances, bound, strict=True)))
+        return min(costs), points[int(np.argmin(costs))]
+
+    value, centre = search([np.linspace(-6, 6, 41)] * (len(tables) - 1))
+    return min(value, search([c + np.linspace(-0.45, 0.45, 31) for c in centre])[0])
+
+
+@pytest.mark.parametrize(
+    ("tables", "limits"),
+    [
+        ([Table(("a", "b"), 0), Table(("a",), 1), Table(())], [4.0, 6.0, 10.0]),
+        ([Table(("a", "b"), 0), Table(("a",), 1), Table(())], [9.0, 1.0, 2.0]),
+        ([Table(("a", "b"), 0), Table(("b",), 2)], [2.0, 3.0]),
+    ],
+)
+def test_allocation_is_feasible_and_within_one_percent_of_a_brute_force_grid(tables, limits) -> None:
+    """The allocation meets every limit on every cell, costs no more than the best grid point
+    (it is the optimum of a convex problem; the grid's best is feasible, so it bounds the
+    optimum from above) and at least 99% of it (the grid is 10x refined around its best), and
+    less than measuring each table on its own at its limit or the naive equal split."""
+    sigmas = allocate(DOMAIN, tables, limits)
+    for variance, limit in zip(cell_variances(DOMAIN, tables, sigmas), limits, strict=True):
+        assert variance.max() <= limit
+    cost = sum(1 / s**2 for s in sigmas)
+    best = grid_best(tables, limits)
+    assert 0.99 * best <= cost <= best * (1 + 1e-9)
+    assert cost < sum(1 / limit for limit in limits)
+    assert cost < sum(1 / s**2 for s in naive_sigmas(DOMAIN, tables, limits))
+
+
+def test_a_table_without_a_limit_is_measured_at_the_floor_when_others_cover_it() -> None:
+    """The detail table at variance 1 already gives the state margin and the total within their
+    limits (6 and 36 cells' worth): the optimum measures them at the floor, sigma 1,000 x."""
+    tables = [Table(("a", "b"), 0), Table(("a",), 1), Table(())]
+    sigmas = allocate(DOMAIN, tables, [1.0, 50.0, None])
+    assert sigmas[0] == pytest.approx(1.0, rel=1e-5)
+    assert sigmas[1] == pytest.approx(1000.0, rel=1e-6)
+    assert sigmas[2] == pytest.approx(1000.0, rel=1e-6)
+    with pytest.raises(UserError, match="no table has an accuracy target"):
+        allocate(DOMAIN, tables, [None, None, None])
+    with pytest.raises(UserError, match="limits"):
+        allocate(DOMAIN, tables, [1.0, -2.0, None])
+
+
+def test_naive_sigmas_meet_every_limit_on_their_own() -> None:
+    tables = [Table(("a", "b"), 0), Table(("a",), 1), Table(())]
+    assert naive_sigmas(DOMAIN, tables, [4.0, None, 9.0]) == (2.0, 2.0, 2.0)
+
+
+def test_variance_limit_inverts_the_simultaneous_half_width() -> None:
+    for cells in (1, 20, 3000):
+        limit = variance_limit(25.0, 0.95, cells)
+        assert 25.0 * (1 - 1e-8) <= simultaneous_half_width(np.full(cells, limit), 0.95) <= 25.0
+        assert simultaneous_half_width(np.full(cells, limit * 1.001), 0.95) > 25.0
+
+
+def test_privacy_cost_is_one_gaussian_of_the_combined_precision() -> None:
+    """rho = m^2 sum 1/(2 sigma_t^2); dp_accounting's composed per-table Gaussian PLDs equal the
+    PLD of one Gaussian with 1/sigma^2 = sum 1/sigma_t^2 (epsilon at delta 1e-6, to 1e-3)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    sigmas, m = [3.0, 5.0, 7.5], 2
+    assert privacy_cost(sigmas, rows_per_person=m) == pytest.approx(m**2 * sum(1 / (2 * s**2) for s in sigmas))
+    composed = pld.from_gaussian_mechanism(sigmas[0], sensitivity=m, value_discretization_interval=1e-4)
+    for sigma in sigmas[1:]:
+        composed = composed.compose(
+            pld.from_gaussian_mechanism(sigma, sensitivity=m, value_discretization_interval=1e-4)
+        )
+    combined = sum(1 / s**2 for s in sigmas) ** -0.5
+    one = pld.from_gaussian_mechanism(combined, sensitivity=m, value_discretization_interval=1e-4)
+    assert composed.get_epsilon_for_delta(1e-6) == pytest.approx(one.get_epsilon_for_delta(1e-6), rel=1e-3)
