@@ -356,3 +356,73 @@ def test_the_committed_hierarchy_is_the_generator_s(tmp_path) -> None:
     sizes = np.unique([row[1] for row in rows], return_counts=True)[1]
     assert len(rows) == 3_000 and len(sizes) == 50 and sizes.max() >= 10 * sizes.min()
     assert sum(1 for _ in people.open()) == 1_001
+
+
+def test_calibrate_states_the_cost_of_the_targets_and_the_naive_alternative(tmp_path) -> None:
+    """``calibrate noisy-tables POLICY``: the sigmas plan chooses, their privacy cost as plan states
+    it, each table's half-widths, and the naive alternative, which costs more; a policy without
+    a noisy_tables mechanism is a UserError (one line on stderr, exit 2)."""
+    from privrelease.cli import app
+
+    path = EXAMPLES / "geo-tables.yaml"
+    result = CliRunner().invoke(app, ["calibrate", "noisy-tables", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    plan = plan_policy(load_policy(path))
+    (mechanism,) = plan.mechanisms
+    assert document["cost"]["sigmas"] == list(mechanism.facts["sigmas"].values())
+    assert document["cost"]["zcdp_rho"] == mechanism.facts["zcdp_rho"]
+    assert document["cost"]["epsilon"] == plan.composed["approximate"].epsilon
+    assert document["naive"]["zcdp_rho"] == mechanism.facts["naive_zcdp_rho"] > document["cost"]["zcdp_rho"]
+    assert document["naive"]["epsilon"] == mechanism.facts["naive_epsilon"] > document["cost"]["epsilon"]
+    widths = [row["all_cells_half_width"] for row in document["tables"]]
+    assert all(w <= limit for w, limit in zip(widths, [25, 25, 20, 10], strict=True))
+    text = CliRunner().invoke(app, ["calibrate", "noisy-tables", str(path)]).output
+    assert "naive (each table on its own, budget split equally): zCDP rho" in text
+    refused = CliRunner().invoke(app, ["calibrate", "noisy-tables", str(EXAMPLES / "adult-noisy.yaml")])
+    assert isinstance(refused.exception, UserError)  # main() prints it in one line, exit 2
+    assert "calibrate noisy-tables needs one noisy_tables mechanism" in str(refused.exception)
+
+
+def test_the_geography_example_plans_runs_reports_and_reruns(tmp_path, work, monkeypatch) -> None:
+    """policies/examples/geo-tables.yaml on the generator's data (20,000 people here): the plan
+    passes, the release publishes one file per table, non-negative integers adding up from
+    counties to states to the total; the report and release.json state both statements; a rerun
+    publishes the same files."""
+    from privrelease.flows.steps import release_plain
+
+    monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", str(tmp_path))
+    geo_tables.write(tmp_path, rows=20_000)
+    path = tmp_path / "geo-tables.yaml"
+    path.write_text((EXAMPLES / "geo-tables.yaml").read_text())
+    assert plan_policy(load_policy(path)).passed
+    first = release_plain(policy_path=str(path))
+    folder = Path(first.release_dir)
+    files = ["census-county-age-sex", "census-county", "census-state-sex", "census-total"]
+    assert sorted(p.stem for p in folder.glob("*.parquet")) == sorted(files)
+    out = {name: pq.read_table(folder / f"{name}.parquet") for name in files}
+    hierarchy = list(csv.reader((tmp_path / "geo-counties.csv").open(), delimiter=";"))
+    states = sorted({row[1] for row in hierarchy})
+    state_of = np.array([states.index(row[1]) for row in sorted(hierarchy)])
+    finest = out["census-county-age-sex"].column("estimate").to_numpy().reshape(3_000, 4, 2)
+    county = out["census-county"].column("estimate").to_numpy()
+    state_sex = out["census-state-sex"].column("estimate").to_numpy().reshape(50, 2)
+    total = out["census-total"].column("estimate").to_numpy()
+    assert finest.dtype.kind == "i" and finest.min() >= 0
+    np.testing.assert_array_equal(finest.sum(axis=(1, 2)), county)
+    np.testing.assert_array_equal(
+        np.stack([np.bincount(state_of, finest[:, :, s].sum(axis=1)) for s in (0, 1)], 1), state_sex
+    )
+    np.testing.assert_array_equal(state_sex.sum(keepdims=True).ravel(), total)
+    assert abs(int(total[0]) - 20_000) < 200
+    document = json.loads((folder / "release.json").read_text())
+    (entry,) = document["outputs"]
+    assert [t["file"] for t in entry["tables"]] == [f"{name}.parquet" for name in files]
+    stated = entry["accuracy"]["tables"]
+    assert [row["table"] for row in stated["tables"]] == ["county-age-sex", "county", "state-sex", "total"]
+    assert stated["naive"]["zcdp_rho"] > plan_policy(load_policy(path)).mechanisms[0].facts["zcdp_rho"]
+    report = Path(first.report).read_text()
+    assert "every cell at once" in report and "Tables that add up" in report
+    again = release_plain(rerun_of=first.run_id)
+    assert sorted(p.name for p in Path(again.release_dir).glob("*.parquet")) == sorted(f"{n}.parquet" for n in files)

@@ -280,6 +280,8 @@ class NoisyTablesMechanism(MechanismKind):
     # --- privacy and accuracy maps ----------------------------------------------------------
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
+        from privrelease.mechanisms import tables
+
         layout = self.layout(loaded)
         cells = [layout.cells(i) for i in range(len(self.tables))]
         facts: dict[str, Any] = {
@@ -293,11 +295,11 @@ class NoisyTablesMechanism(MechanismKind):
             )
         sigmas = self.sigmas(loaded)
         facts["sigmas"] = {table_name(t): s for t, s in zip(self.tables, sigmas, strict=True)}
-        facts["zcdp_rho"] = sum(1 / (2 * s**2) for s in sigmas)
+        facts["zcdp_rho"] = tables.privacy_cost(sigmas)
         naive = self.naive(loaded)
         if naive is not None:
             facts["naive_sigma"] = naive[0]
-            facts["naive_zcdp_rho"] = sum(1 / (2 * s**2) for s in naive)
+            facts["naive_zcdp_rho"] = tables.privacy_cost(naive)
             facts["naive_epsilon"] = epsilon_at_target(loaded, self._events(loaded, naive))
         return Planned(self._events(loaded, sigmas), facts)
 
@@ -314,24 +316,19 @@ class NoisyTablesMechanism(MechanismKind):
         return tuple(tables.naive_sigmas(layout.domain, layout.tables, limits))
 
     def _limits(self, loaded: LoadedPolicy) -> list[float | None]:
-        """Per table, the largest per-cell variance meeting every target naming it: ``each``
-        at C: ``(w / z_{(1+C)/2})^2``; ``all`` at C over N cells: ``(w / z_{(1 + C^(1/N))/2})^2``
-        (every cell at that variance meets it; Sidak, so cells below it do too)."""
-        from scipy.stats import norm
-
-        from privrelease.mechanisms.accuracy import each_cell_miss
+        """Per table, the largest per-cell variance meeting every target naming it
+        (:func:`.tables.variance_limit`: ``cells: each`` over one cell, ``all`` over the table's)."""
+        from privrelease.mechanisms import tables
 
         layout = self.layout(loaded)
         limits: list[float | None] = []
         for index, table in enumerate(self.tables):
-            found = None
+            found = []
             for target in self._targets(loaded, table):
-                assert target.absolute_error is not None
+                assert target.absolute_error is not None, "the policy checks require absolute_error"
                 cells = 1 if target.cells == "each" else layout.cells(index)
-                z = float(norm.isf(each_cell_miss(target.confidence, cells) / 2))
-                limit = (target.absolute_error / z) ** 2
-                found = limit if found is None else min(found, limit)
-            limits.append(found)
+                found.append(tables.variance_limit(target.absolute_error, target.confidence, cells))
+            limits.append(min(found) if found else None)
         return limits
 
     def _targets(self, loaded: LoadedPolicy, table: Sequence[str]) -> list[AccuracyTarget]:
@@ -376,6 +373,7 @@ class NoisyTablesMechanism(MechanismKind):
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Per table: the standard error of a cell, each cell within +-w with probability C,
         every cell at once within +-W with probability at least C; the naive alternative."""
+        from privrelease.mechanisms import tables
         from privrelease.mechanisms.kinds import AccuracyStatement, StatedAccuracy
 
         rows = self.statements(loaded)
@@ -391,7 +389,7 @@ class NoisyTablesMechanism(MechanismKind):
             document["naive"] = {
                 "how": "each table measured on its own, the budget split equally, sized to meet the same targets",
                 "sigma": naive[0],
-                "zcdp_rho": sum(1 / (2 * s**2) for s in naive),
+                "zcdp_rho": tables.privacy_cost(naive),
             }
         caption = (
             "Tables that add up (every table is a margin of one least-squares estimate). Per table: each cell is "
@@ -400,6 +398,12 @@ class NoisyTablesMechanism(MechanismKind):
             "probability (the largest over the table's cells; exact for the linear estimator, noise treated as "
             "Gaussian)."
         )
+        if naive is not None:
+            caption += (
+                f" The naive alternative (each table measured on its own, the budget split equally) needs σ "
+                f"{naive[0]:.4g} for every table to meet the same targets: zCDP ρ {tables.privacy_cost(naive):.4g}, "
+                f"against {tables.privacy_cost(self.sigmas(loaded)):.4g} here."
+            )
         if self.nonnegative:
             caption += (
                 " The published tables are non-negative integers: each published value's interval is widened by "
@@ -442,9 +446,9 @@ class NoisyTablesMechanism(MechanismKind):
                 widths.append(float(np.max(tables.each_cell_half_width(variance, target.confidence))))
             else:
                 widths.append(tables.simultaneous_half_width(variance.ravel(), target.confidence))
-        which = "each cell's" if target.cells == "each" else "every cell at once:"
+        which = "each cell" if target.cells == "each" else "every cell at once"
         where = f"table {table_name(target.table)}" if target.table is not None else "every table"
-        return AccuracyCheck(f"{where}, {which} half-width", "<=", target.absolute_error, max(widths))
+        return AccuracyCheck(f"{where}, {which}: half-width", "<=", target.absolute_error, max(widths))
 
     # --- engines ------------------------------------------------------------------------------
 

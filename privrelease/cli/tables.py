@@ -67,6 +67,7 @@ def _cost_sentence(what: str, cost: dict[str, Any]) -> str:
 
 def calibration(path: str, name: str | None) -> dict[str, Any]:
     """The document ``calibrate noisy-tables`` prints (module docstring)."""
+    from privrelease.mechanisms import tables
     from privrelease.mechanisms.kinds import epsilon_at_target
     from privrelease.mechanisms.kinds.noisy_tables import NoisyTablesMechanism, TablesNoise
     from privrelease.policies import load_policy
@@ -92,7 +93,7 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
     targets = loaded.policy.targets
 
     def cost(sigmas: tuple[float, ...]) -> dict[str, Any]:
-        found: dict[str, Any] = {"sigmas": list(sigmas), "zcdp_rho": sum(1 / (2 * s**2) for s in sigmas)}
+        found: dict[str, Any] = {"sigmas": list(sigmas), "zcdp_rho": tables.privacy_cost(sigmas)}
         if targets.delta is not None:
             found |= {
                 "epsilon": epsilon_at_target(loaded, spec._events(loaded, sigmas)),
