@@ -426,3 +426,18 @@ def test_the_geography_example_plans_runs_reports_and_reruns(tmp_path, work, mon
     assert "every cell at once" in report and "Tables that add up" in report
     again = release_plain(rerun_of=first.run_id)
     assert sorted(p.name for p in Path(again.release_dir).glob("*.parquet")) == sorted(f"{n}.parquet" for n in files)
+
+
+def test_the_readme_figures_come_from_the_code(adult_dir) -> None:
+    """The README's "Publishing tables that add up" figures are adult-tables.yaml's plan: its
+    epsilon, the naive alternative's, and the finest table's two half-widths."""
+    plan = plan_policy(load_policy(EXAMPLES / "adult-tables.yaml"))
+    (mechanism,) = plan.mechanisms
+    finest = plan.accuracy["tables"].stated[0].document["tables"][0]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (
+        f"chooses five sigmas at epsilon {plan.composed['approximate'].epsilon:.2g} (delta 1e-06), where the naive "
+        f"alternative needs epsilon {mechanism.facts['naive_epsilon']:.3g} for the same targets; the 100 cells of age "
+        f"group x sex x race: each cell within +-{finest['each_cell_half_width']:.3g} with probability 0.95, all 100 "
+        f"at once within +-{finest['all_cells_half_width']:.3g}."
+    ) in readme
