@@ -49,6 +49,7 @@ from scipy import optimize, sparse, special
 from privrelease.errors import UserError
 from privrelease.mechanisms.accuracy import each_cell_miss
 from privrelease.mechanisms.confidence import check_confidence
+from privrelease.mechanisms.randomness import permutation
 
 _U = float(np.finfo(float).eps)
 
@@ -536,3 +537,92 @@ def allocate(domain: Domain, tables: Sequence[Table], limits: Sequence[float | N
     )
     best = min((feasible(start * result.x), feasible(start)), key=lambda p: float(p.sum()))
     return tuple(float(s) for s in 1 / np.sqrt(best))
+
+
+def nonnegative_integer(
+    domain: Domain,
+    tables: Sequence[Table],
+    estimates: Sequence[np.ndarray],
+    rng: np.random.Generator | None = None,
+) -> list[np.ndarray]:
+    """Non-negative integer tables that still add up: every table a margin of ONE non-negative
+    integer array (post-processing of the noisy tables: no privacy cost).
+
+    1. The full estimate ``x`` over the finest cells any table needs (the union of the tables'
+       attributes at their finest level), of which the consistent ``estimates`` are margins:
+       per subset ``S`` its residual from a table containing ``S`` at the finest such level,
+       split evenly over the nodes below (no table reads them), spread by ``1/n_j``.
+    2. The Euclidean projection of ``x`` onto ``{x >= 0, sum x = T}``, ``T`` the estimated total
+       rounded (0 if negative): ``max(x - tau, 0)`` with ``tau`` from the sorted values (Held,
+       Wolfe, Crowder 1974; Duchi et al. 2008).
+    3. Rounding that keeps ``T``: floors, plus 1 on the ``T - sum floors`` cells of largest
+       remainder, ties broken uniformly at random (``rng``, default the OS CSPRNG).
+
+    What holds: the accuracy statements (variances, half-widths) are those of the linear
+    ``estimates``; for an integer table, ``half-width + max |integer - linear|`` over its cells
+    is a valid bound at the same confidence. The integer cells are biased (upwards where the
+    true counts are near 0: the projection removes negative values)."""
+    structure = _structure(domain, tables)
+    arrays = []
+    for t, (table, values) in enumerate(zip(tables, estimates, strict=True)):
+        values = np.asarray(values, dtype=float)
+        if values.shape != table.shape(domain):
+            raise UserError(
+                f"estimate of table {list(table.flat)} has shape {values.shape}",
+                field="estimates",
+                allowed=f"shape {table.shape(domain)}",
+            )
+        arrays.append(values.reshape((domain.nodes(structure.levels[t]),) + values.shape[table.level is not None :]))
+    union = tuple(sorted({j for index in structure.attrs for j in index}))
+    finest = min(structure.levels)
+    shape = (domain.nodes(finest),) + tuple(structure.sizes[j] for j in union)
+    full = np.zeros(shape)
+    for sub in structure.subsets:
+        level, t = min((structure.levels[t], t) for t, index in enumerate(structure.attrs) if set(sub) <= set(index))
+        part = _residual(arrays[t], structure.attrs[t], sub)
+        for below in range(level - 1, finest - 1, -1):  # split evenly over the children
+            parent = structure.parents[below]
+            part = part[parent] / _column(np.bincount(parent)[parent], part.ndim)
+        full += part.reshape(shape[:1] + tuple(structure.sizes[j] if j in sub else 1 for j in union)) / math.prod(
+            structure.sizes[j] for j in union if j not in sub
+        )
+    total = max(0, round(float(full.sum())))
+    integer = _round_keeping_total(_project_to_simplex(full.ravel(), total), total, rng).reshape(shape)
+    out = []
+    for t, index in enumerate(structure.attrs):
+        table = integer.sum(axis=tuple(1 + k for k, j in enumerate(union) if j not in index))
+        for level in range(finest, structure.levels[t]):
+            table = (structure.aggregate[level] @ table.reshape(table.shape[0], -1)).reshape((-1,) + table.shape[1:])
+        table = np.rint(table).astype(np.int64)  # sums of integers below 2^53: exact in float64
+        out.append(table[0] if tables[t].level is None else table)
+    return out
+
+
+def _project_to_simplex(values: np.ndarray, total: int) -> np.ndarray:
+    """The Euclidean projection onto ``{x >= 0, sum x = total}``: ``max(values - tau, 0)``,
+    ``tau = (sum of the k largest - total) / k`` for the largest ``k`` with
+    ``v_(k) > tau_k`` (values sorted descending)."""
+    if total == 0:
+        return np.zeros_like(values)
+    ordered = -np.sort(-values)
+    excess = np.cumsum(ordered) - total
+    count = int(np.flatnonzero(ordered * np.arange(1, ordered.size + 1) > excess)[-1]) + 1
+    return np.maximum(values - excess[count - 1] / count, 0.0)
+
+
+def _round_keeping_total(values: np.ndarray, total: int, rng: np.random.Generator | None) -> np.ndarray:
+    """Floors, plus 1 on the cells of largest remainder until the sum is ``total`` (the sum of
+    ``values`` up to rounding), ties at the threshold broken uniformly at random."""
+    floors = np.floor(values)
+    remainder = values - floors
+    missing = total - int(floors.sum())
+    out = floors.astype(np.int64)
+    if missing <= 0:
+        return out
+    threshold = np.partition(remainder, remainder.size - missing)[remainder.size - missing]
+    above = np.flatnonzero(remainder > threshold)
+    ties = np.flatnonzero(remainder == threshold)
+    order = permutation(ties.size) if rng is None else rng.permutation(ties.size)
+    out[above] += 1
+    out[ties[order[: missing - above.size]]] += 1
+    return out
