@@ -33,6 +33,7 @@ with probability at least C (Sidak's inequality, :func:`.tables.simultaneous_hal
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -273,7 +274,7 @@ class NoisyTablesMechanism(MechanismKind):
         delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
         events = []
         for sigma in sigmas:
-            epsilon = _smallest_epsilon(lambda e, s=sigma: delta_of("gaussian", s, e), targets.delta)
+            epsilon = _smallest_epsilon(functools.partial(delta_of, "gaussian", sigma), targets.delta)
             events.append(DiscreteGaussian(sigma=sigma, epsilon=epsilon))
         return Composed(events=tuple(events))
 
@@ -661,7 +662,7 @@ class TablesJob:
         return [np.array([table.num_rows], dtype=np.int64) if job is None else job.partial(table) for job in self.jobs]
 
     def merge(self, parts: list[list[np.ndarray]]) -> list[np.ndarray]:
-        return [np.sum([part[i] for part in parts], axis=0, dtype=np.int64) for i in range(len(self.jobs))]
+        return [np.asarray(np.sum([part[i] for part in parts], axis=0, dtype=np.int64)) for i in range(len(self.jobs))]
 
 
 EXPLANATION = """<dt>Noisy tables that add up</dt>
