@@ -62,6 +62,7 @@ mechanisms:
 targets:
   accounting: approximate
   delta: 1.0e-6
+  lifetime_budget: {{epsilon: 100, delta: 1.0e-3}}
   accuracy: {accuracy}
 """
 
@@ -183,12 +184,21 @@ def test_existing_accuracy_targets_keep_their_hash() -> None:
 
 
 def test_too_many_cells_is_an_infeasible_plan(tmp_path, monkeypatch) -> None:
+    """Every table's cells together, and for non-negative integer tables the one array they are
+    margins of (5 counties x 2 sexes x 3 ages = 30 here, more than the tables' 13), are bounded."""
     from privrelease.mechanisms.kinds import noisy_tables
 
     monkeypatch.setattr(noisy_tables, "MAX_CELLS", 10)
     plan = plan_policy(_loaded(tmp_path))
     assert not plan.passed
     assert any(check.required == "at most 10 cells; the tables have 18" for check in plan.checks if not check.passed)
+    monkeypatch.setattr(noisy_tables, "MAX_CELLS", 20)
+    assert plan_policy(_loaded(tmp_path / "fits")).passed
+    wide = _loaded(
+        tmp_path / "wide", "[[county, sex], [age]]", "{distribution: gaussian, sigma: 2}", nonnegative="true"
+    )
+    failed = [check.required for check in plan_policy(wide).checks if not check.passed]
+    assert failed == ["at most 20 cells in the array every table is a margin of; it has 30"]
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -443,3 +453,51 @@ def test_the_readme_figures_come_from_the_code(adult_dir) -> None:
         f"group x sex x race: each cell within +-{finest['each_cell_half_width']:.3g} with probability 0.95, all 100 "
         f"at once within +-{finest['all_cells_half_width']:.3g}."
     ) in readme
+
+
+def test_a_release_on_dask_publishes_the_in_process_layout(tmp_path, work, monkeypatch) -> None:
+    """On a local Dask cluster (4 partitions of a Parquet file) the release publishes the files,
+    columns and cells an in-process release does, still adding up, and the ledger charges the
+    planned event."""
+    import logging
+
+    from distributed import LocalCluster
+
+    from privrelease.flows.engines import LOCAL_HTTP
+    from privrelease.flows.steps import release_plain
+
+    monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
+    folder = _folder(tmp_path)
+    table = pa.csv.read_csv(folder / "people.csv", parse_options=pa.csv.ParseOptions(delimiter=";"))
+    pq.write_table(table, folder / "people.parquet", row_group_size=100)
+    text = POLICY.format(
+        tables="[[county, sex], [county], [state], []]",
+        noise="{distribution: gaussian, sigma: 2}",
+        accuracy="[]",
+        nonnegative="false",
+    )
+    text = text.replace(
+        '  path: people.csv\n  format: csv\n  csv: {delimiter: ";"}\n', "  path: people.parquet\n  format: parquet\n"
+    )
+    local = folder / "local.yaml"
+    local.write_text(text)
+    in_process = release_plain(policy_path=str(local))
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=LOCAL_HTTP) as cluster:
+        path = folder / "dask.yaml"
+        path.write_text(
+            text.replace("name: small-tables", "name: small-tables-dask")
+            + f"engine: {{name: dask, address: '{cluster.scheduler_address}', rows_per_partition: 100}}\n"
+        )
+        on_dask = release_plain(policy_path=str(path))
+    assert "4 partitions on 2 workers" in Path(on_dask.report).read_text()
+    names = ["census-county-sex", "census-county", "census-state", "census-total"]
+    for name in names:
+        dask_table = pq.read_table(Path(on_dask.release_dir) / f"{name}.parquet")
+        local_table = pq.read_table(Path(in_process.release_dir) / f"{name}.parquet")
+        assert dask_table.schema == local_table.schema and dask_table.num_rows == local_table.num_rows
+        labels = [c for c in dask_table.column_names if c not in ("estimate", "lower", "upper")]
+        assert dask_table.select(labels).equals(local_table.select(labels))
+    finest = pq.read_table(Path(on_dask.release_dir) / "census-county-sex.parquet").column("estimate").to_numpy()
+    county = pq.read_table(Path(on_dask.release_dir) / "census-county.parquet").column("estimate").to_numpy()
+    np.testing.assert_allclose(finest.reshape(5, 2).sum(axis=1), county, rtol=1e-12, atol=1e-9)

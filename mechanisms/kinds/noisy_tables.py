@@ -294,6 +294,15 @@ class NoisyTablesMechanism(MechanismKind):
             return Planned(
                 None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; the tables have {sum(cells):,}")
             )
+        if self.nonnegative and (union := _union_cells(layout)) > MAX_CELLS:
+            return Planned(
+                None,
+                facts,
+                (
+                    "nonnegative",
+                    f"at most {MAX_CELLS:,} cells in the array every table is a margin of; it has {union:,}",
+                ),
+            )
         sigmas = self.sigmas(loaded)
         facts["sigmas"] = {table_name(t): s for t, s in zip(self.tables, sigmas, strict=True)}
         facts["zcdp_rho"] = tables.privacy_cost(sigmas)
@@ -518,6 +527,15 @@ class NoisyTablesMechanism(MechanismKind):
 
 
 KINDS = (NoisyTablesMechanism,)
+
+
+def _union_cells(layout: Layout) -> int:
+    """The cells of the one array every table is a margin of (non-negative integer tables,
+    :func:`.tables.nonnegative_integer`): every flat attribute, at the finest level any table uses."""
+    levels = [table.level for table in layout.tables if table.level is not None]
+    geography = layout.domain.geography
+    nodes = geography.sizes[min(levels)] if geography is not None and levels else 1
+    return nodes * math.prod(size for _, size in layout.domain.flat)
 
 
 def _source(mechanism: NoisyTablesMechanism, axis: str) -> str:
