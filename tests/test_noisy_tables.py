@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -439,9 +440,9 @@ def test_the_geography_example_plans_runs_reports_and_reruns(tmp_path, work, mon
 
 
 def test_the_readme_figures_come_from_the_code(adult_dir) -> None:
-    """adult-tables.yaml's targets pass in plan, and the README's "Publishing tables that add up"
-    figures are its plan's: its epsilon, the naive alternative's, the finest table's two
-    half-widths."""
+    """adult-tables.yaml's targets pass in plan, and the figures of the README's "Publishing
+    tables that add up" and of the example's comments are its plan's: its epsilon, the naive
+    alternative's, the finest table's two half-widths."""
     plan = plan_policy(load_policy(EXAMPLES / "adult-tables.yaml"))
     assert plan.passed, [check for check in plan.checks if not check.passed]
     (mechanism,) = plan.mechanisms
@@ -453,6 +454,11 @@ def test_the_readme_figures_come_from_the_code(adult_dir) -> None:
         f"group x sex x race: each cell within +-{finest['each_cell_half_width']:.3g} with probability 0.95, all 100 "
         f"at once within +-{finest['all_cells_half_width']:.3g}."
     ) in readme
+    comments = re.sub(r"\s*\n\s*#\s*", " ", (EXAMPLES / "adult-tables.yaml").read_text())
+    assert (
+        f"age x sex x race each cell (cell by cell) within +-{finest['each_cell_half_width']:.3g} of its true count "
+        f"at 95%; all 100 cells at once within +-{finest['all_cells_half_width']:.3g} (plan and the report state both)"
+    ) in comments
 
 
 def test_a_release_on_dask_publishes_the_in_process_layout(tmp_path, work, monkeypatch) -> None:
