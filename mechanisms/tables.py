@@ -517,22 +517,27 @@ def allocate(domain: Domain, tables: Sequence[Table], limits: Sequence[float | N
         variances = _table_node_variances(structure, start * q)
         return np.concatenate([variances[t][index] / limit[t] for t, index in zip(constrained, nodes, strict=True)])
 
-    step = 1e-20
+    weight = start / start.sum()
+
+    def slack(q: np.ndarray) -> np.ndarray:
+        return 1 - used(q).real
+
+    def slack_gradient(q: np.ndarray) -> np.ndarray:  # complex step: Im f(q + ih e_k) / h, exact
+        return np.stack([-used(q + 1j * 1e-20 * np.eye(q.size)[k]).imag / 1e-20 for k in range(q.size)], axis=1)
+
+    def cost(q: np.ndarray, *_: object) -> float:
+        return float(weight @ q)
+
+    def cost_gradient(q: np.ndarray, *_: object) -> np.ndarray:
+        return weight
+
     result = optimize.minimize(
-        lambda q: float(start @ q) / start.sum(),
+        cost,
         np.ones(len(tables)),
-        jac=lambda q: start / start.sum(),
+        jac=cost_gradient,
         method="SLSQP",
-        bounds=[(floor / p, None) for p in start],
-        constraints=[
-            {
-                "type": "ineq",
-                "fun": lambda q: 1 - used(q).real,
-                "jac": lambda q: np.stack(
-                    [-used(q + 1j * step * np.eye(q.size)[k]).imag / step for k in range(q.size)], axis=1
-                ),
-            }
-        ],
+        bounds=optimize.Bounds(floor / start, np.inf),
+        constraints=optimize.NonlinearConstraint(slack, 0.0, np.inf, jac=slack_gradient),
         options={"ftol": 1e-14, "maxiter": 1000},
     )
     best = min((feasible(start * result.x), feasible(start)), key=lambda p: float(p.sum()))
