@@ -213,34 +213,46 @@ def _precisions(sigmas: Sequence[float], count: int) -> np.ndarray:
     return 1.0 / values**2
 
 
-def _node_variances(structure: _Structure, precision: np.ndarray) -> list[list[np.ndarray | None]]:
-    """Per subset ``S`` and level ``l``: ``V_S`` per node (the RTS smoother's variance; ``None``
-    below the finest measured level). ``precision`` may be complex (complex-step derivatives)."""
-    result = []
-    for a in structure.coefficients @ precision:  # (levels,) per subset
-        measured = np.flatnonzero(a.real > 0)
-        out: list[np.ndarray | None] = [None] * len(a)
-        if not measured.size:
-            result.append(out)
-            continue
-        finest = int(measured[0])
-        nodes = structure.domain.nodes(finest)
-        u = [np.full(nodes, 1.0 / a[finest], dtype=a.dtype)]
-        sums = []
-        for level in range(finest + 1, len(a)):
-            total = structure.aggregate[level - 1] @ u[-1]
-            sums.append(total)
-            u.append(1.0 / (a[level] + 1.0 / total) if a[level].real > 0 else total)
-        variance = u[-1]
-        out[-1] = variance
-        for level in range(len(a) - 2, finest - 1, -1):
-            parent = structure.parents[level]
-            total = sums[level - finest][parent]
-            share = u[level - finest] / total
-            variance = u[level - finest] + share**2 * (variance[parent] - total)
-            out[level] = variance
-        result.append(out)
-    return result
+def _tree(
+    structure: _Structure, a: np.ndarray, y: dict[int, np.ndarray] | None = None
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """The RTS smoother on the geography tree for one subset ``S`` with precision ``a[l]`` per
+    level (complex for complex-step derivatives): the variance ``V`` per node and, given the
+    level measurements ``y`` (node axis first), the estimate ``x`` per node, at every level from
+    the finest measured one up to the root (the module's docstring has the recursion)."""
+    root = len(a) - 1
+    finest = int(np.flatnonzero(a.real > 0)[0])
+    u = {finest: np.full(structure.domain.nodes(finest), 1.0 / a[finest], dtype=a.dtype)}
+    z = {} if y is None else {finest: y[finest]}
+    totals: dict[int, np.ndarray] = {}
+    sums: dict[int, np.ndarray] = {}
+    for level in range(finest + 1, root + 1):
+        aggregate = structure.aggregate[level - 1]
+        totals[level] = aggregate @ u[level - 1]
+        measured = a[level].real > 0
+        u[level] = 1.0 / (a[level] + 1.0 / totals[level]) if measured else totals[level]
+        if y is not None:
+            below = z[level - 1]
+            sums[level] = (aggregate @ below.reshape(below.shape[0], -1)).reshape((-1,) + below.shape[1:])
+            total = _column(totals[level], below.ndim)
+            z[level] = (
+                (a[level] * y[level] + sums[level] / total) * _column(u[level], below.ndim) if measured else sums[level]
+            )
+    variance, estimate = {root: u[root]}, {} if y is None else {root: z[root]}
+    for level in range(root - 1, finest - 1, -1):
+        parent = structure.parents[level]
+        share = u[level] / totals[level + 1][parent]
+        variance[level] = u[level] + share**2 * (variance[level + 1][parent] - totals[level + 1][parent])
+        if y is not None:
+            gap = estimate[level + 1][parent] - sums[level + 1][parent]
+            estimate[level] = z[level] + _column(share, gap.ndim) * gap
+    return variance, estimate
+
+
+def _node_variances(structure: _Structure, precision: np.ndarray) -> list[dict[int, np.ndarray]]:
+    """Per subset ``S``: ``V_S`` per node at each level from its finest measured one (none if
+    ``S`` is not measured)."""
+    return [_tree(structure, a)[0] if np.any(a.real > 0) else {} for a in structure.coefficients @ precision]
 
 
 def _cell_factors(structure: _Structure, t: int) -> list[tuple[int, float]]:
@@ -263,7 +275,7 @@ def _table_node_variances(structure: _Structure, precision: np.ndarray) -> list[
     for t, level in enumerate(structure.levels):
         total: np.ndarray = np.zeros(structure.domain.nodes(level), dtype=precision.dtype)
         for i, factor in _cell_factors(structure, t):
-            node = trees[i][level]
+            node = trees[i].get(level)
             total = total + (np.inf if node is None else factor * node)
         out.append(total)
     return out
@@ -333,38 +345,16 @@ def _residual_estimates(
     result = []
     for i, sub in enumerate(structure.subsets):
         a = structure.coefficients[i] @ precision
-        measured = [int(level) for level in np.flatnonzero(a > 0)]
-        finest = measured[0]
         y: dict[int, np.ndarray] = {}
-        for level in measured:  # inverse-variance weights of the tables measured at the level
+        for level in (
+            int(level) for level in np.flatnonzero(a > 0)
+        ):  # inverse-variance weights of the tables measured at the level
             weights = structure.coefficients[i, level] * precision
             y[level] = np.zeros(())
             for t in np.flatnonzero(weights):
                 y[level] = y[level] + weights[t] * _residual(arrays[t], structure.attrs[t], sub)
             y[level] = y[level] / a[level]
-        z, u = [y[finest]], [np.full(structure.domain.nodes(finest), 1.0 / a[finest])]
-        sums, totals = [], []
-        for level in range(finest + 1, len(a)):
-            below = z[-1]
-            s = (structure.aggregate[level - 1] @ below.reshape(below.shape[0], -1)).reshape((-1,) + below.shape[1:])
-            total = structure.aggregate[level - 1] @ u[-1]
-            sums.append(s)
-            totals.append(total)
-            if a[level] > 0:
-                z.append((a[level] * y[level] + s / _column(total, s.ndim)) / _column(a[level] + 1 / total, s.ndim))
-                u.append(1 / (a[level] + 1 / total))
-            else:
-                z.append(s)
-                u.append(total)
-        x = z[-1]
-        out = {len(a) - 1: x}
-        for level in range(len(a) - 2, finest - 1, -1):
-            parent = structure.parents[level]
-            k = level - finest
-            share = u[k] / totals[k][parent]
-            x = z[k] + _column(share, x.ndim) * (x[parent] - sums[k][parent])
-            out[level] = x
-        result.append(out)
+        result.append(_tree(structure, a, y)[1])
     return result
 
 
