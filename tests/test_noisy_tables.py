@@ -125,6 +125,18 @@ def test_a_wrong_table_is_refused_naming_the_field_and_value(tmp_path, tables_te
         load_policy_text(text, _folder(tmp_path))
 
 
+def test_two_tables_published_under_one_file_name_are_refused(tmp_path) -> None:
+    """A column named ``total`` would publish [total] and [] both as ``census-total``."""
+    text = POLICY.format(
+        tables="[[total], []]", noise="{distribution: gaussian, sigma: 2}", accuracy="[]", nonnegative="false"
+    ).replace("    age: {type: string", "    total: {type: string, values: [x]}\n    age: {type: string")
+    text = text.replace("  age: keep", "  age: keep\n  total: keep")
+    with pytest.raises(
+        UserError, match=r"tables\[1\]: tables\[0\] and tables\[1\] would both be published as file census-total"
+    ):
+        load_policy_text(text, _folder(tmp_path))
+
+
 def test_sigmas_one_per_table_or_targets_to_choose_them(tmp_path) -> None:
     with pytest.raises(UserError, match=r"noise\.sigma: noise\.sigma lists 2 sigmas for 4 tables"):
         _loaded(tmp_path, noise="{distribution: gaussian, sigma: [1, 2]}")

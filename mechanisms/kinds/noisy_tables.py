@@ -120,7 +120,6 @@ class Layout:
     tables: tuple[Table, ...]
     axes: tuple[tuple[str, ...], ...]
     labels: dict[str, list[str]]
-    geography: str | None
 
     def cells(self, index: int) -> int:
         return math.prod(len(self.labels[axis]) for axis in self.axes[index])
@@ -175,6 +174,13 @@ class NoisyTablesMechanism(MechanismKind):
                     (*here, "tables", i), f"table {list(table)} is listed twice (also tables[{seen[key]}]): drop one"
                 )
             seen.setdefault(key, i)
+            clash = next((j for j, other in enumerate(self.tables[:i]) if table_name(other) == table_name(table)), None)
+            if clash is not None and frozenset(self.tables[clash]) != key:
+                yield Issue(
+                    (*here, "tables", i),
+                    f"tables[{clash}] and tables[{i}] would both be published as file "
+                    f"{self.name}-{table_name(table)}: rename a column",
+                )
             geography = [c for c in table if c in self.levels or c in {lv.of for lv in self.levels.values()}]
             if len(geography) > 1:
                 yield Issue(
@@ -594,7 +600,7 @@ def _layout(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy) -> Layout:
         own = tuple(c for c in flat if c in table)
         tables.append(Table(own, level))
         axes.append(((names[level],) if level is not None else ()) + own)
-    return Layout(domain, tuple(tables), tuple(axes), labels, owner)
+    return Layout(domain, tuple(tables), tuple(axes), labels)
 
 
 def _geography(
