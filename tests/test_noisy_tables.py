@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from scipy import stats
 from typer.testing import CliRunner
 
 from privrelease.errors import UserError
@@ -295,9 +296,16 @@ def test_outputs_add_up_across_files_and_levels(tmp_path, nonnegative) -> None:
             np.testing.assert_array_equal(summed, margin)
         else:
             np.testing.assert_allclose(summed, margin, rtol=1e-12, atol=1e-9)
-    for name, published in result.tables.items():
+    layout = mechanism.layout(loaded)
+    variances = tables.cell_variances(layout.domain, layout.tables, [1.0, 2.0, 1.5, 3.0])
+    for (name, published), variance in zip(result.tables.items(), variances, strict=True):
         lower, upper = published.column("lower").to_numpy(), published.column("upper").to_numpy()
         assert (lower <= np.maximum(out[name], 0)).all() and (upper >= out[name]).all() and (lower >= 0).all()
+        width = np.ravel(variance) ** 0.5 * stats.norm.ppf(0.975)  # each cell's 95% interval
+        if nonnegative == "false":
+            np.testing.assert_allclose(upper - out[name], width, rtol=1e-12)
+        else:  # widened by the table's largest shift from the linear estimate, at least the width
+            assert (upper - out[name] >= width * (1 - 1e-12)).all()
     assert result.event == plan_policy(loaded).mechanisms[0].event
 
 
