@@ -29,6 +29,11 @@ Kifer, NeurIPS 2023; on the geography tree Hay, Rastogi, Miklau, Suciu, VLDB 201
 exact for the linear estimator (:func:`.tables.cell_variances`); "each cell" is within
 ``z_{(1+C)/2} sd`` with probability C; "every cell at once" within the simultaneous half-width
 with probability at least C (Sidak's inequality, :func:`.tables.simultaneous_half_width`).
+The Gaussian treatment is checked with the discrete noise itself on the Adult example (its cells
+combine several measurements: tests/test_noisy_tables.py); a table whose cells are estimated from
+its own measurement alone (e.g. a single table) at a small sigma keeps the noise's integer
+lattice, and its "each cell" coverage then differs from C (below it for sigma near 1 or 2): use
+``noisy_counts`` there, whose half-widths are exact for the discrete noise.
 """
 
 from __future__ import annotations
