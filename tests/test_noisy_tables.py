@@ -419,7 +419,7 @@ def test_the_geography_example_plans_runs_reports_and_reruns(tmp_path, work, mon
     """policies/examples/geo-tables.yaml on the generator's data (20,000 people here): the plan
     passes, the release publishes one file per table, non-negative integers adding up from
     counties to states to the total; the report and release.json state both statements; a rerun
-    publishes the same files."""
+    publishes the same files; audit verify checks every file of both and replays the charges."""
     from privrelease.flows.steps import release_plain
 
     monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
@@ -457,6 +457,10 @@ def test_the_geography_example_plans_runs_reports_and_reruns(tmp_path, work, mon
     assert "every cell at once" in report and "Tables that add up" in report
     again = release_plain(rerun_of=first.run_id)
     assert sorted(p.name for p in Path(again.release_dir).glob("*.parquet")) == sorted(f"{n}.parquet" for n in files)
+    from privrelease.api import verify
+
+    verified = verify(head=Path(again.release_dir) / "chain-head.json")
+    assert verified.ok and verified.files_checked >= 2 * len(files), verified.problems
 
 
 def test_the_readme_figures_come_from_the_code(adult_dir) -> None:
