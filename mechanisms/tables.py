@@ -31,6 +31,15 @@ root ``x = z, V = u``; a child ``c`` of ``v``: ``x_c = z_c + (u_c/U_v)(x_v - s_v
 over ``F_s \\ S`` by ``1/n_j``; its cell variance at node ``c`` is ``sum_{S ⊆ F_s} V_S(c)
 prod_{j in S} (1 - 1/n_j) prod_{j in F_s \\ S} 1/n_j^2``. Cells of one table differ only by node.
 
+**Accuracy.** Each cell: ``sqrt(V) Phi^-1((1 + C)/2)`` (:func:`each_cell_half_width`). Every
+cell of a table at once: the cells are correlated, and Sidak's inequality makes the product of
+the per-cell coverages a lower bound (:func:`simultaneous_half_width`).
+**Allocation** (:func:`allocate`): the least ``sum_t 1/sigma_t^2`` (zCDP ``rho``, :func:`privacy_cost`)
+with every table's largest cell variance within its limit (:func:`variance_limit` turns a
+half-width target into one); :func:`naive_sigmas` is the alternative without reconstruction.
+**Non-negative integer tables** (:func:`nonnegative_integer`): post-processing, top-down over the
+geography, every table still a margin of one array.
+
 The array layout of a table: axis 0 the geography nodes at its level (absent at the root), then
 its flat attributes in :attr:`Domain.flat` order.
 """
