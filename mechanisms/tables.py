@@ -31,6 +31,15 @@ root ``x = z, V = u``; a child ``c`` of ``v``: ``x_c = z_c + (u_c/U_v)(x_v - s_v
 over ``F_s \\ S`` by ``1/n_j``; its cell variance at node ``c`` is ``sum_{S ⊆ F_s} V_S(c)
 prod_{j in S} (1 - 1/n_j) prod_{j in F_s \\ S} 1/n_j^2``. Cells of one table differ only by node.
 
+**Accuracy.** Each cell: ``sqrt(V) Phi^-1((1 + C)/2)`` (:func:`each_cell_half_width`). Every
+cell of a table at once: the cells are correlated, and Sidak's inequality makes the product of
+the per-cell coverages a lower bound (:func:`simultaneous_half_width`).
+**Allocation** (:func:`allocate`): the least ``sum_t 1/sigma_t^2`` (zCDP ``rho``, :func:`privacy_cost`)
+with every table's largest cell variance within its limit (:func:`variance_limit` turns a
+half-width target into one); :func:`naive_sigmas` is the alternative without reconstruction.
+**Non-negative integer tables** (:func:`nonnegative_integer`): post-processing, top-down over the
+geography, every table still a margin of one array.
+
 The array layout of a table: axis 0 the geography nodes at its level (absent at the root), then
 its flat attributes in :attr:`Domain.flat` order.
 """
@@ -553,14 +562,16 @@ def nonnegative_integer(
        with ``tau`` from the sorted values (Held, Wolfe, Crowder 1974; Duchi et al. 2008);
        then rounding that keeps ``T``: floors, plus 1 on the ``T - sum floors`` cells of
        largest remainder, ties broken uniformly at random (``rng``, default the OS CSPRNG).
-    3. At each finer level, the same per group of the children of one node in one flat cell,
-       onto the parent's integer count: the children add up to their parent exactly.
+    3. At each finer level, per group of the children of one node in one flat cell, the same
+       projection onto the parent's integer count; where there are flat cells, the nodes' own
+       totals are first made integers adding up to their parent's (the same two steps over
+       the children of each node), and the projected values raked to them (:func:`_rake`)
+       before the rounding per group: the children add up to their parent exactly, and each
+       node's total stays within the rounding of its linear total.
 
     A single projection of the whole array (one ``tau``) moves every cell by the same amount
-    and margins of many cells far (state x sex by 545 on bench/tables.py); per group the
-    margins of one node stay close, but a margin over many groups (a county over its 320 flat
-    cells there: 104, its linear error 25) still moves: the price of non-negativity where
-    counts are small against the noise.
+    and margins of many cells far; bench/tables.py prints how far each table's integer cells
+    depart from the linear ones.
 
     What holds: the accuracy statements (variances, half-widths) are those of the linear
     ``estimates``; for an integer table, ``half-width + max |integer - linear|`` over its cells
@@ -594,13 +605,20 @@ def nonnegative_integer(
     levels = [full.reshape(shape[0], cells)]  # finest .. root, every level's (nodes, flat cells)
     for level in range(finest, domain.root):
         levels.append(structure.aggregate[level] @ levels[-1])
-    integer = np.array([max(0, round(float(full.sum())))])  # the total, then level by level down
+    total = np.array([max(0, round(float(full.sum())))])
     groups = np.zeros(cells, dtype=np.int64)
-    for level in range(domain.root, finest - 1, -1):
-        if level < domain.root:  # a group: the children of one node, one flat cell
-            groups = (structure.parents[level][:, None] * cells + np.arange(cells)).ravel()
-        values = _project_groups(levels[level - finest].ravel(), groups, integer)
-        integer = _round_groups(values, groups, integer, rng)
+    integer = _round_groups(_project_groups(levels[-1].ravel(), groups, total), groups, total, rng)
+    for level in range(domain.root - 1, finest - 1, -1):  # a group: the children of one node, one flat cell
+        parent, above = structure.parents[level], integer
+        groups = (parent[:, None] * cells + np.arange(cells)).ravel()
+        values = _project_groups(levels[level - finest].ravel(), groups, above).reshape(-1, cells)
+        if cells > 1:  # rake to the nodes' own totals too, integers adding up to their parent's
+            parent_totals = above.reshape(-1, cells).sum(axis=1)
+            nodes = _round_groups(
+                _project_groups(levels[level - finest].sum(axis=1), parent, parent_totals), parent, parent_totals, rng
+            )
+            values = _rake(values, nodes, above.reshape(-1, cells), structure.aggregate[level], parent)
+        integer = _round_groups(values.ravel(), groups, above, rng)
     integer = integer.reshape(shape)
     out = []
     for t, index in enumerate(structure.attrs):
@@ -610,6 +628,26 @@ def nonnegative_integer(
         table = np.rint(table).astype(np.int64)  # sums of integers below 2^53: exact in float64
         out.append(table[0] if tables[t].level is None else table)
     return out
+
+
+def _rake(values: np.ndarray, rows: np.ndarray, columns: np.ndarray, aggregate: Any, parent: np.ndarray) -> np.ndarray:
+    """Iterative proportional fitting (Deming and Stephan 1940) of the non-negative ``values``
+    (nodes x flat cells) to the node totals ``rows`` and, per parent node and flat cell, the
+    parent's ``columns``, ending on the columns (exact); a tiny floor lets empty cells move."""
+    values = values + 1e-6
+    for _ in range(RAKE_SWEEPS):
+        sums = values.sum(axis=1)
+        if np.abs(sums - rows).max() <= RAKE_TOLERANCE:
+            break
+        values *= _column(np.divide(rows, sums, out=np.zeros_like(sums), where=sums > 0), 2)
+        sums = aggregate @ values
+        values *= np.divide(columns, sums, out=np.zeros_like(sums), where=sums > 0)[parent]
+    return values
+
+
+RAKE_SWEEPS, RAKE_TOLERANCE = 50, 1e-3
+"""At most 50 sweeps of :func:`_rake`, fewer once every node total is within 1e-3 (far below the
+rounding to integers that follows)."""
 
 
 def _sorted_groups(groups: np.ndarray, order: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
