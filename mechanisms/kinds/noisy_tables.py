@@ -131,9 +131,15 @@ class Layout:
 
 
 class NoisyTablesMechanism(MechanismKind):
-    """A set of tables over declared domains (and the levels of one hierarchy), each cell with
-    discrete Gaussian noise, reconstructed by least squares into one consistent estimate:
-    every table is a margin of it (module docstring)."""
+    """A set of tables about the same people that add up: ``tables``, each a list of columns
+    (``[]``: the grand total), dataset columns with declared domains or ``levels`` of one
+    hierarchy column (``state: {of: county, level: 1}``: column 1 of the hierarchy file that
+    generalizes ``county``). Each table is measured once with discrete Gaussian noise (``noise``:
+    ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` at the least
+    privacy cost) and the published tables are one least-squares estimate, every table a margin
+    of it; ``nonnegative``: non-negative integers, still adding up. Each table is its own file
+    ``<name>-<columns joined by ->`` (``<name>-total``), every cell with ``estimate``, ``lower``
+    and ``upper``."""
 
     type: Literal["noisy_tables"]
     tables: Annotated[tuple[tuple[Name, ...], ...], at_least(1, "table")]
