@@ -296,7 +296,8 @@ class OutputFacts:
     """One staged output: the mechanism, its file (name inside the release folder), checksum,
     size and row count, the realized event and the facts split by audience; ``cells``: its
     companion file, when the mechanism publishes one (SDGS microdata's published cells with
-    their count intervals)."""
+    their count intervals); ``more``: the further tables of a release of several tables
+    (``noisy_tables``, one file each; ``file`` is the first)."""
 
     mechanism: str
     type: str
@@ -308,10 +309,12 @@ class OutputFacts:
     public_facts: dict[str, Any] = field(default_factory=dict)
     internal_facts: dict[str, Any] = field(default_factory=dict)
     cells: StagedFile | None = None
+    more: tuple[StagedFile, ...] = ()
 
     def staged(self) -> list[StagedFile]:
-        """Every file this output published: its own, then its companion's."""
-        return [StagedFile(self.file, self.sha256, self.rows, self.bytes), *([self.cells] if self.cells else [])]
+        """Every file this output published: its own, its further tables', then its companion's."""
+        own = StagedFile(self.file, self.sha256, self.rows, self.bytes)
+        return [own, *self.more, *([self.cells] if self.cells else [])]
 
 
 @dataclass(frozen=True)

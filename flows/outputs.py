@@ -107,8 +107,16 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     assert event == planned[name], (
         f"mechanism {name!r} realized {event!r}, but the plan (and the reservation) has {planned[name]!r}"
     )
-    with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
-        rows = write_table(result.table, path, run.output_format)
+    parts = [
+        StagedFile(*_write_part(run, f"{safe_name(name)}-{safe_name(part)}.{run.output_format}", table))
+        for part, table in result.tables.items()
+    ]
+    if parts:  # a release of several tables: one file each, the first standing for the output
+        file, rows = parts[0].file, parts[0].rows
+        path = run.staging_dir / file
+    else:
+        with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
+            rows = write_table(result.table, path, run.output_format)
     cells = None
     if result.cells is not None:
         cells_file = f"{safe_name(name)}.{CELLS_SUFFIX}.{run.output_format}"
@@ -126,7 +134,16 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         public_facts=_jsonable(result.public_facts),
         internal_facts=_jsonable(result.internal_facts),
         cells=cells,
+        more=tuple(parts[1:]),
     )
+
+
+def _write_part(run: RunContext, file: str, table: pa.Table) -> tuple[str, str, int, int]:
+    """Write one table of a release of several tables to the staging folder: its file, sha256,
+    rows and size."""
+    path = run.staging_dir / file
+    rows = write_table(table, path, run.output_format)
+    return file, sha256_file(path), rows, path.stat().st_size
 
 
 def _jsonable(value: Any) -> Any:

@@ -73,6 +73,11 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
         }
+        if output.more:
+            entry["tables"] = [
+                {"file": staged.file, "sha256": staged.sha256, "rows": staged.rows}
+                for staged in (output.staged()[0], *output.more)
+            ]
         if output.cells is not None:
             entry["cells"] = {"file": output.cells.file, "sha256": output.cells.sha256, "rows": output.cells.rows}
         beta = getattr(spec, "beta", None)

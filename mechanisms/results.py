@@ -35,6 +35,9 @@ class MechanismResult:
     public_facts: dict[str, Any] = field(default_factory=dict)
     internal_facts: dict[str, Any] = field(default_factory=dict)
     cells: pa.Table | None = None
+    tables: dict[str, pa.Table] = field(default_factory=dict)
     """A companion output published beside ``table`` (its file ``<name>.cells``), a
     post-processing of it: SDGS microdata's published cells, each with its row count and the
-    exact interval for the people behind it (:func:`.sdgs.published_cells_table`)."""
+    exact interval for the people behind it (:func:`.sdgs.published_cells_table`).
+    ``tables``: a release of several tables (``noisy_tables``): part name -> table, each
+    published as its own file ``<mechanism>-<part>`` (``table`` is then the first of them)."""

@@ -35,6 +35,10 @@ def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) 
     for optional in ("id", "sha256", "person"):
         if body["dataset"][optional] is None:
             del body["dataset"][optional]  # absent: policies written before the field keep their hash
+    for target in body["targets"]["accuracy"]:
+        for optional in ("statistic", "table", "cells"):
+            if target[optional] is None:
+                del target[optional]  # absent: targets written before the field keep their hash
     if body["approval"] is None:
         del body["approval"]
     for scheme, column in _hierarchy_schemes(body):

@@ -512,7 +512,11 @@ class AccuracyTarget(Model):
     published count is within +-absolute_error of its true count (cell by cell, not all cells
     at once: plan, the report and release.json state the whole table's wider half-width too);
     noisy sums (``absolute_error`` and ``statistic``: ``total`` or ``count``): each cell's
-    published total (or count) is within +-absolute_error of its true one."""
+    published total (or count) is within +-absolute_error of its true one;
+    noisy tables (``absolute_error``, optional ``table`` and ``cells``): the cells of ``table``
+    (one of the mechanism's ``tables``; omitted: every table) are within +-absolute_error of
+    their true counts, ``cells: all`` (default) every cell of the table at once, ``cells: each``
+    each cell on its own."""
 
     mechanism: Name
     count: Count | None = None
@@ -520,6 +524,8 @@ class AccuracyTarget(Model):
     absolute_error: Annotated[float, checked("absolute_error", "> 0", lambda v: v > 0)] | None = None
     statistic: Name | None = None
     confidence: Confidence = 0.95
+    table: tuple[Name, ...] | None = None
+    cells: Literal["each", "all"] | None = None
 
 
 class Targets(Model):
@@ -761,6 +767,12 @@ def _check_accuracy(policy: Policy) -> Iterator[Issue]:
             elsewhere = f"its accuracy is {mechanism.accuracy_elsewhere}, not" if mechanism.accuracy_elsewhere else "no"
             yield Issue((*loc, "mechanism"), f"{target.mechanism!r} is {kind}: {elsewhere} targets.accuracy")
             continue
+        for name in ("table", "cells"):
+            if getattr(target, name) is not None and name not in mechanism.accuracy_options:
+                yield Issue(
+                    (*loc, name),
+                    f"{name} applies to a noisy_tables mechanism; {target.mechanism!r} is {kind}: remove {name}",
+                )
         stated = {name for name in ("count", "relative_error", "absolute_error") if getattr(target, name) is not None}
         if stated != set(wanted):
             yield Issue(

@@ -266,7 +266,8 @@ def test_prefect_yaml_declares_a_scheduled_deployment_per_example_policy():
         assert deployment["work_pool"]["name"] == POOL
         if name != "demo":
             assert (REPO / deployment["parameters"]["policy_path"]).is_file()
-            assert deployment["parameters"]["data_path"] == "../shared/data/adult/adult.csv"
+            data = "policies/examples/geo-people.csv" if name == "geo-tables" else "../shared/data/adult/adult.csv"
+            assert deployment["parameters"]["data_path"] == data
 
 
 def test_deploy_cli_without_prefect_import():

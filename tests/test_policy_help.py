@@ -43,11 +43,12 @@ def test_the_reference_says_what_absolute_error_covers_and_when_dataset_id_is_re
     text = reference.reference_markdown()
     section = text.split("## AccuracyTarget", 1)[1].split("\n## ", 1)[0]
     checking = sorted(name for name, kind in all_kinds().items() if "absolute_error" in kind.accuracy_fields)
-    assert checking == ["identifiable_statistic", "noisy_counts", "noisy_sums"]
+    assert checking == ["identifiable_statistic", "noisy_counts", "noisy_sums", "noisy_tables"]
     assert "identifiable statistics (``absolute_error``)" in section
     assert "noisy counts (``absolute_error``): each cell's published count" in section
     assert "noisy sums (``absolute_error`` and ``statistic``: ``total`` or ``count``)" in section
     assert "cell by cell, not all cells at once" in section
+    assert "noisy tables (``absolute_error``, optional ``table`` and ``cells``)" in section
     row = next(line for line in text.split("## Dataset", 1)[1].splitlines() if line.startswith("| `id` |"))
     assert "required when the release charges the lifetime budget" in row
 

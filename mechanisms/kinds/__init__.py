@@ -350,6 +350,8 @@ class MechanismKind(Model):
     several (none: it publishes one, and ``statistic`` is refused)."""
     accuracy_fields: ClassVar[tuple[str, ...]] = ()
     """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
+    accuracy_options: ClassVar[tuple[str, ...]] = ()
+    """Which optional fields of a ``targets.accuracy`` entry it reads (``table``, ``cells``)."""
     accuracy_elsewhere: ClassVar[str] = ""
     """Where its accuracy is targeted instead, when it takes no ``targets.accuracy`` entry."""
     reads_max_rows: ClassVar[bool] = False

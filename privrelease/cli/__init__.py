@@ -24,6 +24,7 @@ from privrelease.cli import report as report_commands
 from privrelease.cli import run as run_commands
 from privrelease.cli import server as server_commands
 from privrelease.cli import splu as splu_commands
+from privrelease.cli import tables as tables_commands
 from privrelease.cli.output import fail, say, styled, survive_closed_output
 from privrelease.errors import TargetNotMet, UserError
 
@@ -45,6 +46,7 @@ lifetime.register(app)
 accuracy.register(app)
 counts.register(app)
 sums.register(app)
+tables_commands.register(app)
 drafting.register(app)
 
 

@@ -186,6 +186,7 @@ def _print_plan(result) -> None:
             continue
         say(f"  {key.replace('_', ' ')}: {_value_text(value)}")
     _print_noise_accuracy(result)
+    _print_stated_accuracy(result)
     checks = Table(title="Targets", title_justify="left")
     for column in ("target", "required", "achieved", "result"):
         checks.add_column(column, overflow="fold")
@@ -217,6 +218,21 @@ def _print_noise_accuracy(result) -> None:
         for confidence, each in noise.half_width.items():
             together = noise.all_cells_half_width[confidence]
             say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together, noise.unit)}")
+
+
+def _print_stated_accuracy(result) -> None:
+    """A kind's own accuracy statements (e.g. noisy tables: per table each cell's and every
+    cell at once's half-width), each a table under its caption."""
+    for name, statement in result.accuracy.items():
+        for own in statement.stated if statement is not None else ():
+            table = Table(
+                title=f"Accuracy of {name}", title_justify="left", caption=own.caption, caption_justify="left"
+            )
+            for column in own.columns:
+                table.add_column(column, overflow="fold")
+            for row in own.rows:
+                table.add_row(*row)
+            console.print(table)
 
 
 def _event_text(event) -> str:

@@ -1,0 +1,704 @@
+"""Noisy tables (the ``noisy_tables`` kind): a release of several tables about the same people
+(counts by county x age x sex, the county totals, the state totals, the grand total) that add
+up: every published table is a margin of ONE estimate, across margins and geography levels.
+
+**Policy.** ``tables``: each a list of columns, ``[]`` the grand total. A column is a dataset
+column with a declared domain (its declared values generalized by its scheme, or a hierarchy's
+labels, as for ``noisy_counts``) or a level named in ``levels``: ``levels: {state: {of: county,
+level: 2}}`` is level 2 of the hierarchy file that generalizes ``county``
+(``generalization.county: {type: hierarchy, hierarchy: geo.csv, level: L}``, ``L`` < 2): public,
+bound into the policy's hash, fixed before any data is read. At most one column has levels (the
+geography). ``noise: {distribution: gaussian}``: each table's sigma chosen to meet
+``targets.accuracy`` at the least privacy cost (:func:`.tables.allocate`), or given
+(``sigma: S`` for every table, or a list, one per table). ``nonnegative: true``: published
+values are non-negative integers that still add up (:func:`.tables.nonnegative_integer`).
+
+**Privacy.** Each table is measured once with discrete Gaussian noise of its sigma (OpenDP, as
+``noisy_counts``); under add/remove-one-row neighbours one row changes one cell of each table by
+one, so the release is the composition of one ``DiscreteGaussian`` event per table (Canonne,
+Kamath, Steinke 2020: zCDP ``rho = sum_t 1 / (2 sigma_t^2)``; exact PLD composition by
+``dp_accounting``). Reconstruction is post-processing. A person with several rows (``dataset.person``
+with ``max_rows`` m > 1) would shift a cell by m: the pair ``(Z, Z + m)`` of the discrete
+Gaussian is not ``(Z', Z' + 1)`` of any discrete Gaussian, so no existing event is exact and
+m > 1 is refused.
+
+**Estimate.** Generalized least squares over all measurements (ResidualPlanner, Xiong, He,
+Kifer, NeurIPS 2023; on the geography tree Hay, Rastogi, Miklau, Suciu, VLDB 2010):
+:func:`.tables.reconstruct`, treating the discrete Gaussian noise as Gaussian of variance
+``sigma^2`` (its variance is at most ``sigma^2``: CKS). Per table and cell the variance is
+exact for the linear estimator (:func:`.tables.cell_variances`); "each cell" is within
+``z_{(1+C)/2} sd`` with probability C; "every cell at once" within the simultaneous half-width
+with probability at least C (Sidak's inequality, :func:`.tables.simultaneous_half_width`).
+The Gaussian treatment is checked with the discrete noise itself on the Adult example (its cells
+combine several measurements: tests/test_noisy_tables.py); a table whose cells are estimated from
+its own measurement alone (e.g. a single table) at a small sigma keeps the noise's integer
+lattice, and its "each cell" coverage then differs from C (below it for sigma near 1 or 2): use
+``noisy_counts`` there, whose half-widths are exact for the discrete noise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import StrictBool
+
+from privrelease.errors import UserError
+from privrelease.mechanisms.columns import INTERVAL, taken_name
+from privrelease.mechanisms.kinds import (
+    AccuracyCheck,
+    ColumnRef,
+    Composed,
+    Issue,
+    Loc,
+    MechanismKind,
+    Model,
+    Name,
+    Planned,
+    at_least,
+    checked,
+    epsilon_at_target,
+)
+from privrelease.mechanisms.kinds.noisy_counts import (
+    CountJob,
+    DiscreteGaussian,
+    Sigma,
+    _smallest_epsilon,
+    add_noise,
+    approximate_delta,
+    probabilistic_delta,
+)
+from privrelease.policies.fields import Level
+
+if TYPE_CHECKING:
+    from privrelease.mechanisms.kinds import AccuracyStatement, AccuracyTarget, LoadedPolicy, MechanismResult, Policy
+    from privrelease.mechanisms.tables import Domain, Table
+
+MAX_CELLS = 10_000_000
+"""The most cells the tables of one mechanism may have together (every cell is published)."""
+
+DEFAULT_CONFIDENCE = 0.95
+"""The confidence of a table's statements and ``lower``/``upper`` without a target naming it."""
+
+SIGMA_DIGITS = 6
+"""Allocated sigmas are rounded down to this many significant digits (less noise: every
+accuracy target still holds; the event charges the sigma used)."""
+
+TABLE_COLUMNS = INTERVAL
+"""The columns a published table adds to its cells' labels."""
+
+
+class TableLevel(Model):
+    """A coarser level of a hierarchy column: ``of`` (the column, generalized by a hierarchy
+    file) at ``level`` (a column of that file, coarser than the column's own level)."""
+
+    of: Name
+    level: Annotated[Level, checked("level", "an integer >= 1", lambda v: v >= 1, integer=True)]
+
+
+class TablesNoise(Model):
+    """Discrete Gaussian noise on every cell of every table: ``sigma`` one number for all, a
+    list (one per table, in order), or absent (chosen to meet ``targets.accuracy`` at the
+    least privacy cost)."""
+
+    distribution: Literal["gaussian"]
+    sigma: Sigma | tuple[Sigma, ...] | None = None
+
+
+def table_name(columns: Sequence[str]) -> str:
+    """A table's name in files and statements: its columns joined by ``-``, ``total`` for ``[]``."""
+    return "-".join(columns) if columns else "total"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The mechanism's tables over their declared domain (:mod:`.tables`'s structure), with the
+    labels of every axis: ``axes[t]`` the output columns of table t in array order (geography
+    level first, then the flat columns in domain order) and ``labels[name]`` each one's labels."""
+
+    domain: Domain
+    tables: tuple[Table, ...]
+    axes: tuple[tuple[str, ...], ...]
+    labels: dict[str, list[str]]
+
+    def cells(self, index: int) -> int:
+        return math.prod(len(self.labels[axis]) for axis in self.axes[index])
+
+
+class NoisyTablesMechanism(MechanismKind):
+    """A set of tables about the same people that add up: ``tables``, each a list of columns
+    (``[]``: the grand total), dataset columns with declared domains or ``levels`` of one
+    hierarchy column (``state: {of: county, level: 1}``: column 1 of the hierarchy file that
+    generalizes ``county``). Each table is measured once with discrete Gaussian noise (``noise``:
+    ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` at the least
+    privacy cost) and the published tables are one least-squares estimate, every table a margin
+    of it; ``nonnegative``: non-negative integers, still adding up. Each table is its own file
+    ``<name>-<columns joined by ->`` (``<name>-total``), every cell with ``estimate``, ``lower``
+    and ``upper``."""
+
+    type: Literal["noisy_tables"]
+    tables: Annotated[tuple[tuple[Name, ...], ...], at_least(1, "table")]
+    levels: dict[Name, TableLevel] = {}
+    noise: TablesNoise
+    nonnegative: StrictBool = False
+
+    label: ClassVar[str] = "noisy tables that add up (discrete Gaussian noise, least-squares consistent)"
+    accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
+    accuracy_options: ClassVar[tuple[str, ...]] = ("table", "cells")
+
+    # --- the policy -------------------------------------------------------------------------
+
+    def column_refs(self) -> list[ColumnRef]:
+        refs = [
+            ColumnRef(("tables", i, j), column)
+            for i, table in enumerate(self.tables)
+            for j, column in enumerate(table)
+            if column not in self.levels
+        ]
+        return refs + [ColumnRef(("levels", name, "of"), level.of) for name, level in self.levels.items()]
+
+    def published_columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(column for table in self.tables for column in table))
+
+    def delta_reason(self) -> str | None:
+        return "has Gaussian noise"
+
+    def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
+        """Tables: known columns with declared domains, none twice, no table twice, one
+        geography at one level per table; levels of a hierarchy column; sigmas one per table or
+        accuracy targets to choose them; one row per person."""
+        from privrelease.policies.schema import HierarchyScheme
+
+        seen: dict[frozenset[str], int] = {}
+        for i, table in enumerate(self.tables):
+            if len(set(table)) < len(table):
+                twice = sorted({c for c in table if table.count(c) > 1})
+                yield Issue((*here, "tables", i), f"table {list(table)} names column {twice[0]!r} twice")
+            key = frozenset(table)
+            if key in seen:
+                yield Issue(
+                    (*here, "tables", i), f"table {list(table)} is listed twice (also tables[{seen[key]}]): drop one"
+                )
+            seen.setdefault(key, i)
+            clash = next((j for j, other in enumerate(self.tables[:i]) if table_name(other) == table_name(table)), None)
+            if clash is not None and frozenset(self.tables[clash]) != key:
+                yield Issue(
+                    (*here, "tables", i),
+                    f"tables[{clash}] and tables[{i}] would both be published as file "
+                    f"{self.name}-{table_name(table)}: rename a column",
+                )
+            geography = [c for c in table if c in self.levels or c in {lv.of for lv in self.levels.values()}]
+            if len(geography) > 1:
+                yield Issue(
+                    (*here, "tables", i),
+                    f"table {list(table)} names {', '.join(map(repr, geography))}: levels of one hierarchy; "
+                    "a table takes at most one level (the coarser is a margin of the finer)",
+                )
+            for j, column in enumerate(table):
+                if (taken := taken_name(column, "a noisy table", TABLE_COLUMNS)) is not None:
+                    yield Issue((*here, "tables", i, j), taken)
+                if column in self.levels:
+                    continue
+                spec = policy.dataset.columns.get(column)
+                if spec is None:
+                    continue  # the column check names it
+                if spec.values is None and not isinstance(policy.scheme_for(column), HierarchyScheme):
+                    yield Issue(
+                        (*here, "tables", i, j),
+                        f"column {column!r} needs declared values (dataset.columns.{column}.values) or a "
+                        "hierarchy: every cell of a table is published, so its domain is fixed before the data is read",
+                    )
+        owners = sorted({level.of for level in self.levels.values()})
+        if len(owners) > 1:
+            yield Issue(
+                (*here, "levels"),
+                f"levels name several hierarchy columns ({', '.join(owners)}); at most one column (the geography) "
+                "may have levels",
+            )
+        for name, level in self.levels.items():
+            if name in policy.dataset.columns:
+                yield Issue(
+                    (*here, "levels", name), f"level {name!r} is also a dataset column: name the level differently"
+                )
+            scheme = policy.scheme_for(level.of)
+            if level.of in policy.dataset.columns and not isinstance(scheme, HierarchyScheme):
+                yield Issue(
+                    (*here, "levels", name, "of"),
+                    f"column {level.of!r} has no hierarchy: levels are columns of the hierarchy file that "
+                    f"generalizes it (generalization.{level.of}: {{type: hierarchy, hierarchy: FILE, level: 0}})",
+                )
+            elif isinstance(scheme, HierarchyScheme) and level.level <= scheme.level:
+                yield Issue(
+                    (*here, "levels", name, "level"),
+                    f"level {name!r} must be coarser than column {level.of!r} itself (hierarchy level "
+                    f"{scheme.level}): an integer > {scheme.level}; got {level.level}",
+                )
+        named = {frozenset(table) for table in self.tables}
+        targeted = False
+        for k, target in enumerate(policy.targets.accuracy):
+            if target.mechanism != self.name:
+                continue
+            targeted = True
+            if target.table is not None and frozenset(target.table) not in named:
+                yield Issue(
+                    ("targets", "accuracy", k, "table"),
+                    f"table {list(target.table)} is not one of mechanism {self.name!r}'s tables: "
+                    + "; ".join(str(list(t)) for t in self.tables),
+                )
+        sigma = self.noise.sigma
+        if isinstance(sigma, tuple) and len(sigma) != len(self.tables):
+            yield Issue(
+                (*here, "noise", "sigma"),
+                f"noise.sigma lists {len(sigma)} sigmas for {len(self.tables)} tables: one per table, or one number",
+            )
+        if sigma is None and not targeted:
+            yield Issue(
+                (*here, "noise", "sigma"),
+                f"noise.sigma is absent, so the sigmas are chosen to meet targets.accuracy, but no accuracy target "
+                f"names mechanism {self.name!r}: add one (absolute_error, table) or set noise.sigma",
+            )
+        if policy.dataset.rows_per_person > 1:
+            yield Issue(
+                ("dataset", "person"),
+                f"mechanism {self.name!r} (noisy_tables) needs one row per person: a person with "
+                f"{policy.dataset.rows_per_person} rows shifts a cell by that much, which no discrete Gaussian "
+                "event states exactly",
+            )
+
+    # --- structure ----------------------------------------------------------------------------
+
+    def layout(self, loaded: LoadedPolicy) -> Layout:
+        """The tables over their domain (:class:`Layout`): the flat columns in order of first
+        appearance, the geography's levels from its hierarchy file (finest: the column's own
+        level, every declared value a leaf), each level nested in the next (a UserError naming
+        the level and the node that has two parents)."""
+        return _layout(self, loaded)
+
+    def sigmas(self, loaded: LoadedPolicy) -> tuple[float, ...]:
+        """Each table's sigma: the policy's, or the least-cost allocation meeting its targets."""
+        return _sigmas(self, loaded)
+
+    def _events(self, loaded: LoadedPolicy, sigmas: Sequence[float]) -> Composed:
+        """One discrete Gaussian event per table, each stated at the smallest epsilon reaching
+        ``targets.delta`` (its delta under the policy's accounting)."""
+        targets = loaded.policy.targets
+        assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
+        delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
+        events = []
+        for sigma in sigmas:
+            epsilon = _smallest_epsilon(functools.partial(delta_of, "gaussian", sigma), targets.delta)
+            events.append(DiscreteGaussian(sigma=sigma, epsilon=epsilon))
+        return Composed(events=tuple(events))
+
+    # --- privacy and accuracy maps ----------------------------------------------------------
+
+    def plan(self, loaded: LoadedPolicy) -> Planned:
+        from privrelease.mechanisms import tables
+
+        layout = self.layout(loaded)
+        cells = [layout.cells(i) for i in range(len(self.tables))]
+        facts: dict[str, Any] = {
+            "tables": {table_name(t): n for t, n in zip(self.tables, cells, strict=True)},
+            "sensitivity": "1 per table (one person changes one cell of each table by one)",
+            "consistency": "tables add up: every table is a margin of one least-squares estimate",
+        }
+        if sum(cells) > MAX_CELLS:
+            return Planned(
+                None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; the tables have {sum(cells):,}")
+            )
+        if self.nonnegative and (union := _union_cells(layout)) > MAX_CELLS:
+            return Planned(
+                None,
+                facts,
+                (
+                    "nonnegative",
+                    f"at most {MAX_CELLS:,} cells in the array every table is a margin of; it has {union:,}",
+                ),
+            )
+        sigmas = self.sigmas(loaded)
+        facts["sigmas"] = {table_name(t): s for t, s in zip(self.tables, sigmas, strict=True)}
+        facts["zcdp_rho"] = tables.privacy_cost(sigmas)
+        naive = self.naive(loaded)
+        if naive is not None:
+            facts["naive_sigma"] = naive[0]
+            facts["naive_zcdp_rho"] = tables.privacy_cost(naive)
+            facts["naive_epsilon"] = epsilon_at_target(loaded, self._events(loaded, naive))
+        return Planned(self._events(loaded, sigmas), facts)
+
+    def naive(self, loaded: LoadedPolicy) -> tuple[float, ...] | None:
+        """The naive alternative at the same targets: each table measured on its own (no
+        reconstruction), the budget split equally (:func:`.tables.naive_sigmas`); None when no
+        target bounds it."""
+        from privrelease.mechanisms import tables
+
+        limits = self._limits(loaded)
+        if all(limit is None for limit in limits):
+            return None
+        layout = self.layout(loaded)
+        return tuple(tables.naive_sigmas(layout.domain, layout.tables, limits))
+
+    def _limits(self, loaded: LoadedPolicy) -> list[float | None]:
+        """Per table, the largest per-cell variance meeting every target naming it
+        (:func:`.tables.variance_limit`: ``cells: each`` over one cell, ``all`` over the table's)."""
+        from privrelease.mechanisms import tables
+
+        layout = self.layout(loaded)
+        limits: list[float | None] = []
+        for index, table in enumerate(self.tables):
+            found = []
+            for target in self._targets(loaded, table):
+                assert target.absolute_error is not None, "the policy checks require absolute_error"
+                cells = 1 if target.cells == "each" else layout.cells(index)
+                found.append(tables.variance_limit(target.absolute_error, target.confidence, cells))
+            limits.append(min(found) if found else None)
+        return limits
+
+    def _targets(self, loaded: LoadedPolicy, table: Sequence[str]) -> list[AccuracyTarget]:
+        """The accuracy targets naming this mechanism and ``table`` (or every table)."""
+        return [
+            target
+            for target in loaded.policy.targets.accuracy
+            if target.mechanism == self.name and (target.table is None or set(target.table) == set(table))
+        ]
+
+    def confidence(self, loaded: LoadedPolicy, table: Sequence[str]) -> float:
+        """The confidence of a table's statements and intervals: its first target's, else 95%."""
+        targets = self._targets(loaded, table)
+        return targets[0].confidence if targets else DEFAULT_CONFIDENCE
+
+    def statements(self, loaded: LoadedPolicy, sigmas: Sequence[float] | None = None) -> list[dict[str, Any]]:
+        """Per table: cells, sigma, the largest standard error of a cell, the "each cell" and
+        "every cell at once" half-widths at its confidence (the largest over its cells where
+        geography blocks differ)."""
+        from privrelease.mechanisms import tables
+
+        layout = self.layout(loaded)
+        sigmas = self.sigmas(loaded) if sigmas is None else tuple(sigmas)
+        variances = tables.cell_variances(layout.domain, layout.tables, sigmas)
+        found = []
+        for table, sigma, variance in zip(self.tables, sigmas, variances, strict=True):
+            confidence = self.confidence(loaded, table)
+            found.append(
+                {
+                    "table": table_name(table),
+                    "columns": list(table),
+                    "cells": int(variance.size),
+                    "sigma": sigma,
+                    "standard_error": math.sqrt(float(np.max(variance))),
+                    "confidence": confidence,
+                    "each_cell_half_width": float(np.max(tables.each_cell_half_width(variance, confidence))),
+                    "all_cells_half_width": tables.simultaneous_half_width(variance.ravel(), confidence),
+                }
+            )
+        return found
+
+    def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
+        """Per table: the standard error of a cell, each cell within +-w with probability C,
+        every cell at once within +-W with probability at least C; the naive alternative."""
+        from privrelease.mechanisms import tables
+        from privrelease.mechanisms.kinds import AccuracyStatement, StatedAccuracy
+
+        rows = self.statements(loaded)
+        naive = self.naive(loaded)
+        document: dict[str, Any] = {
+            "tables": rows,
+            "consistency": "every table is a margin of one least-squares estimate: cells add up exactly to every "
+            "published margin and across geography levels",
+            "noise": "discrete Gaussian, treated as Gaussian of variance sigma^2 by the estimator and these "
+            "statements (its variance is at most sigma^2)",
+        }
+        if naive is not None:
+            document["naive"] = {
+                "how": "each table measured on its own, the budget split equally, sized to meet the same targets",
+                "sigma": naive[0],
+                "zcdp_rho": tables.privacy_cost(naive),
+            }
+        caption = (
+            "Tables that add up (every table is a margin of one least-squares estimate). Per table: each cell is "
+            "within ± the “each cell” half-width of its true count with the stated probability, cell by cell; every "
+            "cell of the table at once is within ± the “every cell at once” half-width with at least that "
+            "probability (the largest over the table's cells; exact for the linear estimator, noise treated as "
+            "Gaussian)."
+        )
+        if naive is not None:
+            caption += (
+                f" The naive alternative (each table measured on its own, the budget split equally) needs σ "
+                f"{naive[0]:.4g} for every table to meet the same targets: zCDP ρ {tables.privacy_cost(naive):.4g}, "
+                f"against {tables.privacy_cost(self.sigmas(loaded)):.4g} here."
+            )
+        if self.nonnegative:
+            caption += (
+                " The published tables are non-negative integers: each published value's interval is widened by "
+                "its table's largest rounding shift (in the files' lower and upper)."
+            )
+        table_rows = tuple(
+            (
+                row["table"],
+                f"{row['cells']:,}",
+                f"{row['sigma']:.4g}",
+                f"{row['standard_error']:.4g}",
+                f"±{row['each_cell_half_width']:.4g}",
+                f"±{row['all_cells_half_width']:.4g}",
+                f"{row['confidence']:g}",
+            )
+            for row in rows
+        )
+        stated = StatedAccuracy(
+            "tables",
+            caption,
+            ("table", "cells", "σ", "standard error", "each cell", "every cell at once", "probability"),
+            table_rows,
+            document,
+        )
+        return AccuracyStatement("the published estimate (every table a margin of one estimate)", stated=(stated,))
+
+    def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
+        """The half-width ``cells: all`` (every cell at once, default) or ``each`` at the
+        target's confidence, of its table (the widest table when it names none)."""
+        assert target.absolute_error is not None
+        from privrelease.mechanisms import tables
+
+        layout = self.layout(loaded)
+        variances = tables.cell_variances(layout.domain, layout.tables, self.sigmas(loaded))
+        widths = []
+        for table, variance in zip(self.tables, variances, strict=True):
+            if target.table is not None and set(target.table) != set(table):
+                continue
+            if target.cells == "each":
+                widths.append(float(np.max(tables.each_cell_half_width(variance, target.confidence))))
+            else:
+                widths.append(tables.simultaneous_half_width(variance.ravel(), target.confidence))
+        which = "each cell" if target.cells == "each" else "every cell at once"
+        where = f"table {table_name(target.table)}" if target.table is not None else "every table"
+        return AccuracyCheck(f"{where}, {which}: half-width", "<=", target.absolute_error, max(widths))
+
+    # --- engines ------------------------------------------------------------------------------
+
+    def job(self, loaded: LoadedPolicy) -> TablesJob:
+        layout = self.layout(loaded)
+        jobs: list[CountJob | None] = []
+        for axes in layout.axes:
+            if not axes:
+                jobs.append(None)
+                continue
+            schemes = {_source(self, axis): _axis_scheme(self, loaded, axis) for axis in axes}
+            domain = {_source(self, axis): tuple(layout.labels[axis]) for axis in axes}
+            jobs.append(CountJob(schemes, domain))
+        return TablesJob(tuple(jobs))
+
+    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
+        job = self.job(loaded)
+        return self._release(loaded, job.partial(table))
+
+    def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
+        """Noise added once to each table's exact counts (merged over partitions on Dask), then
+        the least-squares reconstruction."""
+        return self._release(loaded, merged)
+
+    def _release(self, loaded: LoadedPolicy, counts: Sequence[np.ndarray]) -> MechanismResult:
+        from privrelease.mechanisms import tables
+        from privrelease.mechanisms.kinds import MechanismResult
+
+        layout = self.layout(loaded)
+        sigmas = self.sigmas(loaded)
+        measured = [
+            add_noise(np.asarray(count, dtype=np.int64), "gaussian", sigma).reshape(_shape(layout, i))
+            for i, (count, sigma) in enumerate(zip(counts, sigmas, strict=True))
+        ]
+        estimates = tables.reconstruct(layout.domain, layout.tables, sigmas, measured)
+        variances = tables.cell_variances(layout.domain, layout.tables, sigmas)
+        published: list[np.ndarray] = list(estimates)
+        if self.nonnegative:
+            published = tables.nonnegative_integer(layout.domain, layout.tables, estimates)
+        outputs: dict[str, pa.Table] = {}
+        for i, table in enumerate(self.tables):
+            width = tables.each_cell_half_width(variances[i], self.confidence(loaded, table))
+            value = np.asarray(published[i])
+            shift = float(np.max(np.abs(value - estimates[i]))) if self.nonnegative and value.size else 0.0
+            lower = np.maximum(value - width - shift, 0.0)
+            upper = np.maximum(value + width + shift, 0.0)
+            outputs[table_name(table)] = _cells_table(layout, i, value.ravel(), lower.ravel(), upper.ravel())
+        first = next(iter(outputs.values()))
+        public = {
+            "tables": {name: out.num_rows for name, out in outputs.items()},
+            "noise": "discrete gaussian",
+            "nonnegative": self.nonnegative,
+        }
+        internal = {"rows_counted": int(np.sum(counts[0]))}  # every table counts every row in its domain
+        return MechanismResult(first, self._events(loaded, sigmas), public, internal, tables=outputs)
+
+    # --- report -------------------------------------------------------------------------------
+
+    def explanations(self) -> tuple[str, ...]:
+        return (EXPLANATION,)
+
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
+        """Every cell of every table published, each row counted."""
+        layout = self.layout(loaded)
+        return {"rows_counted": rows}, layout.cells(0)
+
+
+KINDS = (NoisyTablesMechanism,)
+
+
+def _union_cells(layout: Layout) -> int:
+    """The cells of the one array every table is a margin of (non-negative integer tables,
+    :func:`.tables.nonnegative_integer`): every flat attribute, at the finest level any table uses."""
+    levels = [table.level for table in layout.tables if table.level is not None]
+    geography = layout.domain.geography
+    nodes = geography.sizes[min(levels)] if geography is not None and levels else 1
+    return nodes * math.prod(size for _, size in layout.domain.flat)
+
+
+def _source(mechanism: NoisyTablesMechanism, axis: str) -> str:
+    """The dataset column an output column is counted from (a level: its hierarchy column)."""
+    level = mechanism.levels.get(axis)
+    return level.of if level is not None else axis
+
+
+def _axis_scheme(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy, axis: str) -> Any:
+    """The compiled scheme mapping a data value to the output column's label (a level: the
+    hierarchy file's column at that level)."""
+    from privrelease.policies.schema import HierarchyScheme
+
+    level = mechanism.levels.get(axis)
+    if level is None:
+        return loaded.published_schemes([axis])[axis]
+    scheme = loaded.policy.scheme_for(level.of)
+    assert isinstance(scheme, HierarchyScheme), "the policy checks require a hierarchy"
+    return HierarchyScheme(hierarchy=scheme.hierarchy, level=level.level).to_scheme(loaded.hierarchies[level.of])
+
+
+def _shape(layout: Layout, index: int) -> tuple[int, ...]:
+    return tuple(len(layout.labels[axis]) for axis in layout.axes[index])
+
+
+def _cells_table(layout: Layout, index: int, value: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> pa.Table:
+    """One row per cell of table ``index`` in declared order (zeros included): its labels, then
+    ``estimate``, ``lower``, ``upper``."""
+    axes = layout.axes[index]
+    shape = _shape(layout, index)
+    position = np.unravel_index(np.arange(value.size), shape) if axes else ()
+    columns = {axis: pa.array(layout.labels[axis]).take(pa.array(at)) for axis, at in zip(axes, position, strict=True)}
+    for name, values in zip(TABLE_COLUMNS, (value, lower, upper), strict=True):
+        columns[name] = pa.array(values)
+    return pa.table(columns)
+
+
+def _layout(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy) -> Layout:
+    from privrelease.mechanisms.tables import Domain, Table
+
+    levels = mechanism.levels
+    owner = next((level.of for level in levels.values()), None)
+    flat: list[str] = []
+    for table in mechanism.tables:
+        flat += [c for c in table if c not in levels and c != owner and c not in flat]
+    labels = {column: [str(v) for v in found] for column, found in loaded.labels(flat).items()}
+    geography = None
+    names: list[str] = []
+    if owner is not None:
+        names, geography, level_labels = _geography(mechanism, loaded, owner)
+        labels.update(level_labels)
+    domain = Domain(tuple((c, len(labels[c])) for c in flat), geography)
+    tables, axes = [], []
+    for table in mechanism.tables:
+        level = next((names.index(c) for c in table if c in names), None)
+        own = tuple(c for c in flat if c in table)
+        tables.append(Table(own, level))
+        axes.append(((names[level],) if level is not None else ()) + own)
+    return Layout(domain, tuple(tables), tuple(axes), labels)
+
+
+def _geography(
+    mechanism: NoisyTablesMechanism, loaded: LoadedPolicy, owner: str
+) -> tuple[list[str], Any, dict[str, list[str]]]:
+    """The geography's level names (finest first), its :class:`.tables.Geography` and each
+    level's labels (sorted), from the hierarchy rows of the column's declared domain."""
+    from privrelease.mechanisms.tables import Geography
+    from privrelease.policies.schema import HierarchyScheme
+
+    scheme = loaded.policy.scheme_for(owner)
+    assert isinstance(scheme, HierarchyScheme), "the policy checks require a hierarchy"
+    rows = loaded.hierarchies[owner]
+    declared = loaded.policy.dataset.columns[owner].values
+    if declared is not None:
+        keep = {str(v) for v in declared}
+        rows = tuple(row for row in rows if row[0] in keep)
+    ordered = sorted(mechanism.levels.items(), key=lambda item: item[1].level)
+    depth = len(rows[0]) - 1
+    for name, level in ordered:
+        if level.level > depth:
+            raise UserError(
+                f"levels.{name}.level must be between {scheme.level + 1} and {depth} for the hierarchy of column "
+                f"{owner!r} ({depth + 1} columns); got {level.level}",
+                field=f"levels.{name}.level",
+            )
+    names = [owner] + [name for name, _ in ordered]
+    columns = [scheme.level] + [level.level for _, level in ordered]
+    labels = {name: sorted({row[column] for row in rows}) for name, column in zip(names, columns, strict=True)}
+    parents = []
+    for (fine, fine_column), (coarse, coarse_column) in zip(
+        zip(names, columns, strict=True), zip(names[1:], columns[1:], strict=True), strict=False
+    ):
+        parent: dict[str, str] = {}
+        for row in rows:
+            if parent.setdefault(row[fine_column], row[coarse_column]) != row[coarse_column]:
+                raise UserError(
+                    f"levels.{coarse}: level {coarse!r} is not nested in {fine!r}: {fine} {row[fine_column]!r} lies "
+                    f"in {coarse} {parent[row[fine_column]]!r} and {row[coarse_column]!r} (hierarchy of column "
+                    f"{owner!r}); every {fine} must lie in one {coarse}",
+                    field=f"levels.{coarse}",
+                )
+        index = {label: i for i, label in enumerate(labels[coarse])}
+        parents.append(np.array([index[parent[label]] for label in labels[fine]], dtype=np.int64))
+    geography = Geography(owner, tuple(names), tuple(len(labels[n]) for n in names), tuple(parents))
+    return names, geography, labels
+
+
+_SIGMAS: dict[tuple[str, str], tuple[float, ...]] = {}
+"""Allocated sigmas by (policy hash, mechanism): the optimization runs once per policy."""
+
+
+def _sigmas(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy) -> tuple[float, ...]:
+    sigma = mechanism.noise.sigma
+    if isinstance(sigma, tuple):
+        return tuple(float(s) for s in sigma)
+    if sigma is not None:
+        return (float(sigma),) * len(mechanism.tables)
+    key = (loaded.sha256, mechanism.name)
+    if key not in _SIGMAS:
+        from privrelease.mechanisms import tables
+
+        layout = mechanism.layout(loaded)
+        found = tables.allocate(layout.domain, layout.tables, mechanism._limits(loaded))
+        _SIGMAS[key] = tuple(_round_down(s) for s in found)
+    return _SIGMAS[key]
+
+
+def _round_down(sigma: float) -> float:
+    """``sigma`` rounded down to :data:`SIGMA_DIGITS` significant digits."""
+    scale = 10 ** (SIGMA_DIGITS - 1 - math.floor(math.log10(sigma)))
+    return math.floor(sigma * scale) / scale
+
+
+@dataclass(frozen=True)
+class TablesJob:
+    """The exact counts of every table (a :class:`.noisy_counts.CountJob` each; None: the grand
+    total, the rows counted)."""
+
+    jobs: tuple[CountJob | None, ...]
+
+    def partial(self, table: pa.Table) -> list[np.ndarray]:
+        return [np.array([table.num_rows], dtype=np.int64) if job is None else job.partial(table) for job in self.jobs]
+
+    def merge(self, parts: list[list[np.ndarray]]) -> list[np.ndarray]:
+        return [np.asarray(np.sum([part[i] for part in parts], axis=0, dtype=np.int64)) for i in range(len(self.jobs))]
+
+
+EXPLANATION = """<dt>Noisy tables that add up</dt>
+<dd>Every cell of every table's declared domain is published, empty ones included. Each table is measured once with independent discrete Gaussian noise (OpenDP's exact sampler); adding or removing one person changes one cell of each table by one, so the release is the composition of one discrete Gaussian measurement per table, accounted exactly (Canonne, Kamath, Steinke 2020). The published tables are then one least-squares estimate from all the measurements together (Xiong, He, Kifer 2023; Hay, Rastogi, Miklau, Suciu 2010), which costs no privacy: every table is a margin of it, so cells add up exactly to every published margin and across geography levels, and each table borrows strength from the others. Each cell comes with lower and upper: its interval at the stated probability, cell by cell; the accuracy section also states the wider half-width that covers every cell of a table at once. Where the policy asks for non-negative integers, the estimate is projected onto non-negative values and rounded keeping the total, still adding up; the intervals are widened by the largest shift this makes.</dd>"""
