@@ -414,3 +414,21 @@ def test_rake_fits_node_totals_and_parent_cells() -> None:
     assert raked.min() >= 0 and np.all(raked[1] == 0)
     assert np.abs(raked.sum(axis=1) - rows).max() <= RAKE_TOLERANCE
     np.testing.assert_allclose(aggregate @ raked, columns, rtol=1e-12, atol=1e-12)
+
+
+def test_a_domain_without_geography() -> None:
+    """No hierarchical attribute: estimates and variances equal the dense GLS, and the integer
+    tables add up to the rounded total."""
+    domain = Domain((("a", 3), ("b", 4)))
+    tables = [Table(("a", "b")), Table(("a",)), Table(())]
+    rng = np.random.default_rng(9)
+    sigmas, measured = [1.0, 0.7, 2.0], [rng.normal(2, 2, t.shape(domain)) for t in tables]
+    expected, expected_variances = dense_gls(domain, tables, sigmas, measured)
+    estimates = reconstruct(domain, tables, sigmas, measured)
+    for got, want in zip(estimates, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-11)
+    for got, want in zip(cell_variances(domain, tables, sigmas), expected_variances, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    detail, by_a, total = nonnegative_integer(domain, tables, estimates, rng)
+    assert detail.min() >= 0 and np.array_equal(detail.sum(axis=1), by_a) and detail.sum() == total
+    assert total == max(0, round(float(estimates[2])))
