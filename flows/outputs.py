@@ -1,7 +1,9 @@
 """Step 7 of a release: run one policy mechanism (its kind's ``run`` in-process, or its
 ``finish`` from the partials of Dask or of a streamed in-process read:
 :mod:`privrelease.mechanisms.kinds`) and write its output (and its companion, the published
-cells of SDGS microdata with their count intervals) to the staging folder."""
+cells of SDGS microdata with their count intervals) to the staging folder. On Dask an output
+in pieces is computed and written by a worker (:func:`write_remote`), the flow's process
+checking its sha256."""
 
 from __future__ import annotations
 
@@ -105,8 +107,11 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     assert result.event == planned[name], (
         f"mechanism {name!r} realized {result.event!r}, but the plan (and the reservation) has {planned[name]!r}"
     )
-    with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
-        rows = write_table(result.table, path, run.output_format)
+    if run.engine.scaled and isinstance(result.table, Pieces) and result.table.remote is not None:
+        rows = write_remote(run, step, result.table, path)
+    else:
+        with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
+            rows = write_table(result.table, path, run.output_format)
     cells = None
     if result.cells is not None:
         cells_file = f"{safe_name(name)}.{CELLS_SUFFIX}.{run.output_format}"
@@ -125,6 +130,43 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         internal_facts=_jsonable(result.internal_facts),
         cells=cells,
     )
+
+
+def write_remote(run: RunContext, step: str, pieces: Pieces, path: Path) -> int:
+    """Compute ``pieces`` on a Dask worker and write them there to ``path`` in the staging
+    folder (:func:`write_pieces_here`): no published row exists in the flow's process, only
+    what the pieces are computed from travels (SDGS: the published cells and their counts).
+    The file must hash here as the worker wrote it (what is published is what was written).
+    One file per output: a Parquet file's row groups cannot be joined from files written apart
+    without decoding them again. Returns the rows."""
+    from privrelease.errors import UserError
+    from privrelease.flows import engines
+    from privrelease.flows.context import DataStepError
+    from privrelease.flows.partitions import PartitionError
+
+    assert pieces.remote is not None, "pieces computed elsewhere have a remote function"
+    item = (pieces.remote, pieces.schema, str(path))
+    try:
+        [(sha256, rows)] = engines.map_gather(
+            run.run_id, write_pieces_here, [item], output_format=run.output_format, step=step
+        )
+    except PartitionError as error:  # leaves as a plain DataStepError, as the read's (.scaled.read_partials)
+        raise DataStepError(error.step, error.original) from None
+    if sha256_file(path) != sha256:
+        raise UserError(f"output {str(path)!r} changed after the Dask worker wrote it; nothing was published")
+    return rows
+
+
+def write_pieces_here(item: tuple[Any, pa.Schema, str], output_format: str, step: str) -> tuple[str, int]:
+    """On a Dask worker: compute the pieces (``item``: the function giving them, their schema
+    and the path to write) and write them (:func:`write_table`); the file's sha256 and rows.
+    An error is withheld as the mechanism step's (:class:`.partitions.PartitionError`)."""
+    from privrelease.flows.partitions import PartitionError
+
+    remote, schema, path = item
+    with withholding(step, PartitionError):
+        rows = write_table(Pieces(schema, remote()), Path(path), output_format)
+    return sha256_file(Path(path)), rows
 
 
 def _jsonable(value: Any) -> Any:
