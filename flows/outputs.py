@@ -108,10 +108,11 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         f"mechanism {name!r} realized {result.event!r}, but the plan (and the reservation) has {planned[name]!r}"
     )
     if run.engine.scaled and isinstance(result.table, Pieces) and result.table.remote is not None:
-        rows = write_remote(run, step, result.table, path)
+        rows, sha256 = write_remote(run, step, result.table, path)
     else:
         with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
             rows = write_table(result.table, path, run.output_format)
+        sha256 = sha256_file(path)
     cells = None
     if result.cells is not None:
         cells_file = f"{safe_name(name)}.{CELLS_SUFFIX}.{run.output_format}"
@@ -122,7 +123,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         mechanism=name,
         type=spec.type,
         file=file,
-        sha256=sha256_file(path),
+        sha256=sha256,
         rows=rows,
         bytes=path.stat().st_size,
         event_json=event_to_json(result.event),
@@ -132,13 +133,13 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
     )
 
 
-def write_remote(run: RunContext, step: str, pieces: Pieces, path: Path) -> int:
+def write_remote(run: RunContext, step: str, pieces: Pieces, path: Path) -> tuple[int, str]:
     """Compute ``pieces`` on a Dask worker and write them there to ``path`` in the staging
     folder (:func:`write_pieces_here`): no published row exists in the flow's process, only
     what the pieces are computed from travels (SDGS: the published cells and their counts).
     The file must hash here as the worker wrote it (what is published is what was written).
     One file per output: a Parquet file's row groups cannot be joined from files written apart
-    without decoding them again. Returns the rows."""
+    without decoding them again. Returns the rows and the sha256."""
     from privrelease.errors import UserError
     from privrelease.flows import engines
     from privrelease.flows.context import DataStepError
@@ -154,7 +155,7 @@ def write_remote(run: RunContext, step: str, pieces: Pieces, path: Path) -> int:
         raise DataStepError(error.step, error.original) from None
     if sha256_file(path) != sha256:
         raise UserError(f"output {str(path)!r} changed after the Dask worker wrote it; nothing was published")
-    return rows
+    return rows, sha256
 
 
 def write_pieces_here(item: tuple[Any, pa.Schema, str], output_format: str, step: str) -> tuple[str, int]:
