@@ -824,3 +824,27 @@ def test_a_partition_emptied_by_dropped_rows_is_no_error(cluster, work):
         with pytest.raises(DataStepError) as caught:
             release_plain(policy_path=str(policy), out_dir=str(work / "none"))
         assert "has a missing value; nothing is left" in caught.value.detail
+
+
+def test_a_run_builds_each_releases_privacy_loss_distribution_once(work, monkeypatch):
+    """The per-run accounting that depends only on the policy and the ledger (each release's
+    privacy loss distribution: the reservation's composition, the report's ledger curve and
+    runway search) is computed once per run and shared, never again per step: in a second run
+    (the ledger then composes two runs' releases), no event's PLD is built twice."""
+    from privrelease.mechanisms import pld
+
+    data = work / "wide.parquet"
+    wide_dataset(data, 8_000, 2_000, seed=7)
+    policy = policy_file(work, "wide.parquet")
+    release_plain(policy_path=str(policy), out_dir=str(work / "first"))
+    built: list[str] = []
+    event_pld = pld._event_pld
+
+    def counted(event, discretization):
+        built.append(repr(event))
+        return event_pld(event, discretization)
+
+    monkeypatch.setattr(pld, "_event_pld", counted)
+    pld._cached_pld.cache_clear()
+    release_plain(policy_path=str(policy), out_dir=str(work / "second"))
+    assert built and len(built) == len(set(built)), built
