@@ -9,14 +9,15 @@
 # Runs, each as one line of JSON (bench/scale.py's last line) on stdout and in $OUT/scale.jsonl:
 # 100 M rows with 16 workers against the in-process run, then 20 M rows with 2, 4, 8, 16 workers
 # while BUDGET_S (default 420 s from the start) allows; a run that cannot finish in the time left
-# is skipped with a line saying so. Knobs: PY (python3), SITE, OUT, BUDGET_S, BIG_ROWS, ROWS,
+# is skipped with a line saying so. Knobs: PY (python3), SITE, SCRATCH, OUT, BUDGET_S, BIG_ROWS, ROWS,
 # BIG_WORKERS, WORKERS.
 set -u
 KIT=$(cd "${1:?usage: many_cores.sh KIT}" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-python3}
 SITE=${SITE:-/tmp/privrelease-site}
-OUT=${OUT:-/tmp/privrelease-many-cores}
+SCRATCH=${SCRATCH:-/tmp/privrelease-many-cores}  # the bench's data and work folders
+OUT=${OUT:-$SCRATCH/out}  # only env.txt, log.txt, run.log and scale.jsonl
 BUDGET_S=${BUDGET_S:-420}
 BIG_ROWS=${BIG_ROWS:-100000000}
 ROWS=${ROWS:-20000000}
@@ -39,10 +40,10 @@ for package, folder in sorted(mapping.items(), key=lambda item: item[0].count(".
     shutil.copytree(repo / folder, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
 EOF
 export PYTHONPATH="$SITE" DASK_LOGGING__DISTRIBUTED=error
-export PRIVRELEASE_WORK_DIR="$OUT/work" TMPDIR="$OUT/tmp" PREFECT_HOME="$OUT/prefect"
+export PRIVRELEASE_WORK_DIR="$SCRATCH/work" TMPDIR="$SCRATCH/tmp" PREFECT_HOME="$SCRATCH/prefect"
 mkdir -p "$TMPDIR" "$REPO/../shared/data"
 [ -f "$REPO/../shared/data/adult/adult.csv" ] || cp -r "$KIT/adult" "$REPO/../shared/data/adult" || exit 1
-cd "$OUT" || exit 1  # not the checkout: python imports the installed copy
+cd "$SCRATCH" || exit 1  # not the checkout: python imports the installed copy
 "$PY" -c "import privrelease.flows.scaled, dask, distributed, dp_accounting, sqlmodel; print('imports ok:', privrelease.flows.scaled.__file__)" \
   | tee -a "$OUT/env.txt" || exit 1
 
