@@ -4,8 +4,9 @@ only the fingerprint, the read and the mechanisms' per-partition work run on the
 (:mod:`.partitions`, :mod:`.scaled`), mapped with Dask itself inside one Prefect task per
 stage, so a partition costs milliseconds of orchestration, not a Prefect task run.
 
-The cluster is the one at ``address`` (production: workers that see the data files; outputs
-are written by the flow's process) or, without one, a ``LocalCluster`` of ``workers`` processes, one thread each, started for the
+The cluster is the one at ``address`` (production: workers that see the data files and the
+run's staging folder: an output in pieces, SDGS microdata, is computed and written by a worker,
+the flow's process checking its sha256, :func:`.outputs.write_remote`) or, without one, a ``LocalCluster`` of ``workers`` processes, one thread each, started for the
 run and closed at its end.
 
 What a run holds in this process between its steps (never passed through Prefect: task

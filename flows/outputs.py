@@ -1,7 +1,9 @@
 """Step 7 of a release: run one policy mechanism (its kind's ``run`` in-process, or its
 ``finish`` from the partials of Dask or of a streamed in-process read:
 :mod:`privrelease.mechanisms.kinds`) and write its output (and its companion, the published
-cells of SDGS microdata with their count intervals) to the staging folder."""
+cells of SDGS microdata with their count intervals) to the staging folder. On Dask an output
+in pieces is computed and written by a worker (:func:`write_remote`), the flow's process
+checking its sha256."""
 
 from __future__ import annotations
 
@@ -112,11 +114,14 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         for part, table in result.tables.items()
     ]
     if parts:  # a release of several tables: one file each, the first standing for the output
-        file, rows = parts[0].file, parts[0].rows
+        file, rows, sha256 = parts[0].file, parts[0].rows, parts[0].sha256
         path = run.staging_dir / file
+    elif run.engine.scaled and isinstance(result.table, Pieces) and result.table.remote is not None:
+        rows, sha256 = write_remote(run, step, result.table, path)
     else:
         with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
             rows = write_table(result.table, path, run.output_format)
+        sha256 = sha256_file(path)
     cells = None
     if result.cells is not None:
         cells_file = f"{safe_name(name)}.{CELLS_SUFFIX}.{run.output_format}"
@@ -127,7 +132,7 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         mechanism=name,
         type=spec.type,
         file=file,
-        sha256=sha256_file(path),
+        sha256=sha256,
         rows=rows,
         bytes=path.stat().st_size,
         event_json=event_to_json(event),
@@ -144,6 +149,43 @@ def _write_part(run: RunContext, file: str, table: pa.Table) -> tuple[str, str, 
     path = run.staging_dir / file
     rows = write_table(table, path, run.output_format)
     return file, sha256_file(path), rows, path.stat().st_size
+
+
+def write_remote(run: RunContext, step: str, pieces: Pieces, path: Path) -> tuple[int, str]:
+    """Compute ``pieces`` on a Dask worker and write them there to ``path`` in the staging
+    folder (:func:`write_pieces_here`): no published row exists in the flow's process, only
+    what the pieces are computed from travels (SDGS: the published cells and their counts).
+    The file must hash here as the worker wrote it (what is published is what was written).
+    One file per output: a Parquet file's row groups cannot be joined from files written apart
+    without decoding them again. Returns the rows and the sha256."""
+    from privrelease.errors import UserError
+    from privrelease.flows import engines
+    from privrelease.flows.context import DataStepError
+    from privrelease.flows.partitions import PartitionError
+
+    assert pieces.remote is not None, "pieces computed elsewhere have a remote function"
+    item = (pieces.remote, pieces.schema, str(path))
+    try:
+        [(sha256, rows)] = engines.map_gather(
+            run.run_id, write_pieces_here, [item], output_format=run.output_format, step=step
+        )
+    except PartitionError as error:  # leaves as a plain DataStepError, as the read's (.scaled.read_partials)
+        raise DataStepError(error.step, error.original) from None
+    if sha256_file(path) != sha256:
+        raise UserError(f"output {str(path)!r} changed after the Dask worker wrote it; nothing was published")
+    return rows, sha256
+
+
+def write_pieces_here(item: tuple[Any, pa.Schema, str], output_format: str, step: str) -> tuple[str, int]:
+    """On a Dask worker: compute the pieces (``item``: the function giving them, their schema
+    and the path to write) and write them (:func:`write_table`); the file's sha256 and rows.
+    An error is withheld as the mechanism step's (:class:`.partitions.PartitionError`)."""
+    from privrelease.flows.partitions import PartitionError
+
+    remote, schema, path = item
+    with withholding(step, PartitionError):
+        rows = write_table(Pieces(schema, remote()), Path(path), output_format)
+    return sha256_file(Path(path)), rows
 
 
 def _jsonable(value: Any) -> Any:

@@ -40,8 +40,9 @@ without cells do not take part in the label merge.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -234,17 +235,26 @@ def microdata(
     """SDGS's output from the cell counts of the whole sample: every cell with ``n_c >= k``
     with its ``n_c`` rows, the rows split over :func:`file_count` pieces (each row in a
     uniformly random one, :func:`assign_files`), each piece in uniformly random order
-    (:func:`file_table`) and computed only as it is written (:class:`.results.Pieces`); the
-    facts and event of :func:`result`; with ``confidence``, the published cells with their
-    count intervals as a companion output (:func:`.sdgs.with_cells`)."""
+    (:func:`file_table`) and computed only as it is written (:func:`pieces`, in this process
+    or on a Dask worker: :class:`.results.Pieces`); the facts and event of :func:`result`;
+    with ``confidence``, the published cells with their count intervals as a companion output
+    (:func:`.sdgs.with_cells`)."""
     published = published_cells(merged, k)
-    pieces = assign_files(published.counts, file_count(int(published.counts.sum()), rows_per_file))
     outcome = result(merged, k=k, beta=beta, epsilon=epsilon)
-    tables = (file_table(published, which, counts) for which, counts in pieces)
+    make = functools.partial(pieces, published, file_count(int(published.counts.sum()), rows_per_file))
     rows = MechanismResult(
-        Pieces(outcome.table.schema, tables), outcome.event, outcome.public_facts, outcome.internal_facts
+        Pieces(outcome.table.schema, make(), remote=make), outcome.event, outcome.public_facts, outcome.internal_facts
     )
     return with_cells(rows, merged, k=k, beta=beta, confidence=confidence)
+
+
+def pieces(published: CellCounts, files: int) -> Iterator[pa.Table]:
+    """The published rows of ``published`` (each cell with its count) as ``files`` pieces, each
+    row in a uniformly random one (:func:`assign_files`, drawn at the first piece), each piece
+    in uniformly random order (:func:`file_table`), computed one at a time: no piece exists
+    before it is asked for, wherever this runs (the flow's process, or a Dask worker)."""
+    for which, counts in assign_files(published.counts, files):
+        yield file_table(published, which, counts)
 
 
 def streamed_sdgs(

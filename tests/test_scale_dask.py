@@ -218,6 +218,81 @@ def test_same_release_as_in_process(cluster, work):
     verify_intact()
 
 
+def sorted_dataset(path: Path, rows: int, row_group: int) -> None:
+    """:func:`wide_dataset` sorted by ``sex`` then ``c0``: the input order visible in the rows."""
+    wide_dataset(path, rows, row_group, seed=5)
+    pq.write_table(pq.read_table(path).sort_by([("sex", "ascending"), ("c0", "ascending")]), path, row_group)
+
+
+def runs_of(values: list) -> int:
+    """How many runs of equal consecutive values."""
+    return 1 + sum(a != b for a, b in zip(values, values[1:])) if values else 0
+
+
+def test_a_worker_writes_the_microdata_and_the_flow_checks_its_hash(cluster, work, monkeypatch):
+    """On Dask the microdata's rows are drawn and written on a worker: in the flow's process no
+    row is given a piece (``assign_files`` is never called there) and no output in pieces is
+    written; the published file hashes as recorded, holds every true cell with a beta-sampled
+    count (6-sigma bounds), and its rows are not in the input's order (the input is sorted by
+    sex: about n/2 runs of sex in a uniformly random order of n ~ 40,000 rows, 2 sorted; fewer
+    than n/4 has probability below 1e-100 by Hoeffding's bound on the run count)."""
+    from privrelease.files import sha256_file
+    from privrelease.flows import outputs as flow_outputs
+    from privrelease.mechanisms import partitioned
+    from privrelease.mechanisms.results import Pieces
+
+    data = work / "sorted.parquet"
+    sorted_dataset(data, 400_000, 50_000)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("the flow's process drew the published rows' pieces")
+
+    write_table = flow_outputs.write_table
+
+    def flow_writes(table, *args):
+        assert not isinstance(table, Pieces), "the flow's process wrote an output in pieces"
+        return write_table(table, *args)
+
+    monkeypatch.setattr(partitioned, "assign_files", not_here)
+    monkeypatch.setattr(flow_outputs, "write_table", flow_writes)
+    policy = policy_file(work, "sorted.parquet", engine=dask_engine(cluster, 50_000))
+    published = release_plain(policy_path=str(policy), out_dir=str(work / "dask"))
+    (micro,) = [output for output in published.outputs if Path(output["path"]).name == "microdata.parquet"]
+    assert sha256_file(Path(micro["path"])) == micro["sha256"]
+    table = pq.read_table(micro["path"])
+    assert table.num_rows == micro["rows"]
+    names = [*(f"c{i}" for i in range(WIDE_COLUMNS)), "sex"]
+    sampled_within_binomial_bounds(rows_of(table), generalized(data, names), 0.1)
+    assert runs_of(table.column("sex").to_pylist()) > table.num_rows / 4
+    verify_intact()
+
+
+def test_output_changed_after_the_worker_wrote_it_is_not_published(cluster, work, monkeypatch):
+    """The microdata file is changed between the worker's write and the flow's check: its hash
+    differs from the worker's, the run fails, nothing is published, the reservation is released."""
+    from privrelease.flows import engines
+    from privrelease.flows import outputs as flow_outputs
+
+    data = work / "wide.parquet"
+    wide_dataset(data, 8_000, 2_000, seed=6)
+    map_gather = engines.map_gather
+
+    def write_then_change(run_id, function, items, **constants):
+        results = map_gather(run_id, function, items, **constants)
+        if function is flow_outputs.write_pieces_here:
+            with open(items[0][2], "ab") as file:
+                file.write(b"planted")
+        return results
+
+    monkeypatch.setattr(engines, "map_gather", write_then_change)
+    policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, 2_000))
+    with pytest.raises((UserError, DataStepError), match="changed after the Dask worker wrote it"):
+        release_plain(policy_path=str(policy), out_dir=str(work / "out"))
+    run, entries = latest_run()
+    assert run.status == "failed" and [e.state for e in entries] == ["released"]
+    assert not (work / "out").exists() or [p for p in (work / "out").iterdir() if not p.name.startswith(".")] == []
+
+
 def test_parquet_folder_fingerprinted_file_by_file(cluster, work):
     """A folder of three files: the same combined fingerprint in-process and on Dask, which
     changes when a file is renamed; the release counts every file's rows once."""
@@ -749,3 +824,27 @@ def test_a_partition_emptied_by_dropped_rows_is_no_error(cluster, work):
         with pytest.raises(DataStepError) as caught:
             release_plain(policy_path=str(policy), out_dir=str(work / "none"))
         assert "has a missing value; nothing is left" in caught.value.detail
+
+
+def test_a_run_builds_each_releases_privacy_loss_distribution_once(work, monkeypatch):
+    """The per-run accounting that depends only on the policy and the ledger (each release's
+    privacy loss distribution: the reservation's composition, the report's ledger curve and
+    runway search) is computed once per run and shared, never again per step: in a second run
+    (the ledger then composes two runs' releases), no event's PLD is built twice."""
+    from privrelease.mechanisms import pld
+
+    data = work / "wide.parquet"
+    wide_dataset(data, 8_000, 2_000, seed=7)
+    policy = policy_file(work, "wide.parquet")
+    release_plain(policy_path=str(policy), out_dir=str(work / "first"))
+    built: list[str] = []
+    event_pld = pld._event_pld
+
+    def counted(event, discretization):
+        built.append(repr(event))
+        return event_pld(event, discretization)
+
+    monkeypatch.setattr(pld, "_event_pld", counted)
+    pld._cached_pld.cache_clear()
+    release_plain(policy_path=str(policy), out_dir=str(work / "second"))
+    assert built and len(built) == len(set(built)), built
