@@ -128,7 +128,15 @@ def test_examples_cover_every_mechanism() -> None:
         selects += sum("select_scheme" in m for m in document["mechanisms"])
         if path.name.startswith("adult-"):
             assert document["dataset"]["path"] == "../../../shared/data/adult/adult.csv"
-    assert kinds == {"sdgs", "histogram", "identifiable_statistic", "splu_gen", "noisy_counts", "noisy_sums", "noisy_tables"}
+    assert kinds == {
+        "sdgs",
+        "histogram",
+        "identifiable_statistic",
+        "splu_gen",
+        "noisy_counts",
+        "noisy_sums",
+        "noisy_tables",
+    }
     assert selects >= 1
 
 

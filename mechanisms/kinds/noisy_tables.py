@@ -292,7 +292,7 @@ class NoisyTablesMechanism(MechanismKind):
         events = []
         for sigma in sigmas:
             epsilon = _smallest_epsilon(functools.partial(delta_of, "gaussian", sigma), targets.delta)
-            events.append(DiscreteGaussian(sigma=sigma, epsilon=epsilon))
+            events.append(DiscreteGaussian(sigma=sigma, epsilon=epsilon, sensitivity=1))
         return Composed(events=tuple(events))
 
     # --- privacy and accuracy maps ----------------------------------------------------------
