@@ -266,8 +266,10 @@ def test_prefect_yaml_declares_a_scheduled_deployment_per_example_policy():
         assert deployment["work_pool"]["name"] == POOL
         if name != "demo":
             assert (REPO / deployment["parameters"]["policy_path"]).is_file()
-            data = "policies/examples/geo-people.csv" if name == "geo-tables" else "../shared/data/adult/adult.csv"
-            assert deployment["parameters"]["data_path"] == data
+            policy_path = deployment["parameters"]["policy_path"]
+            declared = yaml.safe_load((REPO / policy_path).read_text(encoding="utf-8"))["dataset"]["path"]
+            # the file the policy itself names, as a path from the checkout
+            assert deployment["parameters"]["data_path"] == os.path.normpath(Path(policy_path).parent / declared)
 
 
 def test_deploy_cli_without_prefect_import():

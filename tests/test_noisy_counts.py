@@ -501,7 +501,7 @@ def test_the_kind_is_one_module_found_by_the_registry():
     events parse from JSON by their kind tags (nothing else of the package names it but the
     command line's calculus of its noise, ``calibrate noisy-counts`` and ``guarantee accuracy
     noisy-counts``: a convenience over its functions, not needed by any policy, plan or run; and
-    the noisy_sums kind, whose noise it is)."""
+    the noisy_sums and noisy_tables kinds, which build on it)."""
     from privrelease.mechanisms.kinds import all_kinds
     from privrelease.policies.schema import MECHANISM_TYPES
 
@@ -516,8 +516,13 @@ def test_the_kind_is_one_module_found_by_the_registry():
         for path in (package / folder).rglob("*.py")
         if "noisy_counts" in path.read_text() and path.name != "noisy_counts.py"
     ]
-    # noisy_sums builds on its discrete Gaussian (noise, half-widths, the cells of a declared domain)
-    assert sorted(mentions) == [Path("mechanisms/kinds/noisy_sums.py"), Path("privrelease/cli/counts.py")]
+    # noisy_sums builds on its discrete Gaussian (noise, half-widths, the cells of a declared domain),
+    # noisy_tables on its exact partial counts of a declared domain
+    assert sorted(mentions) == [
+        Path("mechanisms/kinds/noisy_sums.py"),
+        Path("mechanisms/kinds/noisy_tables.py"),
+        Path("privrelease/cli/counts.py"),
+    ]
 
 
 def test_plan_states_the_exact_guarantees(demo_dir):
