@@ -15,14 +15,11 @@ delta) point (sound, loose), and the Rényi divergences ``a rho`` compose exactl
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from privrelease.mechanisms.guarantees import Guarantee, Notion
-
-if TYPE_CHECKING:
-    from privrelease.policies.schema import Targets
 
 
 def probabilistic_delta(rho: float, epsilon: float) -> float:
@@ -40,14 +37,14 @@ def approximate_delta(rho: float, epsilon: float) -> float:
     return renyi.convert_delta(renyi.ORDERS * rho, 0.0, epsilon)
 
 
-def stated_epsilon(rho: float, targets: Targets) -> float:
+def stated_epsilon(rho: float, delta: float | None, accounting: str) -> float:
     """The smallest epsilon (at most :data:`.noisy_counts.STATED_EPSILON_LIMIT`) at which a
-    rho-zCDP release reaches ``targets.delta`` under ``targets.accounting``."""
+    rho-zCDP release reaches ``delta`` under ``accounting`` (a policy's ``targets``)."""
     from privrelease.mechanisms.kinds.noisy_counts import STATED_EPSILON_LIMIT, _smallest_epsilon
 
-    assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
-    delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
-    return min(_smallest_epsilon(lambda e: delta_of(rho, e), targets.delta), STATED_EPSILON_LIMIT)
+    assert delta is not None, "the policy checks require targets.delta for Gaussian noise"
+    delta_of = probabilistic_delta if accounting == "probabilistic" else approximate_delta
+    return min(_smallest_epsilon(lambda e: delta_of(rho, e), delta), STATED_EPSILON_LIMIT)
 
 
 class _Stated(Protocol):

@@ -239,7 +239,10 @@ class NoisySumsMechanism(MechanismKind):
             total_sensitivity=m * max(abs(lo), abs(hi)),
             epsilon=0.0,
         )
-        epsilon = self.epsilon if self.epsilon is not None else stated_epsilon(event.rho, loaded.policy.targets)
+        targets = loaded.policy.targets
+        epsilon = self.epsilon
+        if epsilon is None:
+            epsilon = stated_epsilon(event.rho, targets.delta, targets.accounting)
         return event.model_copy(update={"epsilon": epsilon})
 
     def _cells(self, loaded: LoadedPolicy) -> int:
