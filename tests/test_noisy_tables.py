@@ -651,3 +651,14 @@ def test_coverage_on_the_adult_example(adult_dir) -> None:
     for each, every in _coverage(layout, sigmas, noise):
         assert abs(each - 0.95) < 0.01
         assert every > 0.94
+
+
+def test_the_report_s_zcdp_rho_label_fits_every_kind() -> None:
+    """The report's label of the ``zcdp_rho`` fact (noisy counts, sums, tables) states rho as
+    Delta^2/(2 sigma^2) summed over the measurements, true for noisy sums' totals (Delta = m B)
+    and for m > 1 rows per person, not 1/(2 sigma^2), which is one measurement of sensitivity 1."""
+    from privrelease.reports.render import FACT_LABELS
+
+    label = FACT_LABELS["zcdp_rho"]
+    assert "1/(2σ²)" not in label
+    assert "Δ²/(2σ²) summed over its noisy measurements" in label
