@@ -8,9 +8,8 @@ One row changes one cell of every table by 1 (L1 and L2 sensitivity 1 per table;
 per person the caller multiplies the sensitivity by ``m``).
 
 **Strategy = workload.** Table ``t`` is measured once, ``y_t = table_t(x) + N(0, sigma_t^2 I)``
-(the discrete Gaussian of the kind is treated as a Gaussian of variance ``sigma_t^2``: its
-variance is at most that, Canonne-Kamath-Steinke 2020, so the variances below are upper bounds and
-the half-widths a normal approximation for it).
+(the kind samples it with OpenDP's float Gaussian, exact on a lattice of spacing ``2^-1074``:
+Gaussian far below any printed digit, so the variances and half-widths below are exact for it).
 
 **Residual decomposition** (ResidualPlanner, Xiong, He, Kifer, NeurIPS 2023; McKenna et al., HDMM,
 VLDB 2018). For a subset ``S`` of the flat attributes the S-residual of a table over ``F ⊇ S`` is
@@ -443,7 +442,7 @@ def variance_limit(half_width: float, confidence: float, cells: int) -> float:
 def privacy_cost(sigmas: Sequence[float], rows_per_person: int = 1) -> float:
     """zCDP ``rho = m^2 sum_t 1 / (2 sigma_t^2)``: the tables together are one Gaussian mechanism
     of L2 sensitivity ``m`` per table with ``1 / sigma_eff^2 = sum_t 1 / sigma_t^2`` (Bun and
-    Steinke 2016, Prop. 1.6 and Lemma 2.3); the discrete Gaussian has the same rho (CKS 2020)."""
+    Steinke 2016, Prop. 1.6 and Lemma 2.3)."""
     precision = _precisions(sigmas, len(sigmas))
     return float(rows_per_person**2 * precision.sum() / 2)
 

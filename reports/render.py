@@ -73,7 +73,8 @@ FACT_LABELS = {
     "composition": "composition (every method compared, the tightest used)",
     "rho_composed_statistics": "ρ of the statistics composed",
     "not_dp": "not differential privacy",
-    "zcdp_rho": "zCDP ρ of the Gaussian noise, 1/(2σ²) (zero-concentrated DP, Bun & Steinke; not the identifiability ρ)",
+    "zcdp_rho": "zCDP ρ of the Gaussian noise for one person: Δ²/(2σ²) summed over its noisy measurements, Δ the L2 "
+    "change one person makes to each (zero-concentrated DP, Bun & Steinke; not the identifiability ρ)",
 }
 INTERNAL_FACT_LABELS = {
     "discernibility": "discernibility (Bayardo & Agrawal: the sum of the published classes' squared sizes plus "

@@ -469,7 +469,12 @@ def add_noise(counts: np.ndarray, distribution: Distribution, parameter: float) 
     flat = values.astype(np.int64, copy=False).ravel()
     if not flat.size:
         return flat.reshape(values.shape)
-    measurement = _measurement(distribution, parameter)
+    return sample(_measurement(distribution, parameter), flat, np.int64).reshape(values.shape)
+
+
+def sample(measurement: Any, flat: np.ndarray, dtype: Any) -> np.ndarray:
+    """OpenDP vector ``measurement`` applied to ``flat`` (one dimension, not empty), as ``dtype``:
+    cut into chunks of :data:`SAMPLE_CHUNK` cells sampled on up to ``os.cpu_count()`` threads."""
     parts = [flat[start : start + SAMPLE_CHUNK] for start in range(0, flat.size, SAMPLE_CHUNK)]
     workers = min(len(parts), os.cpu_count() or 1)
     if workers > 1:
@@ -477,7 +482,7 @@ def add_noise(counts: np.ndarray, distribution: Distribution, parameter: float) 
             noisy = list(pool.map(lambda part: measurement(part.tolist()), parts))
     else:
         noisy = [measurement(part.tolist()) for part in parts]
-    return np.concatenate([np.asarray(part, dtype=np.int64) for part in noisy]).reshape(values.shape)
+    return np.concatenate([np.asarray(part, dtype=dtype) for part in noisy])
 
 
 def nonnegative(noisy: np.ndarray) -> np.ndarray:

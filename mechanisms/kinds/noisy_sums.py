@@ -53,14 +53,12 @@ from privrelease.mechanisms.kinds import (
     Event,
     FieldError,
     Frontier,
-    Guarantee,
     Issue,
     Loc,
     MechanismKind,
     Model,
     Name,
     Names,
-    Notion,
     Number,
     Planned,
     checked,
@@ -72,7 +70,6 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     MAX_CELLS,
     MAX_NOISE,
     MIN_NOISE,
-    STATED_EPSILON_LIMIT,
     CountJob,
     Sigma,
     add_noise,
@@ -80,6 +77,9 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     domain_issues,
     half_width,
 )
+from privrelease.mechanisms.zcdp import ZCDPGaussian, stated_epsilon
+from privrelease.mechanisms.zcdp import approximate_delta as zcdp_approximate_delta
+from privrelease.mechanisms.zcdp import probabilistic_delta as zcdp_probabilistic_delta  # noqa: F401 (its name here)
 from privrelease.policies.fields import num
 
 if TYPE_CHECKING:
@@ -97,21 +97,6 @@ def zcdp_rho(sigma_count: float, sigma_total: float, rows: int, bound: int) -> f
     """``rho = m^2 / (2 S_N^2) + (m B)^2 / (2 S_T^2)`` (``S_T``, ``B`` in units): the zCDP of one
     release for one person of at most ``rows`` = m rows (module docstring)."""
     return rows**2 / (2 * sigma_count**2) + (rows * bound) ** 2 / (2 * sigma_total**2)
-
-
-def zcdp_probabilistic_delta(rho: float, epsilon: float) -> float:
-    """``P[L > eps] <= min_a e^((a - 1)(a rho - eps)) = e^(-(eps - rho)^2 / (4 rho))`` for
-    ``eps > rho`` (at ``a = (eps + rho) / (2 rho)``), 1 below; rounded up."""
-    if epsilon <= rho:
-        return 1.0
-    return min(1.0, math.exp(-((epsilon - rho) ** 2) / (4 * rho)) * (1 + 1e-12))
-
-
-def zcdp_approximate_delta(rho: float, epsilon: float) -> float:
-    """The (epsilon, delta) of a rho-zCDP release by CKS Proposition 12 over :data:`.renyi.ORDERS`."""
-    from privrelease.mechanisms import renyi
-
-    return renyi.convert_delta(renyi.ORDERS * rho, 0.0, epsilon)
 
 
 def calibrate(
@@ -140,7 +125,7 @@ def calibrate(
     return m * bound / math.sqrt(2 * (1 - count_share) * rho), m / math.sqrt(2 * count_share * rho)
 
 
-class GaussianSums(Event):
+class GaussianSums(ZCDPGaussian, Event):
     """Noisy totals and counts of every cell (module docstring): discrete Gaussian noise of
     parameter ``sigma_count`` on the counts and ``sigma_total`` (in units of the resolution) on
     the totals; one person moves the counts by at most ``count_sensitivity`` and the totals by
@@ -152,6 +137,7 @@ class GaussianSums(Event):
     count_sensitivity: int = Field(ge=1)
     total_sensitivity: int = Field(ge=0)
     epsilon: float = Field(ge=0)
+    noise_label: ClassVar[str] = "discrete Gaussian sums"
 
     @property
     def rho(self) -> float:
@@ -159,28 +145,6 @@ class GaussianSums(Event):
             self.count_sensitivity**2 / (2 * self.sigma_count**2)
             + self.total_sensitivity**2 / (2 * self.sigma_total**2)
         ) * (1 + 1e-15)
-
-    def guarantee(self, notion: Notion) -> Guarantee:
-        if notion == "probabilistic":
-            delta, how = zcdp_probabilistic_delta(self.rho, self.epsilon), "P[loss > eps] by Markov"
-        else:
-            delta, how = zcdp_approximate_delta(self.rho, self.epsilon), "CKS Proposition 12"
-        return Guarantee(notion, self.epsilon, delta, True, f"discrete Gaussian sums, {self.rho:.6g}-zCDP, {how}")
-
-    def pld(self, discretization: float) -> Any:
-        """The dominating pair of its stated (epsilon, delta) (dp_accounting's
-        ``from_privacy_parameters``): sound for any (epsilon, delta)-DP release."""
-        from dp_accounting.pld import common
-        from dp_accounting.pld import privacy_loss_distribution as pld
-
-        delta = zcdp_approximate_delta(self.rho, self.epsilon)
-        return pld.from_privacy_parameters(
-            common.DifferentialPrivacyParameters(self.epsilon, delta), value_discretization_interval=discretization
-        )
-
-    def renyi(self, orders: Any) -> Any:
-        """``a rho`` (module docstring)."""
-        return np.asarray(orders, dtype=float) * self.rho
 
 
 def _sigma_ok(value: float) -> bool:
@@ -266,8 +230,6 @@ class NoisySumsMechanism(MechanismKind):
         return "has Gaussian noise"
 
     def _event(self, loaded: LoadedPolicy) -> GaussianSums:
-        from privrelease.mechanisms.kinds.noisy_counts import _smallest_epsilon
-
         m = loaded.policy.dataset.rows_per_person
         lo, hi = self._units
         event = GaussianSums(
@@ -277,12 +239,10 @@ class NoisySumsMechanism(MechanismKind):
             total_sensitivity=m * max(abs(lo), abs(hi)),
             epsilon=0.0,
         )
+        targets = loaded.policy.targets
         epsilon = self.epsilon
         if epsilon is None:
-            targets = loaded.policy.targets
-            assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
-            delta_of = zcdp_probabilistic_delta if targets.accounting == "probabilistic" else zcdp_approximate_delta
-            epsilon = min(_smallest_epsilon(lambda e: delta_of(event.rho, e), targets.delta), STATED_EPSILON_LIMIT)
+            epsilon = stated_epsilon(event.rho, targets.delta, targets.accounting)
         return event.model_copy(update={"epsilon": epsilon})
 
     def _cells(self, loaded: LoadedPolicy) -> int:

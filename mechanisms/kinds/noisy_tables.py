@@ -13,32 +13,32 @@ geography). ``noise: {distribution: gaussian}``: each table's sigma chosen to me
 (``sigma: S`` for every table, or a list, one per table). ``nonnegative: true``: published
 values are non-negative integers that still add up (:func:`.tables.nonnegative_integer`).
 
-**Privacy.** Each table is measured once with discrete Gaussian noise of its sigma (OpenDP, as
-``noisy_counts``); under add/remove-one-row neighbours one row changes one cell of each table by
-one, so the release is the composition of one ``DiscreteGaussian`` event per table (Canonne,
-Kamath, Steinke 2020: zCDP ``rho = sum_t 1 / (2 sigma_t^2)``; exact PLD composition by
-``dp_accounting``). Reconstruction is post-processing. A person with several rows (``dataset.person``
-with ``max_rows`` m > 1) would shift a cell by m: the pair ``(Z, Z + m)`` of the discrete
-Gaussian is not ``(Z', Z' + 1)`` of any discrete Gaussian, so no existing event is exact and
-m > 1 is refused.
+**Privacy.** Each table is measured once with Gaussian noise of its sigma (:func:`measure`:
+OpenDP's ``make_gaussian`` on floats, an exact sampler of the discrete Gaussian on the lattice
+``2^k Z``, OpenDP's default ``k = -1074``, the spacing of the smallest subnormal double, the
+sum then rounded to the nearest double; OS CSPRNG; its privacy map certifies zCDP only). One
+person with at most m rows (``dataset.rows_per_person``; the kind reads all of them) changes the
+cells of each table by a vector of non-negative integers summing to at most m, so of L2 norm at
+most m, for ANY spread of the rows; Rényi divergences of independent measurements add, so the
+release is rho-zCDP with ``rho = m^2 sum_t 1 / (2 sigma_t^2)`` (Bun and Steinke 2016; OpenDP's
+map ``m^2 / (2 sigma_t^2)`` is checked at each release), one :class:`GaussianTables` event
+accounted by :mod:`.zcdp` (CKS Proposition 12, Markov, a dominating PLD). Reconstruction is
+post-processing.
 
 **Estimate.** Generalized least squares over all measurements (ResidualPlanner, Xiong, He,
 Kifer, NeurIPS 2023; on the geography tree Hay, Rastogi, Miklau, Suciu, VLDB 2010):
-:func:`.tables.reconstruct`, treating the discrete Gaussian noise as Gaussian of variance
-``sigma^2`` (its variance is at most ``sigma^2``: CKS). Per table and cell the variance is
-exact for the linear estimator (:func:`.tables.cell_variances`); "each cell" is within
-``z_{(1+C)/2} sd`` with probability C; "every cell at once" within the simultaneous half-width
-with probability at least C (Sidak's inequality, :func:`.tables.simultaneous_half_width`).
-The Gaussian treatment is checked with the discrete noise itself on the Adult example (its cells
-combine several measurements: tests/test_noisy_tables.py); a table whose cells are estimated from
-its own measurement alone (e.g. a single table) at a small sigma keeps the noise's integer
-lattice, and its "each cell" coverage then differs from C (below it for sigma near 1 or 2): use
-``noisy_counts`` there, whose half-widths are exact for the discrete noise.
+:func:`.tables.reconstruct`. Per table and cell the variance is exact for the linear estimator
+(:func:`.tables.cell_variances`); "each cell" is within ``z_{(1+C)/2} sd`` with probability C;
+"every cell at once" within the simultaneous half-width with probability at least C (Sidak's
+inequality, :func:`.tables.simultaneous_half_width`). These treat the noise as Gaussian of
+variance ``sigma^2``, which the sampler's is up to the lattice ``2^-1074`` and one rounding to
+a double (a relative error of ``2^-53`` of the noisy count): both far below any printed digit,
+so the statements hold for the published tables as stated (checked by simulation with the
+kind's own sampler: tests/test_noisy_tables.py).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import StrictBool
+from pydantic import Field, StrictBool
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.columns import INTERVAL, taken_name
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
     ColumnRef,
-    Composed,
+    Event,
     Issue,
     Loc,
     MechanismKind,
@@ -64,15 +64,8 @@ from privrelease.mechanisms.kinds import (
     checked,
     epsilon_at_target,
 )
-from privrelease.mechanisms.kinds.noisy_counts import (
-    CountJob,
-    DiscreteGaussian,
-    Sigma,
-    _smallest_epsilon,
-    add_noise,
-    approximate_delta,
-    probabilistic_delta,
-)
+from privrelease.mechanisms.kinds.noisy_counts import CountJob, Sigma, sample
+from privrelease.mechanisms.zcdp import ZCDPGaussian, stated_epsilon
 from privrelease.policies.fields import Level
 
 if TYPE_CHECKING:
@@ -102,7 +95,7 @@ class TableLevel(Model):
 
 
 class TablesNoise(Model):
-    """Discrete Gaussian noise on every cell of every table: ``sigma`` one number for all, a
+    """Gaussian noise on every cell of every table: ``sigma`` one number for all, a
     list (one per table, in order), or absent (chosen to meet ``targets.accuracy`` at the
     least privacy cost)."""
 
@@ -134,7 +127,7 @@ class NoisyTablesMechanism(MechanismKind):
     """A set of tables about the same people that add up: ``tables``, each a list of columns
     (``[]``: the grand total), dataset columns with declared domains or ``levels`` of one
     hierarchy column (``state: {of: county, level: 1}``: column 1 of the hierarchy file that
-    generalizes ``county``). Each table is measured once with discrete Gaussian noise (``noise``:
+    generalizes ``county``). Each table is measured once with Gaussian noise (``noise``:
     ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` at the least
     privacy cost) and the published tables are one least-squares estimate, every table a margin
     of it; ``nonnegative``: non-negative integers, still adding up. Each table is its own file
@@ -147,9 +140,11 @@ class NoisyTablesMechanism(MechanismKind):
     noise: TablesNoise
     nonnegative: StrictBool = False
 
-    label: ClassVar[str] = "noisy tables that add up (discrete Gaussian noise, least-squares consistent)"
+    label: ClassVar[str] = "noisy tables that add up (Gaussian noise, least-squares consistent)"
     accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
     accuracy_options: ClassVar[tuple[str, ...]] = ("table", "cells")
+    reads_max_rows: ClassVar[bool] = True
+    """It reads up to ``max_rows`` rows of each person: its sensitivity is m per table (module docstring)."""
 
     # --- the policy -------------------------------------------------------------------------
 
@@ -171,7 +166,7 @@ class NoisyTablesMechanism(MechanismKind):
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
         """Tables: known columns with declared domains, none twice, no table twice, one
         geography at one level per table; levels of a hierarchy column; sigmas one per table or
-        accuracy targets to choose them; one row per person."""
+        accuracy targets to choose them."""
         from privrelease.policies.schema import HierarchyScheme
 
         seen: dict[frozenset[str], int] = {}
@@ -262,13 +257,6 @@ class NoisyTablesMechanism(MechanismKind):
                 f"noise.sigma is absent, so the sigmas are chosen to meet targets.accuracy, but no accuracy target "
                 f"names mechanism {self.name!r}: add one (absolute_error, table) or set noise.sigma",
             )
-        if policy.dataset.rows_per_person > 1:
-            yield Issue(
-                ("dataset", "person"),
-                f"mechanism {self.name!r} (noisy_tables) needs one row per person: a person with "
-                f"{policy.dataset.rows_per_person} rows shifts a cell by that much, which no discrete Gaussian "
-                "event states exactly",
-            )
 
     # --- structure ----------------------------------------------------------------------------
 
@@ -283,17 +271,12 @@ class NoisyTablesMechanism(MechanismKind):
         """Each table's sigma: the policy's, or the least-cost allocation meeting its targets."""
         return _sigmas(self, loaded)
 
-    def _events(self, loaded: LoadedPolicy, sigmas: Sequence[float]) -> Composed:
-        """One discrete Gaussian event per table, each stated at the smallest epsilon reaching
-        ``targets.delta`` (its delta under the policy's accounting)."""
+    def event(self, loaded: LoadedPolicy, sigmas: Sequence[float]) -> GaussianTables:
+        """The tables measured with ``sigmas`` for persons of at most ``dataset.rows_per_person``
+        rows, stated at the smallest epsilon reaching ``targets.delta`` under its accounting."""
         targets = loaded.policy.targets
-        assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
-        delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
-        events = []
-        for sigma in sigmas:
-            epsilon = _smallest_epsilon(functools.partial(delta_of, "gaussian", sigma), targets.delta)
-            events.append(DiscreteGaussian(sigma=sigma, epsilon=epsilon, sensitivity=1))
-        return Composed(events=tuple(events))
+        event = GaussianTables(sigmas=tuple(sigmas), sensitivity=loaded.policy.dataset.rows_per_person, epsilon=0.0)
+        return event.model_copy(update={"epsilon": stated_epsilon(event.rho, targets.delta, targets.accounting)})
 
     # --- privacy and accuracy maps ----------------------------------------------------------
 
@@ -302,9 +285,13 @@ class NoisyTablesMechanism(MechanismKind):
 
         layout = self.layout(loaded)
         cells = [layout.cells(i) for i in range(len(self.tables))]
+        m = loaded.policy.dataset.rows_per_person
         facts: dict[str, Any] = {
             "tables": {table_name(t): n for t, n in zip(self.tables, cells, strict=True)},
-            "sensitivity": "1 per table (one person changes one cell of each table by one)",
+            "sensitivity": "1 per table in L2 (one person changes one cell of each table by one)"
+            if m == 1
+            else f"{m} per table in L2 (one person, at most {m} rows, changes the cells of each table by at most "
+            f"{m} in all)",
             "consistency": "tables add up: every table is a margin of one least-squares estimate",
         }
         if sum(cells) > MAX_CELLS:
@@ -322,13 +309,13 @@ class NoisyTablesMechanism(MechanismKind):
             )
         sigmas = self.sigmas(loaded)
         facts["sigmas"] = {table_name(t): s for t, s in zip(self.tables, sigmas, strict=True)}
-        facts["zcdp_rho"] = tables.privacy_cost(sigmas)
+        facts["zcdp_rho"] = tables.privacy_cost(sigmas, m)
         naive = self.naive(loaded)
         if naive is not None:
             facts["naive_sigma"] = naive[0]
-            facts["naive_zcdp_rho"] = tables.privacy_cost(naive)
-            facts["naive_epsilon"] = epsilon_at_target(loaded, self._events(loaded, naive))
-        return Planned(self._events(loaded, sigmas), facts)
+            facts["naive_zcdp_rho"] = tables.privacy_cost(naive, m)
+            facts["naive_epsilon"] = epsilon_at_target(loaded, self.event(loaded, naive))
+        return Planned(self.event(loaded, sigmas), facts)
 
     def naive(self, loaded: LoadedPolicy) -> tuple[float, ...] | None:
         """The naive alternative at the same targets: each table measured on its own (no
@@ -409,27 +396,26 @@ class NoisyTablesMechanism(MechanismKind):
             "tables": rows,
             "consistency": "every table is a margin of one least-squares estimate: cells add up exactly to every "
             "published margin and across geography levels",
-            "noise": "discrete Gaussian, treated as Gaussian of variance sigma^2 by the estimator and these "
-            "statements (its variance is at most sigma^2)",
+            "noise": "Gaussian of variance sigma^2 (OpenDP's float sampler: exact on a lattice of spacing 2^-1074), "
+            "as the estimator and these statements take it",
         }
         if naive is not None:
             document["naive"] = {
                 "how": "each table measured on its own, the budget split equally, sized to meet the same targets",
                 "sigma": naive[0],
-                "zcdp_rho": tables.privacy_cost(naive),
+                "zcdp_rho": tables.privacy_cost(naive, loaded.policy.dataset.rows_per_person),
             }
         caption = (
             "Tables that add up (every table is a margin of one least-squares estimate). Per table: each cell is "
             "within ± the “each cell” half-width of its true count with the stated probability, cell by cell; every "
             "cell of the table at once is within ± the “every cell at once” half-width with at least that "
-            "probability (the largest over the table's cells; exact for the linear estimator, noise treated as "
-            "Gaussian)."
+            "probability (the largest over the table's cells; exact for the linear estimator and the Gaussian noise)."
         )
         if naive is not None:
             caption += (
                 f" The naive alternative (each table measured on its own, the budget split equally) needs σ "
-                f"{naive[0]:.4g} for every table to meet the same targets: zCDP ρ {tables.privacy_cost(naive):.4g}, "
-                f"against {tables.privacy_cost(self.sigmas(loaded)):.4g} here."
+                f"{naive[0]:.4g} for every table to meet the same targets: zCDP ρ {document['naive']['zcdp_rho']:.4g}, "
+                f"against {tables.privacy_cost(self.sigmas(loaded), loaded.policy.dataset.rows_per_person):.4g} here."
             )
         if self.nonnegative:
             caption += (
@@ -506,8 +492,9 @@ class NoisyTablesMechanism(MechanismKind):
 
         layout = self.layout(loaded)
         sigmas = self.sigmas(loaded)
+        m = loaded.policy.dataset.rows_per_person
         measured = [
-            add_noise(np.asarray(count, dtype=np.int64), "gaussian", sigma).reshape(_shape(layout, i))
+            measure(np.asarray(count, dtype=np.int64), sigma, m).reshape(_shape(layout, i))
             for i, (count, sigma) in enumerate(zip(counts, sigmas, strict=True))
         ]
         estimates = tables.reconstruct(layout.domain, layout.tables, sigmas, measured)
@@ -526,11 +513,11 @@ class NoisyTablesMechanism(MechanismKind):
         first = next(iter(outputs.values()))
         public = {
             "tables": {name: out.num_rows for name, out in outputs.items()},
-            "noise": "discrete gaussian",
+            "noise": "gaussian",
             "nonnegative": self.nonnegative,
         }
         internal = {"rows_counted": int(np.sum(counts[0]))}  # every table counts every row in its domain
-        return MechanismResult(first, self._events(loaded, sigmas), public, internal, tables=outputs)
+        return MechanismResult(first, self.event(loaded, sigmas), public, internal, tables=outputs)
 
     # --- report -------------------------------------------------------------------------------
 
@@ -544,6 +531,43 @@ class NoisyTablesMechanism(MechanismKind):
 
 
 KINDS = (NoisyTablesMechanism,)
+
+
+class GaussianTables(ZCDPGaussian, Event):
+    """Every table of a ``noisy_tables`` release measured once with Gaussian noise of its sigma
+    (``sigmas``, in table order; OpenDP's float Gaussian, zCDP); one person moves each table by
+    at most ``sensitivity`` = m in L2, so it is rho-zCDP with ``rho = m^2 sum_t 1 / (2
+    sigma_t^2)`` (module docstring; :func:`.tables.privacy_cost`). Stated at ``epsilon``."""
+
+    kind: Literal["gaussian_tables"] = "gaussian_tables"
+    sigmas: Annotated[tuple[Annotated[float, Field(gt=0)], ...], Field(min_length=1)]
+    sensitivity: int = Field(ge=1)
+    epsilon: float = Field(ge=0)
+    noise_label: ClassVar[str] = "Gaussian tables"
+
+    @property
+    def rho(self) -> float:
+        from privrelease.mechanisms import tables
+
+        return tables.privacy_cost(self.sigmas, self.sensitivity) * (1 + 1e-15)
+
+
+def measure(counts: np.ndarray, sigma: float, rows_per_person: int) -> np.ndarray:
+    """``counts`` (integers, any shape) plus i.i.d. Gaussian noise of standard deviation
+    ``sigma``, as float64 of the same shape: OpenDP's ``make_gaussian`` on floats (L2 distance;
+    module docstring), its privacy map at ``rows_per_person`` = m checked against the claim
+    ``m^2 / (2 sigma^2)``. Randomness only from OpenDP's sampler (OS CSPRNG)."""
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
+    measurement = dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=sigma)
+    granted, claimed = measurement.map(float(rows_per_person)), rows_per_person**2 / (2 * sigma**2)
+    assert granted <= claimed * (1 + 1e-9), (sigma, rows_per_person, granted, claimed)
+    flat = np.asarray(counts, dtype=np.float64).ravel()
+    if not flat.size:
+        return flat.reshape(np.shape(counts))
+    return sample(measurement, flat, np.float64).reshape(np.shape(counts))
 
 
 def _union_cells(layout: Layout) -> int:
@@ -701,4 +725,4 @@ class TablesJob:
 
 
 EXPLANATION = """<dt>Noisy tables that add up</dt>
-<dd>Every cell of every table's declared domain is published, empty ones included. Each table is measured once with independent discrete Gaussian noise (OpenDP's exact sampler); adding or removing one person changes one cell of each table by one, so the release is the composition of one discrete Gaussian measurement per table, accounted exactly (Canonne, Kamath, Steinke 2020). The published tables are then one least-squares estimate from all the measurements together (Xiong, He, Kifer 2023; Hay, Rastogi, Miklau, Suciu 2010), which costs no privacy: every table is a margin of it, so cells add up exactly to every published margin and across geography levels, and each table borrows strength from the others. Each cell comes with lower and upper: its interval at the stated probability, cell by cell; the accuracy section also states the wider half-width that covers every cell of a table at once. Where the policy asks for non-negative integers, the estimate is projected onto non-negative values and rounded keeping the total, still adding up; the intervals are widened by the largest shift this makes.</dd>"""
+<dd>Every cell of every table's declared domain is published, empty ones included. Each table is measured once with independent Gaussian noise (OpenDP's exact sampler on a lattice far finer than any printed digit); adding or removing one person (at most m rows) changes the cells of each table by at most m in all, so the release is ρ-zCDP with ρ = m² Σ 1/(2σ²) over the tables, and (ε, δ)-differentially private at the ε and δ shown (Bun, Steinke 2016; Canonne, Kamath, Steinke 2020). The published tables are then one least-squares estimate from all the measurements together (Xiong, He, Kifer 2023; Hay, Rastogi, Miklau, Suciu 2010), which costs no privacy: every table is a margin of it, so cells add up exactly to every published margin and across geography levels, and each table borrows strength from the others. Each cell comes with lower and upper: its interval at the stated probability, cell by cell; the accuracy section also states the wider half-width that covers every cell of a table at once. Where the policy asks for non-negative integers, the estimate is projected onto non-negative values and rounded keeping the total, still adding up; the intervals are widened by the largest shift this makes.</dd>"""

@@ -93,10 +93,11 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
     targets = loaded.policy.targets
 
     def cost(sigmas: tuple[float, ...]) -> dict[str, Any]:
-        found: dict[str, Any] = {"sigmas": list(sigmas), "zcdp_rho": tables.privacy_cost(sigmas)}
+        rho = tables.privacy_cost(sigmas, loaded.policy.dataset.rows_per_person)
+        found: dict[str, Any] = {"sigmas": list(sigmas), "zcdp_rho": rho}
         if targets.delta is not None:
             found |= {
-                "epsilon": epsilon_at_target(loaded, spec._events(loaded, sigmas)),
+                "epsilon": epsilon_at_target(loaded, spec.event(loaded, sigmas)),
                 "delta": targets.delta,
                 "accounting": targets.accounting,
             }
