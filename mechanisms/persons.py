@@ -38,11 +38,15 @@ MAX_ROWS = "at most max_rows rows per person, with sensitivity max_rows"
 
 
 def persons_of(values: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """The distinct persons (in order of first appearance) and one integer per row naming its
-    person (its index among them: equal values, equal codes), for any column type."""
+    """The distinct persons (each with at least one row; in the order of the column's
+    dictionary, else of first appearance) and one integer per row naming its person (its index
+    among them: equal values, equal codes), for any column type. A dictionary-encoded column
+    may keep values of rows dropped as missing: they are left out."""
     array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    encoded = array.dictionary_encode()
-    return encoded.dictionary, np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    encoded = array if pa.types.is_dictionary(array.type) else array.dictionary_encode()
+    indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    present = np.bincount(indices, minlength=len(encoded.dictionary)) > 0
+    return encoded.dictionary.filter(pa.array(present)), (np.cumsum(present) - 1)[indices]
 
 
 def person_codes(values: pa.ChunkedArray | pa.Array) -> np.ndarray:

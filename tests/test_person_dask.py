@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from scipy import stats
@@ -114,8 +115,9 @@ name: visits
 version: "1"
 dataset:
   id: visits-test
-  path: visits.csv
+  path: visits.parquet
   person: {column: patient_id, max_rows: 3}
+  missing: drop
   columns:
     patient_id: {type: string}
     county: {type: string, values: [A, B, C]}
@@ -134,12 +136,12 @@ targets:
 
 
 def test_on_a_cluster_every_person_keeps_min_n_m_rows_across_partitions(cluster, work) -> None:  # noqa: F811
-    """600 persons with 1 to 12 visits each, their rows shuffled over a CSV file read in 9
-    partitions of 300 lines (persons split across partitions): the merged exact counts of the
-    noisy counts' job are sum min(n, 3) per county, and each histogram (one row per person, at
-    beta 1) counts every person exactly once."""
+    """600 persons with 1 to 12 visits each, their rows shuffled over a Parquet file read in
+    row groups of 300 rows (persons split across partitions), and 100 persons whose one row is
+    dropped (a missing county; its value stays in the partition's dictionary): the merged exact counts of the noisy counts' job are
+    sum min(n, 3) per county, and each histogram (one row per person, at beta 1) counts every
+    person exactly once."""
     from privrelease.flows import engines, partitions
-    from privrelease.flows.context import csv_arguments
     from privrelease.flows.scaled import read_partials
     from privrelease.policies import load_policy
 
@@ -147,19 +149,21 @@ def test_on_a_cluster_every_person_keeps_min_n_m_rows_across_partitions(cluster,
     sizes = rng.integers(1, 13, size=600)
     county = rng.choice(["A", "B", "C"], size=600)
     rows = [(f"P{p}", county[p], visit) for p in range(600) for visit in range(sizes[p])]
+    rows += [(f"Q{p}", "?", 0) for p in range(100)]  # dropped (missing county): persons with no row left
     rows = [rows[i] for i in rng.permutation(len(rows))]
-    (work / "visits.csv").write_text("patient_id,county,visit\n" + "".join(f"{p},{c},{v}\n" for p, c, v in rows))
+    columns = dict(zip(["patient_id", "county", "visit"], map(list, zip(*rows, strict=True)), strict=True))
+    pq.write_table(pa.table(columns), work / "visits.parquet", row_group_size=300)
     (work / "visits.yaml").write_text(POLICY)
     loaded = load_policy(work / "visits.yaml")
     local, _ = cluster
     engine = engines.Engine("dask", address=local.scheduler_address, rows_per_partition=300)
-    file = partitions.scan_csv(str(work / "visits.csv"), csv_arguments(loaded.policy.dataset.csv), 300)
+    file = partitions.scan_file(str(work / "visits.parquet"))
     try:
         engines.connect("visits", engine)
         read = read_partials("visits", loaded, [file], engine)
     finally:
         engines.release("visits")
-    assert read.partitions == -(-len(rows) // 300) and read.rows_read == len(rows)
+    assert read.partitions == -(-len(rows) // 300) and (read.rows_read, read.rows_dropped) == (len(rows), 100)
     by_county = {c: county == c for c in ("A", "B", "C")}
     assert list(read.partials["counts"]) == [int(np.minimum(sizes, 3)[by_county[c]].sum()) for c in "ABC"]
     for name in ("hist", "hist2"):
