@@ -177,8 +177,11 @@ def workers(run_id: str) -> int:
     return len(client(run_id).scheduler_info(n_workers=-1)["workers"])
 
 
-def map_gather(run_id: str, function: Callable[..., Any], items: Iterable[Any], **constants: Any) -> list[Any]:
-    """``[function(item, **constants) for item in items]`` on the run's cluster, in item order.
+def map_gather(
+    run_id: str, function: Callable[..., Any], items: Iterable[Any], *more: Iterable[Any], **constants: Any
+) -> list[Any]:
+    """``[function(item, *others, **constants) for item, *others in zip(items, *more)]`` on the
+    run's cluster, in item order.
     Every call is a fresh computation (``pure=False``: randomized work is never deduplicated);
     a worker lost mid-map has its calls rerun elsewhere by Dask (``allowed-failures``), else
     the map fails. On any failure the calls still pending are cancelled and the error is
@@ -190,7 +193,7 @@ def map_gather(run_id: str, function: Callable[..., Any], items: Iterable[Any], 
     from distributed.comm import CommClosedError
 
     dask_client = client(run_id)
-    futures = dask_client.map(function, list(items), pure=False, **constants)
+    futures = dask_client.map(function, list(items), *map(list, more), pure=False, **constants)
     try:
         return dask_client.gather(futures)
     except (KilledWorker, CommClosedError, ClosedClientError, CancelledError) as error:

@@ -478,26 +478,75 @@ def _adaptive_malloc() -> None:
     libc.mallopt(-1, _TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
 
 
-def partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> PartitionResult:
-    """Read one partition and compute every job's partial result on it (on a worker)."""
+@dataclass(frozen=True)
+class PersonShare:
+    """A partition's part of the person bound on Dask (:func:`.scaled.read_partials`), per
+    person in the partition's order of first appearance (:func:`~privrelease.mechanisms.persons.persons_of`):
+    its rows as the first pass counted them, how many it keeps, and each one-row kind's kept row
+    (:func:`~privrelease.mechanisms.persons.partition_shares`)."""
+
+    column: str
+    counts: Any
+    quota: Any
+    picked: Any
+
+    def tables(self, table: pa.Table, jobs: tuple[Any, ...]) -> list[pa.Table]:
+        """What each job reads of the partition's ``table``: its kept rows, or a one-row kind's
+        (``job.pick``) one row of some of its people (:func:`~privrelease.mechanisms.persons.partition_rows`)."""
+        import numpy as np
+
+        from privrelease.mechanisms.persons import partition_rows, person_codes
+
+        codes = person_codes(table[self.column])
+        if not np.array_equal(np.bincount(codes, minlength=len(self.counts)), self.counts):
+            raise RuntimeError("the partition's people differ between the two reads of its verified bytes")
+        kept, picked = partition_rows(codes, self.quota, self.picked)
+        kept_table = table.take(pa.array(kept))
+        return [kept_table if job.pick is None else table.take(pa.array(picked[job.pick])) for job in jobs]
+
+
+def person_counts(partition: Partition, spec: ReadSpec, column: str) -> tuple[pa.Array, Any]:
+    """The first pass of the person bound on Dask (on a worker): the partition's distinct
+    persons (values of ``column``, in order of first appearance) and each one's rows."""
+    import numpy as np
+
+    from privrelease.mechanisms.persons import persons_of
+
+    _adaptive_malloc()
+    with withholding("reading the data", PartitionError):
+        persons, codes = persons_of(read_partition(partition, spec).table[column])
+        return persons, np.bincount(codes, minlength=len(persons))
+
+
+def partials(
+    partition: Partition, share: PersonShare | None = None, *, spec: ReadSpec, jobs: tuple[Any, ...]
+) -> PartitionResult:
+    """Read one partition and compute every job's partial result on it (on a worker), on the
+    rows ``share`` keeps when the policy names a person column."""
     _adaptive_malloc()
     with withholding("reading the data", PartitionError):
         read = read_partition(partition, spec)
     where = rows_note(partition.first_row, partition.rows, Path(partition.file.path).name)
-    return job_partials(read, jobs, where, PartitionError)
+    return job_partials(read, jobs, where, PartitionError, share)
 
 
 def job_partials(
-    read: Any, jobs: tuple[Any, ...], where: str, error_type: type[DataStepError] = DataStepError
+    read: Any,
+    jobs: tuple[Any, ...],
+    where: str,
+    error_type: type[DataStepError] = DataStepError,
+    share: PersonShare | None = None,
 ) -> PartitionResult:
-    """Every job's partial result on one read partition (a :class:`~privrelease.datasets.DatasetRead`);
-    an error is raised as ``error_type`` naming the job's step, a user error with ``where``
-    (:func:`rows_note`) added."""
+    """Every job's partial result on one read partition (a :class:`~privrelease.datasets.DatasetRead`;
+    of the rows ``share`` keeps for it, if given); an error is raised as ``error_type`` naming
+    the job's step, a user error with ``where`` (:func:`rows_note`) added."""
+    with withholding("reading the data", error_type):
+        tables = [read.table] * len(jobs) if share is None else share.tables(read.table, jobs)
     results = {}
-    for job in jobs:
+    for job, table in zip(jobs, tables, strict=True):
         with withholding(job.step, error_type):
             try:
-                results[job.name] = job.partial(read.table)
+                results[job.name] = job.partial(table)
             except UserError as error:
                 raise UserError(f"{error}{where}") from None
     # No release_unused() of Arrow's pool here: its allocator reuses the freed partition for the

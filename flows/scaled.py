@@ -9,18 +9,25 @@ the plan holds as is (each kind's module says how: e.g. SDGS partitions draw the
 Bernoulli(beta) masks from the OS CSPRNG and the flow suppresses with the counts of the whole
 sample; statistics add their noise once, to the merged exact totals). A kind without a job
 runs in-process only: :func:`check_engine` says so before anything runs.
+
+With a person column, a person's rows may sit in different partitions: they are bounded as
+in-process, with the same distribution, between two passes over the partitions
+(:func:`person_shares`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.kinds import Job
+
+if TYPE_CHECKING:
+    from privrelease.policies.schema import Person
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,9 @@ class NamedJob:
     name: str
     step: str
     job: Job
+    pick: int | None = None
+    """With a person column and ``max_rows`` > 1, for a one-row kind: which of the flow's
+    one-row draws it reads (:class:`.partitions.PersonShare`); None: every kept row."""
 
     def partial(self, table: pa.Table) -> Any:
         return self.job.partial(table)
@@ -61,14 +71,52 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     from privrelease.flows import engines
     from privrelease.flows.context import DataStepError
     from privrelease.flows.partitions import PartitionError, ReadSpec, partials, plan_partitions
+    from privrelease.policies.schema import Person
 
     jobs = named_jobs(loaded)  # check_engine: every job exists
     parts = plan_partitions(files, engine.rows_per_partition)
+    spec = ReadSpec.of(loaded.policy.dataset)
     try:
-        results = engines.map_gather(run_id, partials, parts, spec=ReadSpec.of(loaded.policy.dataset), jobs=jobs)
+        if not isinstance(loaded.policy.dataset.person, Person):
+            results = engines.map_gather(run_id, partials, parts, spec=spec, jobs=jobs)
+        else:
+            shares = person_shares(run_id, loaded.policy.dataset.person, parts, spec, jobs)
+            results = engines.map_gather(run_id, partials, parts, shares, spec=spec, jobs=jobs)
     except PartitionError as error:
         raise DataStepError(error.step, error.original) from None
     return _merged(jobs, results)
+
+
+def person_shares(
+    run_id: str, person: Person, parts: Sequence[Any], spec: Any, jobs: tuple[NamedJob, ...]
+) -> list[Any]:
+    """The person bound across partitions, drawn here between two passes over the data (as
+    in-process, :func:`.data.person_rows` and :func:`.data.mechanism_rows`): each partition counts
+    its rows per person (:func:`.partitions.person_counts`); the persons are numbered across
+    partitions (their values, encoded here, then dropped: the flow keeps a few small integers per
+    person and partition, no row), and each partition's share of each person's kept rows and
+    one-row kinds' rows is drawn (:func:`~privrelease.mechanisms.persons.partition_shares`)."""
+    import numpy as np
+
+    from privrelease.flows import engines
+    from privrelease.flows.partitions import PersonShare, person_counts
+    from privrelease.mechanisms.persons import partition_shares, person_codes
+
+    counted = engines.map_gather(run_id, person_counts, parts, spec=spec, column=person.column)
+    if not counted:
+        return []
+    sizes = [len(counts) for _, counts in counted]
+    codes = person_codes(pa.chunked_array([values for values, _ in counted], type=counted[0][0].type))
+    counts = np.concatenate([counts for _, counts in counted])
+    order = np.argsort(codes, kind="stable")
+    picks = sum(job.pick is not None for job in jobs)
+    quota, picked = np.empty_like(counts), np.empty((picks, counts.size), dtype=np.int64)
+    quota[order], picked[:, order] = partition_shares(codes[order], counts[order], person.max_rows, picks)
+    bounds = np.cumsum([0, *sizes])
+    return [
+        PersonShare(person.column, counts[a:b], quota[a:b], picked[:, a:b])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
 
 
 def stream_partials(loaded: Any, reads: Iterable[Any], name: str) -> Partials:
@@ -87,10 +135,17 @@ def stream_partials(loaded: Any, reads: Iterable[Any], name: str) -> Partials:
 
 
 def named_jobs(loaded: Any) -> tuple[NamedJob, ...]:
-    """Every mechanism's job, named (each must have one)."""
+    """Every mechanism's job, named (each must have one); with a person column and ``max_rows``
+    > 1, each one-row kind (not :attr:`~privrelease.mechanisms.kinds.MechanismKind.reads_max_rows`)
+    numbered for its own one-row draw."""
     from privrelease.flows.context import mechanism_step
 
-    return tuple(NamedJob(spec.name, mechanism_step(spec), spec.job(loaded)) for spec in loaded.policy.mechanisms)
+    one_row = [spec for spec in loaded.policy.mechanisms if not spec.reads_max_rows]
+    picks = {spec.name: i for i, spec in enumerate(one_row)} if loaded.policy.dataset.rows_per_person > 1 else {}
+    return tuple(
+        NamedJob(spec.name, mechanism_step(spec), spec.job(loaded), picks.get(spec.name))
+        for spec in loaded.policy.mechanisms
+    )
 
 
 def _merged(jobs: tuple[NamedJob, ...], results: list[Any]) -> Partials:
@@ -104,20 +159,12 @@ def _merged(jobs: tuple[NamedJob, ...], results: list[Any]) -> Partials:
 
 
 def check_engine(loaded: Any, engine: Any) -> None:
-    """UserError when the policy cannot run on ``engine``: a person with several rows (bounded
-    on the whole table in-process, :func:`.data.person_rows`), a mechanism that runs in-process
+    """UserError when the policy cannot run on ``engine``: a mechanism that runs in-process
     only, or a CSV file the engine cannot split at line ends (an encoding in which a newline,
     the delimiter or the quote is not one byte of its own: :func:`splits_at_newlines`)."""
     if not engine.scaled:
         return
     dataset = loaded.policy.dataset
-    if dataset.person not in (None, "row"):
-        raise UserError(
-            f"dataset.person names column {dataset.person.column!r}: a "
-            "person's rows may sit in different partitions, and the Dask engine does not yet bound them across "
-            "partitions; run this policy with --engine local",
-            field="dataset.person",
-        )
     if dataset.format == "csv":
         options = dataset.csv
         encoding = "utf-8" if options is None else options.encoding

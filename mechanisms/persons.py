@@ -14,6 +14,16 @@ The rows are put in a uniformly random order (:func:`.randomness.permutation`, O
 then sorted by person, stably: within a person the order is uniformly random, and the first
 ``m`` of each person (rank within the person's run of rows below ``m``) are kept. Vectorized: a
 sort and a cumulative maximum, no loop per row or per person.
+
+On Dask a person's rows may sit in different partitions (:func:`partition_shares`,
+:func:`partition_rows`): each partition counts its rows per person; the flow draws how many of
+the ``min(n, m)`` kept rows fall in each partition (a multivariate hypergeometric: the
+partitions' shares of a uniformly random subset) and, for each one-row kind, which kept row it
+reads (uniform over the kept rows, so over all rows); each partition then keeps a uniformly
+random subset of its share. The union is a uniformly random ``min(n, m)``-subset of the
+person's rows: a subset with ``k_p`` rows in partition ``p`` (of ``c_p``) has probability
+``MHG(k) * prod 1 / C(c_p, k_p) = prod C(c_p, k_p) / C(n, m') * prod 1 / C(c_p, k_p) = 1 / C(n, m')``,
+exactly the in-process distribution.
 """
 
 from __future__ import annotations
@@ -21,30 +31,102 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from privrelease.mechanisms.randomness import permutation
+from privrelease.mechanisms.randomness import permutation, uniform_below
 
 ONE_ROW = "one random row per person"
 MAX_ROWS = "at most max_rows rows per person, with sensitivity max_rows"
 
 
-def person_codes(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """One integer per row naming its person (equal values, equal codes), for any column type."""
+def persons_of(values: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """The distinct persons (each with at least one row; in the order of the column's
+    dictionary, else of first appearance) and one integer per row naming its person (its index
+    among them: equal values, equal codes), for any column type. A dictionary-encoded column
+    may keep values of rows dropped as missing: they are left out."""
     array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    return np.asarray(array.dictionary_encode().indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    encoded = array if pa.types.is_dictionary(array.type) else array.dictionary_encode()
+    indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    present = np.bincount(indices, minlength=len(encoded.dictionary)) > 0
+    return encoded.dictionary.filter(pa.array(present)), (np.cumsum(present) - 1)[indices]
 
 
-def kept_rows(codes: np.ndarray, max_rows: int) -> np.ndarray:
-    """Indices of the rows kept: for each person (equal ``codes``), ``min(max_rows, n)`` of its
-    ``n`` rows, a uniformly random subset; in random order within each person, people in order
-    of their codes (never the input order)."""
+def person_codes(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """One integer per row naming its person (:func:`persons_of`)."""
+    return persons_of(values)[1]
+
+
+def _ranked(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows grouped by person (in order of their codes) in a uniformly random order within
+    each person, their codes in that order, and each one's rank within its person (0, 1, ...)."""
     shuffled = permutation(codes.size)
     order = shuffled[np.argsort(codes[shuffled], kind="stable")]
     grouped = codes[order]
     positions = np.arange(grouped.size)
     starts = np.ones(grouped.size, dtype=bool)
     starts[1:] = grouped[1:] != grouped[:-1]
-    rank = positions - np.maximum.accumulate(np.where(starts, positions, 0))
+    return order, grouped, positions - np.maximum.accumulate(np.where(starts, positions, 0))
+
+
+def kept_rows(codes: np.ndarray, max_rows: int) -> np.ndarray:
+    """Indices of the rows kept: for each person (equal ``codes``), ``min(max_rows, n)`` of its
+    ``n`` rows, a uniformly random subset; in random order within each person, people in order
+    of their codes (never the input order)."""
+    order, _, rank = _ranked(codes)
     return order[rank < max_rows]
+
+
+def partition_shares(
+    person: np.ndarray, counts: np.ndarray, max_rows: int, picks: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The flow's draw on Dask. Entry ``i``: ``counts[i]`` rows of person ``person[i]`` in one
+    partition (a person's entries consecutive). Returns each entry's quota, how many of its rows
+    are kept: ``m' = min(n, max_rows)`` of the person's ``n`` rows drawn one at a time without
+    replacement, each uniform over the rows left (so the quotas are multivariate hypergeometric,
+    the partitions' shares of a uniformly random ``m'``-subset; a person with ``n <= max_rows``
+    keeps all); and, for each of ``picks`` one-row kinds, which kept row of the entry it reads
+    (shape ``(picks, entries)``: an index in ``[0, quota)``, or -1 in the person's other
+    entries): ``t`` uniform in ``[0, m')`` over the person's kept rows in entry order, so the
+    row is uniform over the kept rows (and over all ``n`` rows), independently per kind. Holds
+    O(entries) integers; ``max_rows`` vectorized steps over the entries of people above it."""
+    quota = counts.astype(np.int64)
+    picked = np.full((picks, quota.size), -1, dtype=np.int64)
+    if not quota.size:
+        return quota, picked
+    starts = np.flatnonzero(np.r_[True, person[1:] != person[:-1]])
+    totals = np.add.reduceat(quota, starts)
+    over = np.repeat(totals > max_rows, np.diff(np.r_[starts, quota.size]))
+    left, taken = quota[over], np.zeros(int(over.sum()), dtype=np.int64)
+    if left.size:
+        first = np.flatnonzero(np.r_[True, person[over][1:] != person[over][:-1]])
+        rows = totals[totals > max_rows]
+        for step in range(max_rows):
+            entry = _entry_at(left, first, uniform_below(first.size, rows - step))[0]
+            left[entry] -= 1
+            taken[entry] += 1
+        quota[over] = taken
+    kept = np.minimum(totals, max_rows)
+    for pick in picked:
+        entry, index = _entry_at(quota, starts, uniform_below(starts.size, kept))
+        pick[entry] = index
+    return quota, picked
+
+
+def _entry_at(sizes: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each person (entries from ``starts``), the entry holding its item number ``offset``
+    when its entries' ``sizes`` items are counted in order, and the item's index in it."""
+    cumulative = np.cumsum(sizes)
+    target = (cumulative - sizes)[starts] + offsets
+    entry = np.searchsorted(cumulative, target, side="right")
+    return entry, target - (cumulative - sizes)[entry]
+
+
+def partition_rows(codes: np.ndarray, quota: np.ndarray, picked: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A partition's part of the draw (rows of person ``codes[i]``, its quota ``quota[code]``
+    and picks ``picked[:, code]`` from :func:`partition_shares`): the indices of a uniformly
+    random subset of ``quota`` rows of each person (:func:`kept_rows` with a quota per person),
+    and for each pick the row of rank ``picked`` among them (none where it is -1); rows grouped
+    by person, in random order within each."""
+    order, grouped, rank = _ranked(codes)
+    return order[rank < quota[grouped]], [order[rank == pick[grouped]] for pick in picked]
 
 
 def keep_at_most(table: pa.Table, column: str, max_rows: int) -> pa.Table:

@@ -376,13 +376,13 @@ def test_a_release_states_its_unit_of_privacy_and_never_publishes_the_person_col
         release_plain(policy_path=str(row_policy))
 
 
-def test_dask_refuses_a_person_column_before_anything_runs() -> None:
+def test_dask_takes_a_person_column() -> None:
+    """Bounded across partitions as in-process (``test_person_dask.py``): no refusal."""
     from privrelease.flows.engines import Engine
     from privrelease.flows.scaled import check_engine
 
-    with pytest.raises(UserError, match="dataset.person names column 'patient_id'"):
-        check_engine(_loaded(), Engine(name="dask"))
-    check_engine(_loaded("person: row"), Engine(name="dask"))
+    for person in ("person: {column: patient_id, max_rows: 3}", "person: row"):
+        check_engine(_loaded(person), Engine(name="dask"))
 
 
 def test_policy_init_asks_who_a_person_is(tmp_path) -> None:
