@@ -419,8 +419,13 @@ class MechanismKind(Model):
     # --- engines --------------------------------------------------------------------------
 
     def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
-        """Run it in this process over the whole table."""
-        raise NotImplementedError(f"mechanism type {self.kind_type()!r} has no engine")
+        """Run it in this process over the whole table. By default, a kind with a Dask
+        :meth:`job` runs as on Dask with the whole table as its one partition:
+        ``finish(job.partial(table))`` (one code path for both engines)."""
+        job = self.job(loaded)
+        if job is None:
+            raise NotImplementedError(f"mechanism type {self.kind_type()!r} has no engine")
+        return self.finish(loaded, job.partial(table))
 
     def job(self, loaded: LoadedPolicy) -> Job | None:
         """Its Dask job (None: it runs in-process only, for the reason ``in_process_only``)."""

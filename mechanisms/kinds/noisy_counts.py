@@ -759,10 +759,6 @@ class NoisyCountsMechanism(MechanismKind):
     def job(self, loaded: LoadedPolicy) -> CountJob:
         return CountJob.declared(loaded, self.columns)
 
-    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
-        job = self.job(loaded)
-        return self._release(loaded, job, job.partial(table))
-
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
         """Noise added once to the exact counts of every cell (merged over partitions on Dask)."""
         return self._release(loaded, self.job(loaded), merged)

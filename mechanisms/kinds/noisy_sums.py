@@ -364,10 +364,6 @@ class NoisySumsMechanism(MechanismKind):
     def job(self, loaded: LoadedPolicy) -> SumJob:
         return SumJob(CountJob.declared(loaded, self.by), self.column, *self._units, self.resolution)
 
-    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
-        job = self.job(loaded)
-        return self._release(loaded, job, job.partial(table))
-
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
         """Noise added once to the exact counts and totals of every cell (merged over partitions)."""
         return self._release(loaded, self.job(loaded), merged)

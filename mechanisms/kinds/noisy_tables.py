@@ -477,10 +477,6 @@ class NoisyTablesMechanism(MechanismKind):
             jobs.append(CountJob(schemes, domain))
         return TablesJob(tuple(jobs))
 
-    def run(self, loaded: LoadedPolicy, table: pa.Table) -> MechanismResult:
-        job = self.job(loaded)
-        return self._release(loaded, job.partial(table))
-
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
         """Noise added once to each table's exact counts (merged over partitions on Dask), then
         the least-squares reconstruction."""
