@@ -28,7 +28,8 @@ uniformly random file (``randomness.uniform_below``): given the published multis
 are a random split of it, a post-processing of SDGS's output, so Theorem 1's guarantee
 (epsilon >= -ln(1 - beta), delta = d(k, beta, epsilon)) holds unchanged, and the files read
 one after the other are a uniformly random order of the multiset, as in-process. The number of
-files depends only on the number of published rows.
+files depends only on the number of published rows (on Dask also on the workers': :func:`split`
+gives each worker a file of its own to write, whose pieces are split and shuffled the same way).
 
 The merged label dictionary of a column is the partitions' common one when they agree (always
 for value maps, bins and suppression, whose labels the scheme fixes); otherwise (``Keep``,
@@ -58,6 +59,8 @@ ROWS_PER_FILE = 250_000
 """Published rows per output piece (a Parquet row group, a CSV block), at most: pieces of
 this size let one be written while the next is computed (1 M rows in one piece wrote 0.03 s
 slower at 1 M published rows, bench/sdgs.py)."""
+ROWS_PER_PART = 2_000_000
+"""Published rows per file of an output written on Dask, at most (:func:`part_count`)."""
 _ASSIGN_BATCH = 1 << 22
 """Published rows given a file per batch in :func:`assign_files` (bounds its memory)."""
 _DENSE_KEYS = 1 << 24
@@ -159,6 +162,18 @@ def file_count(rows_published: int, rows_per_file: int) -> int:
     return files
 
 
+def part_count(rows_published: int, workers: int) -> int:
+    """How many files an output written on Dask is split into, one written by each worker
+    (:func:`split`): :func:`file_count` with about ``rows_published / workers`` rows per file,
+    at least :data:`ROWS_PER_FILE` (no file of tiny pieces) and at most :data:`ROWS_PER_PART`
+    (a file a worker writes in about a second). A function of the published row count and the
+    cluster's size, both public."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1; got {workers}")
+    share = -(-rows_published // workers)
+    return file_count(rows_published, max(ROWS_PER_FILE, min(ROWS_PER_PART, share)))
+
+
 def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Put each of the ``counts[c]`` rows of every cell c into one of ``files`` files (a power
     of two), each row independently and exactly uniformly at random (the low ``log2 files``
@@ -243,7 +258,10 @@ def microdata(
     outcome = result(merged, k=k, beta=beta, epsilon=epsilon)
     make = functools.partial(pieces, published, file_count(int(published.counts.sum()), rows_per_file))
     rows = MechanismResult(
-        Pieces(outcome.table.schema, make(), remote=make), outcome.event, outcome.public_facts, outcome.internal_facts
+        Pieces(outcome.table.schema, make(), remote=functools.partial(split, published, rows_per_file)),
+        outcome.event,
+        outcome.public_facts,
+        outcome.internal_facts,
     )
     return with_cells(rows, merged, k=k, beta=beta, confidence=confidence)
 
@@ -255,6 +273,30 @@ def pieces(published: CellCounts, files: int) -> Iterator[pa.Table]:
     before it is asked for, wherever this runs (the flow's process, or a Dask worker)."""
     for which, counts in assign_files(published.counts, files):
         yield file_table(published, which, counts)
+
+
+def split(published: CellCounts, rows_per_file: int, workers: int) -> list[functools.partial[Iterator[pa.Table]]]:
+    """The published rows of ``published`` split over :func:`part_count` files, each row in a
+    uniformly random one (:func:`assign_files`: only counts per (file, cell) are drawn here, no
+    row is built), each file as a picklable function giving its :func:`pieces` (each of its
+    rows in a uniformly random piece, each piece in uniformly random order: the file is a
+    uniformly random order of its rows), to be computed and written where it runs."""
+    files = assign_files(published.counts, part_count(int(published.counts.sum()), workers))
+    return [
+        functools.partial(pieces, _subset(published, which, counts), file_count(int(counts.sum()), rows_per_file))
+        for which, counts in files
+    ]
+
+
+def _subset(cells: CellCounts, which: np.ndarray, counts: np.ndarray) -> CellCounts:
+    """The cells ``which`` of ``cells`` with ``counts`` rows each (labels unchanged)."""
+    return CellCounts(
+        labels=cells.labels,
+        codes={name: codes[which] for name, codes in cells.codes.items()},
+        counts=counts,
+        rows_in=cells.rows_in,
+        rows_sampled=cells.rows_sampled,
+    )
 
 
 def streamed_sdgs(
