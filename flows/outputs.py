@@ -7,6 +7,7 @@ flow's process checking their sha256."""
 
 from __future__ import annotations
 
+import functools
 import json
 from contextlib import nullcontext
 from datetime import datetime
@@ -152,8 +153,9 @@ def _write_part(run: RunContext, file: str, table: pa.Table) -> tuple[str, str, 
 
 
 def write_remote(run: RunContext, step: str, pieces: Pieces, stem: str) -> list[StagedFile]:
-    """Split ``pieces`` over the run's Dask workers (:attr:`.results.Pieces.remote`: one file
-    each, ``<stem>-partJJJJ``, or ``<stem>`` alone when the rows make one file) and have each
+    """Split ``pieces`` over the run's Dask workers (:attr:`.results.Pieces.remote`, the rows
+    given their files on the workers: one file each, ``<stem>-partJJJJ``, or ``<stem>`` alone
+    when the rows make one file) and have each
     file computed and written by a worker into the staging folder (:func:`write_pieces_here`):
     no published row exists in the flow's process, only what the files are computed from
     travels (SDGS: each file's cells and counts). Every file must hash here as its worker wrote
@@ -164,7 +166,7 @@ def write_remote(run: RunContext, step: str, pieces: Pieces, stem: str) -> list[
     from privrelease.flows.partitions import PartitionError
 
     assert pieces.remote is not None, "pieces computed elsewhere have a remote function"
-    files = pieces.remote(engines.workers(run.run_id))
+    files = pieces.remote(engines.workers(run.run_id), functools.partial(engines.map_gather, run.run_id))
     names = (
         [f"{stem}.{run.output_format}"]
         if len(files) == 1

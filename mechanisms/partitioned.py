@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -275,16 +276,36 @@ def pieces(published: CellCounts, files: int) -> Iterator[pa.Table]:
         yield file_table(published, which, counts)
 
 
-def split(published: CellCounts, rows_per_file: int, workers: int) -> list[functools.partial[Iterator[pa.Table]]]:
+def split(
+    published: CellCounts, rows_per_file: int, workers: int, gather: Callable[..., list[Any]]
+) -> list[functools.partial[Iterator[pa.Table]]]:
     """The published rows of ``published`` split over :func:`part_count` files, each row in a
-    uniformly random one (:func:`assign_files`: only counts per (file, cell) are drawn here, no
-    row is built), each file as a picklable function giving its :func:`pieces` (each of its
-    rows in a uniformly random piece, each piece in uniformly random order: the file is a
-    uniformly random order of its rows), to be computed and written where it runs."""
-    files = assign_files(published.counts, part_count(int(published.counts.sum()), workers))
+    uniformly random one, each file as a picklable function giving its :func:`pieces` (each of
+    its rows in a uniformly random piece, each piece in uniformly random order: the file is a
+    uniformly random order of its rows), to be computed and written where it runs. The files
+    are drawn by :func:`assign_files` on ``workers`` slices of the cells of about equal rows,
+    mapped by ``gather(assign_files, slices, files=J)`` (on Dask over the cluster,
+    :func:`.flows.engines.map_gather`): every row independently, as one :func:`assign_files` of
+    all rows; only counts per (file, cell) come back, no row is built here."""
+    counts = published.counts
+    files = part_count(int(counts.sum()), workers)
+    if files == 1:  # every row in the one file: nothing to draw
+        assigned = assign_files(counts, 1)
+    else:
+        cumulative = np.cumsum(counts)
+        cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, workers) // workers, side="right")
+        bounds = np.unique(np.r_[0, cuts, len(counts)])
+        drawn = gather(assign_files, [counts[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])], files=files)
+        assigned = [
+            (
+                np.concatenate([part[j][0] + lo for part, lo in zip(drawn, bounds[:-1])]),
+                np.concatenate([part[j][1] for part in drawn]),
+            )
+            for j in range(files)
+        ]
     return [
-        functools.partial(pieces, _subset(published, which, counts), file_count(int(counts.sum()), rows_per_file))
-        for which, counts in files
+        functools.partial(pieces, _subset(published, which, rows), file_count(int(rows.sum()), rows_per_file))
+        for which, rows in assigned
     ]
 
 

@@ -231,8 +231,9 @@ def runs_of(values: list) -> int:
 
 def test_workers_write_the_microdata_in_pieces_and_the_flow_checks_their_hashes(cluster, work, monkeypatch):
     """On Dask the microdata's rows are built and written by the workers, one file each: in the
-    flow's process no row is built (:func:`.partitioned.file_table` makes only the empty schema there) and
-    no output in pieces is written, only the (file, cell) counts are drawn. With at most 6,000
+    flow's process no row is built (:func:`.partitioned.file_table` makes only the empty schema there),
+    no row is given its file (no draw there larger than the companion's 512 cells, ordered there)
+    and no output in pieces is written. With at most 6,000
     rows a file, the ~40,000 published rows come in 8 files ``microdata-partJJJJ.parquet``, each
     hashing as recorded (audit records, release.json), each holding ~1/8 of them (within 6
     sigma of Binomial(n, 1/8)), each in random order (the input is sorted by sex: a uniformly
@@ -262,7 +263,14 @@ def test_workers_write_the_microdata_in_pieces_and_the_flow_checks_their_hashes(
         assert not isinstance(table, Pieces), "the flow's process wrote an output in pieces"
         return write_table(table, *args)
 
+    random_uint64 = partitioned.randomness.random_uint64
+
+    def no_draws_here(size):
+        assert size <= 512, "the flow's process drew the published rows' files"  # the companion's <= 512 cells
+        return random_uint64(size)
+
     monkeypatch.setattr(partitioned, "file_table", no_rows_here)
+    monkeypatch.setattr(partitioned.randomness, "random_uint64", no_draws_here)
     monkeypatch.setattr(flow_outputs, "write_table", flow_writes)
     monkeypatch.setattr(partitioned, "ROWS_PER_FILE", 6_000)
     monkeypatch.setattr(partitioned, "ROWS_PER_PART", 6_000)
