@@ -9,6 +9,7 @@ Statistical tests state their failure probability; none assumes a seed."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -213,6 +214,8 @@ def test_part_count_gives_each_worker_a_file_of_bounded_rows() -> None:
     ] == [1, 1, 8, 16, 64, 4]
     with pytest.raises(ValueError):
         partitioned.part_count(5, 0)
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert f"at least {partitioned.ROWS_PER_FILE:,} and at most {partitioned.ROWS_PER_PART:,} rows each" in readme
 
 
 def test_split_over_workers_is_the_published_multiset_in_uniform_files(monkeypatch) -> None:
