@@ -296,8 +296,9 @@ class OutputFacts:
     """One staged output: the mechanism, its file (name inside the release folder), checksum,
     size and row count, the realized event and the facts split by audience; ``cells``: its
     companion file, when the mechanism publishes one (SDGS microdata's published cells with
-    their count intervals); ``more``: the further tables of a release of several tables
-    (``noisy_tables``, one file each; ``file`` is the first)."""
+    their count intervals); ``more``: the further files of an output in several (a release of
+    several tables, ``noisy_tables``, one file each; SDGS microdata written on Dask, one file
+    per worker: :func:`.outputs.write_remote`); ``file`` is the first."""
 
     mechanism: str
     type: str

@@ -2,11 +2,12 @@
 ``finish`` from the partials of Dask or of a streamed in-process read:
 :mod:`privrelease.mechanisms.kinds`) and write its output (and its companion, the published
 cells of SDGS microdata with their count intervals) to the staging folder. On Dask an output
-in pieces is computed and written by a worker (:func:`write_remote`), the flow's process
-checking its sha256."""
+in pieces is computed and written by the workers, one file each (:func:`write_remote`), the
+flow's process checking their sha256."""
 
 from __future__ import annotations
 
+import functools
 import json
 from contextlib import nullcontext
 from datetime import datetime
@@ -113,11 +114,11 @@ def run_mechanism(run: RunContext, name: str) -> OutputFacts:
         StagedFile(*_write_part(run, f"{safe_name(name)}-{safe_name(part)}.{run.output_format}", table))
         for part, table in result.tables.items()
     ]
-    if parts:  # a release of several tables: one file each, the first standing for the output
+    if run.engine.scaled and isinstance(result.table, Pieces) and result.table.remote is not None:
+        parts = write_remote(run, step, result.table, safe_name(name))
+    if parts:  # several files (tables, or the files the workers wrote): the first stands for the output
         file, rows, sha256 = parts[0].file, parts[0].rows, parts[0].sha256
         path = run.staging_dir / file
-    elif run.engine.scaled and isinstance(result.table, Pieces) and result.table.remote is not None:
-        rows, sha256 = write_remote(run, step, result.table, path)
     else:
         with withholding(step) if isinstance(result.table, Pieces) else nullcontext():  # pieces compute as written
             rows = write_table(result.table, path, run.output_format)
@@ -151,35 +152,44 @@ def _write_part(run: RunContext, file: str, table: pa.Table) -> tuple[str, str, 
     return file, sha256_file(path), rows, path.stat().st_size
 
 
-def write_remote(run: RunContext, step: str, pieces: Pieces, path: Path) -> tuple[int, str]:
-    """Compute ``pieces`` on a Dask worker and write them there to ``path`` in the staging
-    folder (:func:`write_pieces_here`): no published row exists in the flow's process, only
-    what the pieces are computed from travels (SDGS: the published cells and their counts).
-    The file must hash here as the worker wrote it (what is published is what was written).
-    One file per output: a Parquet file's row groups cannot be joined from files written apart
-    without decoding them again. Returns the rows and the sha256."""
+def write_remote(run: RunContext, step: str, pieces: Pieces, stem: str) -> list[StagedFile]:
+    """Split ``pieces`` over the run's Dask workers (:attr:`.results.Pieces.remote`, the rows
+    given their files on the workers: one file each, ``<stem>-partJJJJ``, or ``<stem>`` alone
+    when the rows make one file) and have each
+    file computed and written by a worker into the staging folder (:func:`write_pieces_here`):
+    no published row exists in the flow's process, only what the files are computed from
+    travels (SDGS: each file's cells and counts). Every file must hash here as its worker wrote
+    it (what is published is what was written). The staged files, in order."""
     from privrelease.errors import UserError
     from privrelease.flows import engines
     from privrelease.flows.context import DataStepError
     from privrelease.flows.partitions import PartitionError
 
     assert pieces.remote is not None, "pieces computed elsewhere have a remote function"
-    item = (pieces.remote, pieces.schema, str(path))
+    files = pieces.remote(engines.workers(run.run_id), functools.partial(engines.map_gather, run.run_id))
+    names = (
+        [f"{stem}.{run.output_format}"]
+        if len(files) == 1
+        else [f"{stem}-part{j:04d}.{run.output_format}" for j in range(len(files))]
+    )
+    items = [(remote, pieces.schema, str(run.staging_dir / file)) for remote, file in zip(files, names)]
     try:
-        [(sha256, rows)] = engines.map_gather(
-            run.run_id, write_pieces_here, [item], output_format=run.output_format, step=step
-        )
+        written = engines.map_gather(run.run_id, write_pieces_here, items, output_format=run.output_format, step=step)
     except PartitionError as error:  # leaves as a plain DataStepError, as the read's (.scaled.read_partials)
         raise DataStepError(error.step, error.original) from None
-    if sha256_file(path) != sha256:
-        raise UserError(f"output {str(path)!r} changed after the Dask worker wrote it; nothing was published")
-    return rows, sha256
+    staged = []
+    for file, (sha256, rows) in zip(names, written):
+        path = run.staging_dir / file
+        if sha256_file(path) != sha256:
+            raise UserError(f"output {str(path)!r} changed after the Dask worker wrote it; nothing was published")
+        staged.append(StagedFile(file, sha256, rows, path.stat().st_size))
+    return staged
 
 
 def write_pieces_here(item: tuple[Any, pa.Schema, str], output_format: str, step: str) -> tuple[str, int]:
-    """On a Dask worker: compute the pieces (``item``: the function giving them, their schema
-    and the path to write) and write them (:func:`write_table`); the file's sha256 and rows.
-    An error is withheld as the mechanism step's (:class:`.partitions.PartitionError`)."""
+    """On a Dask worker: compute the pieces of one file (``item``: the function giving them,
+    their schema and the path to write) and write them (:func:`write_table`); the file's sha256
+    and rows. An error is withheld as the mechanism step's (:class:`.partitions.PartitionError`)."""
     from privrelease.flows.partitions import PartitionError
 
     remote, schema, path = item

@@ -73,11 +73,12 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
         }
-        if output.more:
+        if output.more:  # an output in several files: each with its rows (a reader reads them all)
             entry["tables"] = [
                 {"file": staged.file, "sha256": staged.sha256, "rows": staged.rows}
                 for staged in (output.staged()[0], *output.more)
             ]
+            entry["files"] = len(entry["tables"])
         if output.cells is not None:
             entry["cells"] = {"file": output.cells.file, "sha256": output.cells.sha256, "rows": output.cells.rows}
         beta = getattr(spec, "beta", None)
@@ -118,7 +119,7 @@ def warnings(outputs: list[Any]) -> list[str]:
                 "(a public constant, so the release stays private): correct dataset.rows in a new policy version"
             )
         sampled, kept = output.internal_facts.get("rows_sampled"), output.public_facts.get("rows_published")
-        if output.rows == 0:
+        if output.rows + sum(staged.rows for staged in output.more) == 0:
             found.append(f"{output.mechanism}: published no rows; {advice}")
         elif sampled and kept is not None and kept < LOW_SHARE * sampled:
             share = kept / sampled

@@ -28,7 +28,8 @@ uniformly random file (``randomness.uniform_below``): given the published multis
 are a random split of it, a post-processing of SDGS's output, so Theorem 1's guarantee
 (epsilon >= -ln(1 - beta), delta = d(k, beta, epsilon)) holds unchanged, and the files read
 one after the other are a uniformly random order of the multiset, as in-process. The number of
-files depends only on the number of published rows.
+files depends only on the number of published rows (on Dask also on the workers': :func:`split`
+gives each worker a file of its own to write, whose pieces are split and shuffled the same way).
 
 The merged label dictionary of a column is the partitions' common one when they agree (always
 for value maps, bins and suppression, whose labels the scheme fixes); otherwise (``Keep``,
@@ -42,7 +43,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -58,6 +60,8 @@ ROWS_PER_FILE = 250_000
 """Published rows per output piece (a Parquet row group, a CSV block), at most: pieces of
 this size let one be written while the next is computed (1 M rows in one piece wrote 0.03 s
 slower at 1 M published rows, bench/sdgs.py)."""
+ROWS_PER_PART = 2_000_000
+"""Published rows per file of an output written on Dask, at most (:func:`part_count`)."""
 _ASSIGN_BATCH = 1 << 22
 """Published rows given a file per batch in :func:`assign_files` (bounds its memory)."""
 _DENSE_KEYS = 1 << 24
@@ -159,6 +163,18 @@ def file_count(rows_published: int, rows_per_file: int) -> int:
     return files
 
 
+def part_count(rows_published: int, workers: int) -> int:
+    """How many files an output written on Dask is split into, one written by each worker
+    (:func:`split`): :func:`file_count` with about ``rows_published / workers`` rows per file,
+    at least :data:`ROWS_PER_FILE` (no file of tiny pieces) and at most :data:`ROWS_PER_PART`
+    (a file a worker writes in about a second). A function of the published row count and the
+    cluster's size, both public."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1; got {workers}")
+    share = -(-rows_published // workers)
+    return file_count(rows_published, max(ROWS_PER_FILE, min(ROWS_PER_PART, share)))
+
+
 def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Put each of the ``counts[c]`` rows of every cell c into one of ``files`` files (a power
     of two), each row independently and exactly uniformly at random (the low ``log2 files``
@@ -243,7 +259,10 @@ def microdata(
     outcome = result(merged, k=k, beta=beta, epsilon=epsilon)
     make = functools.partial(pieces, published, file_count(int(published.counts.sum()), rows_per_file))
     rows = MechanismResult(
-        Pieces(outcome.table.schema, make(), remote=make), outcome.event, outcome.public_facts, outcome.internal_facts
+        Pieces(outcome.table.schema, make(), remote=functools.partial(split, published, rows_per_file)),
+        outcome.event,
+        outcome.public_facts,
+        outcome.internal_facts,
     )
     return with_cells(rows, merged, k=k, beta=beta, confidence=confidence)
 
@@ -255,6 +274,50 @@ def pieces(published: CellCounts, files: int) -> Iterator[pa.Table]:
     before it is asked for, wherever this runs (the flow's process, or a Dask worker)."""
     for which, counts in assign_files(published.counts, files):
         yield file_table(published, which, counts)
+
+
+def split(
+    published: CellCounts, rows_per_file: int, workers: int, gather: Callable[..., list[Any]]
+) -> list[functools.partial[Iterator[pa.Table]]]:
+    """The published rows of ``published`` split over :func:`part_count` files, each row in a
+    uniformly random one, each file as a picklable function giving its :func:`pieces` (each of
+    its rows in a uniformly random piece, each piece in uniformly random order: the file is a
+    uniformly random order of its rows), to be computed and written where it runs. The files
+    are drawn by :func:`assign_files` on ``workers`` slices of the cells of about equal rows,
+    mapped by ``gather(assign_files, slices, files=J)`` (on Dask over the cluster,
+    :func:`.flows.engines.map_gather`): every row independently, as one :func:`assign_files` of
+    all rows; only counts per (file, cell) come back, no row is built here."""
+    counts = published.counts
+    files = part_count(int(counts.sum()), workers)
+    if files == 1:  # every row in the one file: nothing to draw
+        assigned = assign_files(counts, 1)
+    else:
+        cumulative = np.cumsum(counts)
+        cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, workers) // workers, side="right")
+        bounds = np.unique(np.r_[0, cuts, len(counts)])
+        drawn = gather(assign_files, [counts[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])], files=files)
+        assigned = [
+            (
+                np.concatenate([part[j][0] + lo for part, lo in zip(drawn, bounds[:-1])]),
+                np.concatenate([part[j][1] for part in drawn]),
+            )
+            for j in range(files)
+        ]
+    return [
+        functools.partial(pieces, _subset(published, which, rows), file_count(int(rows.sum()), rows_per_file))
+        for which, rows in assigned
+    ]
+
+
+def _subset(cells: CellCounts, which: np.ndarray, counts: np.ndarray) -> CellCounts:
+    """The cells ``which`` of ``cells`` with ``counts`` rows each (labels unchanged)."""
+    return CellCounts(
+        labels=cells.labels,
+        codes={name: codes[which] for name, codes in cells.codes.items()},
+        counts=counts,
+        rows_in=cells.rows_in,
+        rows_sampled=cells.rows_sampled,
+    )
 
 
 def streamed_sdgs(

@@ -3,7 +3,7 @@ split by who may see them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +16,16 @@ from privrelease.mechanisms.events import Event
 class Pieces:
     """An output too large to hold at once: tables of one ``schema``, written one at a time
     in this order (each piece already in uniformly random row order). ``remote``: where the
-    pieces can be computed elsewhere, a picklable function giving them (a Dask worker computes
-    and writes them where it runs: :func:`privrelease.flows.outputs.write_remote`); each call
-    draws its own pieces, and only one of ``tables`` and ``remote()`` is ever written."""
+    rows can be computed elsewhere, a function of the number of workers and a map over them
+    (``gather(function, items, **constants)``) splitting them over files (each row in a
+    uniformly random one), each file as a picklable function giving its pieces (Dask workers
+    compute and write the files where they run: :func:`privrelease.flows.outputs.write_remote`);
+    each call draws its own split, and only one of ``tables`` and ``remote(...)`` is ever
+    written."""
 
     schema: pa.Schema
     tables: Iterator[pa.Table]
-    remote: Callable[[], Iterator[pa.Table]] | None = None
+    remote: Callable[[int, Callable[..., list[Any]]], Sequence[Callable[[], Iterator[pa.Table]]]] | None = None
 
 
 @dataclass(frozen=True)

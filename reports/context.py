@@ -98,14 +98,23 @@ class ReportContext:
         short: list[dict[str, Any]] = []
         if self.status != "succeeded":
             return short
-        for output in self._outputs_proper():
-            rows, name = output.get("rows"), output.get("mechanism") or ""
-            if rows is None:
+        for name, files in self.rows_by_output().items():
+            if None in files:
                 continue
+            rows = sum(row or 0 for row in files)
             expected = self.plan.loaded.policy.mechanism(name).expected_rows(self.plan.loaded)
             if rows == 0 or (expected is not None and rows < LOW_SHARE * expected):
                 short.append({"mechanism": name, "rows": rows, "expected": expected})
         return short
+
+    def rows_by_output(self) -> dict[str, list[int | None]]:
+        """Per mechanism the rows of each file of its output, in order (several: a release of
+        several tables, or SDGS microdata written on Dask, one file per worker), companions left
+        out."""
+        files: dict[str, list[int | None]] = {}
+        for output in self._outputs_proper():
+            files.setdefault(output.get("mechanism") or "", []).append(output.get("rows"))
+        return files
 
     def _outputs_proper(self) -> list[dict[str, Any]]:
         """The outputs the mechanisms publish, without their companion files (a companion's rows

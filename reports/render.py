@@ -305,6 +305,11 @@ def view(context: ReportContext) -> dict[str, Any]:
         }
         for output in context.outputs
     ]
+    several = [
+        (name, len(rows), sum(row or 0 for row in rows))
+        for name, rows in context.rows_by_output().items()
+        if len(rows) > 1 and None not in rows
+    ]
     ledger_rows: list[tuple[str, ...]] = []
     if context.budget or context.ledger_before or context.ledger_after:
         for label, amounts in (
@@ -366,6 +371,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         "passed": plan.passed,
         "charts": all_charts(plan) if context.charts is None else context.charts,
         "outputs": outputs,
+        "several_files": several,
         "chain_head": context.chain_head,
         "explain_dp": any(is_dp(leaf) for leaf in all_leaves),
         "explanations": _explanations(policy),

@@ -9,6 +9,7 @@ Statistical tests state their failure probability; none assumes a seed."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -203,3 +204,46 @@ def test_file_count_and_empty_release() -> None:
     assert "explanation" in result.public_facts
     with pytest.raises(UserError, match="k must be"):
         partitioned_sdgs([pa.table({"x": ["A"]})], {"x": Keep()}, k=0, beta=1.0, epsilon=0.0)
+
+
+def test_part_count_gives_each_worker_a_file_of_bounded_rows() -> None:
+    """About one file per worker, each of 250,000 to 2,000,000 rows (a power of two files)."""
+    assert [
+        partitioned.part_count(rows, workers)
+        for rows, workers in ((0, 4), (40_000, 2), (2_000_000, 8), (10_000_000, 16), (100_000_000, 16), (600_000, 3))
+    ] == [1, 1, 8, 16, 64, 4]
+    with pytest.raises(ValueError):
+        partitioned.part_count(5, 0)
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert f"at least {partitioned.ROWS_PER_FILE:,} and at most {partitioned.ROWS_PER_PART:,} rows each" in readme
+
+
+def test_split_over_workers_is_the_published_multiset_in_uniform_files(monkeypatch) -> None:
+    """:func:`.partitioned.split` with at most 500 rows a file: the files are drawn in one map
+    of ``assign_files`` over 3 contiguous slices of the cells covering them all; the files
+    together are the published multiset (that of the in-process pieces of the same cells), and
+    over 50 splits each row lands in each of the files with probability 1/J (chi-square on the
+    files' rows, failure probability ALPHA)."""
+    monkeypatch.setattr(partitioned, "ROWS_PER_FILE", 500)
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART", 500)
+    result = partitioned.streamed_sdgs(slices(population(40_000), 4), SCHEMES, k=5, beta=0.2, epsilon=1.0)
+    assert isinstance(result.table, Pieces) and result.table.remote is not None
+    published = rows(list(result.table.tables))
+    total = sum(published.values())
+    files = partitioned.part_count(total, 3)
+    assert files > 4
+    calls: list[list[np.ndarray]] = []
+
+    def gather(function, items, **constants):
+        calls.append(items)
+        return [function(item, **constants) for item in items]
+
+    sizes = np.zeros(files)
+    for _ in range(50):
+        made = result.table.remote(3, gather)
+        tables = [pa.concat_tables(list(file())) for file in made]
+        assert len(tables) == files and rows(tables) == published
+        sizes += [table.num_rows for table in tables]
+    assert len(calls) == 50 and all(len(items) == 3 for items in calls)
+    assert sorted(np.concatenate(calls[0]).tolist()) == sorted(published.values())  # the slices: every cell once
+    assert chisquare(sizes).pvalue > ALPHA

@@ -320,3 +320,11 @@ def test_a_release_far_short_of_its_plan_says_so() -> None:
     assert "FAR FEWER ROWS THAN PLANNED" in html and "microdata published 37 rows" in html and "about 5,000" in html
     assert "all targets met" not in html and "safe to publish" not in html
     assert context.release_state()["short_of_plan"] == []  # 4,949 rows: as planned
+    (micro,) = [o for o in context.outputs if o["mechanism"] == "microdata" and not o.get("companion")]
+    rows = micro["rows"]
+    parts = [
+        {**micro, "path": f"microdata-part{j:04d}.parquet", "rows": rows // 16 + (j < rows % 16)} for j in range(16)
+    ]
+    split = replace(context, outputs=[o for o in context.outputs if o is not micro] + parts)
+    assert split.release_state()["short_of_plan"] == []  # 16 files of ~309 rows: 4,949 together, as planned
+    assert f"The output of microdata is 16 files, {rows} rows together" in report_html(split)

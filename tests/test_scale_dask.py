@@ -229,13 +229,20 @@ def runs_of(values: list) -> int:
     return 1 + sum(a != b for a, b in zip(values, values[1:])) if values else 0
 
 
-def test_a_worker_writes_the_microdata_and_the_flow_checks_its_hash(cluster, work, monkeypatch):
-    """On Dask the microdata's rows are drawn and written on a worker: in the flow's process no
-    row is given a piece (``assign_files`` is never called there) and no output in pieces is
-    written; the published file hashes as recorded, holds every true cell with a beta-sampled
-    count (6-sigma bounds), and its rows are not in the input's order (the input is sorted by
-    sex: about n/2 runs of sex in a uniformly random order of n ~ 40,000 rows, 2 sorted; fewer
-    than n/4 has probability below 1e-100 by Hoeffding's bound on the run count)."""
+def test_workers_write_the_microdata_in_pieces_and_the_flow_checks_their_hashes(cluster, work, monkeypatch):
+    """On Dask the microdata's rows are built and written by the workers, one file each: in the
+    flow's process no row is built (:func:`.partitioned.file_table` makes only the empty schema there),
+    no row is given its file (no draw there larger than the companion's 512 cells, ordered there)
+    and no output in pieces is written. With at most 6,000
+    rows a file, the ~40,000 published rows come in 8 files ``microdata-partJJJJ.parquet``, each
+    hashing as recorded (audit records, release.json), each holding ~1/8 of them (within 6
+    sigma of Binomial(n, 1/8)), each in random order (the input is sorted by sex: a uniformly
+    random order of a file's ~5,000 rows has about n/2 runs of sex; fewer than n/4 has
+    probability below 1e-15 by McDiarmid's bound on the run count, a swap changing it by <= 4); together they are the
+    published multiset: every true cell with a beta-sampled count (6-sigma bounds), equal to the
+    companion's counts. The report and release.json say the output is 8 files."""
+    import json
+
     from privrelease.files import sha256_file
     from privrelease.flows import outputs as flow_outputs
     from privrelease.mechanisms import partitioned
@@ -244,8 +251,11 @@ def test_a_worker_writes_the_microdata_and_the_flow_checks_its_hash(cluster, wor
     data = work / "sorted.parquet"
     sorted_dataset(data, 400_000, 50_000)
 
-    def not_here(*args, **kwargs):
-        raise AssertionError("the flow's process drew the published rows' pieces")
+    file_table = partitioned.file_table
+
+    def no_rows_here(cells, which, counts):
+        assert not counts.sum(), "the flow's process built published rows"
+        return file_table(cells, which, counts)
 
     write_table = flow_outputs.write_table
 
@@ -253,39 +263,78 @@ def test_a_worker_writes_the_microdata_and_the_flow_checks_its_hash(cluster, wor
         assert not isinstance(table, Pieces), "the flow's process wrote an output in pieces"
         return write_table(table, *args)
 
-    monkeypatch.setattr(partitioned, "assign_files", not_here)
+    random_uint64 = partitioned.randomness.random_uint64
+
+    def no_draws_here(size):
+        assert size <= 512, "the flow's process drew the published rows' files"  # the companion's <= 512 cells
+        return random_uint64(size)
+
+    monkeypatch.setattr(partitioned, "file_table", no_rows_here)
+    monkeypatch.setattr(partitioned.randomness, "random_uint64", no_draws_here)
     monkeypatch.setattr(flow_outputs, "write_table", flow_writes)
+    monkeypatch.setattr(partitioned, "ROWS_PER_FILE", 6_000)
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART", 6_000)
     policy = policy_file(work, "sorted.parquet", engine=dask_engine(cluster, 50_000))
     published = release_plain(policy_path=str(policy), out_dir=str(work / "dask"))
-    (micro,) = [output for output in published.outputs if Path(output["path"]).name == "microdata.parquet"]
-    assert sha256_file(Path(micro["path"])) == micro["sha256"]
-    table = pq.read_table(micro["path"])
-    assert table.num_rows == micro["rows"]
+    parts = sorted(
+        (o for o in published.outputs if Path(o["path"]).name.startswith("microdata-part")), key=lambda o: o["path"]
+    )
+    assert [Path(o["path"]).name for o in parts] == [f"microdata-part{j:04d}.parquet" for j in range(8)]
+    assert not (Path(parts[0]["path"]).parent / "microdata.parquet").exists()
+    tables = []
+    total = sum(o["rows"] for o in parts)
+    for part in parts:
+        assert sha256_file(Path(part["path"])) == part["sha256"]
+        table = pq.read_table(part["path"])
+        assert table.num_rows == part["rows"]
+        assert abs(table.num_rows - total / 8) < 6 * (total * 7 / 64) ** 0.5
+        assert runs_of(table.column("sex").to_pylist()) > table.num_rows / 4
+        tables.append(table)
+    whole = rows_of(pa.concat_tables([t.cast(tables[0].schema) for t in tables]))
     names = [*(f"c{i}" for i in range(WIDE_COLUMNS)), "sex"]
-    sampled_within_binomial_bounds(rows_of(table), generalized(data, names), 0.1)
-    assert runs_of(table.column("sex").to_pylist()) > table.num_rows / 4
+    sampled_within_binomial_bounds(whole, generalized(data, names), 0.1)
+    folder = Path(published.release_dir)
+    import pyarrow.dataset as ds
+
+    assert rows_of(ds.dataset(sorted(folder.glob("microdata-part*.parquet"))).to_table()) == whole
+    companion = pq.read_table(folder / "microdata.cells.parquet")
+    assert dict(zip(rows_of(companion.select(names)), companion.column("count").to_pylist())) == whole
+    (entry,) = [
+        e for e in json.loads((folder / "release.json").read_text())["outputs"] if e["mechanism"] == "microdata"
+    ]
+    assert entry["files"] == 8
+    assert [(t["file"], t["sha256"], t["rows"]) for t in entry["tables"]] == [
+        (Path(o["path"]).name, o["sha256"], o["rows"]) for o in parts
+    ]
+    assert f"The output of microdata is 8 files, {total} rows together" in Path(published.report).read_text()
     verify_intact()
 
 
 def test_output_changed_after_the_worker_wrote_it_is_not_published(cluster, work, monkeypatch):
-    """The microdata file is changed between the worker's write and the flow's check: its hash
-    differs from the worker's, the run fails, nothing is published, the reservation is released."""
+    """The last of the microdata's files (at most 100 rows each: several) is changed between
+    its worker's write and the flow's check: its hash differs from the worker's, the run fails,
+    nothing is published, the reservation is released."""
     from privrelease.flows import engines
     from privrelease.flows import outputs as flow_outputs
+    from privrelease.mechanisms import partitioned
+
+    monkeypatch.setattr(partitioned, "ROWS_PER_FILE", 100)
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART", 100)
 
     data = work / "wide.parquet"
-    wide_dataset(data, 8_000, 2_000, seed=6)
+    wide_dataset(data, 80_000, 20_000, seed=6)
     map_gather = engines.map_gather
 
     def write_then_change(run_id, function, items, **constants):
         results = map_gather(run_id, function, items, **constants)
         if function is flow_outputs.write_pieces_here:
-            with open(items[0][2], "ab") as file:
+            assert len(items) > 1 and items[-1][2].endswith(f"-part{len(items) - 1:04d}.parquet")
+            with open(items[-1][2], "ab") as file:
                 file.write(b"planted")
         return results
 
     monkeypatch.setattr(engines, "map_gather", write_then_change)
-    policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, 2_000))
+    policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, 20_000))
     with pytest.raises((UserError, DataStepError), match="changed after the Dask worker wrote it"):
         release_plain(policy_path=str(policy), out_dir=str(work / "out"))
     run, entries = latest_run()
@@ -501,7 +550,13 @@ def test_release_larger_than_the_workers_memory(cluster, work):
     published = release_plain(policy_path=str(policy), out_dir=str(work / "out"))
     run, entries = run_record(published.run_id)
     assert run.status == "succeeded" and [e.state for e in entries] == ["committed"]
-    micro = outputs(published)["microdata"]
+    found = outputs(published)  # 1.2 M published rows: one file per worker
+    assert sorted(name for name in found if name.startswith("microdata")) == [
+        "microdata-part0000",
+        "microdata-part0001",
+        "microdata.cells",
+    ]
+    micro = pa.concat_tables([found["microdata-part0000"], found["microdata-part0001"]], promote_options="permissive")
     assert 0 < micro.num_rows < rows * 0.2 and min(rows_of(micro).values()) >= 20
     assert "48 partitions on 2 workers" in Path(published.report).read_text()
     verify_intact()
