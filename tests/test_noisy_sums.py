@@ -150,7 +150,7 @@ def test_sensitivity_and_rho_against_opendp() -> None:
     event = plan_policy(loaded).mechanisms[0].event
     assert isinstance(event, GaussianSums)
     m, units = 3, 20 / 0.5
-    assert (event.count_sensitivity, event.total_sensitivity, event.sigma_total) == (m, m * units, 40 / 0.5)
+    assert (event.count_sensitivity, event.total_sensitivity_units, event.sigma_total_units) == (m, m * units, 40 / 0.5)
     domain = dp.vector_domain(dp.atom_domain(T="i64"))
     opendp_rho = sum(
         dp.m.make_gaussian(domain, dp.l2_distance(T="i64"), scale=sigma).map(distance)
@@ -160,7 +160,7 @@ def test_sensitivity_and_rho_against_opendp() -> None:
     assert event.rho >= opendp_rho
     # without a person column: m = 1; the bound of larger size counts, whatever its sign
     row = plan_policy(_loaded(person="row", bounds="[-30, 20]", resolution="1")).mechanisms[0].event
-    assert (row.count_sensitivity, row.total_sensitivity) == (1, 30)
+    assert (row.count_sensitivity, row.total_sensitivity_units) == (1, 30)
 
 
 @pytest.mark.parametrize("rho", [0.005, 0.07, 0.5])
@@ -173,7 +173,9 @@ def test_deltas_against_dp_accounting_and_an_independent_minimization(rho: float
     the closed form against a numerical minimization of e^((a - 1)(a rho - eps))."""
     from dp_accounting import dp_event, rdp
 
-    event = GaussianSums(sigma_count=1.0, sigma_total=1.0, count_sensitivity=1, total_sensitivity=0, epsilon=1.0)
+    event = GaussianSums(
+        sigma_count=1.0, sigma_total_units=1.0, count_sensitivity=1, total_sensitivity_units=0, epsilon=1.0
+    )
     event = event.model_copy(update={"sigma_count": 1 / math.sqrt(2 * rho)})
     assert event.rho == pytest.approx(rho, rel=1e-12)
     z = 1 / math.sqrt(2 * rho)
@@ -349,7 +351,11 @@ def test_calibrate_finds_the_smallest_sigmas_for_a_target() -> None:
     on both misses it; the count takes count_share of rho."""
     sigma_total, sigma_count = noisy_sums.calibrate(1.0, 1e-6, 4, 60000, count_share=0.3)
     event = GaussianSums(
-        sigma_count=sigma_count, sigma_total=sigma_total, count_sensitivity=4, total_sensitivity=240000, epsilon=1.0
+        sigma_count=sigma_count,
+        sigma_total_units=sigma_total,
+        count_sensitivity=4,
+        total_sensitivity_units=240000,
+        epsilon=1.0,
     )
     assert event.guarantee("approximate").delta <= 1e-6
     assert (4 / sigma_count) ** 2 / 2 == pytest.approx(0.3 * event.rho, rel=1e-9)
@@ -437,9 +443,9 @@ def test_calibrate_command_prints_noise_that_meets_the_target() -> None:
     noise = document["noise"]
     event = GaussianSums(
         sigma_count=noise["sigma_count"],
-        sigma_total=noise["sigma_total"] / 10,
+        sigma_total_units=noise["sigma_total"] / 10,
         count_sensitivity=4,
-        total_sensitivity=4 * 6000,
+        total_sensitivity_units=4 * 6000,
         epsilon=1.0,
     )
     assert event.guarantee("approximate").delta <= 1e-6

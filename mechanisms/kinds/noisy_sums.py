@@ -127,15 +127,16 @@ def calibrate(
 
 class GaussianSums(ZCDPGaussian, Event):
     """Noisy totals and counts of every cell (module docstring): discrete Gaussian noise of
-    parameter ``sigma_count`` on the counts and ``sigma_total`` (in units of the resolution) on
-    the totals; one person moves the counts by at most ``count_sensitivity`` and the totals by
-    at most ``total_sensitivity`` units in L2. Its guarantee is stated at ``epsilon``."""
+    parameter ``sigma_count`` on the counts and ``sigma_total_units`` (in units of the
+    resolution: the policy's sigma_total / resolution) on the totals; one person moves the counts
+    by at most ``count_sensitivity`` and the totals by at most ``total_sensitivity_units`` units in
+    L2. Its guarantee is stated at ``epsilon``."""
 
     kind: Literal["gaussian_sums"] = "gaussian_sums"
     sigma_count: float = Field(gt=0)
-    sigma_total: float = Field(gt=0)
+    sigma_total_units: float = Field(gt=0)
     count_sensitivity: int = Field(ge=1)
-    total_sensitivity: int = Field(ge=0)
+    total_sensitivity_units: int = Field(ge=0)
     epsilon: float = Field(ge=0)
     noise_label: ClassVar[str] = "discrete Gaussian sums"
 
@@ -143,7 +144,7 @@ class GaussianSums(ZCDPGaussian, Event):
     def rho(self) -> float:
         return (
             self.count_sensitivity**2 / (2 * self.sigma_count**2)
-            + self.total_sensitivity**2 / (2 * self.sigma_total**2)
+            + self.total_sensitivity_units**2 / (2 * self.sigma_total_units**2)
         ) * (1 + 1e-15)
 
 
@@ -234,9 +235,9 @@ class NoisySumsMechanism(MechanismKind):
         lo, hi = self._units
         event = GaussianSums(
             sigma_count=self.noise.sigma_count,
-            sigma_total=self._total_sigma,
+            sigma_total_units=self._total_sigma,
             count_sensitivity=m,
-            total_sensitivity=m * max(abs(lo), abs(hi)),
+            total_sensitivity_units=m * max(abs(lo), abs(hi)),
             epsilon=0.0,
         )
         targets = loaded.policy.targets
