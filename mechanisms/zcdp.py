@@ -15,6 +15,7 @@ delta) point (sound, loose), and the Rényi divergences ``a rho`` compose exactl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -37,14 +38,36 @@ def approximate_delta(rho: float, epsilon: float) -> float:
     return renyi.convert_delta(renyi.ORDERS * rho, 0.0, epsilon)
 
 
-def stated_epsilon(rho: float, delta: float | None, accounting: str) -> float:
-    """The smallest epsilon (at most :data:`.noisy_counts.STATED_EPSILON_LIMIT`) at which a
-    rho-zCDP release reaches ``delta`` under ``accounting`` (a policy's ``targets``)."""
-    from privrelease.mechanisms.kinds.noisy_counts import STATED_EPSILON_LIMIT, _smallest_epsilon
+STATED_EPSILON_LIMIT = 100.0
+"""The largest epsilon a Gaussian table's guarantee is stated at (a policy's epsilons are at
+most 100: beyond, a guarantee says nothing)."""
 
+
+def smallest_stated_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
+    """The smallest epsilon in [0, 100] with delta_of(epsilon) <= delta (nonincreasing), to a
+    relative 1e-9 and rounded up (:func:`.composition.smallest_epsilon`); 100 when none is."""
+    from privrelease.mechanisms.composition import smallest_epsilon
+
+    return min(smallest_epsilon(delta_of, delta, STATED_EPSILON_LIMIT), STATED_EPSILON_LIMIT)
+
+
+def stated_epsilon(rho: float, delta: float | None, accounting: str) -> float:
+    """The smallest epsilon (at most :data:`STATED_EPSILON_LIMIT`) at which a rho-zCDP release
+    reaches ``delta`` under ``accounting`` (a policy's ``targets``)."""
     assert delta is not None, "the policy checks require targets.delta for Gaussian noise"
     delta_of = probabilistic_delta if accounting == "probabilistic" else approximate_delta
-    return min(_smallest_epsilon(lambda e: delta_of(rho, e), delta), STATED_EPSILON_LIMIT)
+    return smallest_stated_epsilon(lambda e: delta_of(rho, e), delta)
+
+
+def stated_pair_pld(epsilon: float, delta: float, discretization: float) -> Any:
+    """The PLD of the pair dominating every (epsilon, delta)-DP release (dp_accounting's
+    ``from_privacy_parameters``): sound for any release known only by that point."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    return pld.from_privacy_parameters(
+        common.DifferentialPrivacyParameters(epsilon, delta), value_discretization_interval=discretization
+    )
 
 
 class _Stated(Protocol):
@@ -72,15 +95,8 @@ class ZCDPGaussian:
         return Guarantee(notion, self.epsilon, delta, True, f"{self.noise_label}, {self.rho:.6g}-zCDP, {how}")
 
     def pld(self: _Stated, discretization: float) -> Any:
-        """The dominating pair of its stated (epsilon, delta) (dp_accounting's
-        ``from_privacy_parameters``): sound for any (epsilon, delta)-DP release."""
-        from dp_accounting.pld import common
-        from dp_accounting.pld import privacy_loss_distribution as pld
-
-        delta = approximate_delta(self.rho, self.epsilon)
-        return pld.from_privacy_parameters(
-            common.DifferentialPrivacyParameters(self.epsilon, delta), value_discretization_interval=discretization
-        )
+        """:func:`stated_pair_pld` of its stated (epsilon, delta)."""
+        return stated_pair_pld(self.epsilon, approximate_delta(self.rho, self.epsilon), discretization)
 
     def renyi(self: _Stated, orders: Any) -> Any:
         """``a rho`` (zCDP)."""

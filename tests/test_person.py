@@ -21,7 +21,7 @@ from scipy import stats
 from privrelease.errors import UserError
 from privrelease.flows.data import mechanism_rows, person_rows
 from privrelease.flows.steps import release_plain
-from privrelease.mechanisms import composition
+from privrelease.mechanisms import composition, zcdp
 from privrelease.mechanisms.events import Composed, event_from_json, event_to_json, person_level
 from privrelease.mechanisms.kinds.noisy_counts import (
     DiscreteGaussian,
@@ -29,6 +29,7 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     add_noise,
     approximate_delta,
     probabilistic_delta,
+    pure_delta,
 )
 from privrelease.mechanisms.persons import kept_rows
 from privrelease.planning import plan_policy
@@ -204,9 +205,10 @@ def _spread_delta(distribution: str, parameter: float, spread: tuple[int, ...], 
 
 @pytest.mark.parametrize(("distribution", "parameter"), [("gaussian", 1.0), ("gaussian", 2.5), ("laplace", 1.5)])
 def test_person_level_delta_bounds_every_spread_of_a_persons_rows(distribution: str, parameter: float) -> None:
-    """For m = 2 and 3, the stated delta (one cell moved by m, from dp_accounting's pessimistic
-    PLD) is at least the exact delta of every way of spreading m unit changes over cells, and
-    within the PLD's discretization of the exact one-cell delta."""
+    """For m = 2 and 3, the stated delta (the proven bound: randomized response's at the pure
+    m/t for the Laplace, the zCDP conversion at m^2 / (2 sigma^2) for the Gaussian) is at least
+    the exact delta of every way of spreading m unit changes over cells (of which one cell moved
+    by m is the largest, numerically)."""
     for m in (2, 3):
         for epsilon in np.linspace(
             0, m * m / (2 * parameter**2) + 1 if distribution == "gaussian" else m / parameter, 7
@@ -215,7 +217,12 @@ def test_person_level_delta_bounds_every_spread_of_a_persons_rows(distribution: 
             exact = {spread: _spread_delta(distribution, parameter, spread, float(epsilon)) for spread in _spreads(m)}
             assert stated >= max(exact.values()) - 1e-12, (m, epsilon, stated, exact)
             assert max(exact.values()) == pytest.approx(exact[(m,)], abs=1e-12)
-            assert stated <= _spread_delta(distribution, parameter, (m,), float(epsilon) - 0.01) + 1e-9
+            proven = (
+                pure_delta(m / parameter, float(epsilon))
+                if distribution == "laplace"
+                else zcdp.approximate_delta(m * m / (2 * parameter**2), float(epsilon))
+            )
+            assert stated == proven
 
 
 def test_person_level_privacy_maps() -> None:
@@ -416,7 +423,7 @@ def test_readme_figures_come_from_the_code() -> None:
     section = readme[readme.index("## Who is a person") : readme.index("## What the guarantees mean")]
     laplace = [DiscreteLaplace(scale=5, sensitivity=m).guarantee("approximate").epsilon for m in (5, 1)]
     gaussian = [
-        composition.epsilon_at([DiscreteGaussian(sigma=4.231, epsilon=1, sensitivity=m)], 1e-6).epsilon for m in (5, 1)
+        zcdp.smallest_stated_epsilon(lambda e, m=m: approximate_delta("gaussian", 4.231, e, m), 1e-6) for m in (5, 1)
     ]
     assert f"scale 5 is epsilon {laplace[0]:.3g} ({laplace[1]:.3g} for one row" in section
     assert f"delta 1e-6 is epsilon {gaussian[0]:.3g} ({gaussian[1]:.3g} for one row)" in section

@@ -69,6 +69,7 @@ import pyarrow as pa
 from pydantic import Field, StrictBool
 
 from privrelease.errors import UserError
+from privrelease.mechanisms import zcdp
 from privrelease.mechanisms.columns import NOISY_TABLE, taken_name
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
@@ -234,23 +235,23 @@ def _loss_top(sigma: float, epsilon: float) -> int:
 # --- public functions ---------------------------------------------------------------------------
 
 
-def noise_pld(distribution: Distribution, parameter: float, discretization: float = 1e-3, sensitivity: int = 1) -> Any:
+def noise_pld(distribution: Distribution, parameter: float, discretization: float = 1e-3) -> Any:
     """``dp_accounting``'s privacy loss distribution of the whole table (one release),
     pessimistic (its deltas are upper bounds): ``from_discrete_gaussian_mechanism(sigma)`` (its
     ``sigma`` is the discrete Gaussian's parameter, noise truncated where the mass left is below
     1e-30 and that mass charged as an infinite loss) or ``from_discrete_laplace_mechanism(a)``,
-    whose pmf is ``∝ e^(-a |x|)``: ``a = 1 / scale``; for ``sensitivity`` m the pair of one cell
-    moved by ``m`` (:data:`PERSON_PAIR`)."""
+    whose pmf is ``∝ e^(-a |x|)``: ``a = 1 / scale`` (sensitivity 1; a person's m rows:
+    :data:`PERSON_PAIR`)."""
     parameter = _check(distribution, parameter)
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     if distribution == "gaussian":
         return pld.from_discrete_gaussian_mechanism(
-            parameter, sensitivity=sensitivity, pessimistic_estimate=True, value_discretization_interval=discretization
+            parameter, sensitivity=1, pessimistic_estimate=True, value_discretization_interval=discretization
         )
     return pld.from_discrete_laplace_mechanism(
         1.0 / parameter,
-        sensitivity=sensitivity,
+        sensitivity=1,
         pessimistic_estimate=True,
         value_discretization_interval=discretization,
     )
@@ -258,14 +259,15 @@ def noise_pld(distribution: Distribution, parameter: float, discretization: floa
 
 PERSON_PAIR = """One person with at most m rows moves the table by an integer vector v with
 ``sum |v_i| <= m``: L1 sensitivity m and L2 sensitivity m (one cell moved by m), the noise of
-every other cell cancelling. For the continuous Gaussian the pair (N(0, I), N(v, I)) is the
-pair (N(0, 1), N(|v|_2, 1)), largest at one cell moved by m; for the discrete noises the
-release's (epsilon, delta) statements and PLD are those of one cell moved by m, which
-dominated every other spread of m unit changes in a numerical check (every partition of
-m <= 5 over cells, discrete Gaussian sigma 0.5-3 and discrete Laplace scale 0.3-4, the
-hockey-stick delta on a grid of epsilons: ``tests/test_person.py`` repeats it); proven: the
-Laplace's pure epsilon m/t (each cell's loss is at most k_i/t) and the Gaussian's zCDP
-m^2 / (2 sigma^2) (:meth:`DiscreteGaussian.renyi`)."""
+every other cell cancelling. Only bounds proven for EVERY such v are stated: the discrete
+Laplace is pure (m/t)-DP (a cell moved by ``k`` has loss at most ``k/t``), so its delta at
+``eps < m/t`` is randomized response's, ``(1 - e^(eps - m/t)) / (1 + e^(-m/t))``, the largest of
+any (m/t)-DP pair, and its PLD randomized response's (:func:`.pld.pure_dp_pld`); the discrete
+Gaussian is ``m^2 / (2 sigma^2)``-zCDP (CKS: ``D_a`` of a cell moved by ``k`` is
+``a k^2 / (2 sigma^2)``, and ``sum k_i^2 <= m^2``), so its (epsilon, delta) is the zCDP
+conversion (:func:`.zcdp.approximate_delta`, CKS Proposition 12) and its PLD the dominating pair
+of that stated point. One cell moved by m, the worst spread in a numerical check
+(``tests/test_person.py``), would give a smaller delta; it is not proven, so not used."""
 
 
 def pure_epsilon(distribution: Distribution, parameter: float) -> float | None:
@@ -280,13 +282,12 @@ def approximate_delta(distribution: Distribution, parameter: float, epsilon: flo
     """The exact hockey-stick delta of one table at ``epsilon`` under add/remove-one-row neighbours
     (both directions; they coincide), an upper bound within a relative ~1e-11:
     ``sum_z (P(z) - e^eps P(z - 1))_+`` (CKS Theorem 7 for the discrete Gaussian; module docstring).
-    ``sensitivity`` m > 1 (a person's rows): ``sum_z (P(z) - e^eps P(z - m))_+`` (:data:`PERSON_PAIR`),
-    from the pessimistic PLD of that pair (an upper bound)."""
+    ``sensitivity`` m > 1 (a person's rows): a bound for every spread of them (:data:`PERSON_PAIR`)."""
     parameter, epsilon = _check(distribution, parameter), _check_epsilon(epsilon)
     if sensitivity > 1:
-        return min(
-            1.0, float(noise_pld(distribution, parameter, sensitivity=sensitivity).get_delta_for_epsilon(epsilon))
-        )
+        if distribution == "laplace":
+            return pure_delta(sensitivity / parameter, epsilon)
+        return zcdp.approximate_delta(sensitivity**2 / (2 * parameter**2), epsilon)
     if distribution == "laplace":
         if epsilon >= 1.0 / parameter:
             return 0.0
@@ -294,6 +295,14 @@ def approximate_delta(distribution: Distribution, parameter: float, epsilon: flo
         value = -math.expm1(epsilon - 1.0 / parameter) / (1.0 + math.exp(-1.0 / parameter))
         return min(1.0, value * (1 + 16 * _U))
     return _gaussian_left_tail(parameter, _loss_top(parameter, epsilon), epsilon)
+
+
+def pure_delta(pure_epsilon: float, epsilon: float) -> float:
+    """The largest delta at ``epsilon`` of any pure ``pure_epsilon``-DP pair: randomized
+    response's, ``(1 - e^(eps - e0)) / (1 + e^(-e0))`` below ``e0``, 0 from it on; rounded up."""
+    if epsilon >= pure_epsilon:
+        return 0.0
+    return min(1.0, -math.expm1(epsilon - pure_epsilon) / (1.0 + math.exp(-pure_epsilon)) * (1 + 16 * _U))
 
 
 def probabilistic_delta(distribution: Distribution, parameter: float, epsilon: float, sensitivity: int = 1) -> float:
@@ -309,8 +318,7 @@ def probabilistic_delta(distribution: Distribution, parameter: float, epsilon: f
     if sensitivity > 1:
         if distribution == "laplace":
             return 0.0 if epsilon >= sensitivity / parameter else 1.0
-        rho = sensitivity**2 / (2 * parameter**2)
-        return 1.0 if epsilon <= rho else min(1.0, math.exp(-((epsilon - rho) ** 2) / (4 * rho)) * (1 + 16 * _U))
+        return zcdp.probabilistic_delta(sensitivity**2 / (2 * parameter**2), epsilon)
     if distribution == "laplace":
         if epsilon >= 1.0 / parameter:
             return 0.0
@@ -532,10 +540,6 @@ MIN_NOISE = 0.01
 epsilon a policy states); below it either noise is 0 except with probability under 2e^-100, the
 counts published as they are (and the calculus's 1 / sigma^2 would overflow near 1e-154)."""
 
-STATED_EPSILON_LIMIT = 100.0
-"""The largest epsilon a Gaussian table's guarantee is stated at (a policy's epsilons are at
-most 100: beyond, a guarantee says nothing)."""
-
 
 class DiscreteGaussian(Event):
     """A table of counts of sensitivity ``sensitivity`` (1: one row; ``m``: one person with at
@@ -561,17 +565,21 @@ class DiscreteGaussian(Event):
             how = (
                 "exact hockey-stick delta"
                 if m == 1
-                else f"hockey-stick delta of one cell moved by {m} (the worst spread in a numerical check, not a proof)"
+                else f"zCDP rho = {m}^2 / (2 sigma^2), CKS Proposition 12 (a bound for every spread of a person's rows)"
             )
             delta = approximate_delta("gaussian", self.sigma, self.epsilon, m)
         return Guarantee(notion, self.epsilon, delta, True, f"discrete Gaussian (sigma {self.sigma:g}), {how}")
 
     def pld(self, discretization: float) -> Any:
-        return noise_pld("gaussian", self.sigma, discretization, self.sensitivity)
+        if self.sensitivity == 1:
+            return noise_pld("gaussian", self.sigma, discretization)
+        delta = approximate_delta("gaussian", self.sigma, self.epsilon, self.sensitivity)
+        return zcdp.stated_pair_pld(self.epsilon, delta, discretization)  # PERSON_PAIR
 
     def exact_curve(self) -> Callable[[float], float] | None:
-        sigma, m = self.sigma, self.sensitivity
-        return lambda epsilon: approximate_delta("gaussian", sigma, epsilon, m)
+        """The exact curve of one row's table; none for a person's rows (:data:`PERSON_PAIR`)."""
+        sigma = self.sigma
+        return None if self.sensitivity > 1 else lambda epsilon: approximate_delta("gaussian", sigma, epsilon)
 
     def renyi(self, orders: Any) -> Any:
         """``a m^2 / (2 sigma^2)``: the discrete Gaussian of sensitivity 1 is ``1 / (2 sigma^2)``-zCDP,
@@ -599,7 +607,11 @@ class DiscreteLaplace(Event):
         )
 
     def pld(self, discretization: float) -> Any:
-        return noise_pld("laplace", self.scale, discretization, self.sensitivity)
+        from privrelease.mechanisms.pld import pure_dp_pld
+
+        if self.sensitivity == 1:
+            return noise_pld("laplace", self.scale, discretization)
+        return pure_dp_pld(self.sensitivity / self.scale, discretization)  # PERSON_PAIR
 
 
 NOISE_RANGE = f"a number in [{MIN_NOISE:g}, {MAX_NOISE:g}]"
@@ -671,7 +683,7 @@ class NoisyCountsMechanism(MechanismKind):
             targets = loaded.policy.targets
             assert targets.delta is not None, "the policy checks require targets.delta for Gaussian noise"
             delta_of = probabilistic_delta if targets.accounting == "probabilistic" else approximate_delta
-            epsilon = _smallest_epsilon(lambda e: delta_of("gaussian", parameter, e, m), targets.delta)
+            epsilon = zcdp.smallest_stated_epsilon(lambda e: delta_of("gaussian", parameter, e, m), targets.delta)
         return DiscreteGaussian(sigma=parameter, epsilon=epsilon, sensitivity=m)
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
@@ -794,14 +806,6 @@ def _sensitivity_fact(m: int) -> str:
     if m == 1:
         return "1 (one person changes one cell by one)"
     return f"{m} in L1 and L2 (one person, at most {m} rows, changes up to {m} cells by one, or one cell by {m})"
-
-
-def _smallest_epsilon(delta_of: Callable[[float], float], delta: float) -> float:
-    """The smallest epsilon in [0, 100] with delta_of(epsilon) <= delta (nonincreasing), to a
-    relative 1e-9 and rounded up (:func:`.composition.smallest_epsilon`); 100 when none is."""
-    from privrelease.mechanisms.composition import smallest_epsilon
-
-    return min(smallest_epsilon(delta_of, delta, STATED_EPSILON_LIMIT), STATED_EPSILON_LIMIT)
 
 
 @dataclass(frozen=True)
