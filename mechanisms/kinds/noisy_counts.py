@@ -607,7 +607,7 @@ class DiscreteLaplace(Event):
         )
 
     def pld(self, discretization: float) -> Any:
-        from privrelease.mechanisms.pld import pure_dp_pld
+        from privrelease.mechanisms.kinds import pure_dp_pld
 
         if self.sensitivity == 1:
             return noise_pld("laplace", self.scale, discretization)
