@@ -17,6 +17,7 @@ import pytest
 from scipy import optimize, stats
 
 from privrelease.errors import UserError
+from privrelease.mechanisms import zcdp
 from privrelease.mechanisms.kinds import noisy_sums
 from privrelease.mechanisms.kinds.noisy_counts import add_noise, half_width
 from privrelease.mechanisms.kinds.noisy_sums import GaussianSums, mean_interval
@@ -183,16 +184,16 @@ def test_deltas_against_dp_accounting_and_an_independent_minimization(rho: float
     accountant.compose(dp_event.GaussianDpEvent(z))
     mu = math.sqrt(2 * rho)
     for epsilon in (0.3, 1.0, 2.5):
-        ours = noisy_sums.zcdp_approximate_delta(event.rho, epsilon)
+        ours = zcdp.approximate_delta(event.rho, epsilon)
         assert ours == pytest.approx(accountant.get_delta(epsilon), rel=0.02)
         exact = stats.norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon) * stats.norm.cdf(-mu / 2 - epsilon / mu)
         assert ours >= exact * (1 - 1e-6)
         found = optimize.minimize_scalar(
             lambda a, e=epsilon: (a - 1) * (a * rho - e), bounds=(1 + 1e-9, 1e6), method="bounded"
         )
-        closed = noisy_sums.zcdp_probabilistic_delta(event.rho, epsilon)
+        closed = zcdp.probabilistic_delta(event.rho, epsilon)
         assert closed == pytest.approx(min(1.0, math.exp(found.fun)), rel=1e-6)
-        assert event.guarantee("approximate").delta == noisy_sums.zcdp_approximate_delta(event.rho, 1.0)
+        assert event.guarantee("approximate").delta == zcdp.approximate_delta(event.rho, 1.0)
 
 
 def test_plan_states_the_event_s_epsilon_at_the_target_delta_and_the_renyi_curve_composes() -> None:
@@ -201,7 +202,7 @@ def test_plan_states_the_event_s_epsilon_at_the_target_delta_and_the_renyi_curve
     (planned,) = plan_policy(_loaded()).mechanisms
     event = planned.event
     assert event.guarantee("approximate").delta <= 1e-6
-    assert noisy_sums.zcdp_approximate_delta(event.rho, event.epsilon * (1 - 1e-6)) > 1e-6
+    assert zcdp.approximate_delta(event.rho, event.epsilon * (1 - 1e-6)) > 1e-6
     assert np.allclose(event.renyi(np.array([2.0, 10.0])), [2 * event.rho, 10 * event.rho], rtol=1e-12)
     # pessimistic: its losses are rounded up to the discretization grid
     assert event.pld(1e-4).get_delta_for_epsilon(event.epsilon + 2e-4) <= 1e-6 * (1 + 1e-6)

@@ -44,6 +44,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from privrelease.errors import UserError
+from privrelease.mechanisms import zcdp
 from privrelease.mechanisms.columns import SUMS_TABLE
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
@@ -78,8 +79,6 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     half_width,
 )
 from privrelease.mechanisms.zcdp import ZCDPGaussian, stated_epsilon
-from privrelease.mechanisms.zcdp import approximate_delta as zcdp_approximate_delta
-from privrelease.mechanisms.zcdp import probabilistic_delta as zcdp_probabilistic_delta  # noqa: F401 (its name here)
 from privrelease.policies.fields import num
 
 if TYPE_CHECKING:
@@ -93,17 +92,18 @@ STATISTICS = ("total", "count")
 """What a ``targets.accuracy`` entry on noisy sums names in ``statistic``."""
 
 
-def zcdp_rho(sigma_count: float, sigma_total: float, rows: int, bound: int) -> float:
-    """``rho = m^2 / (2 S_N^2) + (m B)^2 / (2 S_T^2)`` (``S_T``, ``B`` in units): the zCDP of one
-    release for one person of at most ``rows`` = m rows (module docstring)."""
-    return rows**2 / (2 * sigma_count**2) + (rows * bound) ** 2 / (2 * sigma_total**2)
+def zcdp_rho(sigma_count: float, sigma_total: float, count_sensitivity: int, total_sensitivity: int) -> float:
+    """``rho = D_N^2 / (2 S_N^2) + D_T^2 / (2 S_T^2)``: the zCDP of one release whose counts move
+    by at most ``D_N = m`` and totals by ``D_T = m B`` in L2 for one person of at most m rows
+    (``S_T``, ``B`` in units; module docstring)."""
+    return count_sensitivity**2 / (2 * sigma_count**2) + total_sensitivity**2 / (2 * sigma_total**2)
 
 
 def calibrate(
     epsilon: float, delta: float, rows_per_person: int, bound: float, count_share: float = 0.25
 ) -> tuple[float, float]:
     """``(sigma_total, sigma_count)`` meeting (``epsilon``, ``delta``) by
-    :func:`zcdp_approximate_delta`: the largest rho (to a relative 1e-9, by bisection on the
+    :func:`.zcdp.approximate_delta`: the largest rho (to a relative 1e-9, by bisection on the
     nonincreasing delta) whose conversion reaches ``delta`` at ``epsilon``, ``count_share`` of it
     spent on the counts: ``sigma_count = m / sqrt(2 s rho)``, ``sigma_total = m B / sqrt(2 (1 - s)
     rho)``, ``B = max(|lo|, |hi|)`` (in the column's units) and m = ``rows_per_person``."""
@@ -112,11 +112,11 @@ def calibrate(
     if not (epsilon > 0 and 0 < delta < 1):
         raise UserError(f"epsilon must be > 0 and delta in (0, 1); got {epsilon!r}, {delta!r}", field="epsilon")
     low, high = 0.0, 1.0
-    while zcdp_approximate_delta(high, epsilon) <= delta:
+    while zcdp.approximate_delta(high, epsilon) <= delta:
         low, high = high, 2 * high
     while high - low > 1e-9 * high:
         middle = (low + high) / 2
-        if zcdp_approximate_delta(middle, epsilon) <= delta:
+        if zcdp.approximate_delta(middle, epsilon) <= delta:
             low = middle
         else:
             high = middle
@@ -142,9 +142,8 @@ class GaussianSums(ZCDPGaussian, Event):
 
     @property
     def rho(self) -> float:
-        return (
-            self.count_sensitivity**2 / (2 * self.sigma_count**2)
-            + self.total_sensitivity_units**2 / (2 * self.sigma_total_units**2)
+        return zcdp_rho(
+            self.sigma_count, self.sigma_total_units, self.count_sensitivity, self.total_sensitivity_units
         ) * (1 + 1e-15)
 
 

@@ -32,6 +32,7 @@ def calibrate_noisy_sums(
     (epsilon, delta) conversion reaches DELTA at EPSILON (CKS Proposition 12), COUNT_SHARE of it on
     the counts (sigma_count = m / sqrt(2 s rho)), the rest on the totals (sigma_total = m B /
     sqrt(2 (1 - s) rho)); and each cell's half-width of the total and the count at C."""
+    from privrelease.mechanisms import zcdp
     from privrelease.mechanisms.kinds import noisy_sums as ns
     from privrelease.mechanisms.kinds.noisy_sums import MAX_NOISE, MIN_NOISE, half_width
     from privrelease.policies.schema import MAX_ROWS_PER_PERSON
@@ -52,14 +53,14 @@ def calibrate_noisy_sums(
         f"such that sigma_total / resolution ({sigma_total:g} / resolution) is in [{MIN_NOISE:g}, {MAX_NOISE:g}]",
         MIN_NOISE <= units <= MAX_NOISE and MIN_NOISE <= sigma_count <= MAX_NOISE,
     )
-    rho = ns.zcdp_rho(sigma_count, units, max_rows, round(bound / resolution))
+    rho = ns.zcdp_rho(sigma_count, units, max_rows, max_rows * round(bound / resolution))
     document = {
         "sigma_total": sigma_total,
         "sigma_count": sigma_count,
         "rho": rho,
         "epsilon": epsilon,
         "delta": delta,
-        "delta_achieved": ns.zcdp_approximate_delta(rho, epsilon),
+        "delta_achieved": zcdp.approximate_delta(rho, epsilon),
         "confidence": confidence,
         "total_half_width": half_width("gaussian", units, confidence) * resolution,
         "count_half_width": half_width("gaussian", sigma_count, confidence),
