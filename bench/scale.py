@@ -3,7 +3,7 @@ a bootstrap of Adult.
 
     python bench/scale.py [--rows N] [--files F] [--beta B] [--workers W] [--repeat R]
                           [--rows-per-partition P] [--memory-limit BYTES] [--no-inprocess]
-                          [--profile DIR]
+                          [--profile DIR] [--worker-steps]
 
 Bootstraps ``../shared/data/adult/adult.csv`` to N rows of Parquet (default 20,000,000; row
 groups of 1 M rows; F files in a folder when F > 1, generated chunk by chunk, so no process
@@ -228,25 +228,34 @@ class StepTimes:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
-        self._cpu_start = 0.0
+        self.worker_cpu: dict[str, float] = {}
+        self._cpu_start = self._workers_start = 0.0
         self.background = Background()
+        self.workers: Any = None
+        """With ``--worker-steps`` on Dask: a callable giving the workers' CPU seconds so far."""
 
     def _cpu(self) -> float:
         return time.process_time() - self.background.seconds()
 
     def start(self, step: str, description: str) -> None:
         self._cpu_start = self._cpu()
+        if self.workers is not None:
+            self._workers_start = self.workers()
 
     def done(self, step: str, seconds: float, note: str = "") -> None:
         self.seconds[step] = round(seconds, 3)
         self.cpu[step] = round(self._cpu() - self._cpu_start, 3)
         self.cpu[BACKGROUND] = round(self.background.seconds(), 3)
+        if self.workers is not None:
+            self.worker_cpu[step] = round(self.workers() - self._workers_start, 3)
 
     def close(self) -> None:
         pass
 
 
-def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: int, profile: Path | None) -> dict:
+def run_once(
+    kind: str, policy: Path, work: Path, workers: int, memory_limit: int, profile: Path | None, worker_steps: bool
+) -> dict:
     """One audited release in this process (``kind``: local or dask), with each step's seconds;
     with ``profile``, under cProfile, its statistics written to ``profile``."""
     import cProfile
@@ -295,6 +304,8 @@ def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: in
             client.run(lambda: [importlib.import_module(module) for module in WARM])
             facts["cluster_seconds"] = time.perf_counter() - start
             worker_cpu = sum(client.run(time.process_time).values())
+            if worker_steps:
+                steps.workers = lambda: sum(client.run(time.process_time).values())
             cpu, start = time.process_time(), time.perf_counter()
             published = release(policy_path=str(policy), dask_address=cluster.scheduler_address)
             seconds = time.perf_counter() - start
@@ -310,6 +321,7 @@ def run_once(kind: str, policy: Path, work: Path, workers: int, memory_limit: in
         "partitions": partitions,
         "steps": steps.seconds,
         "steps_cpu": steps.cpu,
+        "steps_worker_cpu": steps.worker_cpu,
         **facts,
     }
 
@@ -319,6 +331,7 @@ def spawn(kind: str, args: argparse.Namespace, policy: Path, work: Path) -> dict
 
     command = [sys.executable, __file__, "--run", kind, "--policy", str(policy), "--work", str(work)]
     command += ["--workers", str(args.workers), "--memory-limit", str(args.memory_limit)]
+    command += ["--worker-steps"] * args.worker_steps
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         command += ["--profile", str(args.profile / f"{kind}-{work.name}.prof")]
@@ -342,12 +355,19 @@ def main() -> None:
     parser.add_argument("--no-inprocess", action="store_true", help="skip the in-process baseline")
     parser.add_argument("--repeat", type=int, default=1, help="alternated runs of each engine (default 1)")
     parser.add_argument("--profile", type=Path, help="write each run's cProfile statistics to this folder")
+    parser.add_argument(
+        "--worker-steps",
+        action="store_true",
+        help="on Dask, also read the workers' CPU at each step's start and end (costs the flow a few ms a step)",
+    )
     parser.add_argument("--run", choices=["local", "dask"], help=argparse.SUPPRESS)
     parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        run = run_once(args.run, args.policy, args.work, args.workers, args.memory_limit, args.profile)
+        run = run_once(
+            args.run, args.policy, args.work, args.workers, args.memory_limit, args.profile, args.worker_steps
+        )
         print(json.dumps(run))
         return
     if not (bench_sdgs.ADULT / "adult.csv").is_file():
@@ -382,7 +402,13 @@ def main() -> None:
     for name, runs in (("in-process", local_runs), ("Dask", dask_runs)):
         if runs:
             print(f"{name} CPU seconds (median, the flow's process and the workers): {median_cpu(runs):.2f}")
-            for key, what in (("steps", "s"), ("steps_cpu", "CPU s of this process")):
+            for key, what in (
+                ("steps", "s"),
+                ("steps_cpu", "CPU s of this process"),
+                ("steps_worker_cpu", "CPU s of the workers"),
+            ):
+                if not runs[0][key]:
+                    continue
                 steps = {step: statistics.median(run[key][step] for run in runs) for step in runs[0][key]}
                 print(f"{name} {key} (median {what}): " + ", ".join(f"{step} {sec:.2f}" for step, sec in steps.items()))
     print(
