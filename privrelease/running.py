@@ -9,6 +9,7 @@ optional :class:`.flows.context.ProgressSink` (the command line's draws on stder
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -51,21 +52,38 @@ def quiet_expected_errors() -> None:
                 handler.addFilter(_Filter())
 
 
-def warm_up() -> None:
-    """Import what the flow needs and migrate the audit database (while the server starts)."""
-    prefect_server.prefect_defaults()
-    import opendp.prelude  # noqa: F401  (the statistics' Laplace sampler)
+FLOW_MODULES = (
+    "opendp.prelude",  # the statistics' Laplace sampler
+    "privrelease.flows.release",  # imports Prefect
+    "privrelease.mechanisms.histogram",
+    "privrelease.mechanisms.sdgs",
+    "privrelease.mechanisms.selection",
+    "privrelease.mechanisms.statistics",
+    "privrelease.planning",
+)
 
-    import privrelease.flows.release  # noqa: F401  (imports Prefect)
-    import privrelease.mechanisms.histogram  # noqa: F401
-    import privrelease.mechanisms.sdgs  # noqa: F401
-    import privrelease.mechanisms.selection  # noqa: F401
-    import privrelease.mechanisms.statistics  # noqa: F401
-    import privrelease.planning  # noqa: F401
-    from privrelease.audit.database import open_database
+
+def import_flow_modules() -> None:
+    """Import what the flow needs (:data:`FLOW_MODULES`) and compile the report's template;
+    nothing opened (:mod:`privrelease.resident` forks after it)."""
     from privrelease.reports import render
 
+    for name in FLOW_MODULES:
+        importlib.import_module(name)
     render.environment().get_template(render.TEMPLATE)
+
+
+def warm_up() -> None:
+    """Import what the flow needs and migrate the audit database (while the server starts);
+    Prefect's settings read again from this process's environment (the API :func:`.server.connect`
+    chose, after a runner imported Prefect: :mod:`privrelease.resident`)."""
+    prefect_server.prefect_defaults()
+    import_flow_modules()
+    from prefect.context import refresh_global_settings_context
+
+    from privrelease.audit.database import open_database
+
+    refresh_global_settings_context()
     open_database()
 
 
@@ -120,12 +138,20 @@ def expected_failure(error: BaseException) -> UserError | TargetNotMet | Cluster
     return prefect_server.unreachable_api_error(error)
 
 
+def _warm_up_words() -> str:
+    from privrelease import resident
+
+    if resident.in_runner():
+        return "on the runner kept in the work folder (Prefect and the mechanisms imported)"
+    return "importing Prefect and the mechanisms"
+
+
 def _run_flow(
     server: LocalServer | None, progress: ProgressSink | None, parameters: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, float]]:
     timings: dict[str, float] = {}
     if progress is not None:
-        progress.start("warm-up", "importing Prefect and the mechanisms")
+        progress.start("warm-up", _warm_up_words())
     try:
         start = time.perf_counter()
         warm_up()

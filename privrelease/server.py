@@ -299,20 +299,29 @@ def _spawn(folder: Path, idle_seconds: float, *, detached: bool, env: dict[str, 
     environment.pop("PREFECT_API_URL", None)
     command = [sys.executable, "-m", "privrelease.server", str(folder), str(port), str(idle_seconds)]
     _touch(folder)
-    with open(os.open(folder / LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
-        process = subprocess.Popen(
-            command,
-            env=environment,
-            cwd=folder,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=detached,
-            preexec_fn=None if detached or sys.platform != "linux" else _die_with_parent,
-        )
+    process = start_logged(command, environment, folder / LOG_FILE, detached=detached)
     state = ServerState(process.pid, port, f"http://127.0.0.1:{port}/api", time.time(), token, idle_seconds)
     _write_state(folder, state)
     return LocalServer(folder, state, process, temporary=not detached)
+
+
+def start_logged(
+    command: list[str], environment: dict[str, str], log: Path, *, detached: bool
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in ``log``'s folder with ``environment``, no input, its output appended
+    to ``log`` (``0600``): in a session of its own when ``detached``, else dying with this
+    process (Linux)."""
+    with open(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as output:
+        return subprocess.Popen(
+            command,
+            env=environment,
+            cwd=log.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=detached,
+            preexec_fn=None if detached or sys.platform != "linux" else _die_with_parent,
+        )
 
 
 def find_server(folder: Path) -> ServerState | None:

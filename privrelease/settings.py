@@ -26,7 +26,9 @@
 ``PRIVRELEASE_SERVER_REUSE``       ``false``: each run starts a temporary Prefect server of its own
                                    instead of keeping one in the work folder (:mod:`privrelease.server`)
 ``PRIVRELEASE_SERVER_IDLE_SECONDS``  the kept Prefect server stops after this many seconds without
-                                   a run (default 1800)
+                                   a run (default 1800), and the kept runner too
+``PRIVRELEASE_RUNNER``             ``false``: keep no runner in the work folder (each ``run`` and
+                                   ``rerun`` imports Prefect itself: :mod:`privrelease.resident`)
 =================================  ===============================================================
 
 The site file (:mod:`privrelease.site`) pins production mode, the witness and the approver
@@ -91,6 +93,7 @@ class Settings(BaseSettings):
     auto_init: bool = False
     server_reuse: bool = True
     server_idle_seconds: float = Field(default=1800.0, ge=0)
+    runner: bool = True
     _site: Site | None = PrivateAttr(default=None)
 
     @property
@@ -147,6 +150,7 @@ EXPECTED = {
     "approvers": "the path of an approver registry YAML file (README: Signed approvals)",
     "server_reuse": "true or false",
     "server_idle_seconds": "a number of seconds >= 0, e.g. 1800",
+    "runner": "true or false",
 }
 
 

@@ -33,6 +33,7 @@ class Work:
         self.env.update(
             PRIVRELEASE_WORK_DIR=str(root / "work"),
             PRIVRELEASE_AUTO_INIT="true",
+            PRIVRELEASE_RUNNER="false",  # the runner kept beside the server: tests/test_resident.py
             PREFECT_HOME=str(root / "prefect-home"),
         )
 
@@ -145,7 +146,7 @@ def test_refused_run_touches_no_prefect(tmp_path, arguments, message):
 def test_server_is_started_once_and_reused(work, tmp_path):
     """``server start`` starts one; two runs use it (same pid, each flow run recorded there);
     a PREFECT_API_URL the user set wins (no server of its own); ``server stop`` ends it."""
-    assert work.status() == {"running": False, "folder": str(work.folder)}
+    assert work.status() == {"running": False, "folder": str(work.folder), "runners": []}
     started = json.loads(work.cli("server", "start", "--json"))
     assert started["running"] and started["answering"]
     pid, api_url = started["pid"], started["api_url"]

@@ -105,6 +105,11 @@ def main() -> None:
     """Console-script entry point: run the app, turning user errors into exit codes."""
     survive_closed_output()  # `privrelease ... | head`: the command finishes, its exit code its own
     try:
+        from privrelease import resident
+
+        forwarded = resident.forward(sys.argv)  # run/rerun on the runner kept in the work folder
+        if forwarded is not None:
+            sys.exit(forwarded)
         from privrelease.settings import get_settings, unknown_variables
 
         for warning in unknown_variables(os.environ):  # a misspelt setting would be ignored silently

@@ -80,8 +80,16 @@ def survive_closed_output() -> None:
 
 # Markup off: user text (names, notes, approvers, data labels) always prints as written, in
 # table cells too; our own styling goes through :func:`styled`.
-console = _Console(markup=False)
-error_console = _Console(stderr=True, markup=False)
+_CONSOLES: tuple[dict[str, Any], dict[str, Any]] = ({"markup": False}, {"stderr": True, "markup": False})
+console = _Console(**_CONSOLES[0])
+error_console = _Console(**_CONSOLES[1])
+
+
+def reset_consoles() -> None:
+    """Set both consoles up again for this process's streams and environment, as at import (a
+    runner's child, :mod:`privrelease.resident`: its streams and terminal are the command's)."""
+    for each, arguments in zip((console, error_console), _CONSOLES, strict=True):
+        Console.__init__(each, **arguments)
 
 
 def styled(template: str, *values: Any) -> Text:

@@ -17,6 +17,7 @@ commands parse, call and print. Progress goes to stderr (Rich); the result to st
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from privrelease import resident
 from privrelease import server as prefect_server
 from privrelease.cli.output import console, error_console, fail, print_json, say, styled
 from privrelease.errors import ClusterFailure, TargetNotMet, UserError
@@ -148,6 +150,9 @@ def _release(json_output: bool, checked: tuple[LocalServer | None, tuple[str, ..
     except Exception as error:
         _fail_release(error)
         raise
+    finally:
+        with contextlib.suppress(OSError):
+            resident.keep()  # the next run/rerun of this kind skips the imports
     _print_summary({**summary, "plan_warnings": list(plan_warnings)} if json_output else summary, timings, json_output)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from privrelease import resident
 from privrelease import server as prefect_server
 from privrelease.cli.output import print_json, say
 from privrelease.errors import UserError
@@ -29,8 +30,9 @@ def register(app: typer.Typer) -> None:
 def _status() -> dict[str, object]:
     folder = prefect_server.server_folder()
     state = prefect_server.find_server(folder)
+    runners = resident.runners(folder.parent)
     if state is None:
-        return {"running": False, "folder": str(folder)}
+        return {"running": False, "folder": str(folder), "runners": runners}
     now = time.time()
     return {
         "running": True,
@@ -42,10 +44,14 @@ def _status() -> dict[str, object]:
         "idle_timeout_seconds": state.idle_seconds,
         "log": str(folder / prefect_server.LOG_FILE),
         "folder": str(folder),
+        "runners": runners,
     }
 
 
 def _print_status(status: dict[str, object]) -> None:
+    runners = status["runners"]
+    if runners:
+        say(f"runner kept in the work folder: pid {', '.join(map(str, runners))}")  # type: ignore[call-overload]
     if not status["running"]:
         say(f"no Prefect server is kept in {status['folder']}")
         return
@@ -78,14 +84,20 @@ def start_command(json_output: JsonFlag = False) -> None:
 
 @server_app.command("stop")
 def stop_command(json_output: JsonFlag = False) -> None:
-    """Stop the kept server (its process group) and remove its state file."""
+    """Stop the kept server (its process group) and remove its state file, and the runners kept
+    in the work folder (once the commands they run have ended)."""
+    from privrelease.settings import get_settings
+
     state = prefect_server.stop_server()
+    runners = resident.stop_runners(get_settings().work_dir)
     if json_output:
-        print_json({"stopped": state is not None, "pid": None if state is None else state.pid})
-    elif state is None:
-        say("no Prefect server was running")
-    else:
-        say(f"stopped the Prefect server (pid {state.pid})")
+        print_json({"stopped": state is not None, "pid": None if state is None else state.pid, "runners": runners})
+        return
+    say("no Prefect server was running" if state is None else f"stopped the Prefect server (pid {state.pid})")
+    if runners:
+        say(
+            f"stopped the runner{'s' * (len(runners) > 1)} kept in the work folder (pid {', '.join(map(str, runners))})"
+        )
 
 
 @server_app.command("status")
