@@ -13,7 +13,9 @@ exit code; :func:`become`) and reports the child's exit status; a signal the com
 A runner serves only a command whose own process would have been the same as the runner's
 (:func:`identity`): the same Python, flags, module path, account (uid, gid, groups), resource
 limits and environment (but for the few variables a shell changes, :data:`VOLATILE`), and only
-while every module it imported is unchanged on disk (size and mtime, checked by the command).
+while every module it imported and every folder of its module path is unchanged on disk (size
+and mtime, checked by the command: installing or removing a package, a plugin too, changes its
+folder).
 Anything else runs in its own process, as without a runner, and leaves a runner of its own
 kind (:func:`keep`). A runner exits after ``PRIVRELEASE_SERVER_IDLE_SECONDS`` without a command,
 when its state file goes, or at ``privrelease server stop`` (once its commands have ended); with
@@ -123,11 +125,13 @@ def _unchanged(code: Mapping[str, list[int]]) -> bool:
 
 
 def _loaded_code() -> dict[str, list[int]]:
-    """Size and mtime of the file of every module this process has imported."""
+    """Size and mtime of the file of every module this process has imported, and of every
+    folder on its module path (installing or removing a package, a plugin too, changes its
+    folder's mtime)."""
+    paths = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
     code = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str):
+    for path in [*paths, *sys.path[0 if sys.flags.safe_path else 1 :]]:
+        if isinstance(path, str) and path:
             with contextlib.suppress(OSError):
                 found = os.stat(path)
                 code[path] = [found.st_size, found.st_mtime_ns]
