@@ -3,7 +3,7 @@ a bootstrap of Adult.
 
     python bench/scale.py [--rows N] [--files F] [--beta B] [--workers W] [--repeat R]
                           [--rows-per-partition P] [--memory-limit BYTES] [--no-inprocess]
-                          [--profile DIR] [--worker-steps]
+                          [--profile DIR] [--worker-steps] [--served-workers]
 
 Bootstraps ``../shared/data/adult/adult.csv`` to N rows of Parquet (default 20,000,000; row
 groups of 1 M rows; F files in a folder when F > 1, generated chunk by chunk, so no process
@@ -16,7 +16,11 @@ the flow's steps without the constant Prefect task wrapping):
 
 - in-process: ``--engine local`` (the baseline, same run, same machine);
 - Dask: ``--engine dask`` on a ``LocalCluster`` of W worker processes, one thread each, with
-  the given memory limit, started before the clock as a production cluster would be.
+  the given memory limit, started before the clock as a production cluster would be, with the
+  worker settings privrelease gives its own local clusters and advises for a site's
+  (:data:`privrelease.flows.engines.WORKER_CONFIG`); fresh workers, or with
+  ``--served-workers`` workers that have each read one partition of the data before the clock
+  (a site cluster after its first release; the flow's process stays as cold as in-process).
 
 The two alternate (in-process, Dask, in-process, ...) ``--repeat`` times (default 1); the
 medians are reported (each step's too; ``--profile DIR`` writes each run's cProfile statistics
@@ -254,7 +258,14 @@ class StepTimes:
 
 
 def run_once(
-    kind: str, policy: Path, work: Path, workers: int, memory_limit: int, profile: Path | None, worker_steps: bool
+    kind: str,
+    policy: Path,
+    work: Path,
+    workers: int,
+    memory_limit: int,
+    profile: Path | None,
+    worker_steps: bool,
+    served: bool,
 ) -> dict:
     """One audited release in this process (``kind``: local or dask), with each step's seconds;
     with ``profile``, under cProfile, its statistics written to ``profile``."""
@@ -289,6 +300,8 @@ def run_once(
     else:
         from distributed import Client, LocalCluster
 
+        from privrelease.flows import engines
+
         logging.getLogger("distributed").setLevel(logging.ERROR)
         start = time.perf_counter()
         with (
@@ -298,10 +311,13 @@ def run_once(
                 processes=True,
                 memory_limit=memory_limit,
                 dashboard_address=None,
+                config=engines.worker_config(),  # as a site's workers are advised to run
             ) as cluster,
             Client(cluster) as client,
         ):
             client.run(lambda: [importlib.import_module(module) for module in WARM])
+            if served:
+                client.run(serve_one_partition, str(policy))
             facts["cluster_seconds"] = time.perf_counter() - start
             worker_cpu = sum(client.run(time.process_time).values())
             if worker_steps:
@@ -326,12 +342,26 @@ def run_once(
     }
 
 
+def serve_one_partition(policy: str) -> None:
+    """On a worker, before the clock (``--served-workers``): read the data's first partition and
+    compute the release's partial results on it, as every worker of a site cluster that has
+    served a release has done (Arrow's pools and the first reads warm). Nothing of the release
+    runs in the flow's process."""
+    from privrelease.flows import partitions, scaled
+    from privrelease.policies.loader import load_policy
+
+    loaded = load_policy(policy)
+    data = partitions.scan_file(str(loaded.policy.dataset.path))
+    first = partitions.plan_partitions([data], ROW_GROUP)[0]
+    partitions.partials(first, spec=partitions.ReadSpec.of(loaded.policy.dataset), jobs=scaled.named_jobs(loaded))
+
+
 def spawn(kind: str, args: argparse.Namespace, policy: Path, work: Path) -> dict:
     import subprocess
 
     command = [sys.executable, __file__, "--run", kind, "--policy", str(policy), "--work", str(work)]
     command += ["--workers", str(args.workers), "--memory-limit", str(args.memory_limit)]
-    command += ["--worker-steps"] * args.worker_steps
+    command += ["--worker-steps"] * args.worker_steps + ["--served-workers"] * args.served_workers
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         command += ["--profile", str(args.profile / f"{kind}-{work.name}.prof")]
@@ -360,13 +390,25 @@ def main() -> None:
         action="store_true",
         help="on Dask, also read the workers' CPU at each step's start and end (costs the flow a few ms a step)",
     )
+    parser.add_argument(
+        "--served-workers",
+        action="store_true",
+        help="before the clock, every Dask worker reads one partition (a site cluster's steady state after a release)",
+    )
     parser.add_argument("--run", choices=["local", "dask"], help=argparse.SUPPRESS)
     parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         run = run_once(
-            args.run, args.policy, args.work, args.workers, args.memory_limit, args.profile, args.worker_steps
+            args.run,
+            args.policy,
+            args.work,
+            args.workers,
+            args.memory_limit,
+            args.profile,
+            args.worker_steps,
+            args.served_workers,
         )
         print(json.dumps(run))
         return

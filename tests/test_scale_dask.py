@@ -903,3 +903,29 @@ def test_a_run_builds_each_releases_privacy_loss_distribution_once(work, monkeyp
     pld._cached_pld.cache_clear()
     release_plain(policy_path=str(policy), out_dir=str(work / "second"))
     assert built and len(built) == len(set(built)), built
+
+
+def test_a_local_cluster_s_workers_run_without_the_task_profiler(work):
+    """The cluster a run starts gives its workers :data:`.engines.WORKER_CONFIG` (no statistical
+    profiler, host metrics every 2 s) in their own processes; this process's settings and the
+    rest of the workers' (the memory monitor) are unchanged."""
+    import dask.config
+
+    from privrelease.flows import engines
+
+    before = dask.config.get("distributed.worker.profile.enabled")
+    client = engines.connect("worker-config", engines.Engine("dask", workers=1))
+    try:
+
+        def settings():
+            return (
+                dask.config.get("distributed.worker.profile.enabled"),
+                dask.config.get("distributed.admin.system-monitor.interval"),
+                dask.config.get("distributed.worker.memory.monitor-interval"),
+            )
+
+        (found,) = client.run(settings).values()
+        assert found == (False, "2s", dask.config.get("distributed.worker.memory.monitor-interval"))
+        assert dask.config.get("distributed.worker.profile.enabled") == before is True
+    finally:
+        engines.release("worker-config")
