@@ -58,8 +58,9 @@ DEMO_OUTPUTS = {
 
 def _clean_environment() -> dict[str, str]:
     """This process's environment without Prefect's and privrelease's settings (each test says
-    which it wants)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVRELEASE_"))}
+    which it wants) but ``PRIVRELEASE_RUNNER=false``: no runner is left behind (tests/test_resident.py)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVRELEASE_"))}
+    return {**clean, "PRIVRELEASE_RUNNER": "false"}
 
 
 @dataclass
