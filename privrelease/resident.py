@@ -248,7 +248,8 @@ def keep() -> None:
     if state is not None and _alive(state.pid):
         if _unchanged(state.code):
             return
-        _stop(state.pid, grace=0.0)  # its code changed: a new one takes over
+        with contextlib.suppress(ProcessLookupError):  # its code changed: it stops once its commands end
+            os.kill(state.pid, signal.SIGTERM)
     from privrelease.files import private_folder
     from privrelease.server import start_logged
     from privrelease.settings import get_settings
@@ -283,35 +284,24 @@ def _held(folder: Path, key: str) -> Any:
 
 
 def _alive(pid: int) -> bool:
-    """True when ``pid`` runs a runner of this account (Linux: by its command line)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return Path(f"/proc/{pid}").stat().st_uid == os.getuid() and ENTRY.encode() in cmdline
-    except OSError:
-        return False
+    """True when ``pid`` runs a runner of this account (:func:`.server.runs_ours`)."""
+    from privrelease.server import runs_ours
 
-
-def _stop(pid: int, grace: float) -> None:
-    """SIGTERM a runner (it stops taking commands and exits once its children have ended);
-    SIGKILL after ``grace`` seconds (its children run on)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if grace and _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    return runs_ours(pid, ENTRY)
 
 
 def stop_runners(work_dir: Path, grace: float = 15.0) -> list[int]:
-    """Stop every runner kept in ``work_dir`` (``privrelease server stop``); their pids."""
+    """Stop every runner kept in ``work_dir`` (``privrelease server stop``): SIGTERM (it stops
+    taking commands and exits once they have ended), SIGKILL after ``grace`` seconds (its
+    commands run on); their pids."""
+    from privrelease.server import terminate
+
     folder = work_dir / FOLDER
     stopped = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         state = _read_state(folder, path.stem)
         if state is not None and _alive(state.pid):
-            _stop(state.pid, grace)
+            terminate(state.pid, group=False, grace=grace)
             stopped.append(state.pid)
         path.unlink(missing_ok=True)
     return stopped

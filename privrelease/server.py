@@ -129,7 +129,12 @@ def _forget(folder: Path, token: str) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """True when ``pid`` runs a privrelease server of this account (Linux: checked by its
+    """True when ``pid`` runs a privrelease server of this account (:func:`runs_ours`)."""
+    return runs_ours(pid, "privrelease.server")
+
+
+def runs_ours(pid: int, module: str) -> bool:
+    """True when ``pid`` runs ``python -m MODULE`` in this account (Linux: checked by its
     command line and the owner of its ``/proc`` entry)."""
     try:
         os.kill(pid, 0)
@@ -138,7 +143,7 @@ def _alive(pid: int) -> bool:
     process = Path(f"/proc/{pid}")
     try:
         ours = process.stat().st_uid == os.getuid()
-        return ours and b"privrelease.server" in (process / "cmdline").read_bytes()  # a zombie's is empty
+        return ours and module.encode() in (process / "cmdline").read_bytes()  # a zombie's is empty
     except OSError:
         return not process.parent.is_dir()  # no /proc: trust the pid
 
@@ -277,7 +282,7 @@ class LocalServer:
         """Stop a temporary server and remove its folder (a kept server stays)."""
         if self.process is None or not self.temporary:
             return
-        _terminate(self.state.pid, group=False)
+        terminate(self.state.pid, group=False)
         self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -346,7 +351,7 @@ def kept_server() -> LocalServer:
     with _locked(folder):
         state = find_server(folder)
         if state is not None and _readable_by_others(folder / STATE_FILE):
-            _terminate(state.pid, group=True)  # started by an older privrelease: an API open to every account
+            terminate(state.pid, group=True)  # started by an older privrelease: an API open to every account
             _forget(folder, state.token)
             state = None
         if state is not None:
@@ -506,7 +511,7 @@ def _is_transport_error(error: BaseException) -> bool:
     return isinstance(error, httpx.TransportError | httpx.TimeoutException)
 
 
-def _terminate(pid: int, *, group: bool, grace: float = 15.0) -> None:
+def terminate(pid: int, *, group: bool, grace: float = 15.0) -> None:
     """SIGTERM ``pid`` (its process group with ``group``), SIGKILL after ``grace`` seconds."""
     kill = os.killpg if group else os.kill
     with contextlib.suppress(ProcessLookupError):
@@ -535,7 +540,7 @@ def stop_server(work_dir: Path | None = None) -> ServerState | None:
         state = find_server(folder)
         if state is None:
             return None
-        _terminate(state.pid, group=True)
+        terminate(state.pid, group=True)
         _forget(folder, state.token)
         return state
 
