@@ -319,13 +319,17 @@ def run_once(
             if served:
                 client.run(serve_one_partition, str(policy))
             facts["cluster_seconds"] = time.perf_counter() - start
-            worker_cpu = sum(client.run(time.process_time).values())
+
+            def workers_cpu() -> float:
+                return sum(client.run(time.process_time).values())
+
+            worker_cpu = workers_cpu()
             if worker_steps:
-                steps.workers = lambda: sum(client.run(time.process_time).values())
+                steps.workers = workers_cpu
             cpu, start = time.process_time(), time.perf_counter()
             published = release(policy_path=str(policy), dask_address=cluster.scheduler_address)
             seconds = time.perf_counter() - start
-            facts["worker_cpu_seconds"] = sum(client.run(time.process_time).values()) - worker_cpu
+            facts["worker_cpu_seconds"] = workers_cpu() - worker_cpu
             facts["worker_peak_rss_mb"] = max(client.run(peak_mb).values())
     found = re.search(r"(\d+) partitions? on \d+ workers?", Path(published.report).read_text(encoding="utf-8"))
     partitions = int(found.group(1)) if found else None
