@@ -298,23 +298,14 @@ def run_once(
         published = release(policy_path=str(policy))
         seconds = time.perf_counter() - start
     else:
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
         from privrelease.flows import engines
 
         logging.getLogger("distributed").setLevel(logging.ERROR)
         start = time.perf_counter()
-        with (
-            LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                memory_limit=memory_limit,
-                dashboard_address=None,
-                config=engines.worker_config(),  # as a site's workers are advised to run
-            ) as cluster,
-            Client(cluster) as client,
-        ):
+        # the cluster a run starts (its workers' settings are those a site's are advised to run with)
+        with engines.local_cluster(workers, memory_limit) as cluster, Client(cluster) as client:
             client.run(lambda: [importlib.import_module(module) for module in WARM])
             if served:
                 client.run(serve_one_partition, str(policy))

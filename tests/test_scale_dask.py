@@ -907,25 +907,29 @@ def test_a_run_builds_each_releases_privacy_loss_distribution_once(work, monkeyp
 
 def test_a_local_cluster_s_workers_run_without_the_task_profiler(work):
     """The cluster a run starts gives its workers :data:`.engines.WORKER_CONFIG` (no statistical
-    profiler, host metrics every 2 s) in their own processes; this process's settings and the
-    rest of the workers' (the memory monitor) are unchanged."""
+    profiler, host metrics every 2 s, memory thresholds every 500 ms, the event loop's health
+    every second) in their own processes; this process's settings (among them its nannies'
+    100 ms memory limit) and the rest of the workers' (the memory fractions) are unchanged."""
     import dask.config
 
     from privrelease.flows import engines
 
-    before = dask.config.get("distributed.worker.profile.enabled")
+    keys = (
+        "distributed.worker.profile.enabled",
+        "distributed.admin.system-monitor.interval",
+        "distributed.worker.memory.monitor-interval",
+        "distributed.admin.tick.interval",
+        "distributed.worker.memory.terminate",
+    )
+    before = tuple(dask.config.get(key) for key in keys)
     client = engines.connect("worker-config", engines.Engine("dask", workers=1))
     try:
 
         def settings():
-            return (
-                dask.config.get("distributed.worker.profile.enabled"),
-                dask.config.get("distributed.admin.system-monitor.interval"),
-                dask.config.get("distributed.worker.memory.monitor-interval"),
-            )
+            return tuple(dask.config.get(key) for key in keys)
 
         (found,) = client.run(settings).values()
-        assert found == (False, "2s", dask.config.get("distributed.worker.memory.monitor-interval"))
-        assert dask.config.get("distributed.worker.profile.enabled") == before is True
+        assert found == (False, "2s", "500ms", "1s", before[-1])
+        assert tuple(dask.config.get(key) for key in keys) == before == (True, "500ms", "100ms", "20ms", 0.95)
     finally:
         engines.release("worker-config")
