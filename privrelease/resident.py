@@ -112,6 +112,16 @@ def _read_state(folder: Path, key: str) -> RunnerState | None:
         return None
 
 
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """The file at ``path`` as its inode, mtime and size (None: none there): a runner's state
+    file replaced or removed by another process no longer has the stamp its runner wrote."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size
+
+
 def _unchanged(code: Mapping[str, list[int]]) -> bool:
     """Whether every module file a runner imported is as it was then."""
     for path, (size, mtime) in code.items():
@@ -365,7 +375,9 @@ def _serve(folder: Path, key: str, idle: float) -> Request | None:
     from privrelease.files import write_atomic
 
     state = RunnerState(runner, str(path), time.time(), _loaded_code())
-    write_atomic(folder / f"{key}.json", json.dumps(state.__dict__), durable=False, mode=0o600)
+    state_file = folder / f"{key}.json"
+    write_atomic(state_file, json.dumps(state.__dict__), durable=False, mode=0o600)
+    written = _stamp(state_file)  # checked every PERIOD: a stat, not a parse of the module list
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
@@ -410,14 +422,14 @@ def _serve(folder: Path, key: str, idle: float) -> Request | None:
             elif time.monotonic() - last > idle:
                 print(f"privrelease runner {runner}: idle for {idle:g} s; stopping", flush=True)
                 return None
-            elif not ready and _read_state(folder, key) != state:
+            elif not ready and _stamp(state_file) != written:
                 print(f"privrelease runner {runner}: its state file no longer names it; stopping", flush=True)
                 stopping.append(True)
     finally:
         if os.getpid() == runner:
             listener.close()
-            if _read_state(folder, key) == state:
-                (folder / f"{key}.json").unlink(missing_ok=True)
+            if _stamp(state_file) == written:
+                state_file.unlink(missing_ok=True)
                 path.unlink(missing_ok=True)
 
 

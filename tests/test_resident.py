@@ -199,6 +199,39 @@ def test_an_idle_runner_exits_by_itself(tmp_path: Path) -> None:
     assert list(folder.glob("*.json")) == [] and list(folder.glob("*.sock")) == []
 
 
+@pytest.mark.parametrize("change", ["removed", "replaced"])
+def test_a_runner_whose_state_file_is_removed_or_replaced_stops(tmp_path: Path, change: str) -> None:
+    """A runner stops within its look period when its state file goes, or is replaced by
+    another process's (even with the same text); it leaves a replacement where it is."""
+    folder = tmp_path / "runner"
+    folder.mkdir(mode=0o700)
+    env = {**os.environ, "PRIVRELEASE_TEST_KIND": f"state-{change}"}
+    key = subprocess.run(
+        [sys.executable, "-c", "import os; from privrelease import resident; print(resident.identity(os.environ))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.strip()
+    process = subprocess.Popen([sys.executable, "-m", resident.ENTRY, str(folder), key, "600"], env=env, cwd=folder)
+    try:
+        state_file = folder / f"{key}.json"
+        deadline = time.monotonic() + 120
+        while not (state_file.exists() and (folder / f"{key}.sock").exists()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = state_file.read_text()
+        if change == "removed":
+            state_file.unlink()
+        else:
+            (folder / "other.json").write_text(text)
+            os.replace(folder / "other.json", state_file)
+        assert process.wait(timeout=resident.PERIOD + 10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert [path.read_text() for path in folder.glob("*.json")] == ([] if change == "removed" else [text])
+
+
 def test_a_peer_of_another_account_is_refused() -> None:
     """A runner takes nothing from another account's process, even where the folder and socket
     modes would let it connect (``SO_PEERCRED``): it closes the connection unread."""
