@@ -119,7 +119,7 @@ def publish(
         chain_head={"seq": head.seq, "hash": head.hash},
         outputs=recorded,
         ledger_after=None if reservation is None else reservation.after,
-        warnings=release_facts.warnings(outputs),
+        warnings=release_facts.warnings(outputs, run.loaded().policy.dataset.size_unit),
     )
 
 

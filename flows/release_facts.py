@@ -103,8 +103,9 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
     }
 
 
-def warnings(outputs: list[Any]) -> list[str]:
-    """Operator warnings: a statistic whose table does not have the declared public row count,
+def warnings(outputs: list[Any], unit: str) -> list[str]:
+    """Operator warnings: a statistic that read more or fewer ``unit`` (rows, or people with a
+    person column: :attr:`~privrelease.policies.schema.Dataset.size_unit`) than ``dataset.rows`` declares,
     outputs with no rows, or sampled outputs (SDGS microdata, histograms) whose published rows
     or cells hold less than :data:`LOW_SHARE` of their sample (internal: counts and shares
     describe the data)."""
@@ -114,7 +115,7 @@ def warnings(outputs: list[Any]) -> list[str]:
         declared, counted = output.public_facts.get("rows"), output.internal_facts.get("rows_in")
         if declared is not None and counted is not None and declared != counted:
             found.append(
-                f"{output.mechanism}: the data has {counted} rows where dataset.rows declares {declared}; "
+                f"{output.mechanism}: the data has {counted} {unit} where dataset.rows declares {declared}; "
                 f"the {output.public_facts.get('query', 'statistic')} divides by the declared {declared} "
                 "(a public constant, so the release stays private): correct dataset.rows in a new policy version"
             )

@@ -116,7 +116,7 @@ def report_context(
         ledger_before=None if reservation is None else reservation.before,
         ledger_after=None if reservation is None else reservation.after,
         ledger_curve=curve,
-        warnings=release_facts.warnings(outputs),
+        warnings=release_facts.warnings(outputs, run.loaded().policy.dataset.size_unit),
         outputs=[
             {
                 "mechanism": o.mechanism,

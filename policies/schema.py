@@ -189,7 +189,10 @@ class Person(Model):
 class Dataset(Model):
     """The input: who it is about (``id``: the population, which holds the lifetime budget),
     where it is, optionally exactly which file (``sha256``: the vintage; a run refuses any
-    other content, and an approval binds it), how to read it, and the columns it uses."""
+    other content, and an approval binds it), how to read it, and the columns it uses.
+    ``rows``: how many rows it has, or with a person column how many people (the one-row kinds
+    read one row a person), as a public constant, never counted from the data: the denominator
+    of an identifiable mean and the size SDGS's expected sample is planned from."""
 
     id: DatasetId | None = Field(
         None, json_schema_extra={"x-required": "when the release charges the lifetime budget (any DP mechanism)"}
@@ -205,6 +208,11 @@ class Dataset(Model):
     person: Literal["row"] | Person | None = Field(
         None, json_schema_extra={"x-default": "each row is taken to be a different person"}
     )
+
+    @property
+    def size_unit(self) -> str:
+        """What ``rows`` counts: ``people`` with a person column, else ``rows``."""
+        return "people" if isinstance(self.person, Person) else "rows"
 
     @property
     def rows_per_person(self) -> int:

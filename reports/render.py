@@ -348,6 +348,7 @@ def view(context: ReportContext) -> dict[str, Any]:
             "accounting": plan.notion,
             "accounting_name": NOTION_NAMES.get(plan.notion, plan.notion),
             "dataset_rows": policy.dataset.rows,
+            "dataset_unit": policy.dataset.size_unit,
             "target_delta": policy.targets.delta,
             "lifetime_delta": None if policy.targets.lifetime_budget is None else policy.targets.lifetime_budget.delta,
         },

@@ -383,6 +383,28 @@ def test_a_release_states_its_unit_of_privacy_and_never_publishes_the_person_col
         release_plain(policy_path=str(row_policy))
 
 
+@pytest.mark.parametrize("declared", [400, 2600])
+def test_with_a_person_column_dataset_rows_counts_people(tmp_path, work, monkeypatch, declared: int) -> None:
+    """With a person column, ``dataset.rows`` is a number of people (a mean reads one row a
+    person): the data's 400 patients with about 2,600 rows match 400; a policy declaring the row
+    count is warned in people, the report states the declared size in people, and a mean with no
+    ``dataset.rows`` is refused naming people."""
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", str(tmp_path))
+    path = _write_release_files(tmp_path, "person: {column: patient_id, max_rows: 3}")
+    mean = (
+        "  - {name: mean-age, type: identifiable_statistic, query: mean, column: age, lower: 0, upper: 90, rho: 0.05}\n"
+    )
+    text = path.read_text().replace("targets:", mean + "targets:")
+    with pytest.raises(UserError, match=r"a mean needs dataset.rows \(the public number of people, its denominator\)"):
+        load_policy_text(text, tmp_path)
+    path.write_text(text.replace("  path: discharges.csv\n", f"  path: discharges.csv\n  rows: {declared}\n"))
+    published = release_plain(policy_path=str(path))
+    expected = [] if declared == 400 else [f"mean-age: the data has 400 people where dataset.rows declares {declared}"]
+    assert [line.split(";")[0] for line in published.warnings if "dataset.rows" in line] == expected
+    report = Path(published.report).read_text()
+    assert f"<dd>{declared} people (a public fact the policy declares)</dd>" in report
+
+
 def test_dask_takes_a_person_column() -> None:
     """Bounded across partitions as in-process (``test_person_dask.py``): no refusal."""
     from privrelease.flows.engines import Engine

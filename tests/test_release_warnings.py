@@ -24,7 +24,7 @@ def said(kind: str, crowd: int, singles: int) -> list[str]:
     output = OutputFacts(
         "out", kind, "out.csv", "0" * 64, result.table.num_rows, 1, "{}", result.public_facts, result.internal_facts
     )
-    return warnings([output])
+    return warnings([output], "rows")
 
 
 @pytest.mark.parametrize("kind", ["sdgs", "histogram"])

@@ -299,7 +299,7 @@ def test_the_mean_divides_by_the_declared_count_whatever_the_table_has() -> None
         output = OutputFacts(
             "mean-x", "identifiable", "mean-x.csv", "0" * 64, 1, 1, "{}", result.public_facts, result.internal_facts
         )
-        said = warnings([output])
+        said = warnings([output], "rows")
         assert (rows != 3) == any(f"the data has 3 rows where dataset.rows declares {rows}" in line for line in said)
 
 

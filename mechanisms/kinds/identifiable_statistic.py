@@ -75,7 +75,7 @@ class IdentifiableStatisticMechanism(MechanismKind):
         if self.query == "mean" and policy.dataset.rows is None:
             yield Issue(
                 (*here, "query"),
-                "a mean needs dataset.rows (the public number of rows, its denominator); "
+                f"a mean needs dataset.rows (the public number of {policy.dataset.size_unit}, its denominator); "
                 "add dataset.rows: an integer >= 1",
             )
         spec = policy.dataset.columns.get(self.column or "")
