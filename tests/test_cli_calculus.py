@@ -216,6 +216,7 @@ def test_calibrate_noisy_counts_gaussian_and_laplace_json() -> None:
     assert set(gaussian) == {
         "distribution",
         "sigma",
+        "sensitivity",
         "epsilon",
         "delta",
         "delta_achieved",
@@ -244,6 +245,51 @@ def test_calibrate_noisy_counts_gaussian_and_laplace_json() -> None:
     assert laplace["delta"] is None and laplace["delta_achieved"] == 0.0 and "sigma" not in laplace
     assert laplace["half_width"] == half_width("laplace", 5.0, 0.99)
     assert laplace["noise"] == {"distribution": "laplace", "scale": 5.0}
+
+
+@pytest.mark.parametrize("delta", [1e-6, None])
+def test_calibrate_noisy_counts_for_people_with_several_rows(tmp_path: Path, delta: float | None) -> None:
+    """--max-rows m calibrates for a table of sensitivity m: the discrete Laplace scale m/epsilon,
+    the Gaussian sigma by the zCDP bound a person of m rows gets (scale-free: m times the sigma
+    of rho at m = 1, checked against m = 2), and the noise it prints, put in a policy whose
+    person has at most m rows, plans to at most epsilon 1 (at the target delta); a relative 3e-6
+    less noise plans above it."""
+    from privrelease.mechanisms import zcdp
+    from privrelease.mechanisms.kinds.noisy_counts import calibrate_sigma
+    from privrelease.planning import plan_policy
+    from privrelease.policies import load_policy_text
+
+    args = ["calibrate", "noisy-counts", "--epsilon", "1", "--max-rows", "3", "--json"]
+    body = json.loads(cli(*args, *(["--delta", str(delta)] if delta else [])).stdout)
+    assert body["sensitivity"] == 3
+    name = "sigma" if delta else "scale"
+    if delta is None:
+        assert body["scale"] == 3.0 and body["delta_achieved"] == 0.0
+    else:
+        sigma = body["sigma"]
+        assert sigma == calibrate_sigma(1.0, delta, 3)
+        assert sigma / 3 == pytest.approx(calibrate_sigma(1.0, delta, 2) / 2, rel=3e-6)
+        assert body["delta_achieved"] == zcdp.approximate_delta(9 / (2 * sigma**2), 1.0) <= delta
+        assert zcdp.approximate_delta(9 / (2 * (sigma * (1 - 3e-6)) ** 2), 1.0) > delta
+    for parameter, meets in ((body["noise"][name], True), (body["noise"][name] * (1 - 3e-6), False)):
+        text = f"""
+name: people
+version: "1"
+dataset:
+  id: people
+  path: people.csv
+  person: {{column: id, max_rows: 3}}
+  columns: {{id: {{type: string}}, sex: {{type: string, values: [F, M]}}}}
+generalization: {{sex: keep}}
+mechanisms:
+  - {{name: counts, type: noisy_counts, columns: [sex], noise: {{distribution: {body["distribution"]}, {name}: {parameter!r}}}}}
+targets: {{accounting: approximate, {"delta: " + str(delta) if delta else "max_epsilon: 1"}}}
+"""
+        plan = plan_policy(load_policy_text(text, tmp_path))
+        guarantee = plan.composed["approximate"]
+        assert (guarantee.epsilon <= 1.0) is meets, (parameter, guarantee)  # at the target delta, if any
+    refused = cli("calibrate", "noisy-counts", "--epsilon", "1", "--max-rows", "0")
+    assert refused.returncode == 2 and "--max-rows must be an integer in [1, 1000]; got 0" in refused.stderr
 
 
 def test_calibrate_noisy_counts_table() -> None:

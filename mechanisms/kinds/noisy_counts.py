@@ -403,24 +403,25 @@ def zero_epsilon_sigma(epsilon: float, delta: float) -> float | None:
     return sigma if sigma >= 1 else None
 
 
-def calibrate_sigma(epsilon: float, delta: float) -> float:
+def calibrate_sigma(epsilon: float, delta: float, sensitivity: int = 1) -> float:
     """The smallest ``sigma`` (to a relative 1e-6, rounded up) whose discrete Gaussian table is
-    ``(epsilon, delta)``-DP by its exact delta (:func:`approximate_delta`): geometric bisection
-    between a ``sigma`` that misses the target and one that meets it, returning the latter once
-    they are within a relative 1e-6 (the smallest one when delta decreases in sigma, as it does
-    on every grid the tests try)."""
+    ``(epsilon, delta)``-DP by its exact delta (:func:`approximate_delta`; for a person of
+    ``sensitivity`` m > 1 rows, its zCDP bound): geometric bisection between a ``sigma`` that
+    misses the target and one that meets it, returning the latter once they are within a
+    relative 1e-6 (the smallest one when delta decreases in sigma, as it does on every grid the
+    tests try)."""
     epsilon = _check_epsilon(epsilon)
     if epsilon <= 0:
         raise UserError(f"epsilon must be > 0 to calibrate sigma; got {epsilon!r}", field="epsilon")
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
         raise UserError(f"delta must be a number in (0, 1); got {delta!r}", field="delta")
 
-    closed = zero_epsilon_sigma(epsilon, delta)
+    closed = zero_epsilon_sigma(epsilon, delta) if sensitivity == 1 else None
     if closed is not None:
         return closed
 
     def meets(sigma: float) -> bool:
-        return approximate_delta("gaussian", sigma, epsilon) <= delta
+        return approximate_delta("gaussian", sigma, epsilon, sensitivity) <= delta
 
     high = 1.0
     while not meets(high):
@@ -439,12 +440,13 @@ def calibrate_sigma(epsilon: float, delta: float) -> float:
     return high
 
 
-def calibrate_scale(epsilon: float) -> float:
-    """The discrete Laplace scale ``1 / epsilon`` of a pure ``epsilon``-DP table (sensitivity 1)."""
+def calibrate_scale(epsilon: float, sensitivity: int = 1) -> float:
+    """The discrete Laplace scale ``m / epsilon`` of a pure ``epsilon``-DP table of
+    ``sensitivity`` m (1: one row a person; its loss is ``±m / scale``)."""
     epsilon = _check_epsilon(epsilon)
     if epsilon <= 0:
         raise UserError(f"epsilon must be > 0 to calibrate a scale; got {epsilon!r}", field="epsilon")
-    return 1.0 / epsilon
+    return sensitivity / epsilon
 
 
 def _measurement(distribution: Distribution, parameter: float) -> Any:

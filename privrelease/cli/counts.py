@@ -70,50 +70,64 @@ def calibrate_noisy_counts(
     ),
     confidence: float = CONFIDENCE,
     cells: int | None = CELLS,
+    max_rows: int = typer.Option(
+        1,
+        "--max-rows",
+        help="Rows one person may have in the table (the policy's dataset.person.max_rows; 1: one row a person): "
+        "the table's sensitivity m.",
+    ),
     json_out: bool = JSON,
 ) -> None:
-    """The noise of a noisy-counts table (sensitivity 1) for a target: with --delta the smallest
-    discrete Gaussian sigma whose exact delta at EPSILON is at most DELTA, without it the discrete
-    Laplace scale 1/EPSILON; and what it costs in accuracy: each cell within +-w of its true
-    count with probability >= C (cell by cell), and with --cells N all N cells at once within
-    +-w_N."""
+    """The noise of a noisy-counts table of sensitivity m (one person's rows, --max-rows; default
+    1) for a target: with --delta the smallest discrete Gaussian sigma whose delta at EPSILON is
+    at most DELTA (exact for m = 1, by zCDP for m > 1, as a policy's plan), without it the
+    discrete Laplace scale m/EPSILON; and what it costs in accuracy: each cell within +-w of its
+    true count with probability >= C (cell by cell), and with --cells N all N cells at once
+    within +-w_N."""
     from privrelease.mechanisms.kinds import noisy_counts as nc
+    from privrelease.policies.schema import MAX_ROWS_PER_PERSON
 
     check_option("--epsilon", PositiveEpsilon, epsilon)
     if delta is not None:
         check_option("--delta", Delta, delta)
     check_confidence(confidence, "--confidence")
     _check_cells(cells)
+    _require("--max-rows", max_rows, f"an integer in [1, {MAX_ROWS_PER_PERSON}]", 1 <= max_rows <= MAX_ROWS_PER_PERSON)
     if delta is None:
-        allowed = f"in [{1 / nc.MAX_NOISE:g}, {MAX_EPSILON:g}] for discrete Laplace noise (its scale 1/epsilon at most "
+        allowed = (
+            f"in [{max_rows / nc.MAX_NOISE:g}, {MAX_EPSILON:g}] for discrete Laplace noise of sensitivity {max_rows} "
+            f"(its scale {max_rows}/epsilon at most "
+        )
         _require(
             "--epsilon",
             epsilon,
             allowed + f"{nc.MAX_NOISE:g}, the largest a policy allows)",
-            nc.MAX_NOISE * epsilon >= 1,
+            nc.MAX_NOISE * epsilon >= max_rows,
         )
-        distribution, parameter = "laplace", nc.calibrate_scale(epsilon)
+        distribution, parameter = "laplace", nc.calibrate_scale(epsilon, max_rows)
         achieved = 0.0
     else:
-        closed = nc.zero_epsilon_sigma(epsilon, delta)
+        closed = nc.zero_epsilon_sigma(epsilon, delta) if max_rows == 1 else None
         beyond = (
             closed > nc.MAX_NOISE
             if closed is not None
-            else epsilon < SMALL_EPSILON and nc.approximate_delta("gaussian", nc.MAX_NOISE, epsilon) > delta
+            else (epsilon < SMALL_EPSILON or max_rows > 1)
+            and nc.approximate_delta("gaussian", nc.MAX_NOISE, epsilon, max_rows) > delta
         )
         if beyond:
             raise TargetNotMet(
                 f"no discrete Gaussian sigma up to {nc.MAX_NOISE:g} (the largest a policy allows) reaches "
-                f"delta {delta:g} at epsilon {epsilon:g}"
+                f"delta {delta:g} at epsilon {epsilon:g} for sensitivity {max_rows}"
             )
-        distribution, parameter = "gaussian", nc.calibrate_sigma(epsilon, delta)
-        achieved = nc.approximate_delta("gaussian", parameter, epsilon)
+        distribution, parameter = "gaussian", nc.calibrate_sigma(epsilon, delta, max_rows)
+        achieved = nc.approximate_delta("gaussian", parameter, epsilon, max_rows)
     rounded = _round_up(parameter)
     widths = _widths(distribution, parameter, confidence, cells)
     name = "sigma" if distribution == "gaussian" else "scale"
     document = {
         "distribution": distribution,
         name: parameter,
+        "sensitivity": max_rows,
         "epsilon": epsilon,
         "delta": delta,
         "delta_achieved": achieved,
@@ -124,7 +138,12 @@ def calibrate_noisy_counts(
     if json_out:
         print_json(document)
         return
-    title = "discrete Gaussian, exact delta" if distribution == "gaussian" else "discrete Laplace, pure DP"
+    if distribution == "laplace":
+        title = "discrete Laplace, pure DP"
+    else:
+        title = "discrete Gaussian, exact delta" if max_rows == 1 else "discrete Gaussian, delta by zCDP"
+    if max_rows > 1:
+        title += f", sensitivity {max_rows}: a person's rows"
     table = Table(title=f"noisy counts calibrated ({title})", title_justify="left")
     headers = ["epsilon", "delta target", "delta achieved", name, f"{confidence:.0%} half-width, each cell"]
     if cells is not None:
@@ -140,6 +159,8 @@ def calibrate_noisy_counts(
     )
     console.print(table)
     snippet = f"noise: {{distribution: {distribution}, {name}: {rounded:.10g}}}"
+    if max_rows > 1:
+        snippet += f" (with dataset.person max_rows: {max_rows})"
     say(f"policy: {snippet}; {_widths_sentence(widths, confidence, cells)}")
 
 
