@@ -368,7 +368,8 @@ class StatedAccuracy:
 class AccuracyStatement:
     """What one mechanism's published numbers are worth, from the policy alone (its kind's
     accuracy map): how to estimate, and the statements that apply to it (``stated``: the
-    kind's own, :class:`StatedAccuracy`)."""
+    kind's own, :class:`StatedAccuracy`); ``counted``: with a person column, which of a
+    person's rows the true values are of (:func:`privrelease.planning.counted_rows`)."""
 
     estimate: str
     cells: tuple[CountAccuracy, ...] = ()
@@ -377,10 +378,13 @@ class AccuracyStatement:
     large_sum: LargeSumUtility | None = None
     published_counts: PublishedCounts | None = None
     stated: tuple[StatedAccuracy, ...] = ()
+    counted: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The statement in JSON (plan --json, release.json)."""
         document: dict[str, Any] = {"estimate": self.estimate}
+        if self.counted is not None:
+            document["counted"] = self.counted
         if self.cells:
             document["cells"] = [cell.as_dict() for cell in self.cells]
         if self.selection_gap is not None:
@@ -399,6 +403,7 @@ class AccuracyStatement:
 _KEYS = frozenset(
     (
         "estimate",
+        "counted",
         "cells",
         "selection_gap",
         "noise_scale",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from privrelease.mechanisms import accountants, composition
@@ -170,6 +170,29 @@ def unit_of_privacy(loaded: LoadedPolicy) -> dict[str, Any]:
     return {"statement": statement, "neighbours": describe_relation(neighbours(loaded)), "rules": rules}
 
 
+def counted_rows(loaded: LoadedPolicy, spec: Any) -> str | None:
+    """With ``dataset.person`` naming a column, what a mechanism's true values (the counts,
+    totals, cells its accuracy statements hold around) are of: the rows it reads, at most
+    ``max_rows`` random rows of each person or one random row of each (:func:`.flows.data.mechanism_rows`),
+    never a person's rows beyond them (a bias the accuracy statements do not cover, not
+    published: it depends on the data). None without one (each row is a person)."""
+    from privrelease.policies.schema import Person
+
+    person = loaded.policy.dataset.person
+    if not isinstance(person, Person):
+        return None
+    m = person.max_rows
+    if spec.reads_max_rows and m > 1:
+        return (
+            f"true values are of the rows kept, at most {m} random rows per person: the rows of a person beyond {m} "
+            "are not counted (a bias toward fewer rows that depends on the data and is not published)"
+        )
+    return (
+        "true values are of one random row per person (each person counted once): the other rows of a person "
+        "are not read (a bias that depends on the data and is not published)"
+    )
+
+
 def released_event(loaded: LoadedPolicy, event: Event) -> Event:
     """A mechanism's event under the policy's neighbouring relation (:func:`neighbours`)."""
     from privrelease.mechanisms.events import person_level
@@ -190,7 +213,9 @@ def plan_policy(loaded: LoadedPolicy) -> Plan:
             infeasible.append(Check(f"{mechanism.name}: {what}", required, "infeasible", False))
             continue
         event = released_event(loaded, event)
-        accuracy[mechanism.name] = mechanism.accuracy(loaded, planned)
+        statement = mechanism.accuracy(loaded, planned)
+        counted = counted_rows(loaded, mechanism)
+        accuracy[mechanism.name] = None if statement is None else replace(statement, counted=counted)
         guarantees: dict[str, accountants.Guarantee] = {
             notion: accountants.account(event, notion) for notion in accountants.NOTIONS
         }

@@ -180,7 +180,7 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
     """A mechanism's accuracy statement (its kind's accuracy map) as table rows."""
     if statement is None:
         return None
-    view: dict[str, Any] = {"estimate": statement.estimate}
+    view: dict[str, Any] = {"estimate": statement.estimate, "counted": statement.counted}
     view["interval_level"] = f"{statement.cells[0].confidence * 100:g}%" if statement.cells else None
     view["cells"] = [
         (

@@ -368,6 +368,11 @@ def test_a_release_states_its_unit_of_privacy_and_never_publishes_the_person_col
     }
     statement = (folder / "disclosure-statement.html").read_text()
     assert "one person = all rows with the same patient_id, at most 3 kept" in statement
+    counted = {output["mechanism"]: output["accuracy"].get("counted") for output in facts["outputs"]}
+    assert counted["counts"].startswith("true values are of the rows kept, at most 3 random rows per person")
+    assert counted["hist"].startswith("true values are of one random row per person (each person counted once)")
+    report = Path(published.report).read_text()
+    assert f"With the person column: {counted['counts']}." in report
     for file in folder.glob("*.parquet"):
         assert "patient_id" not in pq.read_schema(file).names
         assert not any("P0" in str(value) for column in pq.read_table(file).columns for value in column.to_pylist())
@@ -379,6 +384,9 @@ def test_a_release_states_its_unit_of_privacy_and_never_publishes_the_person_col
     assert '"neighbours":"person:patient_id"' in entry.event_json
 
     row_policy = _write_release_files(tmp_path, "", version="2")
+    assert all(
+        "counted" not in statement.as_dict() for statement in plan_policy(_loaded("")).accuracy.values() if statement
+    )
     with pytest.raises(UserError, match="different neighbouring relations"):
         release_plain(policy_path=str(row_policy))
 

@@ -206,9 +206,12 @@ def _print_plan(result) -> None:
 
 
 def _print_noise_accuracy(result) -> None:
-    """Each noisy table's (or grouped statistic's) half-width, cell by cell and for all its
-    cells at once; a kind's own statements (``stated``) row by row."""
+    """With a person column, which rows each mechanism's true values are of; each noisy table's
+    (or grouped statistic's) half-width, cell by cell and for all its cells at once; a kind's
+    own statements (``stated``) row by row."""
     for name, statement in result.accuracy.items():
+        if statement is not None and statement.counted is not None:
+            say(f"  accuracy of {name}: {statement.counted}")
         for own in statement.stated if statement is not None else ():
             for row in own.rows:
                 say(f"  accuracy of {name}: " + ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
