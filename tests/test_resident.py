@@ -176,11 +176,11 @@ def test_the_command_passes_its_signals_to_the_child_and_exits_with_its_code() -
             child.kill()
 
 
-def test_an_idle_runner_exits_by_itself(tmp_path: Path) -> None:
-    """A runner with nothing to do for its idle time exits and removes its socket and state."""
-    folder = tmp_path / "runner"
+def start_runner(folder: Path, kind: str, idle: float) -> tuple[subprocess.Popen[bytes], str]:
+    """A runner of its own kind (an environment no command has) serving ``folder``, idle for at
+    most ``idle`` seconds; its process and identity."""
     folder.mkdir(mode=0o700)
-    env = {**os.environ, "PRIVRELEASE_TEST_KIND": "idle"}
+    env = {**os.environ, "PRIVRELEASE_TEST_KIND": kind}
     key = subprocess.run(
         [sys.executable, "-c", "import os; from privrelease import resident; print(resident.identity(os.environ))"],
         capture_output=True,
@@ -188,9 +188,15 @@ def test_an_idle_runner_exits_by_itself(tmp_path: Path) -> None:
         env=env,
         check=True,
     ).stdout.strip()
-    process = subprocess.Popen(
-        [sys.executable, "-m", resident.ENTRY, str(folder), key, "1"], env=env, cwd=folder, text=True
-    )
+    return subprocess.Popen(
+        [sys.executable, "-m", resident.ENTRY, str(folder), key, f"{idle:g}"], env=env, cwd=folder
+    ), key
+
+
+def test_an_idle_runner_exits_by_itself(tmp_path: Path) -> None:
+    """A runner with nothing to do for its idle time exits and removes its socket and state."""
+    folder = tmp_path / "runner"
+    process, _ = start_runner(folder, "idle", 1)
     try:
         assert process.wait(timeout=120) == 0
     finally:
@@ -204,16 +210,7 @@ def test_a_runner_whose_state_file_is_removed_or_replaced_stops(tmp_path: Path, 
     """A runner stops within its look period when its state file goes, or is replaced by
     another process's (even with the same text); it leaves a replacement where it is."""
     folder = tmp_path / "runner"
-    folder.mkdir(mode=0o700)
-    env = {**os.environ, "PRIVRELEASE_TEST_KIND": f"state-{change}"}
-    key = subprocess.run(
-        [sys.executable, "-c", "import os; from privrelease import resident; print(resident.identity(os.environ))"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    ).stdout.strip()
-    process = subprocess.Popen([sys.executable, "-m", resident.ENTRY, str(folder), key, "600"], env=env, cwd=folder)
+    process, key = start_runner(folder, f"state-{change}", 600)
     try:
         state_file = folder / f"{key}.json"
         deadline = time.monotonic() + 120
