@@ -908,8 +908,9 @@ def test_a_run_builds_each_releases_privacy_loss_distribution_once(work, monkeyp
 def test_a_local_cluster_s_workers_run_without_the_task_profiler(work):
     """The cluster a run starts gives its workers :data:`.engines.WORKER_CONFIG` (no statistical
     profiler, host metrics every 2 s, memory thresholds every 500 ms, the event loop's health
-    every second) in their own processes; this process's settings (among them its nannies'
-    100 ms memory limit) and the rest of the workers' (the memory fractions) are unchanged."""
+    every second) in their own processes; its scheduler and nannies, in this process, time their
+    event loops every second too and the nannies check the memory limit every 100 ms; this
+    process's settings and the rest of the workers' (the memory fractions) are unchanged."""
     import dask.config
 
     from privrelease.flows import engines
@@ -931,5 +932,9 @@ def test_a_local_cluster_s_workers_run_without_the_task_profiler(work):
         (found,) = client.run(settings).values()
         assert found == (False, "2s", "500ms", "1s", before[-1])
         assert tuple(dask.config.get(key) for key in keys) == before == (True, "500ms", "100ms", "20ms", 0.95)
+        cluster = engines.held("worker-config").cluster
+        nannies = list(cluster.workers.values())
+        assert [server._tick_interval for server in (cluster.scheduler, *nannies)] == [1.0] * (1 + len(nannies))
+        assert [nanny.memory_manager.memory_monitor_interval for nanny in nannies] == [0.1]
     finally:
         engines.release("worker-config")
