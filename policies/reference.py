@@ -70,6 +70,8 @@ def _section(name: str, model: dict[str, Any]) -> list[str]:
         need = "required" if field in required else f"default `{json.dumps(spec.get('default'))}`"
         if "x-required" in spec:  # optional in the schema, required by a rule plan checks
             need = f"required {spec['x-required']}, else {need}"
+        if "x-default" in spec:  # what an absent value means, where null says nothing
+            need = f"default: {spec['x-default']}"
         lines.append(f"| `{field}` | {_type(spec)} | {need} | {_allowed(spec)} |")
     return [*lines, ""]
 

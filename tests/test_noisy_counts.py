@@ -241,6 +241,68 @@ def test_half_width_against_the_exact_pmf(distribution: str, parameter: float) -
         assert central(w - 1) < confidence, (w, confidence)
 
 
+@pytest.mark.parametrize(
+    ("distribution", "confidence", "absolute_error"),
+    [("gaussian", 0.95, 8), ("gaussian", 0.99, 25), ("gaussian", 0.9, 1), ("laplace", 0.95, 8), ("laplace", 0.5, 3)],
+)
+def test_largest_noise_meets_the_half_width_and_no_more_noise_does(
+    distribution: str, confidence: float, absolute_error: int
+) -> None:
+    """The noise plan chooses without a parameter: by the exact pmf (mpmath, by definition), each
+    cell is within +-absolute_error with probability >= C at the chosen noise, and not at a
+    relative 1e-8 more."""
+    chosen = nc.largest_noise(distribution, confidence, absolute_error)
+
+    def covered(parameter: float) -> mpmath.mpf:
+        _, p = mp_pmf(distribution, parameter)
+        return mpmath.fsum(p(z) for z in range(-absolute_error, absolute_error + 1))
+
+    assert covered(chosen) >= confidence > covered(chosen * (1 + 1e-8))
+    assert nc.MIN_NOISE < chosen < nc.MAX_NOISE
+
+
+def test_noise_chosen_by_plan_is_the_most_meeting_every_target(tmp_path: Path) -> None:
+    """``noise: {distribution: gaussian}`` without sigma: plan takes the largest sigma meeting
+    every absolute_error target naming the table (here the tighter of two), states it, passes its
+    checks, and the release adds exactly that noise; with no such target the policy is refused
+    naming noise.sigma."""
+    from privrelease.policies import load_policy_text
+
+    text = """
+name: chosen
+version: "1"
+dataset:
+  id: chosen
+  path: data.csv
+  columns: {sex: {type: string, values: [F, M]}}
+generalization: {sex: keep}
+mechanisms:
+  - {name: counts, type: noisy_counts, columns: [sex], noise: {distribution: gaussian}}
+targets:
+  accounting: approximate
+  delta: 1.0e-6
+  accuracy:
+    - {mechanism: counts, absolute_error: 8, confidence: 0.95}
+    - {mechanism: counts, absolute_error: 12, confidence: 0.999}
+"""
+    loaded = load_policy_text(text, tmp_path)
+    sigma = nc.largest_noise("gaussian", 0.999, 12)
+    assert sigma < nc.largest_noise("gaussian", 0.95, 8)
+    plan = plan_policy(loaded)
+    (mechanism,) = plan.mechanisms
+    assert mechanism.event.sigma == sigma
+    assert mechanism.facts["noise"] == (
+        f"discrete Gaussian, sigma {sigma:.10g} (chosen by plan: the most noise meeting targets.accuracy, cell by cell)"
+    )
+    assert plan.passed and plan.accuracy["counts"].noise.scale == sigma
+    (spec,) = loaded.policy.mechanisms
+    released = spec.finish(loaded, np.array([100, 200]))
+    assert released.event == mechanism.event
+    without = text.replace("counts, absolute_error: 8", "other, absolute_error: 8").split("    - {mechanism: counts")[0]
+    with pytest.raises(UserError, match=r"mechanisms\[0\]\.noise\.sigma: give noise\.sigma, or an accuracy target"):
+        load_policy_text(without, tmp_path)
+
+
 def test_half_width_reference_values() -> None:
     """Pinned: the discrete Gaussian sigma = 20 (sd ~ 20: the normal's 1.96 sd is 39.2) and the
     discrete Laplace scale 5 (continuous: 5 ln 20 = 15.0)."""

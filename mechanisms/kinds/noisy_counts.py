@@ -57,11 +57,13 @@ the Laplace.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -340,6 +342,36 @@ def half_width(distribution: Distribution, parameter: float, confidence: float) 
     # 1 - C is exact for C >= 1/2 (Sterbenz); below, one rounding, taken downward
     slack = 1.0 - float(confidence) if confidence >= 0.5 else math.nextafter(1.0 - float(confidence), 0.0)
     return _width_for_miss(distribution, parameter, slack)
+
+
+@functools.cache
+def largest_noise(distribution: Distribution, confidence: float, absolute_error: float) -> float:
+    """The largest noise parameter in [:data:`MIN_NOISE`, :data:`MAX_NOISE`], to a relative 1e-9
+    and never above it, whose exact :func:`half_width` at ``confidence`` is at most
+    ``absolute_error``: the least privacy cost (epsilon falls as the noise grows) at which each
+    cell meets that accuracy. :data:`MIN_NOISE` when even it misses (the plan's accuracy check
+    then fails). The half-width grows with the noise: bracketed by doubling from the normal
+    approximation ``absolute_error / z`` (no sum over a far larger sigma's range), then halved
+    geometrically."""
+
+    def meets(parameter: float) -> bool:
+        return half_width(distribution, parameter, confidence) <= absolute_error
+
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    guess = min(max(absolute_error / z, MIN_NOISE), MAX_NOISE)
+    low, high = guess, guess
+    while meets(high) and high < MAX_NOISE:
+        low, high = high, min(2 * high, MAX_NOISE)
+    if meets(high):
+        return MAX_NOISE
+    while not meets(low) and low > MIN_NOISE:
+        low, high = max(low / 2, MIN_NOISE), low
+    if not meets(low):
+        return MIN_NOISE
+    while high / low > 1 + 1e-9:
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if meets(middle) else (low, middle)
+    return low
 
 
 def all_cells_half_width(distribution: Distribution, parameter: float, confidence: float, cells: int) -> int:
@@ -621,18 +653,28 @@ Sigma = Annotated[float, checked("sigma", NOISE_RANGE, lambda v: MIN_NOISE <= v 
 Scale = Annotated[float, checked("scale", NOISE_RANGE, lambda v: MIN_NOISE <= v <= MAX_NOISE)]
 
 
+CHOSEN = Field(
+    None,
+    json_schema_extra={
+        "x-default": "chosen by plan: the most noise meeting every targets.accuracy entry naming the mechanism"
+    },
+)
+
+
 class GaussianNoise(Model):
-    """Discrete Gaussian noise N_Z(0, sigma^2) on every cell."""
+    """Discrete Gaussian noise N_Z(0, sigma^2) on every cell; without ``sigma``, the largest one
+    whose half-width meets every ``absolute_error`` target naming the mechanism (:func:`largest_noise`)."""
 
     distribution: Literal["gaussian"]
-    sigma: Sigma
+    sigma: Sigma | None = CHOSEN
 
 
 class LaplaceNoise(Model):
-    """Discrete Laplace noise of scale ``scale`` on every cell: (1/scale)-DP."""
+    """Discrete Laplace noise of scale ``scale`` on every cell: (1/scale)-DP; without ``scale``,
+    the largest one whose half-width meets every ``absolute_error`` target naming the mechanism."""
 
     distribution: Literal["laplace"]
-    scale: Scale
+    scale: Scale | None = CHOSEN
 
 
 class NoisyCountsMechanism(MechanismKind):
@@ -641,7 +683,8 @@ class NoisyCountsMechanism(MechanismKind):
     included, nothing suppressed, each with discrete Gaussian or discrete Laplace noise; a
     person changes one cell by one (sensitivity 1), or, with ``dataset.person`` naming a column,
     up to ``max_rows`` cells by one, or one cell by ``max_rows`` (sensitivity ``max_rows`` in L1
-    and L2). ``nonnegative``: negative noisy counts
+    and L2). ``noise`` without its sigma or scale: the most noise meeting every ``absolute_error``
+    target naming the table, cell by cell (:func:`largest_noise`). ``nonnegative``: negative noisy counts
     published as 0 (post-processing). ``epsilon``: where a Gaussian table states its delta
     (default: the smallest epsilon reaching ``targets.delta``). Each count comes with ``lower``
     and ``upper``: its interval at the accuracy target's confidence (default 95%), cell by cell."""
@@ -657,10 +700,23 @@ class NoisyCountsMechanism(MechanismKind):
     reads_max_rows: ClassVar[bool] = True
 
     @property
-    def _distribution(self) -> tuple[Distribution, float]:
-        if isinstance(self.noise, GaussianNoise):
-            return "gaussian", self.noise.sigma
-        return "laplace", self.noise.scale
+    def _distribution(self) -> Distribution:
+        return "gaussian" if isinstance(self.noise, GaussianNoise) else "laplace"
+
+    def _noise(self, loaded: LoadedPolicy) -> tuple[Distribution, float]:
+        """The noise distribution and its parameter: the policy's, or the largest meeting every
+        ``absolute_error`` target naming this mechanism (:func:`largest_noise`, cell by cell)."""
+        distribution = self._distribution
+        given = self.noise.sigma if isinstance(self.noise, GaussianNoise) else self.noise.scale
+        if given is not None:
+            return distribution, given
+        limits = [
+            largest_noise(distribution, target.confidence, target.absolute_error)
+            for target in loaded.policy.targets.accuracy
+            if target.mechanism == self.name and target.absolute_error is not None
+        ]
+        assert limits, "policy_issues requires a target when the noise is not given"
+        return distribution, min(limits)
 
     def column_refs(self) -> list[ColumnRef]:
         return [ColumnRef(("columns", i), c) for i, c in enumerate(self.columns)]
@@ -668,15 +724,24 @@ class NoisyCountsMechanism(MechanismKind):
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
         """Every column's domain is declared (values, or a hierarchy's labels): a domain read
         from the data would disclose which values occur. No column is named like the output's
-        ``count``, ``lower`` or ``upper`` columns, which would take their place."""
+        ``count``, ``lower`` or ``upper`` columns, which would take their place. Noise without
+        its parameter needs an ``absolute_error`` target naming the mechanism to choose it by."""
         yield from domain_issues(policy, (*here, "columns"), self.columns, "a noisy table", NOISY_TABLE)
+        name = _parameter_name(self._distribution)
+        chosen = getattr(self.noise, name) is None
+        if chosen and not any(t.mechanism == self.name and t.absolute_error for t in policy.targets.accuracy):
+            yield Issue(
+                (*here, "noise", name),
+                f"give noise.{name}, or an accuracy target naming {self.name!r} with absolute_error "
+                f"(targets.accuracy) for plan to choose the most noise that meets it",
+            )
 
     def delta_reason(self) -> str | None:
         return "has Gaussian noise" if isinstance(self.noise, GaussianNoise) else None
 
     def _event(self, loaded: LoadedPolicy) -> Event:
         """Its event for one person: sensitivity ``dataset.rows_per_person`` (:data:`PERSON_PAIR`)."""
-        distribution, parameter = self._distribution
+        distribution, parameter = self._noise(loaded)
         m = loaded.policy.dataset.rows_per_person
         if distribution == "laplace":
             return DiscreteLaplace(scale=parameter, sensitivity=m)
@@ -689,11 +754,16 @@ class NoisyCountsMechanism(MechanismKind):
         return DiscreteGaussian(sigma=parameter, epsilon=epsilon, sensitivity=m)
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
-        distribution, parameter = self._distribution
+        distribution, parameter = self._noise(loaded)
         cells = self._cells(loaded)
         facts: dict[str, Any] = {
             "cells": cells,
-            "noise": f"discrete {distribution.capitalize()}, {_parameter_name(distribution)} {parameter:g}",
+            "noise": f"discrete {distribution.capitalize()}, {_parameter_name(distribution)} "
+            + (
+                f"{parameter:g}"
+                if getattr(self.noise, _parameter_name(distribution)) is not None
+                else f"{parameter:.10g} (chosen by plan: the most noise meeting targets.accuracy, cell by cell)"
+            ),
             "sensitivity": _sensitivity_fact(loaded.policy.dataset.rows_per_person),
         }
         if distribution == "gaussian":
@@ -709,7 +779,7 @@ class NoisyCountsMechanism(MechanismKind):
         confidence of the accuracy target naming it (default 95%)."""
         from privrelease.mechanisms.kinds import CONFIDENCES, AccuracyStatement, NoiseAccuracy
 
-        distribution, parameter = self._distribution
+        distribution, parameter = self._noise(loaded)
         cells = self._cells(loaded)
         widths = {c: half_width(distribution, parameter, c) for c in CONFIDENCES}
         together = {c: all_cells_half_width(distribution, parameter, c, cells) for c in CONFIDENCES}
@@ -722,7 +792,7 @@ class NoisyCountsMechanism(MechanismKind):
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """Each cell within +-absolute_error with probability >= confidence (a per-cell target)."""
         assert target.absolute_error is not None
-        distribution, parameter = self._distribution
+        distribution, parameter = self._noise(loaded)
         return AccuracyCheck(
             "each cell's noise half-width",
             "<=",
@@ -739,12 +809,14 @@ class NoisyCountsMechanism(MechanismKind):
         policy's: the table's epsilon at the target delta (its event with that noise,
         :func:`.epsilon_at_target`) and the half-width :func:`half_width` at the accuracy
         target's confidence (default 95%)."""
-        distribution, parameter = self._distribution
+        distribution, parameter = self._noise(loaded)
         confidence, limit, label = half_width_target(loaded, self.name)
         axis = Axis(
             "σ" if distribution == "gaussian" else "scale",
             f"noise.{_parameter_name(distribution)}",
-            f"{confidence:.0%} half-width of each count (people)",
+            f"{confidence:.0%} half-width of each count ("
+            + ("people" if loaded.policy.dataset.rows_per_person == 1 else "rows kept")
+            + ")",
             False,
             f"Accuracy: each published count (each cell on its own, not all at once) is within ± the half-width "
             f"of its true count with probability "
@@ -764,7 +836,7 @@ class NoisyCountsMechanism(MechanismKind):
 
     def _with_noise(self, value: float) -> NoisyCountsMechanism:
         """This table with noise parameter ``value`` (its delta stated at the target delta)."""
-        distribution, _ = self._distribution
+        distribution = self._distribution
         noise = GaussianNoise(distribution="gaussian", sigma=value) if distribution == "gaussian" else None
         return self.model_copy(
             update={"noise": noise or LaplaceNoise(distribution="laplace", scale=value), "epsilon": None}
@@ -781,7 +853,7 @@ class NoisyCountsMechanism(MechanismKind):
         """The table: ``merged`` (exact counts, row-major over ``job``'s domain) with noise."""
         from privrelease.mechanisms.kinds import MechanismResult
 
-        distribution, parameter = self._distribution
+        distribution, parameter = self._noise(loaded)
         noisy = add_noise(np.asarray(merged, dtype=np.int64), distribution, parameter)
         if self.nonnegative:
             noisy = nonnegative(noisy)
