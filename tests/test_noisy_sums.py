@@ -473,3 +473,44 @@ def test_plan_prints_each_cell_s_half_widths_of_the_totals_and_counts() -> None:
     count = half_width("gaussian", 20.0, 0.95)
     assert f"accuracy of charges: statistic total, confidence 95%, each cell ±{total}," in result.stdout
     assert f"accuracy of charges: statistic count, confidence 95%, each cell ±{count}," in result.stdout
+
+
+def test_sigmas_left_out_are_the_most_noise_meeting_the_targets() -> None:
+    """Without sigma_total and sigma_count, plan takes for each the largest whose exact
+    half-width meets every absolute_error target on its statistic (the total in units of the
+    resolution), states them, passes its checks, and the release adds exactly that noise; a
+    sigma left out without a target on its statistic is refused naming it."""
+    from privrelease.mechanisms.kinds.noisy_counts import largest_noise
+
+    text = POLICY.format(
+        person="row",
+        column="amount",
+        bounds="[-5, 20]",
+        resolution="0.5",
+        by="[region, kind]",
+        sigma_total="40",
+        accuracy="[{mechanism: sums, statistic: total, absolute_error: 100, confidence: 0.95},"
+        " {mechanism: sums, statistic: count, absolute_error: 12, confidence: 0.99}]",
+    ).replace("sigma_total: 40, sigma_count: 3", "")
+    loaded = load_policy_text(text, REPO)
+    plan = plan_policy(loaded)
+    (mechanism,) = plan.mechanisms
+    units = largest_noise("gaussian", 0.95, 100 / 0.5)
+    assert mechanism.event.sigma_count == largest_noise("gaussian", 0.99, 12)
+    assert (
+        mechanism.event.sigma_total_units == pytest.approx(units, rel=2e-12)
+        and mechanism.event.sigma_total_units <= units
+    )
+    assert half_width("gaussian", mechanism.event.sigma_total_units, 0.95) * 0.5 <= 100
+    assert half_width("gaussian", units * (1 + 1e-8), 0.95) * 0.5 > 100
+    assert mechanism.facts["noise"].endswith(
+        "(sigma_total and sigma_count chosen by plan: the most noise meeting targets.accuracy, cell by cell)"
+    )
+    assert plan.passed and all(check.passed for check in plan.checks)
+    (spec,) = loaded.policy.mechanisms
+    released = spec.finish(loaded, np.zeros((2, 6), dtype=np.int64))
+    assert released.event == mechanism.event
+    with pytest.raises(UserError, match=r"noise\.sigma_count: give noise\.sigma_count, or an accuracy target"):
+        load_policy_text(
+            text.replace(", {mechanism: sums, statistic: count, absolute_error: 12, confidence: 0.99}", ""), REPO
+        )

@@ -68,6 +68,7 @@ from privrelease.mechanisms.kinds import (
     log_grid,
 )
 from privrelease.mechanisms.kinds.noisy_counts import (
+    CHOSEN,
     MAX_CELLS,
     MAX_NOISE,
     MIN_NOISE,
@@ -77,6 +78,7 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     all_cells_half_width,
     domain_issues,
     half_width,
+    largest_noise,
 )
 from privrelease.mechanisms.zcdp import ZCDPGaussian, stated_epsilon
 from privrelease.policies.fields import num
@@ -153,11 +155,12 @@ def _sigma_ok(value: float) -> bool:
 
 class GaussianSumsNoise(Model):
     """Discrete Gaussian noise: ``sigma_total`` (in the column's units) on each cell's total,
-    ``sigma_count`` on each cell's count."""
+    ``sigma_count`` on each cell's count; either left out is chosen by plan, the largest whose
+    half-width meets every ``absolute_error`` target on its statistic naming the release."""
 
     distribution: Literal["gaussian"]
-    sigma_total: Annotated[float, checked("sigma_total", f"a number >= {MIN_NOISE:g}", _sigma_ok)]
-    sigma_count: Sigma
+    sigma_total: Annotated[float, checked("sigma_total", f"a number >= {MIN_NOISE:g}", _sigma_ok)] | None = CHOSEN
+    sigma_count: Sigma | None = CHOSEN
 
 
 class NoisySumsMechanism(MechanismKind):
@@ -196,12 +199,12 @@ class NoisySumsMechanism(MechanismKind):
                     f"each bound must be a multiple of resolution {num(self.resolution)} of at most "
                     f"{MAX_UNITS:,} times it in size; got {num(bound)}",
                 )
-        units = self.noise.sigma_total / self.resolution
-        if not MIN_NOISE <= units <= MAX_NOISE:
+        sigma_total = self.noise.sigma_total
+        if sigma_total is not None and not MIN_NOISE <= sigma_total / self.resolution <= MAX_NOISE:
             raise FieldError.at(
                 ("noise", "sigma_total"),
                 f"sigma_total / resolution must be in [{MIN_NOISE:g}, {MAX_NOISE:g}]; got "
-                f"{num(self.noise.sigma_total)} / {num(self.resolution)}: raise resolution or lower sigma_total",
+                f"{num(sigma_total)} / {num(self.resolution)}: raise resolution or lower sigma_total",
             )
         return self
 
@@ -212,8 +215,41 @@ class NoisySumsMechanism(MechanismKind):
 
     @property
     def _total_sigma(self) -> float:
-        """The total's noise parameter in units."""
+        """The total's noise parameter in units (of a :meth:`_resolved` release)."""
+        assert self.noise.sigma_total is not None, "a resolved release has both sigmas"
         return self.noise.sigma_total / self.resolution
+
+    @property
+    def _count_sigma(self) -> float:
+        """The count's noise parameter (of a :meth:`_resolved` release)."""
+        assert self.noise.sigma_count is not None, "a resolved release has both sigmas"
+        return self.noise.sigma_count
+
+    def _resolved(self, loaded: LoadedPolicy) -> NoisySumsMechanism:
+        """This release with both sigmas: the policy's, or each it leaves out chosen by plan, the
+        largest whose exact half-width meets every ``absolute_error`` target on its statistic
+        naming the release (:func:`.noisy_counts.largest_noise`; sigma_total from the noise in
+        units, a relative 1e-12 below, so that dividing by the resolution again stays within it)."""
+        chosen: dict[str, float] = {}
+        for statistic, field in (("total", "sigma_total"), ("count", "sigma_count")):
+            if getattr(self.noise, field) is not None:
+                continue
+            r = self.resolution if statistic == "total" else 1.0
+            limits = [
+                largest_noise("gaussian", target.confidence, target.absolute_error / r)
+                for target in loaded.policy.targets.accuracy
+                if target.mechanism == self.name and target.statistic == statistic and target.absolute_error
+            ]
+            assert limits, "policy_issues requires a target for a sigma left out"
+            chosen[field] = min(limits) * r * (1 - 1e-12) if statistic == "total" else min(limits)
+        return self.model_copy(update={"noise": self.noise.model_copy(update=chosen)}) if chosen else self
+
+    def _chosen_note(self) -> str:
+        """What the plan's noise fact adds for the sigmas it chose."""
+        chosen = [field for field in ("sigma_total", "sigma_count") if getattr(self.noise, field) is None]
+        if not chosen:
+            return ""
+        return f" ({' and '.join(chosen)} chosen by plan: the most noise meeting targets.accuracy, cell by cell)"
 
     def column_refs(self) -> list[ColumnRef]:
         refs = [ColumnRef(("by", i), c) for i, c in enumerate(self.by)]
@@ -223,24 +259,38 @@ class NoisySumsMechanism(MechanismKind):
         return tuple(dict.fromkeys((*self.by, self.column)))
 
     def policy_issues(self, policy: Policy, here: Loc) -> Iterator[Issue]:
-        """Every ``by`` column has a declared domain and no output column's name."""
+        """Every ``by`` column has a declared domain and no output column's name; a sigma left out
+        has an ``absolute_error`` target on its statistic naming the release to choose it by."""
         yield from domain_issues(policy, (*here, "by"), self.by, "a noisy-sums table", SUMS_TABLE)
+        for statistic, field in (("total", "sigma_total"), ("count", "sigma_count")):
+            named = (
+                t.mechanism == self.name and t.statistic == statistic and t.absolute_error
+                for t in policy.targets.accuracy
+            )
+            if getattr(self.noise, field) is None and not any(named):
+                yield Issue(
+                    (*here, "noise", field),
+                    f"give noise.{field}, or an accuracy target naming {self.name!r} with statistic: {statistic} "
+                    f"and absolute_error (targets.accuracy) for plan to choose the most noise that meets it",
+                )
 
     def delta_reason(self) -> str | None:
         return "has Gaussian noise"
 
     def _event(self, loaded: LoadedPolicy) -> GaussianSums:
+        """The release's event (of its :meth:`_resolved` sigmas)."""
+        release = self._resolved(loaded)
         m = loaded.policy.dataset.rows_per_person
-        lo, hi = self._units
+        lo, hi = release._units
         event = GaussianSums(
-            sigma_count=self.noise.sigma_count,
-            sigma_total_units=self._total_sigma,
+            sigma_count=release._count_sigma,
+            sigma_total_units=release._total_sigma,
             count_sensitivity=m,
             total_sensitivity_units=m * max(abs(lo), abs(hi)),
             epsilon=0.0,
         )
         targets = loaded.policy.targets
-        epsilon = self.epsilon
+        epsilon = release.epsilon
         if epsilon is None:
             epsilon = stated_epsilon(event.rho, targets.delta, targets.accounting)
         return event.model_copy(update={"epsilon": epsilon})
@@ -252,10 +302,12 @@ class NoisySumsMechanism(MechanismKind):
         cells, m = self._cells(loaded), loaded.policy.dataset.rows_per_person
         lo, hi = self.bounds
         size = max(abs(lo), abs(hi))
-        event = self._event(loaded)
+        event, noise = self._event(loaded), self._resolved(loaded).noise
+        digits = ".10g" if self._chosen_note() else "g"
         facts: dict[str, Any] = {
             "cells": cells,
-            "noise": f"discrete Gaussian, sigma_total {self.noise.sigma_total:g}, sigma_count {self.noise.sigma_count:g}",
+            "noise": f"discrete Gaussian, sigma_total {noise.sigma_total:{digits}}, sigma_count "
+            f"{noise.sigma_count:{digits}}{self._chosen_note()}",
             "sensitivity": (
                 f"one person (at most {m} row{'s' if m > 1 else ''}) moves the counts by at most {m} and the "
                 f"totals by at most {m} x {num(size)} = {num(m * size)} in L2"
@@ -270,7 +322,7 @@ class NoisySumsMechanism(MechanismKind):
     def _widths(self, statistic: str, confidence: float, cells: int = 1) -> float:
         """The half-width of each cell's total (in the column's units) or count at ``confidence``;
         ``cells`` > 1: of all of them at once (:func:`.noisy_counts.all_cells_half_width`)."""
-        sigma = self._total_sigma if statistic == "total" else self.noise.sigma_count
+        sigma = self._total_sigma if statistic == "total" else self._count_sigma
         width = (
             half_width("gaussian", sigma, confidence)
             if cells == 1
@@ -284,21 +336,22 @@ class NoisySumsMechanism(MechanismKind):
         interval is formed after the data (:func:`mean_interval`)."""
         from privrelease.mechanisms.kinds import CONFIDENCES, AccuracyStatement, StatedAccuracy
 
-        cells = self._cells(loaded)
-        confidence = half_width_target(loaded, self.name)[0]
+        release = self._resolved(loaded)
+        cells = release._cells(loaded)
+        confidence = half_width_target(loaded, release.name)[0]
         rows: list[tuple[str, ...]] = []
         document: dict[str, Any] = {}
         for statistic in STATISTICS:
-            each = {f"{c:g}": self._widths(statistic, c) for c in CONFIDENCES}
-            together = {f"{c:g}": self._widths(statistic, c, cells) for c in CONFIDENCES}
+            each = {f"{c:g}": release._widths(statistic, c) for c in CONFIDENCES}
+            together = {f"{c:g}": release._widths(statistic, c, cells) for c in CONFIDENCES}
             document[statistic] = {"half_width": each, "all_cells_half_width": together}
             rows += [
                 (statistic, f"{c:.0%}", f"±{num(each[f'{c:g}'])}", f"±{num(together[f'{c:g}'])}") for c in CONFIDENCES
             ]
-        lo, hi = self.bounds
+        lo, hi = release.bounds
         document.update(
             cells=cells,
-            clamping=CLAMPING.format(lo=num(lo), hi=num(hi), r=num(self.resolution)),
+            clamping=CLAMPING.format(lo=num(lo), hi=num(hi), r=num(release.resolution)),
             mean=MEAN.format(c=f"{confidence:g}", lo=num(lo), hi=num(hi)),
             interval_confidence=confidence,
         )
@@ -319,16 +372,17 @@ class NoisySumsMechanism(MechanismKind):
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """Each cell's total (or count) within +-absolute_error with probability >= confidence."""
         assert target.absolute_error is not None and target.statistic in STATISTICS
-        value = self._widths(target.statistic, target.confidence)
+        value = self._resolved(loaded)._widths(target.statistic, target.confidence)
         return AccuracyCheck(f"each cell's {target.statistic} half-width", "<=", target.absolute_error, value)
 
     def frontier(self, loaded: LoadedPolicy) -> Frontier:
         """Over sigma_total on a log grid, a decade either side of the policy's (sigma_count as
         it is): the release's epsilon at the target delta and each cell's total half-width at
         the accuracy target's confidence (default 95%)."""
-        confidence, limit, label = half_width_target(loaded, self.name)
+        release = self._resolved(loaded)
+        confidence, limit, label = half_width_target(loaded, release.name)
         for target in loaded.policy.targets.accuracy:
-            if target.mechanism == self.name and target.statistic == "total" and target.absolute_error is not None:
+            if target.mechanism == release.name and target.statistic == "total" and target.absolute_error is not None:
                 confidence, limit, label = (
                     target.confidence,
                     target.absolute_error,
@@ -341,19 +395,20 @@ class NoisySumsMechanism(MechanismKind):
             False,
             f"Accuracy: each published total (each cell on its own) is within ± the half-width of its true "
             f"total with probability at least {confidence:.0%} (discrete Gaussian noise, exact); sigma_count "
-            f"stays {self.noise.sigma_count:g}.",
+            f"stays {release._count_sigma:g}.",
             limit,
             label,
             log_x=True,
         )
-        r = self.resolution
+        r, sigma_total = release.resolution, release.noise.sigma_total
+        assert sigma_total is not None, "a resolved release has both sigmas"
         return frontier_of(
             loaded,
             axis,
-            self.noise.sigma_total,
-            log_grid(self.noise.sigma_total, low=MIN_NOISE * r, high=MAX_NOISE * r),
-            lambda value: self._with_sigma_total(value)._event(loaded),
-            lambda value: self._with_sigma_total(value)._widths("total", confidence),
+            sigma_total,
+            log_grid(sigma_total, low=MIN_NOISE * r, high=MAX_NOISE * r),
+            lambda value: release._with_sigma_total(value)._event(loaded),
+            lambda value: release._with_sigma_total(value)._widths("total", confidence),
         )
 
     def _with_sigma_total(self, value: float) -> NoisySumsMechanism:
@@ -372,13 +427,14 @@ class NoisySumsMechanism(MechanismKind):
         """The table: ``merged`` (exact counts and totals in units, row-major over the cells) with noise."""
         from privrelease.mechanisms.kinds import MechanismResult
 
+        release = self._resolved(loaded)
         counts, totals = np.asarray(merged, dtype=np.int64)
-        noisy_count = add_noise(counts, "gaussian", self.noise.sigma_count)
-        noisy_total = add_noise(totals, "gaussian", self._total_sigma).astype(np.float64) * self.resolution
-        confidence = half_width_target(loaded, self.name)[0]
-        total_width, count_width = (self._widths(s, confidence) for s in STATISTICS)
-        total_half, count_half = (self._widths(s, 1 - (1 - confidence) / 2) for s in STATISTICS)
-        mean, mean_lower, mean_upper = mean_interval(noisy_total, noisy_count, total_half, count_half, self.bounds)
+        noisy_count = add_noise(counts, "gaussian", release._count_sigma)
+        noisy_total = add_noise(totals, "gaussian", release._total_sigma).astype(np.float64) * release.resolution
+        confidence = half_width_target(loaded, release.name)[0]
+        total_width, count_width = (release._widths(s, confidence) for s in STATISTICS)
+        total_half, count_half = (release._widths(s, 1 - (1 - confidence) / 2) for s in STATISTICS)
+        mean, mean_lower, mean_upper = mean_interval(noisy_total, noisy_count, total_half, count_half, release.bounds)
         columns = job.cells.labels()
         values = (
             noisy_total,
@@ -394,7 +450,7 @@ class NoisySumsMechanism(MechanismKind):
         columns["mean_lower"], columns["mean_upper"] = pa.array(mean_lower), pa.array(mean_upper)
         public = {"cells": int(noisy_count.size), "noise": "discrete gaussian", "interval_confidence": confidence}
         internal = {"rows_summed": int(np.sum(counts))}
-        return MechanismResult(pa.table(columns), self._event(loaded), public, internal)
+        return MechanismResult(pa.table(columns), release._event(loaded), public, internal)
 
     def explanations(self) -> tuple[str, ...]:
         return (EXPLANATION,)
