@@ -57,7 +57,8 @@ targets:
 """
 
 
-def _loaded(**changes: str):
+def _text(**changes: str) -> str:
+    """The test policy with ``changes`` to its fields."""
     fields = {
         "person": "{column: pid, max_rows: 3}",
         "column": "amount",
@@ -68,7 +69,11 @@ def _loaded(**changes: str):
         "accuracy": "[{mechanism: sums, statistic: total, absolute_error: 100}]",
     }
     fields.update(changes)
-    return load_policy_text(POLICY.format(**fields), REPO)
+    return POLICY.format(**fields)
+
+
+def _loaded(**changes: str):
+    return load_policy_text(_text(**changes), REPO)
 
 
 def _table(rng: np.random.Generator, rows: int) -> pa.Table:
@@ -397,15 +402,7 @@ def test_on_dask_the_merged_partials_give_the_in_process_release(tmp_path: Path,
         monkeypatch.delenv(name, raising=False)
     table = _table(np.random.default_rng(11), 1600)
     pq.write_table(table, tmp_path / "data.parquet", row_group_size=200)
-    text = POLICY.format(
-        person="row",
-        column="amount",
-        bounds="[-5, 20]",
-        resolution="0.5",
-        by="[region, kind]",
-        sigma_total="40",
-        accuracy="[]",
-    ).replace("path: data.csv", "path: data.parquet\n  format: parquet")
+    text = _text(person="row", accuracy="[]").replace("path: data.csv", "path: data.parquet\n  format: parquet")
     text += "  lifetime_budget: {epsilon: 100, delta: 1.0e-3}\n"
     monkeypatch.setattr(noisy_sums, "add_noise", lambda values, distribution, sigma: np.asarray(values))
     loaded = load_policy_text(text, tmp_path)
@@ -482,13 +479,8 @@ def test_sigmas_left_out_are_the_most_noise_meeting_the_targets() -> None:
     sigma left out without a target on its statistic is refused naming it."""
     from privrelease.mechanisms.kinds.noisy_counts import largest_noise
 
-    text = POLICY.format(
+    text = _text(
         person="row",
-        column="amount",
-        bounds="[-5, 20]",
-        resolution="0.5",
-        by="[region, kind]",
-        sigma_total="40",
         accuracy="[{mechanism: sums, statistic: total, absolute_error: 100, confidence: 0.95},"
         " {mechanism: sums, statistic: count, absolute_error: 12, confidence: 0.99}]",
     ).replace("sigma_total: 40, sigma_count: 3", "")
