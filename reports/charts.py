@@ -770,7 +770,7 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
     reach = FRONTIER_REACH * max(anchors) if anchors else max(finite, default=1.0)
     top = nice_ceiling(max(min(max(finite, default=1.0), reach), 1.1 * (frontier.privacy_target or 0.0)))
     drawn = [(x(v), p if math.isfinite(p) and p <= top else None) for v, p in zip(values, privacy, strict=True)]
-    rule = Rule("x", x(chosen), f"the policy's {frontier.parameter} = {chosen:g}", PALETTE[2], "6 4")
+    rule = Rule("x", x(chosen), f"the release's {frontier.parameter} = {chosen:g}", PALETTE[2], "6 4")
     param = f"{frontier.parameter} (log scale)" if frontier.log_x else frontier.parameter
     privacy_points = []
     if math.isfinite(privacy[at]):
@@ -788,7 +788,7 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
         title=f"Privacy of {name} against {frontier.parameter}",
         description=(
             f"{frontier.privacy_label} for {frontier.parameter} from {values[0]:g} to {values[-1]:g}; "
-            f"the policy's {frontier.parameter} is {chosen:g}, where it is {fmt(privacy[at])}."
+            f"the release's {frontier.parameter} is {chosen:g}, where it is {fmt(privacy[at])}."
         ),
         x_label=param,
         y_label="ε (lower: more private)",
@@ -812,7 +812,7 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
         title=f"Accuracy of {name} against {frontier.parameter}",
         description=(
             f"{frontier.accuracy_label} for {frontier.parameter} from {values[0]:g} to {values[-1]:g}; "
-            f"the policy's {frontier.parameter} is {chosen:g}, where it is {fmt(accuracy[at])}."
+            f"the release's {frontier.parameter} is {chosen:g}, where it is {fmt(accuracy[at])}."
         ),
         x_label=param,
         y_label=f"accuracy ({better}: better)",
@@ -848,7 +848,7 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
     off = [v for v, p in zip(values, privacy, strict=True) if not (math.isfinite(p) and p <= top)]
     caption = (
         f"What {frontier.parameter} ({frontier.setting} in the policy) costs and buys, before any data is read: "
-        f"above, {frontier.privacy_label} of this mechanism alone; below, its accuracy. The policy's "
+        f"above, {frontier.privacy_label} of this mechanism alone; below, its accuracy. The release's "
         f"{frontier.parameter} = {chosen:g} gives ε = {fmt(privacy[at], 4)} and "
         f"{frontier.accuracy_label} = {fmt(accuracy[at], 4)}. "
         f"{frontier.note}"
