@@ -374,6 +374,28 @@ def largest_noise(distribution: Distribution, confidence: float, absolute_error:
     return low
 
 
+CHOSEN_BY_PLAN = "chosen by plan: the most noise meeting targets.accuracy, cell by cell"
+"""What a plan's noise fact says of a parameter it chose (:func:`most_noise`)."""
+
+
+def error_targets(policy: Policy, name: str, statistic: str | None = None) -> list[tuple[float, float]]:
+    """``(confidence, absolute_error)`` of each accuracy target naming mechanism ``name`` with an
+    ``absolute_error`` (on ``statistic``, for a kind whose targets name one)."""
+    return [
+        (target.confidence, target.absolute_error)
+        for target in policy.targets.accuracy
+        if target.mechanism == name and target.statistic == statistic and target.absolute_error is not None
+    ]
+
+
+def most_noise(distribution: Distribution, targets: list[tuple[float, float]], unit: float = 1.0) -> float:
+    """The largest noise parameter meeting every one of ``targets`` (:func:`error_targets`) cell
+    by cell (:func:`largest_noise`), their absolute errors in ``unit`` s of the noise (noisy
+    sums' totals: the resolution)."""
+    assert targets, "policy_issues requires a target for noise left out"
+    return min(largest_noise(distribution, confidence, error / unit) for confidence, error in targets)
+
+
 def all_cells_half_width(distribution: Distribution, parameter: float, confidence: float, cells: int) -> int:
     """The smallest integer ``w`` with ``P(every one of the N cells within ±w) >= confidence``
     (simultaneous, the whole table at once): the noise of the cells is i.i.d., so that
@@ -710,13 +732,7 @@ class NoisyCountsMechanism(MechanismKind):
         given = self.noise.sigma if isinstance(self.noise, GaussianNoise) else self.noise.scale
         if given is not None:
             return distribution, given
-        limits = [
-            largest_noise(distribution, target.confidence, target.absolute_error)
-            for target in loaded.policy.targets.accuracy
-            if target.mechanism == self.name and target.absolute_error is not None
-        ]
-        assert limits, "policy_issues requires a target when the noise is not given"
-        return distribution, min(limits)
+        return distribution, most_noise(distribution, error_targets(loaded.policy, self.name))
 
     def column_refs(self) -> list[ColumnRef]:
         return [ColumnRef(("columns", i), c) for i, c in enumerate(self.columns)]
@@ -728,8 +744,7 @@ class NoisyCountsMechanism(MechanismKind):
         its parameter needs an ``absolute_error`` target naming the mechanism to choose it by."""
         yield from domain_issues(policy, (*here, "columns"), self.columns, "a noisy table", NOISY_TABLE)
         name = _parameter_name(self._distribution)
-        chosen = getattr(self.noise, name) is None
-        if chosen and not any(t.mechanism == self.name and t.absolute_error for t in policy.targets.accuracy):
+        if getattr(self.noise, name) is None and not error_targets(policy, self.name):
             yield Issue(
                 (*here, "noise", name),
                 f"give noise.{name}, or an accuracy target naming {self.name!r} with absolute_error "
@@ -762,7 +777,7 @@ class NoisyCountsMechanism(MechanismKind):
             + (
                 f"{parameter:g}"
                 if getattr(self.noise, _parameter_name(distribution)) is not None
-                else f"{parameter:.10g} (chosen by plan: the most noise meeting targets.accuracy, cell by cell)"
+                else f"{parameter:.10g} ({CHOSEN_BY_PLAN})"
             ),
             "sensitivity": _sensitivity_fact(loaded.policy.dataset.rows_per_person),
         }

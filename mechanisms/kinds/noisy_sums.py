@@ -69,6 +69,7 @@ from privrelease.mechanisms.kinds import (
 )
 from privrelease.mechanisms.kinds.noisy_counts import (
     CHOSEN,
+    CHOSEN_BY_PLAN,
     MAX_CELLS,
     MAX_NOISE,
     MIN_NOISE,
@@ -77,8 +78,9 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     add_noise,
     all_cells_half_width,
     domain_issues,
+    error_targets,
     half_width,
-    largest_noise,
+    most_noise,
 )
 from privrelease.mechanisms.zcdp import ZCDPGaussian, stated_epsilon
 from privrelease.policies.fields import num
@@ -234,14 +236,11 @@ class NoisySumsMechanism(MechanismKind):
         for statistic, field in (("total", "sigma_total"), ("count", "sigma_count")):
             if getattr(self.noise, field) is not None:
                 continue
-            r = self.resolution if statistic == "total" else 1.0
-            limits = [
-                largest_noise("gaussian", target.confidence, target.absolute_error / r)
-                for target in loaded.policy.targets.accuracy
-                if target.mechanism == self.name and target.statistic == statistic and target.absolute_error
-            ]
-            assert limits, "policy_issues requires a target for a sigma left out"
-            chosen[field] = min(limits) * r * (1 - 1e-12) if statistic == "total" else min(limits)
+            targets = error_targets(loaded.policy, self.name, statistic)
+            if statistic == "total":
+                chosen[field] = most_noise("gaussian", targets, self.resolution) * self.resolution * (1 - 1e-12)
+            else:
+                chosen[field] = most_noise("gaussian", targets)
         return self.model_copy(update={"noise": self.noise.model_copy(update=chosen)}) if chosen else self
 
     def _chosen_note(self) -> str:
@@ -249,7 +248,7 @@ class NoisySumsMechanism(MechanismKind):
         chosen = [field for field in ("sigma_total", "sigma_count") if getattr(self.noise, field) is None]
         if not chosen:
             return ""
-        return f" ({' and '.join(chosen)} chosen by plan: the most noise meeting targets.accuracy, cell by cell)"
+        return f" ({' and '.join(chosen)} {CHOSEN_BY_PLAN})"
 
     def column_refs(self) -> list[ColumnRef]:
         refs = [ColumnRef(("by", i), c) for i, c in enumerate(self.by)]
@@ -263,11 +262,7 @@ class NoisySumsMechanism(MechanismKind):
         has an ``absolute_error`` target on its statistic naming the release to choose it by."""
         yield from domain_issues(policy, (*here, "by"), self.by, "a noisy-sums table", SUMS_TABLE)
         for statistic, field in (("total", "sigma_total"), ("count", "sigma_count")):
-            named = (
-                t.mechanism == self.name and t.statistic == statistic and t.absolute_error
-                for t in policy.targets.accuracy
-            )
-            if getattr(self.noise, field) is None and not any(named):
+            if getattr(self.noise, field) is None and not error_targets(policy, self.name, statistic):
                 yield Issue(
                     (*here, "noise", field),
                     f"give noise.{field}, or an accuracy target naming {self.name!r} with statistic: {statistic} "
