@@ -5,6 +5,7 @@ mechanism's partial result in the same pass)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 from collections.abc import Iterator, Sequence
@@ -392,7 +393,8 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
         from privrelease.flows.scaled import stream_partials
 
         with withholding("reading the data"):
-            streamed = stream_partials(run.loaded(), _row_groups(run, dataset.sha256), Path(run.data_path).name)
+            reads = functools.partial(_row_groups, run, dataset.sha256)
+            streamed = stream_partials(run.loaded(), reads, Path(run.data_path).name)
         engines.held(run.run_id).partials = streamed.partials
         return ReadFacts(streamed.rows_read, streamed.rows_dropped, read_at)
     with withholding("reading the data"):
@@ -429,13 +431,12 @@ def streams(run: RunContext) -> bool:
     does, one row group at a time (:func:`.scaled.stream_partials`), and never holds the whole
     table: a Parquet file (not a folder) whose mechanisms all have a job
     (:meth:`~privrelease.mechanisms.kinds.MechanismKind.job`: per row group, merged, then
-    ``finish``, the output distribution of ``run``, as on Dask). Not with a person column: a
-    person's rows may sit in different row groups, and are bounded on the whole table
-    (:func:`person_rows`)."""
+    ``finish``, the output distribution of ``run``, as on Dask). With a person column, a
+    person's rows may sit in different row groups: they are bounded as on Dask, between two
+    passes over the row groups, with the distribution of :func:`person_rows` on the whole table."""
     loaded = run.loaded()
     return (
         not run.engine.scaled
-        and loaded.policy.dataset.person in (None, "row")
         and loaded.policy.dataset.format == "parquet"
         and not Path(run.data_path).is_dir()
         and all(spec.job(loaded) is not None for spec in loaded.policy.mechanisms)
@@ -483,7 +484,7 @@ def run_partials(run: RunContext) -> dict[str, Any]:
         assert not run.engine.scaled, f"run {run.run_id}: the read step computes the partial results in this process"
         from privrelease.flows.scaled import stream_partials
 
-        reads = _row_groups(run, _recorded_fingerprint(run))
+        reads = functools.partial(_row_groups, run, _recorded_fingerprint(run))
         state.partials = stream_partials(run.loaded(), reads, Path(run.data_path).name).partials
     return state.partials
 

@@ -506,16 +506,22 @@ class PersonShare:
 
 
 def person_counts(partition: Partition, spec: ReadSpec, column: str) -> tuple[pa.Array, Any]:
-    """The first pass of the person bound on Dask (on a worker): the partition's distinct
-    persons (values of ``column``, in order of first appearance) and each one's rows."""
+    """The first pass of the person bound on Dask (on a worker): :func:`count_persons` of the
+    partition."""
+    _adaptive_malloc()
+    with withholding("reading the data", PartitionError):
+        return count_persons(read_partition(partition, spec).table, column)
+
+
+def count_persons(table: pa.Table, column: str) -> tuple[pa.Array, Any]:
+    """A partition's (or row group's) distinct persons (values of ``column``, in order of first
+    appearance, :func:`~privrelease.mechanisms.persons.persons_of`) and each one's rows."""
     import numpy as np
 
     from privrelease.mechanisms.persons import persons_of
 
-    _adaptive_malloc()
-    with withholding("reading the data", PartitionError):
-        persons, codes = persons_of(read_partition(partition, spec).table[column])
-        return persons, np.bincount(codes, minlength=len(persons))
+    persons, codes = persons_of(table[column])
+    return persons, np.bincount(codes, minlength=len(persons))
 
 
 def partials(

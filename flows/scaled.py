@@ -17,7 +17,8 @@ in-process, with the same distribution, between two passes over the partitions
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,19 +91,29 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
 def person_shares(
     run_id: str, person: Person, parts: Sequence[Any], spec: Any, jobs: tuple[NamedJob, ...]
 ) -> list[Any]:
-    """The person bound across partitions, drawn here between two passes over the data (as
-    in-process, :func:`.data.person_rows` and :func:`.data.mechanism_rows`): each partition counts
-    its rows per person (:func:`.partitions.person_counts`); the persons are numbered across
-    partitions (their values, encoded here, then dropped: the flow keeps a few small integers per
-    person and partition, no row), and each partition's share of each person's kept rows and
-    one-row kinds' rows is drawn (:func:`~privrelease.mechanisms.persons.partition_shares`)."""
-    import numpy as np
-
+    """The person bound across partitions on Dask: each partition counts its rows per person on
+    a worker (:func:`.partitions.person_counts`), then :func:`shares_of` here."""
     from privrelease.flows import engines
-    from privrelease.flows.partitions import PersonShare, person_counts
-    from privrelease.mechanisms.persons import partition_shares, person_codes
+    from privrelease.flows.partitions import person_counts
 
     counted = engines.map_gather(run_id, person_counts, parts, spec=spec, column=person.column)
+    return shares_of(person, counted, jobs)
+
+
+def shares_of(person: Person, counted: Sequence[tuple[pa.Array, Any]], jobs: tuple[NamedJob, ...]) -> list[Any]:
+    """The person bound across partitions (or row groups), drawn between two passes over the
+    data (as on a whole table, :func:`.data.person_rows` and :func:`.data.mechanism_rows`):
+    from each partition's persons and rows per person (``counted``, the first pass:
+    :func:`.partitions.count_persons`) the persons are numbered across partitions (their values,
+    encoded here, then dropped: a few small integers per person and partition are kept, no row),
+    and each partition's share of each person's kept rows and one-row kinds' rows is drawn
+    (:func:`~privrelease.mechanisms.persons.partition_shares`), one
+    :class:`.partitions.PersonShare` per partition for the second pass."""
+    import numpy as np
+
+    from privrelease.flows.partitions import PersonShare
+    from privrelease.mechanisms.persons import partition_shares, person_codes
+
     if not counted:
         return []
     sizes = [len(counts) for _, counts in counted]
@@ -119,17 +130,24 @@ def person_shares(
     ]
 
 
-def stream_partials(loaded: Any, reads: Iterable[Any], name: str) -> Partials:
-    """Each mechanism's merged partial result over ``reads`` (checked row groups of the file
-    ``name``, :func:`privrelease.datasets.read_row_groups`), computed in this process one read
-    at a time as on Dask (:func:`.partitions.job_partials`; an error names the row group's data
-    rows): the in-process release of a Parquet file whose mechanisms all have a job
-    (:func:`.data.streams`)."""
-    from privrelease.flows.partitions import job_partials, rows_note
+def stream_partials(loaded: Any, reads: Callable[[], Iterable[Any]], name: str) -> Partials:
+    """Each mechanism's merged partial result over the checked row groups of the file ``name``
+    (``reads()``: a fresh pass over them, :func:`privrelease.datasets.read_row_groups`),
+    computed in this process one read at a time as on Dask (:func:`.partitions.job_partials`;
+    an error names the row group's data rows): the in-process release of a Parquet file whose
+    mechanisms all have a job (:func:`.data.streams`). With a person column, two passes as on
+    Dask: the first counts each row group's rows per person (:func:`.partitions.count_persons`),
+    the person bound is drawn (:func:`shares_of`), the second computes on the rows it keeps."""
+    from privrelease.flows.partitions import count_persons, job_partials, rows_note
+    from privrelease.policies.schema import Person
 
-    jobs, results, first = named_jobs(loaded), [], 0
-    for read in reads:
-        results.append(job_partials(read, jobs, rows_note(first, read.rows_read, name)))
+    jobs, person = named_jobs(loaded), loaded.policy.dataset.person
+    shares: Iterable[Any] = itertools.repeat(None)
+    if isinstance(person, Person):  # the same verified bytes twice: the same row groups, the same people
+        shares = shares_of(person, [count_persons(read.table, person.column) for read in reads()], jobs)
+    results, first = [], 0
+    for read, share in zip(reads(), shares):
+        results.append(job_partials(read, jobs, rows_note(first, read.rows_read, name), share=share))
         first += read.rows_read
     return _merged(jobs, results)
 

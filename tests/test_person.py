@@ -3,11 +3,14 @@ person's rows (uniform, by chi-square tests with a stated failure probability), 
 privacy of noisy counts (an empirical test of neighbouring files that differ by one whole person,
 which catches a release that forgets the truncation or the factor m), the sensitivity-m privacy
 maps against an independent computation, the neighbouring relation in the event trees and the
-ledger, and a release end to end (what the report and release.json say, what is never published).
+ledger, a release end to end (what the report and release.json say, what is never published), and
+a Parquet file streamed row group by row group in this process with persons split across row groups
+(two passes, as on Dask: every person bounded, the whole table never read).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -19,7 +22,9 @@ import pytest
 from scipy import stats
 
 from privrelease.errors import UserError
+from privrelease.flows import data as flow_data
 from privrelease.flows.data import mechanism_rows, person_rows
+from privrelease.flows.scaled import Partials
 from privrelease.flows.steps import release_plain
 from privrelease.mechanisms import composition, zcdp
 from privrelease.mechanisms.events import Composed, event_from_json, event_to_json, person_level
@@ -31,6 +36,7 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     probabilistic_delta,
     pure_delta,
 )
+from privrelease.mechanisms import persons
 from privrelease.mechanisms.persons import kept_rows
 from privrelease.planning import plan_policy
 from privrelease.policies import load_policy_text
@@ -115,6 +121,41 @@ def test_truncation_keeps_a_uniform_subset_of_at_most_m_rows() -> None:
     statistic = stats.chisquare(observed).statistic
     assert statistic < stats.chi2.isf(ALPHA, 14), observed
     assert not (np.diff(kept) > 0).all(), "the kept rows are not in input order"
+
+
+def test_sorting_packed_keys_ranks_rows_as_a_stable_sort_of_the_shuffled_codes(monkeypatch) -> None:
+    """Given the same permutation, :func:`_ranked`'s sort of ``code * n + rank`` gives the very
+    order, codes and ranks of the stable sort of the shuffled codes (its path above PACKED_ROWS)."""
+    rng = np.random.default_rng(5)  # test data and a fixed permutation, not a mechanism
+    codes = rng.integers(0, 400, 5_000)
+    fixed = rng.permutation(codes.size)
+    monkeypatch.setattr(persons, "permutation", lambda n: fixed)
+    packed = persons._ranked(codes)
+    monkeypatch.setattr(persons, "PACKED_ROWS", 0)
+    stable = persons._ranked(codes)
+    for a, b in zip(packed, stable, strict=True):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pa.array(np.random.default_rng(6).integers(-50, 50, 1_000)),  # dense, negative: counted
+        pa.array(np.random.default_rng(7).integers(0, 10**12, 1_000)),  # sparse: hashed
+        pa.array([2**64 - 3, 2**64 - 1, 2**64 - 3, 5], type=pa.uint64()),  # sparse unsigned
+        pa.array([2**64 - 3, 2**64 - 1, 2**64 - 3], type=pa.uint64()),  # dense near the top of uint64
+        pa.array(["x", "y", "x"]).dictionary_encode(),
+        pa.chunked_array([[7, 8], [8, 7, 9]], type=pa.int8()),
+        pa.array(["b", "a", "b"]),
+    ],
+)
+def test_persons_of_numbers_equal_values_alike_whatever_the_path(values) -> None:
+    """:func:`persons_of` (counting for dense integers, else hashing): each row's code names
+    its value among the distinct persons, which are exactly the column's distinct values."""
+    distinct, codes = persons.persons_of(values)
+    listed = values.to_pylist()
+    assert sorted(distinct.to_pylist(), key=str) == sorted(set(listed), key=str)
+    assert distinct.take(pa.array(codes)).to_pylist() == listed
 
 
 def test_one_row_kinds_read_one_uniform_row_of_all_of_a_persons_rows() -> None:
@@ -471,3 +512,100 @@ def test_every_example_policy_states_its_unit_of_privacy() -> None:
     for name, person in units.items():
         assert person == "row" or set(person) == {"column", "max_rows"}, name
     assert units["discharges.yaml"] == {"column": "patient_id", "max_rows": 4}
+
+
+# --------------------------------------------------------------------------- across row groups
+
+VISITS = """
+name: visits
+version: "1"
+dataset:
+  id: visits-test
+  path: visits.parquet
+  person: {column: patient_id, max_rows: 3}
+  missing: drop
+  columns:
+    patient_id: {type: string}
+    county: {type: string, values: [A, B, C]}
+    visit: {type: integer}
+generalization:
+  county: keep
+mechanisms:
+  - {name: counts, type: noisy_counts, columns: [county], noise: {distribution: laplace, scale: 3}}
+  - {name: hist, type: histogram, columns: [county], k: 2, beta: 1.0, epsilon: 2.0}
+  - {name: hist2, type: histogram, columns: [county], k: 2, beta: 1.0, epsilon: 2.0}
+targets:
+  accounting: approximate
+  delta: 0.5
+  lifetime_budget: {epsilon: 100, delta: 0.9}
+"""
+
+
+def write_visits(work: Path) -> tuple[int, np.ndarray, np.ndarray]:
+    """600 persons with 1 to 12 visits each, their rows shuffled over a Parquet file in row
+    groups of 300 rows (persons split across row groups), and 100 persons whose one row is
+    dropped (a missing county; its value stays in the row group's dictionary); VISITS beside
+    it. The file's rows, each person's visits and county."""
+    rng = np.random.default_rng(11)  # test data, not a mechanism
+    sizes = rng.integers(1, 13, size=600)
+    county = rng.choice(["A", "B", "C"], size=600)
+    rows = [(f"P{p}", county[p], visit) for p in range(600) for visit in range(sizes[p])]
+    rows += [(f"Q{p}", "?", 0) for p in range(100)]  # dropped (missing county): persons with no row left
+    rows = [rows[i] for i in rng.permutation(len(rows))]
+    columns = dict(zip(["patient_id", "county", "visit"], map(list, zip(*rows, strict=True)), strict=True))
+    pq.write_table(pa.table(columns), work / "visits.parquet", row_group_size=300)
+    (work / "visits.yaml").write_text(VISITS)
+    return len(rows), sizes, county
+
+
+def assert_every_person_bounded(read: Partials, sizes: np.ndarray, county: np.ndarray) -> None:
+    """The merged exact counts of the noisy counts' job are sum min(n, 3) per county, and each
+    histogram (one row per person, at beta 1) counts every person exactly once."""
+    by_county = {c: county == c for c in ("A", "B", "C")}
+    assert list(read.partials["counts"]) == [int(np.minimum(sizes, 3)[by_county[c]].sum()) for c in "ABC"]
+    for name in ("hist", "hist2"):
+        cells = read.partials[name]
+        assert dict(zip(cells.labels["county"].take(cells.codes["county"]).to_pylist(), cells.counts.tolist())) == {
+            c: int(by_county[c].sum()) for c in "ABC"
+        }
+
+
+def test_in_process_a_streamed_read_bounds_every_person_across_row_groups(tmp_path) -> None:
+    """:func:`write_visits` in this process, row group by row group (two passes, never the
+    whole table): every person bounded across row groups as on Dask."""
+    from privrelease.datasets import read_row_groups
+    from privrelease.flows.partitions import ReadSpec
+    from privrelease.flows.scaled import stream_partials
+    from privrelease.policies import load_policy
+
+    rows, sizes, county = write_visits(tmp_path)
+    loaded = load_policy(tmp_path / "visits.yaml")
+    spec = ReadSpec.of(loaded.policy.dataset)
+    path = tmp_path / "visits.parquet"
+    reads = functools.partial(read_row_groups, path, columns=spec.columns, missing="drop", domains=dict(spec.domains))
+    read = stream_partials(loaded, reads, path.name)
+    assert read.partitions == -(-rows // 300) and (read.rows_read, read.rows_dropped) == (rows, 100)
+    assert_every_person_bounded(read, sizes, county)
+
+
+def test_a_person_column_parquet_release_streams_and_never_reads_one_table(tmp_path, work, monkeypatch) -> None:
+    """End to end in this process: the visits file (its histograms sampled) is released row
+    group by row group (reading it as one table fails here), every mechanism published with its
+    person rule."""
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", str(tmp_path))
+    write_visits(tmp_path)
+
+    def never_one_table(*args, **kwargs):
+        raise AssertionError("a streamed release never reads the whole table")
+
+    monkeypatch.setattr(flow_data, "_read", never_one_table)
+    policy = tmp_path / "sampled.yaml"  # beta 1 has no (epsilon, delta) guarantee: sampled, it meets the targets
+    policy.write_text(VISITS.replace("k: 2, beta: 1.0", "k: 20, beta: 0.2"))
+    published = release_plain(policy_path=str(policy))
+    facts = json.loads((Path(published.release_dir) / "release.json").read_text())
+    assert facts["unit_of_privacy"]["rules"] == {
+        "counts": "at most 3 random rows per person, sensitivity 3",
+        "hist": "one random row per person",
+        "hist2": "one random row per person",
+    }
+    assert pq.read_table(next(o["path"] for o in published.outputs if o["mechanism"] == "counts")).num_rows == 3

@@ -27,6 +27,7 @@ pytest.importorskip("distributed", reason="the dask extra is not installed: pip 
 from test_scale_dask import cluster, work  # noqa: E402, F401 (the module's LocalCluster; its work folder)
 
 from privrelease.mechanisms.persons import partition_rows, partition_shares  # noqa: E402
+from test_person import assert_every_person_bounded, write_visits  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -110,50 +111,16 @@ def test_unequal_persons_keep_min_n_m_in_shares_that_add_up() -> None:
 
 # --------------------------------------------------------------------------- on a cluster
 
-POLICY = """
-name: visits
-version: "1"
-dataset:
-  id: visits-test
-  path: visits.parquet
-  person: {column: patient_id, max_rows: 3}
-  missing: drop
-  columns:
-    patient_id: {type: string}
-    county: {type: string, values: [A, B, C]}
-    visit: {type: integer}
-generalization:
-  county: keep
-mechanisms:
-  - {name: counts, type: noisy_counts, columns: [county], noise: {distribution: laplace, scale: 3}}
-  - {name: hist, type: histogram, columns: [county], k: 2, beta: 1.0, epsilon: 2.0}
-  - {name: hist2, type: histogram, columns: [county], k: 2, beta: 1.0, epsilon: 2.0}
-targets:
-  accounting: approximate
-  delta: 0.5
-  lifetime_budget: {epsilon: 100, delta: 0.9}
-"""
 
 
 def test_on_a_cluster_every_person_keeps_min_n_m_rows_across_partitions(cluster, work) -> None:  # noqa: F811
-    """600 persons with 1 to 12 visits each, their rows shuffled over a Parquet file read in
-    row groups of 300 rows (persons split across partitions), and 100 persons whose one row is
-    dropped (a missing county; its value stays in the partition's dictionary): the merged exact counts of the noisy counts' job are
-    sum min(n, 3) per county, and each histogram (one row per person, at beta 1) counts every
-    person exactly once."""
+    """:func:`write_visits` on Dask, a partition per row group: every person bounded across
+    partitions (:func:`assert_every_person_bounded`)."""
     from privrelease.flows import engines, partitions
     from privrelease.flows.scaled import read_partials
     from privrelease.policies import load_policy
 
-    rng = np.random.default_rng(11)  # test data, not a mechanism
-    sizes = rng.integers(1, 13, size=600)
-    county = rng.choice(["A", "B", "C"], size=600)
-    rows = [(f"P{p}", county[p], visit) for p in range(600) for visit in range(sizes[p])]
-    rows += [(f"Q{p}", "?", 0) for p in range(100)]  # dropped (missing county): persons with no row left
-    rows = [rows[i] for i in rng.permutation(len(rows))]
-    columns = dict(zip(["patient_id", "county", "visit"], map(list, zip(*rows, strict=True)), strict=True))
-    pq.write_table(pa.table(columns), work / "visits.parquet", row_group_size=300)
-    (work / "visits.yaml").write_text(POLICY)
+    rows, sizes, county = write_visits(work)
     loaded = load_policy(work / "visits.yaml")
     local, _ = cluster
     engine = engines.Engine("dask", address=local.scheduler_address, rows_per_partition=300)
@@ -163,14 +130,8 @@ def test_on_a_cluster_every_person_keeps_min_n_m_rows_across_partitions(cluster,
         read = read_partials("visits", loaded, [file], engine)
     finally:
         engines.release("visits")
-    assert read.partitions == -(-len(rows) // 300) and (read.rows_read, read.rows_dropped) == (len(rows), 100)
-    by_county = {c: county == c for c in ("A", "B", "C")}
-    assert list(read.partials["counts"]) == [int(np.minimum(sizes, 3)[by_county[c]].sum()) for c in "ABC"]
-    for name in ("hist", "hist2"):
-        cells = read.partials[name]
-        assert dict(zip(cells.labels["county"].take(cells.codes["county"]).to_pylist(), cells.counts.tolist())) == {
-            c: int(by_county[c].sum()) for c in "ABC"
-        }
+    assert read.partitions == -(-rows // 300) and (read.rows_read, read.rows_dropped) == (rows, 100)
+    assert_every_person_bounded(read, sizes, county)
 
 
 @pytest.mark.system
