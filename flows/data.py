@@ -416,14 +416,14 @@ def person_rows(loaded: Any, table: pa.Table) -> pa.Table:
 
 def mechanism_rows(loaded: Any, spec: Any, table: pa.Table) -> pa.Table:
     """What mechanism ``spec`` reads of the run's :func:`person_rows`: all of them when it reads
-    ``max_rows`` per person (:attr:`~privrelease.mechanisms.kinds.MechanismKind.reads_max_rows`) or
-    ``max_rows`` is 1, else ONE random row of each person (its paper's one row per person)."""
+    every kept row of a person (:meth:`~privrelease.policies.schema.Dataset.rows_read`), else ONE
+    random row of each person (its paper's one row per person)."""
     from privrelease.mechanisms.persons import keep_at_most
 
-    person = loaded.policy.dataset.person
-    if loaded.policy.dataset.rows_per_person == 1 or spec.reads_max_rows:
+    dataset = loaded.policy.dataset
+    if dataset.rows_read(spec) == dataset.rows_per_person:
         return table
-    return keep_at_most(table, person.column, 1)
+    return keep_at_most(table, dataset.person.column, 1)
 
 
 def streams(run: RunContext) -> bool:

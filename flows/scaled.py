@@ -153,13 +153,14 @@ def stream_partials(loaded: Any, reads: Callable[[], Iterable[Any]], name: str) 
 
 
 def named_jobs(loaded: Any) -> tuple[NamedJob, ...]:
-    """Every mechanism's job, named (each must have one); with a person column and ``max_rows``
-    > 1, each one-row kind (not :attr:`~privrelease.mechanisms.kinds.MechanismKind.reads_max_rows`)
-    numbered for its own one-row draw."""
+    """Every mechanism's job, named (each must have one); each that reads fewer rows of a person
+    than are kept (:meth:`~privrelease.policies.schema.Dataset.rows_read`: a one-row kind, with
+    ``max_rows`` > 1) numbered for its own one-row draw."""
     from privrelease.flows.context import mechanism_step
 
-    one_row = [spec for spec in loaded.policy.mechanisms if not spec.reads_max_rows]
-    picks = {spec.name: i for i, spec in enumerate(one_row)} if loaded.policy.dataset.rows_per_person > 1 else {}
+    dataset = loaded.policy.dataset
+    one_row = [spec for spec in loaded.policy.mechanisms if dataset.rows_read(spec) < dataset.rows_per_person]
+    picks = {spec.name: i for i, spec in enumerate(one_row)}
     return tuple(
         NamedJob(spec.name, mechanism_step(spec), spec.job(loaded), picks.get(spec.name))
         for spec in loaded.policy.mechanisms

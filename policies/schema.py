@@ -220,6 +220,12 @@ class Dataset(Model):
         names a column (then its ``max_rows``)."""
         return self.person.max_rows if isinstance(self.person, Person) else 1
 
+    def rows_read(self, spec: Any) -> int:
+        """How many rows of each person mechanism ``spec`` reads: :attr:`rows_per_person` when
+        its kind reads them all (``reads_max_rows``, with sensitivity that many), else 1 (its
+        paper's one random row per person, :mod:`privrelease.mechanisms.persons`)."""
+        return self.rows_per_person if spec.reads_max_rows else 1
+
     @model_validator(mode="before")
     @classmethod
     def _fill_format(cls, data: Any) -> Any:

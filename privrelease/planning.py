@@ -158,7 +158,7 @@ def unit_of_privacy(loaded: LoadedPolicy) -> dict[str, Any]:
         )
         rules = {
             spec.name: f"at most {m} random rows per person, sensitivity {m}"
-            if spec.reads_max_rows and m > 1
+            if policy.dataset.rows_read(spec) > 1
             else "one random row per person"
             for spec in policy.mechanisms
         }
@@ -181,8 +181,8 @@ def counted_rows(loaded: LoadedPolicy, spec: Any) -> str | None:
     person = loaded.policy.dataset.person
     if not isinstance(person, Person):
         return None
-    m = person.max_rows
-    if spec.reads_max_rows and m > 1:
+    m = loaded.policy.dataset.rows_read(spec)
+    if m > 1:
         return (
             f"true values are of the rows kept, at most {m} random rows per person: the rows of a person beyond {m} "
             "are not counted (a bias toward fewer rows that depends on the data and is not published)"
