@@ -56,7 +56,9 @@ def persons_of(values: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray
         if high - low <= DENSE_SPAN * len(numbers):
             offsets = (numbers - low).astype(np.int64, copy=False)
             present = np.bincount(offsets, minlength=high - low + 1) > 0
-            distinct = pa.array(np.flatnonzero(present).astype(numbers.dtype) + numbers.dtype.type(low), type=array.type)
+            distinct = pa.array(
+                np.flatnonzero(present).astype(numbers.dtype) + numbers.dtype.type(low), type=array.type
+            )
             return distinct, (np.cumsum(present) - 1)[offsets]
     encoded = array if pa.types.is_dictionary(array.type) else array.dictionary_encode()
     indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)

@@ -26,7 +26,7 @@ from privrelease.flows import data as flow_data
 from privrelease.flows.data import mechanism_rows, person_rows
 from privrelease.flows.scaled import Partials
 from privrelease.flows.steps import release_plain
-from privrelease.mechanisms import composition, zcdp
+from privrelease.mechanisms import composition, persons, zcdp
 from privrelease.mechanisms.events import Composed, event_from_json, event_to_json, person_level
 from privrelease.mechanisms.kinds.noisy_counts import (
     DiscreteGaussian,
@@ -36,7 +36,6 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     probabilistic_delta,
     pure_delta,
 )
-from privrelease.mechanisms import persons
 from privrelease.mechanisms.persons import kept_rows
 from privrelease.planning import plan_policy
 from privrelease.policies import load_policy_text

@@ -17,17 +17,16 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
 pytest.importorskip("distributed", reason="the dask extra is not installed: pip install -e '.[dask]'")
 
+from test_person import assert_every_person_bounded, write_visits  # noqa: E402
 from test_scale_dask import cluster, work  # noqa: E402, F401 (the module's LocalCluster; its work folder)
 
 from privrelease.mechanisms.persons import partition_rows, partition_shares  # noqa: E402
-from test_person import assert_every_person_bounded, write_visits  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -110,7 +109,6 @@ def test_unequal_persons_keep_min_n_m_in_shares_that_add_up() -> None:
 
 
 # --------------------------------------------------------------------------- on a cluster
-
 
 
 def test_on_a_cluster_every_person_keeps_min_n_m_rows_across_partitions(cluster, work) -> None:  # noqa: F811
