@@ -39,7 +39,7 @@ from privrelease.audit.models import Dataset, DatasetIdentity, LedgerEntry, Run,
 from privrelease.audit.records import attach_dataset, finish_run
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.guarantees import Budget
-from privrelease.settings import get_settings
+from privrelease.settings import NO_LIFETIME_BUDGET, get_settings
 
 if TYPE_CHECKING:
     from privrelease.policies.schema import LifetimeBudget
@@ -139,10 +139,7 @@ def resolve_lifetime_budget(stated: LifetimeBudget | None = None) -> Budget:
         return stated.budget
     default = get_settings().default_lifetime_budget
     if default is None:
-        raise UserError(
-            "no lifetime budget for the dataset: set targets.lifetime_budget in the policy or "
-            "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET='[epsilon, delta]'"
-        )
+        raise UserError(NO_LIFETIME_BUDGET)
     return Budget(*default)
 
 

@@ -76,6 +76,13 @@ TEST_PREFIX = "PRIVRELEASE_TEST_"
 DATABASE_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
 
 
+NO_LIFETIME_BUDGET = (
+    "no lifetime budget for the dataset: set targets.lifetime_budget in the policy or "
+    "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET='[epsilon, delta]'"
+)
+"""Why a release that charges a budget is refused without one (the policy's, else the setting)."""
+
+
 class Settings(BaseSettings):
     """Every knob of privrelease that is not part of a policy."""
 
@@ -85,6 +92,7 @@ class Settings(BaseSettings):
     db_url: str = ""
     production: bool = False
     default_lifetime_budget: tuple[float, float] | None = None
+    """The lifetime budget a dataset is registered with when its policy states none (:data:`NO_LIFETIME_BUDGET`)."""
     reservation_ttl_seconds: float = Field(default=3600.0, gt=0)
     data_roots: str = ""
     signing_key: str = ""

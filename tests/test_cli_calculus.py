@@ -137,6 +137,34 @@ def test_plan_target_not_met(tmp_path: Path) -> None:
     assert result.returncode == 1 and "FAIL" in result.stdout
 
 
+def test_plan_warns_that_run_refuses_a_policy_without_a_lifetime_budget(tmp_path: Path) -> None:
+    """Without ``targets.lifetime_budget`` and without the setting, plan's targets may all pass
+    but ``run`` refuses the release (:data:`privrelease.settings.NO_LIFETIME_BUDGET`): plan says
+    so beside its verdict, in text and JSON; with the setting it does not."""
+    from privrelease.settings import NO_LIFETIME_BUDGET
+
+    policy = (
+        (REPO / "policies/examples/demo.yaml")
+        .read_text()
+        .replace("  lifetime_budget: {epsilon: 20, delta: 1.0e-6}\n", "")
+    )
+    (tmp_path / "p.yaml").write_text(policy)
+    env = {key: value for key, value in os.environ.items() if key != "PRIVRELEASE_DEFAULT_LIFETIME_BUDGET"}
+
+    def plan(*options: str, **extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "privrelease", "plan", str(tmp_path / "p.yaml"), *options]
+        return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120, env={**env, **extra})
+
+    text = plan()
+    assert text.returncode == 0 and f"warning: {NO_LIFETIME_BUDGET}: `run` refuses this policy" in " ".join(
+        text.stdout.split()
+    )
+    assert "all targets met (but see the 1 warning(s) above)" in text.stdout
+    body = json.loads(plan("--json").stdout)
+    assert body["passed"] and body["warnings"] == [f"{NO_LIFETIME_BUDGET}: `run` refuses this policy"]
+    assert "warning" not in plan(PRIVRELEASE_DEFAULT_LIFETIME_BUDGET="[20, 1e-6]").stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

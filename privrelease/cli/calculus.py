@@ -104,17 +104,31 @@ def plan(
 
         write_html(plan_charts_html(result), chart)
     checked, clash = _version_clash(result.loaded)
+    here = [warning for warning in (_budget_missing(result), clash.message if clash else None) if warning]
     if json_out:
         conflict = None if clash is None else clash.as_dict()
-        print_json({**result.as_dict(), "version_checked": checked, "version_conflict": conflict})
+        document = result.as_dict()
+        document["warnings"] += here
+        print_json({**document, "version_checked": checked, "version_conflict": conflict})
     else:
-        _print_plan(result)
+        _print_plan(result, here)
         if chart is not None:
             say(f"charts written to {chart}")
-        if clash is not None:
-            say(styled("[yellow]warning:[/] {}", clash.message))
     if not result.passed:
         raise typer.Exit(TargetNotMet.exit_code)
+
+
+def _budget_missing(result) -> str | None:
+    """Why `run` refuses the policy here for want of a lifetime budget (a release that charges
+    one, with none in the policy and no ``default_lifetime_budget`` setting), else None."""
+    from privrelease.mechanisms.events import is_dp
+    from privrelease.settings import NO_LIFETIME_BUDGET, get_settings
+
+    if result.loaded.policy.targets.lifetime_budget is not None or get_settings().default_lifetime_budget:
+        return None
+    if not any(is_dp(m.event) for m in result.mechanisms):
+        return None
+    return f"{NO_LIFETIME_BUDGET}: `run` refuses this policy"
 
 
 def _version_clash(loaded) -> tuple[bool, Any]:
@@ -144,7 +158,8 @@ def _version_clash(loaded) -> tuple[bool, Any]:
         return False, None
 
 
-def _print_plan(result) -> None:
+def _print_plan(result, here: list[str]) -> None:
+    """The plan as text; ``here``: warnings about this environment (audit database, settings)."""
     policy = result.loaded.policy
     say(
         styled(
@@ -195,13 +210,14 @@ def _print_plan(result) -> None:
             check.target, check.required, check.achieved, styled("[green]pass[/]" if check.passed else "[red]FAIL[/]")
         )
     console.print(checks)
-    for warning in result.warnings:
+    warnings = [*result.warnings, *here]
+    for warning in warnings:
         say(styled("[yellow]warning:[/] {}", warning))
     console.print(
         styled(
             "[green]all targets met[/]" if result.passed else "[red]targets not met: this policy would be refused[/]"
         )
-        + (styled(" [yellow](but see the {} warning(s) above)[/]", len(result.warnings)) if result.warnings else "")
+        + (styled(" [yellow](but see the {} warning(s) above)[/]", len(warnings)) if warnings else "")
     )
 
 
