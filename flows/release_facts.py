@@ -43,6 +43,18 @@ def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
     return "kept as is" if scheme is None else str(scheme.in_words())
 
 
+def _estimation(dataset: Any, spec: Any, beta: float) -> str:
+    """How a sampled output's counts estimate the whole data's: of rows, or with a person
+    column (a kind reading one random row of each person) of people."""
+    scale = f"multiply counts by 1/beta = {1 / beta:g} to estimate"
+    if dataset.size_unit == "rows" or dataset.rows_read(spec) > 1:
+        return f"each row of the data was kept with probability beta = {beta:g}: {scale} counts of rows in the whole dataset"
+    return (
+        f"one random row of each person was read and kept with probability beta = {beta:g}: {scale} the number of "
+        "people in a cell (each counted once, by the row drawn), not of rows"
+    )
+
+
 def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, Any]:
     """The ``release.json`` document of a release (``plan``: its :class:`~privrelease.planning.Plan`;
     ``outputs``: its staged :class:`~privrelease.flows.steps.OutputFacts`; ``state``: what the
@@ -83,10 +95,7 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
             entry["cells"] = {"file": output.cells.file, "sha256": output.cells.sha256, "rows": output.cells.rows}
         beta = getattr(spec, "beta", None)
         if beta is not None and beta < 1:
-            entry["estimation"] = (
-                f"each row of the data was kept with probability beta = {beta:g}: multiply counts by "
-                f"1/beta = {1 / beta:g} to estimate counts in the whole dataset"
-            )
+            entry["estimation"] = _estimation(policy.dataset, spec, beta)
         files.append(entry)
     composed = plan.guarantee
     return {
@@ -114,10 +123,15 @@ def warnings(outputs: list[Any], unit: str) -> list[str]:
     for output in outputs:
         declared, counted = output.public_facts.get("rows"), output.internal_facts.get("rows_in")
         if declared is not None and counted is not None and declared != counted:
+            query = output.public_facts.get("query", "statistic")
+            use = (
+                f"the mean divides by the declared {declared} (a public constant, so the release stays private)"
+                if query == "mean"
+                else f"the {query} does not use it, but the report states the declared size"
+            )
             found.append(
                 f"{output.mechanism}: the data has {counted} {unit} where dataset.rows declares {declared}; "
-                f"the {output.public_facts.get('query', 'statistic')} divides by the declared {declared} "
-                "(a public constant, so the release stays private): correct dataset.rows in a new policy version"
+                f"{use}: correct dataset.rows in a new policy version"
             )
         sampled, kept = output.internal_facts.get("rows_sampled"), output.public_facts.get("rows_published")
         if output.rows + sum(staged.rows for staged in output.more) == 0:

@@ -1141,7 +1141,7 @@ def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work
     assert companions == {"microdata.cells.parquet"}
     assert set(by_file) | companions == {Path(output["path"]).name for output in published.outputs}
     sampled = next(entry for entry in by_file.values() if entry["type"] == "sdgs")
-    assert sampled["parameters"]["k"] > 0 and "1/beta" in sampled["estimation"]
+    assert sampled["parameters"]["k"] > 0 and "1/beta = 10 to estimate counts of rows" in sampled["estimation"]
     assert sampled["guarantees"]["probabilistic"]["delta"] > 0 and sampled["generalization"]
     assert published.warnings == []
     verify_intact()  # release.json is checksummed like the outputs

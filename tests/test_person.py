@@ -411,6 +411,9 @@ def test_a_release_states_its_unit_of_privacy_and_never_publishes_the_person_col
     counted = {output["mechanism"]: output["accuracy"].get("counted") for output in facts["outputs"]}
     assert counted["counts"].startswith("true values are of the rows kept, at most 3 random rows per person")
     assert counted["hist"].startswith("true values are of one random row per person (each person counted once)")
+    hist = next(output for output in facts["outputs"] if output["mechanism"] == "hist")
+    assert hist["estimation"].startswith("one random row of each person was read and kept with probability beta = 0.5")
+    assert "to estimate the number of people in a cell" in hist["estimation"]
     report = Path(published.report).read_text()
     assert f"With the person column: {counted['counts']}." in report
     for file in folder.glob("*.parquet"):

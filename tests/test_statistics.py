@@ -282,25 +282,30 @@ def test_group_errors() -> None:
         identifiable_statistic(table, "x", "sum", 0, 10, 0.5, group_domain={"g": ["a", "a"]})
 
 
-def test_the_mean_divides_by_the_declared_count_whatever_the_table_has() -> None:
+@pytest.mark.parametrize(
+    ("query", "use"), [("mean", "the mean divides by the declared"), ("sum", "the sum does not use it")]
+)
+def test_the_mean_divides_by_the_declared_count_whatever_the_table_has(query: str, use: str) -> None:
     """N is a public constant: a table of 3 rows with N = 4 is released as (sum + noise) / 4,
     never refused. A refusal would be an output telling a table of N rows from the same table
     without one person (issue 15, item 13); the count is an internal fact and an operator
-    warning. The noise is the same for every table (scale lambda, independent of the data)."""
+    warning, which says what the declared count is for: a mean's denominator, nothing to a sum.
+    The noise is the same for every table (scale lambda, independent of the data)."""
     from privrelease.flows.context import OutputFacts
     from privrelease.flows.release_facts import warnings
 
     table = pa.table({"x": pa.array([1, 2, 3], pa.int64())})
     for rows in (3, 4, 1000):
-        result = identifiable_statistic(table, "x", "mean", 0, 10, 0.5, rows=rows)
+        result = identifiable_statistic(table, "x", query, 0, 10, 0.5, rows=rows)
         assert result.public_facts["rows"] == rows and result.internal_facts["rows_in"] == 3
         assert result.table.num_rows == 1
-        assert result.public_facts["lambda"] == calibrate("mean", 0, 10, 0.5, rows=rows).lambda_
+        assert result.public_facts["lambda"] == calibrate(query, 0, 10, 0.5, rows=rows).lambda_
         output = OutputFacts(
             "mean-x", "identifiable", "mean-x.csv", "0" * 64, 1, 1, "{}", result.public_facts, result.internal_facts
         )
         said = warnings([output], "rows")
-        assert (rows != 3) == any(f"the data has 3 rows where dataset.rows declares {rows}" in line for line in said)
+        warned = [line for line in said if f"the data has 3 rows where dataset.rows declares {rows}; {use}" in line]
+        assert (rows != 3) == bool(warned)
 
 
 def test_infeasible_rho_is_target_not_met() -> None:
