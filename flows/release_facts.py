@@ -43,6 +43,24 @@ def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
     return "kept as is" if scheme is None else str(scheme.in_words())
 
 
+def _parameters(spec: Any, loaded: Any) -> dict[str, Any]:
+    """The mechanism's parameters as they ran (:meth:`~privrelease.mechanisms.kinds.MechanismKind.resolved`),
+    with ``chosen_by_plan`` naming those the policy left out and the plan chose (e.g. ``noise.sigma``)."""
+    exclude = {"name", "type", "columns"}
+    given = spec.model_dump(mode="json", exclude=exclude)
+    used = spec.resolved(loaded).model_dump(mode="json", exclude=exclude)
+    chosen = [
+        f"{key}.{field}"
+        for key, value in used.items()
+        if isinstance(value, dict)
+        for field, item in value.items()
+        if item is not None and given[key].get(field) is None
+    ]
+    return {key: value for key, value in used.items() if value is not None} | (
+        {"chosen_by_plan": chosen} if chosen else {}
+    )
+
+
 def _estimation(dataset: Any, spec: Any, beta: float) -> str:
     """How a sampled output's counts estimate the whole data's: of rows, or with a person
     column (a kind reading one random row of each person) of people."""
@@ -71,11 +89,7 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
             "rows": output.rows,
             "mechanism": output.mechanism,
             "type": output.type,
-            "parameters": {
-                key: value
-                for key, value in spec.model_dump(mode="json", exclude={"name", "type", "columns"}).items()
-                if value is not None
-            },
+            "parameters": _parameters(spec, plan.loaded),
             "guarantees": {
                 notion: {"epsilon": _number(g.epsilon), "delta": g.delta, "detail": g.detail} if g.supported else None
                 for notion, g in planned.guarantees.items()

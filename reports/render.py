@@ -277,7 +277,7 @@ def view(context: ReportContext) -> dict[str, Any]:
     all_leaves = leaves(plan.event)
     mechanisms = []
     for mechanism in plan.mechanisms:
-        parameters = _parameters(specs[mechanism.name])
+        parameters = _parameters(specs[mechanism.name].resolved(plan.loaded))
         guarantee = mechanism.guarantees[plan.notion]
         mechanisms.append(
             {

@@ -20,6 +20,7 @@ from scipy import stats
 
 from privrelease import demo
 from privrelease.errors import UserError
+from privrelease.flows import release_facts
 from privrelease.flows.steps import release_plain
 from privrelease.mechanisms import composition
 from privrelease.mechanisms.events import Composed, event_from_json, event_to_json
@@ -298,6 +299,11 @@ targets:
     (spec,) = loaded.policy.mechanisms
     released = spec.finish(loaded, np.array([100, 200]))
     assert released.event == mechanism.event
+    # release.json (and the report) state the sigma that ran, naming it chosen by plan
+    parameters = release_facts._parameters(spec, loaded)
+    assert parameters["noise"] == {"distribution": "gaussian", "sigma": sigma}
+    assert parameters["chosen_by_plan"] == ["noise.sigma"]
+    assert spec.resolved(loaded).resolved(loaded) == spec.resolved(loaded) != spec
     without = text.replace("counts, absolute_error: 8", "other, absolute_error: 8").split("    - {mechanism: counts")[0]
     with pytest.raises(UserError, match=r"mechanisms\[0\]\.noise\.sigma: give noise\.sigma, or an accuracy target"):
         load_policy_text(without, tmp_path)

@@ -17,6 +17,7 @@ import pytest
 from scipy import optimize, stats
 
 from privrelease.errors import UserError
+from privrelease.flows import release_facts
 from privrelease.mechanisms import zcdp
 from privrelease.mechanisms.kinds import noisy_sums
 from privrelease.mechanisms.kinds.noisy_counts import add_noise, half_width
@@ -502,6 +503,9 @@ def test_sigmas_left_out_are_the_most_noise_meeting_the_targets() -> None:
     (spec,) = loaded.policy.mechanisms
     released = spec.finish(loaded, np.zeros((2, 6), dtype=np.int64))
     assert released.event == mechanism.event
+    parameters = release_facts._parameters(spec, loaded)
+    assert parameters["noise"]["sigma_count"] == mechanism.event.sigma_count
+    assert parameters["chosen_by_plan"] == ["noise.sigma_total", "noise.sigma_count"]
     with pytest.raises(UserError, match=r"noise\.sigma_count: give noise\.sigma_count, or an accuracy target"):
         load_policy_text(
             text.replace(", {mechanism: sums, statistic: count, absolute_error: 12, confidence: 0.99}", ""), REPO

@@ -406,6 +406,12 @@ class MechanismKind(Model):
         policy alone (None: the policy does not say); a release far below it says so."""
         return None
 
+    def resolved(self, loaded: LoadedPolicy) -> MechanismKind:
+        """This mechanism with every parameter the plan chooses filled in (noise left out of
+        the policy, chosen to meet its accuracy targets): what ran, as release.json and the
+        report state it. Itself when the policy gives every parameter."""
+        return self
+
     def plan_warnings(self, loaded: LoadedPolicy) -> tuple[str, ...]:
         """What the policy alone shows a run will likely miss (e.g. generalized cells too many
         for the expected sample to reach k): warned by ``plan`` before any data is read, never

@@ -734,6 +734,13 @@ class NoisyCountsMechanism(MechanismKind):
             return distribution, given
         return distribution, most_noise(distribution, error_targets(loaded.policy, self.name))
 
+    def resolved(self, loaded: LoadedPolicy) -> NoisyCountsMechanism:
+        """With the noise parameter the plan chose (:meth:`_noise`) when the policy leaves it out."""
+        name = _parameter_name(self._distribution)
+        if getattr(self.noise, name) is not None:
+            return self
+        return self.model_copy(update={"noise": self.noise.model_copy(update={name: self._noise(loaded)[1]})})
+
     def column_refs(self) -> list[ColumnRef]:
         return [ColumnRef(("columns", i), c) for i, c in enumerate(self.columns)]
 

@@ -217,17 +217,17 @@ class NoisySumsMechanism(MechanismKind):
 
     @property
     def _total_sigma(self) -> float:
-        """The total's noise parameter in units (of a :meth:`_resolved` release)."""
+        """The total's noise parameter in units (of a :meth:`resolved` release)."""
         assert self.noise.sigma_total is not None, "a resolved release has both sigmas"
         return self.noise.sigma_total / self.resolution
 
     @property
     def _count_sigma(self) -> float:
-        """The count's noise parameter (of a :meth:`_resolved` release)."""
+        """The count's noise parameter (of a :meth:`resolved` release)."""
         assert self.noise.sigma_count is not None, "a resolved release has both sigmas"
         return self.noise.sigma_count
 
-    def _resolved(self, loaded: LoadedPolicy) -> NoisySumsMechanism:
+    def resolved(self, loaded: LoadedPolicy) -> NoisySumsMechanism:
         """This release with both sigmas: the policy's, or each it leaves out chosen by plan, the
         largest whose exact half-width meets every ``absolute_error`` target on its statistic
         naming the release (:func:`.noisy_counts.largest_noise`; sigma_total from the noise in
@@ -273,8 +273,8 @@ class NoisySumsMechanism(MechanismKind):
         return "has Gaussian noise"
 
     def _event(self, loaded: LoadedPolicy) -> GaussianSums:
-        """The release's event (of its :meth:`_resolved` sigmas)."""
-        release = self._resolved(loaded)
+        """The release's event (of its :meth:`resolved` sigmas)."""
+        release = self.resolved(loaded)
         m = loaded.policy.dataset.rows_per_person
         lo, hi = release._units
         event = GaussianSums(
@@ -297,7 +297,7 @@ class NoisySumsMechanism(MechanismKind):
         cells, m = self._cells(loaded), loaded.policy.dataset.rows_per_person
         lo, hi = self.bounds
         size = max(abs(lo), abs(hi))
-        event, noise = self._event(loaded), self._resolved(loaded).noise
+        event, noise = self._event(loaded), self.resolved(loaded).noise
         digits = ".10g" if self._chosen_note() else "g"
         facts: dict[str, Any] = {
             "cells": cells,
@@ -331,7 +331,7 @@ class NoisySumsMechanism(MechanismKind):
         interval is formed after the data (:func:`mean_interval`)."""
         from privrelease.mechanisms.kinds import CONFIDENCES, AccuracyStatement, StatedAccuracy
 
-        release = self._resolved(loaded)
+        release = self.resolved(loaded)
         cells = release._cells(loaded)
         confidence = half_width_target(loaded, release.name)[0]
         rows: list[tuple[str, ...]] = []
@@ -367,14 +367,14 @@ class NoisySumsMechanism(MechanismKind):
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """Each cell's total (or count) within +-absolute_error with probability >= confidence."""
         assert target.absolute_error is not None and target.statistic in STATISTICS
-        value = self._resolved(loaded)._widths(target.statistic, target.confidence)
+        value = self.resolved(loaded)._widths(target.statistic, target.confidence)
         return AccuracyCheck(f"each cell's {target.statistic} half-width", "<=", target.absolute_error, value)
 
     def frontier(self, loaded: LoadedPolicy) -> Frontier:
         """Over sigma_total on a log grid, a decade either side of the policy's (sigma_count as
         it is): the release's epsilon at the target delta and each cell's total half-width at
         the accuracy target's confidence (default 95%)."""
-        release = self._resolved(loaded)
+        release = self.resolved(loaded)
         confidence, limit, label = half_width_target(loaded, release.name)
         for target in loaded.policy.targets.accuracy:
             if target.mechanism == release.name and target.statistic == "total" and target.absolute_error is not None:
@@ -422,7 +422,7 @@ class NoisySumsMechanism(MechanismKind):
         """The table: ``merged`` (exact counts and totals in units, row-major over the cells) with noise."""
         from privrelease.mechanisms.kinds import MechanismResult
 
-        release = self._resolved(loaded)
+        release = self.resolved(loaded)
         counts, totals = np.asarray(merged, dtype=np.int64)
         noisy_count = add_noise(counts, "gaussian", release._count_sigma)
         noisy_total = add_noise(totals, "gaussian", release._total_sigma).astype(np.float64) * release.resolution

@@ -271,6 +271,12 @@ class NoisyTablesMechanism(MechanismKind):
         """Each table's sigma: the policy's, or the least-cost allocation meeting its targets."""
         return _sigmas(self, loaded)
 
+    def resolved(self, loaded: LoadedPolicy) -> NoisyTablesMechanism:
+        """With the sigmas the plan chose (:meth:`sigmas`, one per table) when the policy leaves them out."""
+        if self.noise.sigma is not None:
+            return self
+        return self.model_copy(update={"noise": self.noise.model_copy(update={"sigma": self.sigmas(loaded)})})
+
     def event(self, loaded: LoadedPolicy, sigmas: Sequence[float]) -> GaussianTables:
         """The tables measured with ``sigmas`` for persons of at most ``dataset.rows_per_person``
         rows, stated at the smallest epsilon reaching ``targets.delta`` under its accounting."""
