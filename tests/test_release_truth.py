@@ -160,6 +160,20 @@ def test_plan_compares_the_expected_sample_with_the_declared_cells(tmp_path: Pat
     assert f"at most about {math.floor(ROWS * 0.1 / 20)} of the {cells} cells can reach k" in warning
     coarse = load_policy_text(DECLARED.format(bins=[*range(0, 110, 10)]), tmp_path)
     assert plan_policy(coarse).warnings == ()
+    # a sample smaller than k: no cell can reach it, however the people crowd
+    (warning,) = plan_policy(
+        load_policy_text(DECLARED.format(bins=[0, 200]).replace("k: 20", "k: 5000"), tmp_path)
+    ).warnings
+    assert warning.endswith(
+        "below k = 5000, the whole expected sample is below k = 5000: the release will almost surely publish nothing: "
+        "coarsen the scheme, or see `privrelease calibrate sdgs` (a larger beta or a smaller k)"
+    )
+    # with a person column dataset.rows counts people, and the sample is of people (one row each)
+    person = DECLARED.replace("  rows: 20000\n", "  rows: 20000\n  person: {{column: id, max_rows: 3}}\n").replace(
+        "    age: {{type: integer}}\n", "    age: {{type: integer}}\n    id: {{type: integer}}\n"
+    )
+    (warning,) = plan_policy(load_policy_text(person.format(bins=list(range(0, 104))), tmp_path)).warnings
+    assert "20,000 people x beta 0.1 = 2,000 sampled people expected" in warning and "most people will be" in warning
 
 
 # --------------------------------------------------------------------------- 1. and 2. after the run

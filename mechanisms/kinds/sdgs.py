@@ -159,12 +159,20 @@ class Generalizing(MechanismKind):
             return None
         sampled = rows * self.beta
         sizes = " x ".join(f"{count:,} ({column})" for column, count in known.items())
+        unit = loaded.policy.dataset.size_unit  # with a person column, dataset.rows counts people (one row each)
+        if sampled < self.k:
+            outcome = (
+                f"the whole expected sample is below k = {self.k}: the release will almost surely publish nothing"
+            )
+        else:
+            outcome = (
+                f"so at most about {math.floor(sampled / self.k):,} of the {cells:,} cells can reach k and, unless the "
+                f"people crowd into a few cells, most {unit} will be suppressed"
+            )
         return (
-            f"{where}: {rows:,} rows x beta {self.beta:g} = {sampled:,.0f} sampled rows expected over "
+            f"{where}: {rows:,} {unit} x beta {self.beta:g} = {sampled:,.0f} sampled {unit} expected over "
             f"{cells:,} generalized cells ({sizes}): {sampled / cells:.3g} a cell on average, below k = {self.k}, "
-            f"so at most about {math.floor(sampled / self.k):,} of the {cells:,} cells can reach k and, unless the "
-            "people crowd into a few cells, most rows will be suppressed: coarsen the scheme, or see "
-            "`privrelease calibrate sdgs` (a larger beta or a smaller k)"
+            f"{outcome}: coarsen the scheme, or see `privrelease calibrate sdgs` (a larger beta or a smaller k)"
         )
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
