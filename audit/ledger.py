@@ -111,6 +111,9 @@ class LedgerStatus:
     spent: Budget
     remaining: Budget
     now: datetime
+    neighbours: str = ""
+    """The neighbouring relation every counting tree is for (:func:`~privrelease.mechanisms.events.relation_of`:
+    one row, or one person of a column); empty when nothing counts or the trees cannot be read."""
     cannot_compose: str = ""
     """Why the counting trees cannot be composed here (a plugin's event kind not installed:
     :class:`~privrelease.mechanisms.events.UnknownEventKind`); then ``spent`` is unbounded and
@@ -433,10 +436,11 @@ def ledger_status(
     entries = _entries(session, ds.id)
     counting = [entry for entry in entries if _counts(entry, now)]
     limit = Budget(ds.lifetime_epsilon, ds.lifetime_delta)
-    from privrelease.mechanisms.events import UnknownEventKind
+    from privrelease.mechanisms.events import UnknownEventKind, relation_of
 
     try:
-        spent = _account(_trees(counting), ds.notion, limit)
+        trees = _trees(counting)
+        spent = _account(trees, ds.notion, limit)
     except UnknownEventKind as error:
         unbounded = Budget(math.inf, 1.0)
         return LedgerStatus(ds, limit, entries, counting, unbounded, ZERO, now, cannot_compose=str(error))
@@ -452,6 +456,7 @@ def ledger_status(
         spent=spent,
         remaining=remaining,
         now=now,
+        neighbours=relation_of(trees) if trees else "",
     )
 
 

@@ -40,6 +40,7 @@ def test_compose_twelve_monthly_adult_releases(adult_dir) -> None:
     document = json.loads(result.stdout)
     assert {"epsilon", "delta", "times", "method", "candidates"} <= document.keys()
     assert document["times"] == 12 and document["delta"] == 1e-6
+    assert document["unit_of_privacy"]["neighbours"].startswith("add or remove one row")
     assert document["method"] == composition.PLD and document["epsilon"] < 0.5
     assert document["candidates"][composition.BASIC]["epsilon"] == pytest.approx(12.0)
     tree = plan_policy(load_policy(EXAMPLES / "adult-sdgs.yaml")).event
@@ -132,10 +133,16 @@ def test_runway_fresh_and_after_charges(adult_dir, tmp_path: Path) -> None:
             ledger.commit(s, ledger.reserve(s, "adult-census", run, tree, "approximate"))
     after = json.loads(cli("ledger", "runway", str(policy), "--json", env=env).stdout)
     assert after["runs"] == expected - 3
+    assert after["unit_of_privacy"]["statement"] == "each row is taken to be a different person (dataset.person: row)"
+    assert (
+        "unit of privacy  each row is taken to be a different person"
+        in cli("ledger", "runway", str(policy), env=env).stdout
+    )
     assert after["spent"]["epsilon"] == pytest.approx(composition.epsilon_at([tree], 1e-6, times=3).epsilon)
     assert after["after_next_run"]["epsilon"] == pytest.approx(composition.epsilon_at([tree], 1e-6, times=4).epsilon)
     shown = cli("ledger", "show", "adult-census", env=env)
     assert shown.returncode == 0 and f"{expected - 3} more runs like the latest" in shown.stdout
+    assert "unit of privacy  add or remove one row (each row taken to be a different person)" in shown.stdout
     assert json.loads(cli("ledger", "show", "adult-census", "--json", env=env).stdout)["runway"]["runs"] == expected - 3
 
 

@@ -161,9 +161,7 @@ class Generalizing(MechanismKind):
         sizes = " x ".join(f"{count:,} ({column})" for column, count in known.items())
         unit = loaded.policy.dataset.size_unit  # with a person column, dataset.rows counts people (one row each)
         if sampled < self.k:
-            outcome = (
-                f"the whole expected sample is below k = {self.k}: the release will almost surely publish nothing"
-            )
+            outcome = f"the whole expected sample is below k = {self.k}: the release will almost surely publish nothing"
         else:
             outcome = (
                 f"so at most about {math.floor(sampled / self.k):,} of the {cells:,} cells can reach k and, unless the "

@@ -789,9 +789,11 @@ def ledger_show(
     ],
     json_output: JsonFlag = False,
 ) -> None:
-    """A dataset's budget, its files (vintages) and its charges (the stored trees composed)."""
+    """A dataset's budget, its files (vintages) and its charges (the stored trees composed), and
+    the unit of privacy they are for."""
     from privrelease.audit import ledger
     from privrelease.audit.database import session
+    from privrelease.mechanisms.events import describe_relation
 
     with session(_engine(), readonly=True) as s:
         found = ledger.dataset_ledger(s, dataset)
@@ -803,6 +805,7 @@ def ledger_show(
         "migrated": ds.migrated,
         "note": ds.note,
         "notion": ds.notion,
+        "neighbours": status.neighbours or None,
         "budget": status.budget.as_dict(),
         "spent": None if status.cannot_compose else status.spent.as_dict(),
         "remaining": None if status.cannot_compose else status.remaining.as_dict(),
@@ -825,6 +828,8 @@ def ledger_show(
     if ds.note:
         say(styled("[yellow]note:[/] {}", ds.note))
     say(f"lifetime budget  {status.budget}")
+    if status.neighbours:
+        say(f"unit of privacy  {describe_relation(status.neighbours)} (every charge below is for it)")
     how = f"composition of {len(status.counting)} stored trees"
     if ds.notion == "approximate" and 0 < status.budget.delta < 1:
         how = f"the smallest epsilon at the lifetime delta; {how}"

@@ -61,6 +61,7 @@ def guarantee_compose(
     document = {
         "policy": plan.loaded.policy.name,
         "notion": plan.notion,
+        "unit_of_privacy": plan.unit_of_privacy,
         "times": times,
         **result.as_dict(),
     }
@@ -74,6 +75,7 @@ def guarantee_compose(
         )
         for method, (eps, dlt) in result.candidates.items():
             say(f"  {method}: epsilon {_number(eps)}, delta {dlt:.6g}")
+        say(f"unit of privacy: {plan.unit_of_privacy['statement']}")
     if not math.isfinite(result.epsilon):
         raise TargetNotMet(f"no epsilon reaches delta = {delta:g} for {times} runs of {plan.loaded.policy.name}")
 
@@ -96,6 +98,7 @@ def ledger_runway(
         "policy": plan.loaded.policy.name,
         "dataset": dataset,
         "notion": status.dataset.notion,
+        "unit_of_privacy": plan.unit_of_privacy,
         "runs": result.runs,
         "capped": result.capped,
         "budget": result.budget.as_dict(),
@@ -110,3 +113,4 @@ def ledger_runway(
     say(f"{more} of {plan.loaded.policy.name} fit the lifetime budget of {dataset} ({result.budget})")
     say(f"spent now        {result.spent}")
     say(f"after next run   {result.after_next_run}")
+    say(f"unit of privacy  {plan.unit_of_privacy['statement']}")
