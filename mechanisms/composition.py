@@ -253,7 +253,9 @@ def _candidates_epsilon(releases: Releases, delta: float) -> dict[str, tuple[flo
 
 def _candidates_delta(releases: Releases, epsilon: float, composed: Any = None) -> dict[str, tuple[float, float]]:
     """Every applicable method's delta at ``epsilon``, the preferred method first (ties);
-    ``composed``: the releases' PLD when already built."""
+    ``composed``: the releases' PLD when already built. One release without an exact curve is
+    also read on its Rényi curve (a zCDP release's delta between its stated points; after
+    basic, which wins a tie: at its stated epsilon the two agree)."""
     points, total = _points(releases), sum(releases.values())
     found: dict[str, tuple[float, float]] = {}
     if (curve := _exact_curve(releases)) is not None:
@@ -269,6 +271,9 @@ def _candidates_delta(releases: Releases, epsilon: float, composed: Any = None) 
             found[RENYI] = (epsilon, by_renyi)
     basic_eps, basic_delta = _basic(points)
     found[BASIC] = (epsilon, min(1.0, basic_delta) if epsilon >= basic_eps else 1.0)
+    if total == 1 and EXACT not in found:
+        if (by_renyi := _renyi(releases, lambda: renyi.delta_for_epsilon(releases, epsilon))) is not None:
+            found[RENYI] = (epsilon, by_renyi)
     return found
 
 
