@@ -419,6 +419,40 @@ def test_several_rows_per_person_plan_run_and_cost_m_squared(tmp_path, work, mon
     assert '"kind":"gaussian_tables"' in entry.event_json and '"neighbours":"person:id"' in entry.event_json
 
 
+# --------------------------------------------------------------------------- what the words say
+
+
+@pytest.mark.parametrize("nonnegative", ["false", "true"])
+def test_targets_say_what_they_checked_each_table_and_rounded_or_not(tmp_path, nonnegative) -> None:
+    """A target without ``table`` is checked per table: it says "each table: every cell of that
+    table at once", never "every table". Without nonnegative the statements are the published
+    estimate's; with it, the plan (checks, captions, columns, JSON) says they are the unrounded
+    estimate's, which is not published, and the published integers differ by a rounding shift."""
+    accuracy = "[{mechanism: census, absolute_error: 50}, {mechanism: census, table: [state], absolute_error: 50}]"
+    plan = plan_policy(_loaded(tmp_path, accuracy=accuracy, nonnegative=nonnegative))
+    labels = [check.target for check in plan.checks if "half-width" in check.target]
+    rounded = nonnegative == "true"
+    of = ", not of the published integers" if rounded else ""
+    unrounded = " of the unrounded least-squares estimate" if rounded else ""
+    assert labels == [
+        f"census: accuracy at 95% (each table: every cell of that table at once: half-width{unrounded}{of})",
+        f"census: accuracy at 95% (table state, every cell at once: half-width{unrounded}{of})",
+    ]
+    statement = plan.accuracy["census"]
+    (stated,) = statement.stated
+    document = statement.as_dict()
+    if rounded:
+        assert statement.estimate.startswith("the unrounded least-squares estimate (every table a margin of it), not")
+        assert stated.columns[4:6] == ("each cell (unrounded)", "every cell at once (unrounded)")
+        assert "Per table, for the unrounded least-squares estimate (not published): each cell" in stated.caption
+        assert "the half-widths and the accuracy target checks hold for the unrounded" in document["tables"]["rounding"]
+        assert document["tables"]["statements_of"] == "the unrounded least-squares estimate"
+    else:
+        assert statement.estimate == "the published estimate (every table a margin of one estimate)"
+        assert stated.columns[4:6] == ("each cell", "every cell at once") and "unrounded" not in stated.caption
+        assert "rounding" not in document["tables"] and document["tables"]["statements_of"] == "the published tables"
+
+
 # --------------------------------------------------------------------------- examples
 
 
