@@ -36,10 +36,11 @@ def _number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
-    """The generalization of ``column`` in words (the chosen candidate's, under scheme selection)."""
+def _scheme(policy: Any, spec: Any, column: str, public: dict[str, Any]) -> str:
+    """The generalization of ``column`` in words (the chosen candidate's, under scheme selection;
+    else the mechanism's: :meth:`~privrelease.mechanisms.kinds.MechanismKind.column_scheme`)."""
     chosen = (policy.candidate_schemes or {}).get(public.get("chosen_scheme") or "", {})
-    scheme = chosen.get(column) or policy.scheme_for(column)
+    scheme = chosen.get(column) or spec.column_scheme(policy, column)
     return "kept as is" if scheme is None else str(scheme.in_words())
 
 
@@ -52,7 +53,8 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
     files = []
     for output in outputs:
         spec, planned = policy.mechanism(output.mechanism), mechanisms[output.mechanism]
-        columns = list(getattr(spec, "columns", None) or []) + list(getattr(spec, "sensitive", None) or [])
+        summarized = {ref.column for ref in spec.column_refs() if ref.numeric}
+        labelled = [column for column in spec.published_columns() if column not in summarized]
         entry: dict[str, Any] = {
             "file": output.file,
             "sha256": output.sha256,
@@ -69,7 +71,7 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
                 for notion, g in planned.guarantees.items()
             },
             "columns": list(spec.published_columns()),
-            "generalization": {column: _scheme(policy, column, output.public_facts) for column in columns},
+            "generalization": {column: _scheme(policy, spec, column, output.public_facts) for column in labelled},
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
         }

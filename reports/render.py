@@ -86,11 +86,14 @@ INTERNAL_FACT_LABELS = {
 
 
 def _value(value: Any) -> str:
-    """A fact or parameter for people: numbers to 6 digits, lists joined, dicts as k = v."""
+    """A fact or parameter for people: numbers to 6 digits, lists joined, a list of lists (column
+    groups, e.g. noisy tables) as ``[a, b]; [c]; [] (total)``, dicts as k = v."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return fmt(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(item, (list, tuple)) for item in value):
+        return "; ".join(f"[{_value(group)}]" if group else "[] (total)" for group in value)
     if isinstance(value, (list, tuple)):
         return ", ".join(_value(item) for item in value)
     if isinstance(value, dict):

@@ -377,6 +377,10 @@ class MechanismKind(Model):
         the policy's order: every column it uses (the report's "Columns published")."""
         return tuple(dict.fromkeys(ref.column for ref in self.column_refs()))
 
+    def column_scheme(self, policy: Policy, column: str) -> Any:
+        """The policy's scheme a published column's labels come from (None: kept as is)."""
+        return policy.scheme_for(column)
+
     def delta_reason(self) -> str | None:
         """Why its guarantee has a delta > 0 (then the policy must state ``targets.delta``),
         e.g. "has beta 0.1 < 1"; None for pure DP or no DP."""

@@ -173,6 +173,17 @@ class NoisyTablesMechanism(MechanismKind):
     def published_columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(column for table in self.tables for column in table))
 
+    def column_scheme(self, policy: Policy, column: str) -> Any:
+        """A level: that column of the hierarchy file of the column it is a level of."""
+        from privrelease.policies.schema import HierarchyScheme
+
+        level = self.levels.get(column)
+        if level is None:
+            return policy.scheme_for(column)
+        scheme = policy.scheme_for(level.of)
+        assert isinstance(scheme, HierarchyScheme), "the policy checks require a hierarchy"
+        return HierarchyScheme(hierarchy=scheme.hierarchy, level=level.level)
+
     def delta_reason(self) -> str | None:
         return "has Gaussian noise"
 
@@ -623,14 +634,10 @@ def _source(mechanism: NoisyTablesMechanism, axis: str) -> str:
 def _axis_scheme(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy, axis: str) -> Any:
     """The compiled scheme mapping a data value to the output column's label (a level: the
     hierarchy file's column at that level)."""
-    from privrelease.policies.schema import HierarchyScheme
-
     level = mechanism.levels.get(axis)
     if level is None:
         return loaded.published_schemes([axis])[axis]
-    scheme = loaded.policy.scheme_for(level.of)
-    assert isinstance(scheme, HierarchyScheme), "the policy checks require a hierarchy"
-    return HierarchyScheme(hierarchy=scheme.hierarchy, level=level.level).to_scheme(loaded.hierarchies[level.of])
+    return mechanism.column_scheme(loaded.policy, axis).to_scheme(loaded.hierarchies[level.of])
 
 
 def _shape(layout: Layout, index: int) -> tuple[int, ...]:
