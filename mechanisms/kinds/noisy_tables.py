@@ -41,7 +41,7 @@ unrounded estimate, which is not published (:data:`ROUNDING`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -570,10 +570,33 @@ class NoisyTablesMechanism(MechanismKind):
     def explanations(self) -> tuple[str, ...]:
         return (EXPLANATION,)
 
-    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
-        """Every cell of every table published, each row counted."""
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], dict[str, int]]:
+        """Every cell of every table published, one file per table, each row counted."""
         layout = self.layout(loaded)
-        return {"rows_counted": rows}, layout.cells(0)
+        return {"rows_counted": rows}, {table_name(t): layout.cells(i) for i, t in enumerate(self.tables)}
+
+    def files_in_words(self, files: Sequence[tuple[str, int]], public: Mapping[str, Any]) -> str:
+        """One table per file, named with its cells (with ``nonnegative``: how far its published
+        integers lie from the unrounded estimate, the run's ``rounding_shift``); every table a
+        margin of one estimate, so the files are not one dataset."""
+        shifts = public.get("rounding_shift", {})
+        described = []
+        for table, (file, cells) in zip(self.tables, files, strict=True):
+            name = table_name(table)
+            shift = (
+                f"; its published integers within ±{shifts[name]:.4g} of the unrounded estimate"
+                if name in shifts
+                else ""
+            )
+            described.append(f"{name} ({file}: {cells:,} cell{'s' if cells != 1 else ''}{shift})")
+        text = f"{self.name} publishes {len(files)} table{'s' if len(files) != 1 else ''}, one file each: "
+        text += "; ".join(described) + "."
+        if len(files) > 1:
+            text += (
+                " Every table is a margin of one estimate (its cells add up to the others): do not add the files "
+                "together or read them as one dataset, which would count every person once per table."
+            )
+        return text
 
 
 KINDS = (NoisyTablesMechanism,)
