@@ -2,8 +2,9 @@
 operator's warnings about nearly empty outputs.
 
 ``release.json`` holds public facts only, all fixed by the policy or derivable from the
-outputs: per file the mechanism, its parameters, its guarantee under each accountant, the
-generalization of its columns, and what a data user needs to read it: how to estimate
+outputs: per output the mechanism, its file (or files, ``tables``, with ``reading``: how they
+go together), its parameters, its guarantee under each accountant, the generalization of the
+columns it publishes, and what a data user needs to read it: how to estimate
 (sampled counts estimate population counts when multiplied by 1/beta) and the data-free
 accuracy statements of :func:`privrelease.planning.mechanism_accuracy` (publication
 probability, relative standard error, suppression bias and interval per cell size; a
@@ -36,10 +37,11 @@ def _number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _scheme(policy: Any, column: str, public: dict[str, Any]) -> str:
-    """The generalization of ``column`` in words (the chosen candidate's, under scheme selection)."""
+def _scheme(policy: Any, spec: Any, column: str, public: dict[str, Any]) -> str:
+    """The generalization of ``column`` in words (the chosen candidate's, under scheme selection;
+    else the mechanism's: :meth:`~privrelease.mechanisms.kinds.MechanismKind.column_scheme`)."""
     chosen = (policy.candidate_schemes or {}).get(public.get("chosen_scheme") or "", {})
-    scheme = chosen.get(column) or policy.scheme_for(column)
+    scheme = chosen.get(column) or spec.column_scheme(policy, column)
     return "kept as is" if scheme is None else str(scheme.in_words())
 
 
@@ -82,11 +84,9 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
     files = []
     for output in outputs:
         spec, planned = policy.mechanism(output.mechanism), mechanisms[output.mechanism]
-        columns = list(getattr(spec, "columns", None) or []) + list(getattr(spec, "sensitive", None) or [])
+        summarized = {ref.column for ref in spec.column_refs() if ref.numeric}
+        labelled = [column for column in spec.published_columns() if column not in summarized]
         entry: dict[str, Any] = {
-            "file": output.file,
-            "sha256": output.sha256,
-            "rows": output.rows,
             "mechanism": output.mechanism,
             "type": output.type,
             "parameters": _parameters(spec, plan.loaded),
@@ -95,16 +95,21 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
                 for notion, g in planned.guarantees.items()
             },
             "columns": list(spec.published_columns()),
-            "generalization": {column: _scheme(policy, column, output.public_facts) for column in columns},
+            "generalization": {column: _scheme(policy, spec, column, output.public_facts) for column in labelled},
             "facts": output.public_facts,
             "accuracy": {} if (statement := plan.accuracy.get(output.mechanism)) is None else statement.as_dict(),
         }
-        if output.more:  # an output in several files: each with its rows (a reader reads them all)
-            entry["tables"] = [
-                {"file": staged.file, "sha256": staged.sha256, "rows": staged.rows}
-                for staged in (output.staged()[0], *output.more)
-            ]
-            entry["files"] = len(entry["tables"])
+        parts = [
+            {"file": staged.file, "sha256": staged.sha256, "rows": staged.rows}
+            for staged in (output.staged()[0], *output.more)
+        ]
+        if output.more:  # an output in several files: each with its rows, none standing for the others
+            entry.update(tables=parts, files=len(parts))
+        else:
+            entry.update(parts[0])
+        reading = spec.files_in_words([(part["file"], part["rows"]) for part in parts], output.public_facts)
+        if reading is not None:
+            entry["reading"] = reading
         if output.cells is not None:
             entry["cells"] = {"file": output.cells.file, "sha256": output.cells.sha256, "rows": output.cells.rows}
         beta = getattr(spec, "beta", None)

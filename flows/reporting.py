@@ -131,6 +131,7 @@ def report_context(
         ],
         timings=dict(timings),
         internal_facts=internal,
+        public_facts={o.mechanism: dict(o.public_facts) for o in outputs},
         chain_head={"seq": head.seq, "hash": head.hash, "public_key": _signing_public_key()},
         charts=None if prepared is None else prepared.charts.result(),
         production=run.production,

@@ -528,9 +528,10 @@ class AccuracyTarget(Model):
     noisy sums (``absolute_error`` and ``statistic``: ``total`` or ``count``): each cell's
     published total (or count) is within +-absolute_error of its true one;
     noisy tables (``absolute_error``, optional ``table`` and ``cells``): the cells of ``table``
-    (one of the mechanism's ``tables``; omitted: every table) are within +-absolute_error of
-    their true counts, ``cells: all`` (default) every cell of the table at once, ``cells: each``
-    each cell on its own."""
+    (one of the mechanism's ``tables``; omitted: each table, on its own) are within
+    +-absolute_error of their true counts, ``cells: all`` (default) every cell of that table at
+    once, ``cells: each`` each cell on its own; with ``nonnegative``, of the unrounded estimate
+    (the published integers differ by a rounding shift)."""
 
     mechanism: Name
     count: Count | None = None

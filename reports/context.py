@@ -48,6 +48,7 @@ class ReportContext:
     - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
     - ``timings``: step -> seconds.
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
+    - ``public_facts``: mechanism name -> its run's public facts (as in ``release.json``).
     - ``chain_head``: ``{seq, hash}`` of the audit hash chain after this run's records, and
       ``public_key`` when the records are signed.
     - ``production``: the run was a production run, so a counting approval of the policy's hash
@@ -75,6 +76,7 @@ class ReportContext:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    public_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     chain_head: dict[str, Any] | None = None
     charts: list[Any] | None = None
     production: bool = False
@@ -98,22 +100,21 @@ class ReportContext:
         short: list[dict[str, Any]] = []
         if self.status != "succeeded":
             return short
-        for name, files in self.rows_by_output().items():
-            if None in files:
+        for name, files in self.files_by_output().items():
+            if any(output.get("rows") is None for output in files):
                 continue
-            rows = sum(row or 0 for row in files)
+            rows = sum(output["rows"] for output in files)
             expected = self.plan.loaded.policy.mechanism(name).expected_rows(self.plan.loaded)
             if rows == 0 or (expected is not None and rows < LOW_SHARE * expected):
                 short.append({"mechanism": name, "rows": rows, "expected": expected})
         return short
 
-    def rows_by_output(self) -> dict[str, list[int | None]]:
-        """Per mechanism the rows of each file of its output, in order (several: a release of
-        several tables, or SDGS microdata written on Dask, one file per worker), companions left
-        out."""
-        files: dict[str, list[int | None]] = {}
+    def files_by_output(self) -> dict[str, list[dict[str, Any]]]:
+        """Per mechanism the files of its output, in order (several: a release of several
+        tables, or SDGS microdata written on Dask, one file per worker), companions left out."""
+        files: dict[str, list[dict[str, Any]]] = {}
         for output in self._outputs_proper():
-            files.setdefault(output.get("mechanism") or "", []).append(output.get("rows"))
+            files.setdefault(output.get("mechanism") or "", []).append(output)
         return files
 
     def _outputs_proper(self) -> list[dict[str, Any]]:
@@ -164,16 +165,18 @@ def example_context(policy: str | Path | LoadedPolicy | None = None, *, status: 
     outputs: list[dict[str, Any]] = []
     for spec in loaded.policy.mechanisms:
         facts[spec.name], published = spec.example_run(loaded, rows)
-        name = f"{spec.name}.csv"
-        outputs.append(
-            {
-                "mechanism": spec.name,
-                "path": name,
-                "sha256": sha256_text(name),
-                "rows": published,
-                "bytes": 40 * published,
-            }
-        )
+        parts = published if isinstance(published, dict) else {"": published}
+        for part, count in parts.items():
+            name = f"{spec.name}-{part}.csv" if part else f"{spec.name}.csv"
+            outputs.append(
+                {
+                    "mechanism": spec.name,
+                    "path": name,
+                    "sha256": sha256_text(name),
+                    "rows": count,
+                    "bytes": 40 * count,
+                }
+            )
     budget = loaded.policy.targets.lifetime_budget
     spent = plan.guarantee
     return ReportContext(

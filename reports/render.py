@@ -86,11 +86,14 @@ INTERNAL_FACT_LABELS = {
 
 
 def _value(value: Any) -> str:
-    """A fact or parameter for people: numbers to 6 digits, lists joined, dicts as k = v."""
+    """A fact or parameter for people: numbers to 6 digits, lists joined, a list of lists (column
+    groups, e.g. noisy tables) as ``[a, b]; [c]; [] (total)``, dicts as k = v."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return fmt(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(item, (list, tuple)) for item in value):
+        return "; ".join(f"[{_value(group)}]" if group else "[] (total)" for group in value)
     if isinstance(value, (list, tuple)):
         return ", ".join(_value(item) for item in value)
     if isinstance(value, dict):
@@ -305,10 +308,15 @@ def view(context: ReportContext) -> dict[str, Any]:
         }
         for output in context.outputs
     ]
-    several = [
-        (name, len(rows), sum(row or 0 for row in rows))
-        for name, rows in context.rows_by_output().items()
-        if len(rows) > 1 and None not in rows
+    reading = [
+        text
+        for name, files in context.files_by_output().items()
+        if all(output.get("rows") is not None for output in files)
+        and (
+            text := specs[name].files_in_words(
+                [(str(output.get("path", "")), output["rows"]) for output in files], context.public_facts.get(name, {})
+            )
+        )
     ]
     ledger_rows: list[tuple[str, ...]] = []
     if context.budget or context.ledger_before or context.ledger_after:
@@ -372,7 +380,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         "passed": plan.passed,
         "charts": all_charts(plan) if context.charts is None else context.charts,
         "outputs": outputs,
-        "several_files": several,
+        "files_in_words": reading,
         "chain_head": context.chain_head,
         "explain_dp": any(is_dp(leaf) for leaf in all_leaves),
         "explanations": _explanations(policy),

@@ -341,6 +341,7 @@ def test_the_discharge_example_plans_runs_and_reports(tmp_path: Path, monkeypatc
     release = json.loads((Path(published.release_dir) / "release.json").read_text())
     (sums,) = [output for output in release["outputs"] if output["mechanism"] == "charges"]
     assert sums["accuracy"]["sums"]["interval_confidence"] == 0.95
+    assert sums["generalization"] == {"county": "kept as is", "diagnosis": "kept as is"}  # by: the cells' labels
     report = re.sub(r"\s+", " ", Path(published.report).read_text())
     assert "Noisy sums" in report
     from test_flow_steps import ledger_entries

@@ -419,6 +419,111 @@ def test_several_rows_per_person_plan_run_and_cost_m_squared(tmp_path, work, mon
     assert '"kind":"gaussian_tables"' in entry.event_json and '"neighbours":"person:id"' in entry.event_json
 
 
+# --------------------------------------------------------------------------- what the words say
+
+
+def _text(html: str) -> str:
+    """A report's words: tags dropped, entities decoded, white space single."""
+    import html as markup
+
+    return " ".join(markup.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+@pytest.mark.parametrize("nonnegative", ["false", "true"])
+def test_targets_say_what_they_checked_each_table_and_rounded_or_not(tmp_path, nonnegative) -> None:
+    """A target without ``table`` is checked per table: it says "each table: every cell of that
+    table at once", never "every table". Without nonnegative the statements are the published
+    estimate's; with it, the plan (checks, captions, columns, JSON) says they are the unrounded
+    estimate's, which is not published, and the published integers differ by a rounding shift."""
+    accuracy = "[{mechanism: census, absolute_error: 50}, {mechanism: census, table: [state], absolute_error: 50}]"
+    plan = plan_policy(_loaded(tmp_path, accuracy=accuracy, nonnegative=nonnegative))
+    labels = [check.target for check in plan.checks if "half-width" in check.target]
+    rounded = nonnegative == "true"
+    of = ", not of the published integers" if rounded else ""
+    unrounded = " of the unrounded least-squares estimate" if rounded else ""
+    assert labels == [
+        f"census: accuracy at 95% (each table: every cell of that table at once: half-width{unrounded}{of})",
+        f"census: accuracy at 95% (table state, every cell at once: half-width{unrounded}{of})",
+    ]
+    statement = plan.accuracy["census"]
+    (stated,) = statement.stated
+    document = statement.as_dict()
+    if rounded:
+        assert statement.estimate.startswith("the unrounded least-squares estimate (every table a margin of it), not")
+        assert stated.columns[4:6] == ("each cell (unrounded)", "every cell at once (unrounded)")
+        assert "Per table, for the unrounded least-squares estimate (not published): each cell" in stated.caption
+        assert "the half-widths and the accuracy target checks hold for the unrounded" in document["tables"]["rounding"]
+        assert document["tables"]["statements_of"] == "the unrounded least-squares estimate"
+    else:
+        assert statement.estimate == "the published estimate (every table a margin of one estimate)"
+        assert stated.columns[4:6] == ("each cell", "every cell at once") and "unrounded" not in stated.caption
+        assert "rounding" not in document["tables"] and document["tables"]["statements_of"] == "the published tables"
+
+
+def test_a_nonnegative_release_states_its_shifts_tables_and_generalization(tmp_path, work, monkeypatch) -> None:
+    """End to end, nonnegative: the report, the public statement and release.json say the
+    statements hold for the unrounded estimate and give each table's actual rounding shift
+    (the one lower/upper are widened by); the files are named as separate tables, never "one
+    dataset"; the parameters show every table, the total included; release.json's
+    generalization covers every published column, a geography level as its hierarchy column."""
+    from privrelease.flows.steps import release_plain
+
+    monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
+    monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", str(tmp_path))
+    path = _folder(tmp_path / "data") / "policy.yaml"
+    path.write_text(
+        POLICY.format(
+            tables="[[county, sex], [county], [state], []]",
+            noise="{distribution: gaussian, sigma: [1, 2, 1.5, 3]}",
+            accuracy="[]",
+            nonnegative="true",
+        )
+    )
+    loaded = load_policy(path)
+    published = release_plain(policy_path=str(path))
+    folder = Path(published.release_dir)
+    (entry,) = json.loads((folder / "release.json").read_text())["outputs"]
+    names = ["county-sex", "county", "state", "total"]
+    layout = _mechanism(loaded).layout(loaded)
+    variances = tables.cell_variances(layout.domain, layout.tables, [1.0, 2.0, 1.5, 3.0])
+    shifts = entry["facts"]["rounding_shift"]
+    for name, variance in zip(names, variances, strict=True):
+        out = pq.read_table(folder / f"census-{name}.parquet")
+        width = np.ravel(variance) ** 0.5 * stats.norm.ppf(0.975)
+        widened = out.column("upper").to_numpy() - out.column("estimate").to_numpy() - width
+        np.testing.assert_allclose(widened, shifts[name], atol=1e-9)
+    assert "file" not in entry and "rows" not in entry and entry["files"] == 4
+    assert [(t["file"], t["rows"]) for t in entry["tables"]] == [
+        ("census-county-sex.parquet", 10),
+        ("census-county.parquet", 5),
+        ("census-state.parquet", 2),
+        ("census-total.parquet", 1),
+    ]
+    reading = (
+        "census publishes 4 tables, one file each: "
+        + "; ".join(
+            f"{name} (census-{name}.parquet: {cells} cell{'s' if cells > 1 else ''}; its published integers within "
+            f"±{shifts[name]:.4g} of the unrounded estimate)"
+            for name, cells in zip(names, (10, 5, 2, 1), strict=True)
+        )
+        + ". Every table is a margin of one estimate (its cells add up to the others): do not add the files "
+        "together or read them as one dataset, which would count every person once per table."
+    )
+    assert entry["reading"] == reading
+    assert entry["generalization"] == {
+        "county": "hierarchy counties.csv, level 0",
+        "sex": "kept as is",
+        "state": "hierarchy counties.csv, level 1",
+    }
+    assert entry["accuracy"]["estimate"].startswith("the unrounded least-squares estimate")
+    for page in (published.report, published.statement):
+        text = _text(Path(page).read_text())
+        assert reading in text and "read them all (one dataset)" not in text
+        assert "estimate = the unrounded least-squares estimate (every table a margin of it), not published" in text
+        assert "the published estimate" not in text
+        assert "tables [county, sex]; [county]; [state]; [] (total)" in text
+
+
 # --------------------------------------------------------------------------- examples
 
 

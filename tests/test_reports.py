@@ -721,10 +721,16 @@ def test_previews_publish_as_many_rows_as_each_kind_would(adult_dir: Path) -> No
     from privrelease.policies import load_policy
     from privrelease.reports.context import EXAMPLES_DIR, example_context
 
-    for example in ("adult-noisy.yaml", "adult-histogram.yaml", "adult-sdgs.yaml"):
+    for example in ("adult-noisy.yaml", "adult-histogram.yaml", "adult-sdgs.yaml", "adult-tables.yaml"):
         loaded = load_policy(EXAMPLES_DIR / example)
         context = example_context(loaded)
         for spec in loaded.policy.mechanisms:
+            if spec.type == "noisy_tables":  # one file per table
+                files = [(o["path"], o["rows"]) for o in context.outputs if o["mechanism"] == spec.name]
+                names = ("age-sex-race", "age", "sex", "race", "total")
+                assert files == [(f"tables-{n}.csv", c) for n, c in zip(names, (100, 10, 2, 5, 1), strict=True)]
+                assert "tables publishes 5 tables, one file each: age-sex-race (" in report_html(context)
+                continue
             (output,) = [o for o in context.outputs if o["mechanism"] == spec.name]
             facts = context.internal_facts[spec.name]
             if spec.type == "noisy_counts":

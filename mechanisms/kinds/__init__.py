@@ -41,7 +41,7 @@ import functools
 import importlib
 import math
 import pkgutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from types import ModuleType
@@ -377,6 +377,10 @@ class MechanismKind(Model):
         the policy's order: every column it uses (the report's "Columns published")."""
         return tuple(dict.fromkeys(ref.column for ref in self.column_refs()))
 
+    def column_scheme(self, policy: Policy, column: str) -> Any:
+        """The policy's scheme a published column's labels come from (None: kept as is)."""
+        return policy.scheme_for(column)
+
     def delta_reason(self) -> str | None:
         """Why its guarantee has a delta > 0 (then the policy must state ``targets.delta``),
         e.g. "has beta 0.1 < 1"; None for pure DP or no DP."""
@@ -453,10 +457,20 @@ class MechanismKind(Model):
         HTML, rendered with the report's view), identical ones shown once."""
         return ()
 
-    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
+    def files_in_words(self, files: Sequence[tuple[str, int]], public: Mapping[str, Any]) -> str | None:
+        """How to read its output's published ``files`` (name, rows; in order), given its run's
+        ``public`` facts, for the report and ``release.json``; None for one file. Default: the
+        parts of one dataset (SDGS microdata written on Dask, one file per worker)."""
+        if len(files) < 2:
+            return None
+        rows = sum(count for _, count in files)
+        return f"The output of {self.name} is {len(files)} files, {rows} rows together: read them all (one dataset)."
+
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int | dict[str, int]]:
         """Made-up internal facts of a run of ``loaded`` over ``rows`` rows, shaped like its
-        engine's, and the rows it would publish: for report previews and tests
-        (:func:`.reports.context.example_context`). Default: a statistic, one published row."""
+        engine's, and the rows it would publish (a dict: per file of an output in several, by
+        part name): for report previews and tests (:func:`.reports.context.example_context`).
+        Default: a statistic, one published row."""
         return {"rows_in": rows}, 1
 
 

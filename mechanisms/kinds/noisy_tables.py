@@ -34,13 +34,14 @@ inequality, :func:`.tables.simultaneous_half_width`). These treat the noise as G
 variance ``sigma^2``, which the sampler's is up to the lattice ``2^-1074`` and one rounding to
 a double (a relative error of ``2^-53`` of the noisy count): both far below any printed digit,
 so the statements hold for the published tables as stated (checked by simulation with the
-kind's own sampler: tests/test_noisy_tables.py).
+kind's own sampler: tests/test_noisy_tables.py). With ``nonnegative`` they hold for the
+unrounded estimate, which is not published (:data:`ROUNDING`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -84,6 +85,18 @@ accuracy target still holds; the event charges the sigma used)."""
 
 TABLE_COLUMNS = INTERVAL
 """The columns a published table adds to its cells' labels."""
+
+UNROUNDED = "the unrounded least-squares estimate"
+"""What the statements and target checks are of with ``nonnegative`` (it is not published)."""
+
+ROUNDING = (
+    f"The published tables are non-negative integers that still add up, not {UNROUNDED}: a published value can "
+    "differ from it by a further rounding shift that the data decides, so the half-widths and the accuracy target "
+    f"checks hold for {UNROUNDED}, not for the published integers. Each table's largest shift is stated after the "
+    "release (the report's published files, release.json's rounding_shift), and each published value's lower and "
+    "upper are widened by it."
+)
+"""What holds of ``nonnegative`` tables (plan, the report, ``release.json``)."""
 
 
 class TableLevel(Model):
@@ -159,6 +172,17 @@ class NoisyTablesMechanism(MechanismKind):
 
     def published_columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(column for table in self.tables for column in table))
+
+    def column_scheme(self, policy: Policy, column: str) -> Any:
+        """A level: that column of the hierarchy file of the column it is a level of."""
+        from privrelease.policies.schema import HierarchyScheme
+
+        level = self.levels.get(column)
+        if level is None:
+            return policy.scheme_for(column)
+        scheme = policy.scheme_for(level.of)
+        assert isinstance(scheme, HierarchyScheme), "the policy checks require a hierarchy"
+        return HierarchyScheme(hierarchy=scheme.hierarchy, level=level.level)
 
     def delta_reason(self) -> str | None:
         return "has Gaussian noise"
@@ -400,6 +424,7 @@ class NoisyTablesMechanism(MechanismKind):
         naive = self.naive(loaded)
         document: dict[str, Any] = {
             "tables": rows,
+            "statements_of": UNROUNDED if self.nonnegative else "the published tables",
             "consistency": "every table is a margin of one least-squares estimate: cells add up exactly to every "
             "published margin and across geography levels",
             "noise": "Gaussian of variance sigma^2 (OpenDP's float sampler: exact on a lattice of spacing 2^-1074), "
@@ -411,8 +436,9 @@ class NoisyTablesMechanism(MechanismKind):
                 "sigma": naive[0],
                 "zcdp_rho": tables.privacy_cost(naive, loaded.policy.dataset.rows_per_person),
             }
+        of = f", for {UNROUNDED} (not published)" if self.nonnegative else ""
         caption = (
-            "Tables that add up (every table is a margin of one least-squares estimate). Per table: each cell is "
+            f"Tables that add up (every table is a margin of one least-squares estimate). Per table{of}: each cell is "
             "within ± the “each cell” half-width of its true count with the stated probability, cell by cell; every "
             "cell of the table at once is within ± the “every cell at once” half-width with at least that "
             "probability (the largest over the table's cells; exact for the linear estimator and the Gaussian noise)."
@@ -424,10 +450,8 @@ class NoisyTablesMechanism(MechanismKind):
                 f"against {tables.privacy_cost(self.sigmas(loaded), loaded.policy.dataset.rows_per_person):.4g} here."
             )
         if self.nonnegative:
-            caption += (
-                " The published tables are non-negative integers: each published value's interval is widened by "
-                "its table's largest rounding shift (in the files' lower and upper)."
-            )
+            document["rounding"] = ROUNDING
+            caption += " " + ROUNDING
         table_rows = tuple(
             (
                 row["table"],
@@ -440,18 +464,34 @@ class NoisyTablesMechanism(MechanismKind):
             )
             for row in rows
         )
+        unrounded = " (unrounded)" if self.nonnegative else ""
         stated = StatedAccuracy(
             "tables",
             caption,
-            ("table", "cells", "σ", "standard error", "each cell", "every cell at once", "probability"),
+            (
+                "table",
+                "cells",
+                "σ",
+                "standard error",
+                f"each cell{unrounded}",
+                f"every cell at once{unrounded}",
+                "probability",
+            ),
             table_rows,
             document,
         )
-        return AccuracyStatement("the published estimate (every table a margin of one estimate)", stated=(stated,))
+        estimate = (
+            f"{UNROUNDED} (every table a margin of it), not published: the published tables are its non-negative "
+            "integer rounding"
+            if self.nonnegative
+            else "the published estimate (every table a margin of one estimate)"
+        )
+        return AccuracyStatement(estimate, stated=(stated,))
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """The half-width ``cells: all`` (every cell at once, default) or ``each`` at the
-        target's confidence, of its table (the widest table when it names none)."""
+        target's confidence, of its table (without one: each table's own, the widest deciding),
+        of the unrounded estimate with ``nonnegative``."""
         assert target.absolute_error is not None
         from privrelease.mechanisms import tables
 
@@ -465,9 +505,15 @@ class NoisyTablesMechanism(MechanismKind):
                 widths.append(float(np.max(tables.each_cell_half_width(variance, target.confidence))))
             else:
                 widths.append(tables.simultaneous_half_width(variance.ravel(), target.confidence))
-        which = "each cell" if target.cells == "each" else "every cell at once"
-        where = f"table {table_name(target.table)}" if target.table is not None else "every table"
-        return AccuracyCheck(f"{where}, {which}: half-width", "<=", target.absolute_error, max(widths))
+        if target.table is not None:
+            which = "each cell" if target.cells == "each" else "every cell at once"
+            where = f"table {table_name(target.table)}, {which}"
+        else:
+            where = (
+                "each table: each cell" if target.cells == "each" else "each table: every cell of that table at once"
+            )
+        of = f" of {UNROUNDED}, not of the published integers" if self.nonnegative else ""
+        return AccuracyCheck(f"{where}: half-width{of}", "<=", target.absolute_error, max(widths))
 
     # --- engines ------------------------------------------------------------------------------
 
@@ -505,6 +551,7 @@ class NoisyTablesMechanism(MechanismKind):
         if self.nonnegative:
             published = tables.nonnegative_integer(layout.domain, layout.tables, estimates)
         outputs: dict[str, pa.Table] = {}
+        shifts: dict[str, float] = {}
         for i, table in enumerate(self.tables):
             width = tables.each_cell_half_width(variances[i], self.confidence(loaded, table))
             value = np.asarray(published[i])
@@ -512,12 +559,15 @@ class NoisyTablesMechanism(MechanismKind):
             lower = np.maximum(value - width - shift, 0.0)
             upper = np.maximum(value + width + shift, 0.0)
             outputs[table_name(table)] = _cells_table(layout, i, value.ravel(), lower.ravel(), upper.ravel())
+            shifts[table_name(table)] = shift
         first = next(iter(outputs.values()))
-        public = {
+        public: dict[str, Any] = {
             "tables": {name: out.num_rows for name, out in outputs.items()},
             "noise": "gaussian",
             "nonnegative": self.nonnegative,
         }
+        if self.nonnegative:
+            public["rounding_shift"] = shifts
         internal = {"rows_counted": int(np.sum(counts[0]))}  # every table counts every row in its domain
         return MechanismResult(first, self.event(loaded, sigmas), public, internal, tables=outputs)
 
@@ -526,10 +576,33 @@ class NoisyTablesMechanism(MechanismKind):
     def explanations(self) -> tuple[str, ...]:
         return (EXPLANATION,)
 
-    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], int]:
-        """Every cell of every table published, each row counted."""
+    def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], dict[str, int]]:
+        """Every cell of every table published, one file per table, each row counted."""
         layout = self.layout(loaded)
-        return {"rows_counted": rows}, layout.cells(0)
+        return {"rows_counted": rows}, {table_name(t): layout.cells(i) for i, t in enumerate(self.tables)}
+
+    def files_in_words(self, files: Sequence[tuple[str, int]], public: Mapping[str, Any]) -> str:
+        """One table per file, named with its cells (with ``nonnegative``: how far its published
+        integers lie from the unrounded estimate, the run's ``rounding_shift``); every table a
+        margin of one estimate, so the files are not one dataset."""
+        shifts = public.get("rounding_shift", {})
+        described = []
+        for table, (file, cells) in zip(self.tables, files, strict=True):
+            name = table_name(table)
+            shift = (
+                f"; its published integers within ±{shifts[name]:.4g} of the unrounded estimate"
+                if name in shifts
+                else ""
+            )
+            described.append(f"{name} ({file}: {cells:,} cell{'s' if cells != 1 else ''}{shift})")
+        text = f"{self.name} publishes {len(files)} table{'s' if len(files) != 1 else ''}, one file each: "
+        text += "; ".join(described) + "."
+        if len(files) > 1:
+            text += (
+                " Every table is a margin of one estimate (its cells add up to the others): do not add the files "
+                "together or read them as one dataset, which would count every person once per table."
+            )
+        return text
 
 
 KINDS = (NoisyTablesMechanism,)
@@ -590,14 +663,10 @@ def _source(mechanism: NoisyTablesMechanism, axis: str) -> str:
 def _axis_scheme(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy, axis: str) -> Any:
     """The compiled scheme mapping a data value to the output column's label (a level: the
     hierarchy file's column at that level)."""
-    from privrelease.policies.schema import HierarchyScheme
-
     level = mechanism.levels.get(axis)
     if level is None:
         return loaded.published_schemes([axis])[axis]
-    scheme = loaded.policy.scheme_for(level.of)
-    assert isinstance(scheme, HierarchyScheme), "the policy checks require a hierarchy"
-    return HierarchyScheme(hierarchy=scheme.hierarchy, level=level.level).to_scheme(loaded.hierarchies[level.of])
+    return mechanism.column_scheme(loaded.policy, axis).to_scheme(loaded.hierarchies[level.of])
 
 
 def _shape(layout: Layout, index: int) -> tuple[int, ...]:
