@@ -22,16 +22,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import scale  # noqa: E402  (bench/scale.py: a release in a fresh process)
+
 ROW_GROUP = 1_000_000
 COUNTIES = [f"c{i:02d}" for i in range(50)]
 DIAGNOSES = ["a", "b", "c", "d", "e"]
-QUIET = {"DASK_LOGGING__DISTRIBUTED": "error"}
 
 
 def write_data(folder: Path, rows: int, persons: int, clustered: bool) -> Path:
@@ -113,14 +116,8 @@ def run_once(policy: Path, read: str) -> dict:
 
 
 def spawn(policy: Path, read: str, work: Path) -> dict:
-    env = {**os.environ, **QUIET, "PRIVRELEASE_WORK_DIR": str(work), "PRIVRELEASE_DATA_ROOTS": str(policy.parent)}
-    subprocess.run([sys.executable, "-m", "privrelease", "audit", "init"], check=True, capture_output=True, env=env)
-    done = subprocess.run(
-        [sys.executable, __file__, "--run", read, str(policy)], capture_output=True, text=True, env=env
-    )
-    if done.returncode:
-        sys.exit(f"{read} run failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    env = {**os.environ, **scale.QUIET, "PRIVRELEASE_WORK_DIR": str(work), "PRIVRELEASE_DATA_ROOTS": str(policy.parent)}
+    return scale.fresh_run([sys.executable, __file__, "--run", read, str(policy)], env, read)
 
 
 def main() -> None:

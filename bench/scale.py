@@ -358,20 +358,25 @@ def serve_a_release(policy: Path, work: Path, address: str) -> None:
 
 
 def spawn(kind: str, args: argparse.Namespace, policy: Path, work: Path) -> dict:
-    import subprocess
-
     command = [sys.executable, __file__, "--run", kind, "--policy", str(policy), "--work", str(work)]
     command += ["--workers", str(args.workers), "--memory-limit", str(args.memory_limit)]
     command += ["--worker-steps"] * args.worker_steps + ["--served-workers"] * args.served_workers
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         command += ["--profile", str(args.profile / f"{kind}-{work.name}.prof")]
-    env = {**os.environ, **QUIET, "PRIVRELEASE_WORK_DIR": str(work / kind)}
-    # the audit database exists before the clock, as a deployment's does (creating it is no release's work)
+    return fresh_run(command, {**os.environ, **QUIET, "PRIVRELEASE_WORK_DIR": str(work / kind)}, kind)
+
+
+def fresh_run(command: list[str], env: dict[str, str], what: str) -> dict:
+    """``command`` (a release in a fresh process, printing its figures as its last line, one
+    JSON object) run with ``env``, after ``privrelease audit init`` there: the audit database
+    exists before the clock, as a deployment's does (creating it is no release's work)."""
+    import subprocess
+
     subprocess.run([sys.executable, "-m", "privrelease", "audit", "init"], check=True, capture_output=True, env=env)
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
-        sys.exit(f"{kind} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+        sys.exit(f"{what} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
