@@ -116,7 +116,8 @@ def report_context(
         ledger_before=None if reservation is None else reservation.before,
         ledger_after=None if reservation is None else reservation.after,
         ledger_curve=curve,
-        warnings=release_facts.warnings(outputs, run.loaded().policy.dataset.size_unit),
+        warnings=release_facts.declared_rows(outputs, run.loaded().policy.dataset.size_unit),
+        nearly_empty=release_facts.nearly_empty(outputs),
         outputs=[
             {
                 "mechanism": o.mechanism,

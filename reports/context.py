@@ -44,7 +44,9 @@ class ReportContext:
       before and after this release.
     - ``ledger_curve``: the dataset's composed privacy curve before and after this release and
       the runway (:func:`privrelease.audit.ledger.history_curve`), or None.
-    - ``warnings``: for the operator (internal): outputs with no or few rows.
+    - ``warnings``: for the operator (internal), other than ``nearly_empty``: a statistic that
+      read another number of rows than ``dataset.rows`` declares.
+    - ``nearly_empty``: for the operator (internal): outputs with no or few rows.
     - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
     - ``timings``: step -> seconds.
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
@@ -72,6 +74,7 @@ class ReportContext:
     ledger_after: dict[str, float] | None = None
     ledger_curve: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    nearly_empty: list[str] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)

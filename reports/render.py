@@ -385,6 +385,7 @@ def view(context: ReportContext) -> dict[str, Any]:
             "ledger": ledger_rows,
             "ledger_chart": None if context.ledger_curve is None else ledger_chart(context.ledger_curve),
             "warnings": list(context.warnings),
+            "nearly_empty": list(context.nearly_empty),
             "timings": list(context.timings.items()),
             "total_seconds": sum(context.timings.values()) if context.timings else None,
             "facts": internal_facts,

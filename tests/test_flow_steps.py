@@ -473,6 +473,19 @@ def test_data_with_other_row_count_is_released_with_an_operator_warning(demo_dir
     verify_intact()
 
 
+def test_a_warning_on_a_release_published_as_planned_is_not_headed_nearly_empty(demo_dir, work):
+    """The internal report heads the dataset.rows warning "Warnings for the operator"; "Nearly
+    empty release" is kept for outputs with no or few rows (the demo publishes as planned)."""
+    declared = variant(demo_dir, "rows-49000", ("rows: 50000", "rows: 49000"))
+    published = release_plain(policy_path=str(declared))
+    (warning,) = published.warnings
+    assert "dataset.rows declares 49000" in warning
+    report = Path(published.report).read_text()
+    shown = report.split('id="warnings"', 1)[1].split("</div>", 1)[0]
+    assert "<strong>Warnings for the operator.</strong>" in shown and "dataset.rows declares 49000" in shown
+    assert "Nearly empty release" not in report and 'id="nearly-empty"' not in report
+
+
 def test_data_without_a_declared_column_is_refused(demo_dir, work):
     renamed = demo_dir / "renamed.csv"
     text = (demo_dir / demo.DATA_FILE).read_text()
@@ -1150,7 +1163,8 @@ def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work
     strict.write_text(re.sub(r"\n  accuracy:\n(    - .*\n)+", "\n", strict.read_text()))  # it misses them, on purpose
     flagged = release_plain(policy_path=str(strict))
     assert any("published no rows" in warning for warning in flagged.warnings)
-    assert "Nearly empty release" in Path(flagged.report).read_text()
+    nearly_empty = Path(flagged.report).read_text().split('id="nearly-empty"', 1)[1].split("</div>", 1)[0]
+    assert "Nearly empty release" in nearly_empty and "published no rows" in nearly_empty
     assert "Nearly empty release" not in Path(flagged.statement).read_text()
 
 
