@@ -269,6 +269,15 @@ def _remaining(budget: dict[str, Any], spent: dict[str, Any], key: str) -> str:
     return fmt(max(0.0, limit - used))
 
 
+def _candidate(candidate: str, chosen: dict[str, str]) -> str:
+    """A candidate scheme's name, marked ``used by`` the mechanisms that chose it (``not used``
+    when others were chosen; unmarked when the run chose none, e.g. a failed run)."""
+    users = [mechanism for mechanism, name in chosen.items() if name == candidate]
+    if users:
+        return f"{candidate} (used by {', '.join(users)})"
+    return f"{candidate} (not used)" if chosen else candidate
+
+
 def view(context: ReportContext) -> dict[str, Any]:
     """Everything the template shows, formatted (numbers to 6 significant digits)."""
     plan = context.plan
@@ -291,9 +300,10 @@ def view(context: ReportContext) -> dict[str, Any]:
                 "not_dp": None if guarantee.supported else guarantee.detail,
             }
         )
-    generalization = [(column, "", scheme.in_words()) for column, scheme in policy.generalization.items()]
+    generalization = [(column, "fixed", scheme.in_words()) for column, scheme in policy.generalization.items()]
     for candidate, schemes in (policy.candidate_schemes or {}).items():
-        generalization += [(column, candidate, scheme.in_words()) for column, scheme in schemes.items()]
+        label = _candidate(candidate, context.chosen_schemes)
+        generalization += [(column, label, scheme.in_words()) for column, scheme in schemes.items()]
     approval = context.approval or {}
     outputs = [
         {
@@ -364,6 +374,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         "fixed_before_data_access": context.fixed_before_data_access,
         "mechanisms": mechanisms,
         "generalization": generalization,
+        "chosen_schemes": list(context.chosen_schemes.items()),
         "composed": [_guarantee(g) for g in plan.composed.values()],
         "composed_notion": _guarantee(plan.guarantee),
         "dp_only": _dp_only(all_leaves, plan.notion),

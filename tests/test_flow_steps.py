@@ -220,6 +220,15 @@ def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):
     assert entry.epsilon < 1.1 and entry.delta == 1e-6
     report = Path(published.report).read_text()  # the internal report shows the lifetime curve and runway
     assert 'id="chart-ledger"' in report and "more runs of this policy fit the lifetime budget" in report
+    # the statement says which candidate was used, as release.json does
+    chosen = json.loads((Path(published.release_dir) / "release.json").read_text())["outputs"][0]["facts"][
+        "chosen_scheme"
+    ]
+    other = ({"coarse", "fine"} - {chosen}).pop()
+    statement = Path(published.statement).read_text()
+    assert f"microdata used the candidate scheme <strong>{chosen}</strong>" in statement
+    assert f"<td>age</td><td>{chosen} (used by microdata)</td>" in statement
+    assert f"<td>age</td><td>{other} (not used)</td>" in statement
     verify_intact()
 
 
