@@ -270,6 +270,8 @@ class ReservationFacts:
     before: dict[str, float]
     after: dict[str, float]
     this_release: dict[str, float]
+    remaining: dict[str, float]
+    at_lifetime_delta: bool
 
 
 @dataclass(frozen=True)

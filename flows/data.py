@@ -309,6 +309,8 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
         before=reservation.spent_before.as_dict(),
         after=reservation.total_after.as_dict(),
         this_release=reservation.this_release.as_dict(),
+        remaining=reservation.remaining_after.as_dict(),
+        at_lifetime_delta=reservation.at_lifetime_delta,
     )
 
 

@@ -115,6 +115,8 @@ def report_context(
         budget=None if reservation is None else reservation.budget,
         ledger_before=None if reservation is None else reservation.before,
         ledger_after=None if reservation is None else reservation.after,
+        ledger_remaining=None if reservation is None else reservation.remaining,
+        ledger_at_lifetime_delta=reservation is not None and reservation.at_lifetime_delta,
         ledger_curve=curve,
         warnings=release_facts.declared_rows(outputs, run.loaded().policy.dataset.size_unit),
         nearly_empty=release_facts.nearly_empty(outputs),

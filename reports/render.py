@@ -258,15 +258,26 @@ def _explanations(policy: Any) -> list[Markup]:
     return [Markup(environment().from_string(source).render(targets=policy.targets)) for source in sources]
 
 
-def _remaining(budget: dict[str, Any], spent: dict[str, Any], key: str) -> str:
-    """What is left of the budget (as the ledger computes it: never below 0; an unbounded or
-    unknown spend leaves nothing)."""
-    limit, used = budget.get(key), spent.get(key)
-    if limit is None:
-        return "n/a"
-    if used is None or not math.isfinite(used):
-        return fmt(0.0)
-    return fmt(max(0.0, limit - used))
+def _ledger_rows(context: ReportContext) -> list[tuple[str, str, str]]:
+    """The ledger table: the lifetime budget, spent before and after this release and what is
+    left, as the ledger computes them. Under approximate DP spent and left are epsilons at the
+    lifetime delta: their delta cell names that delta, never an amount spent or left."""
+    if not (context.budget or context.ledger_before or context.ledger_after):
+        return []
+    at = " (smallest ε at the lifetime δ)" if context.ledger_at_lifetime_delta else ""
+    rows = [("lifetime budget", context.budget or {})]
+    rows += [(f"spent before this release{at}", context.ledger_before or {})]
+    rows += [(f"spent after this release{at}", context.ledger_after or {})]
+    if context.ledger_remaining:
+        left = "ε left at the lifetime δ" if context.ledger_at_lifetime_delta else "remaining"
+        rows.append((left, context.ledger_remaining))
+    shown = []
+    for label, amounts in rows:
+        delta = fmt(amounts.get("delta"))
+        if context.ledger_at_lifetime_delta and label != "lifetime budget":
+            delta = f"at the lifetime δ {delta}"
+        shown.append((label, fmt(amounts.get("epsilon")), delta))
+    return shown
 
 
 def _candidate(candidate: str, chosen: dict[str, str]) -> str:
@@ -320,22 +331,6 @@ def view(context: ReportContext) -> dict[str, Any]:
         for name, rows in context.rows_by_output().items()
         if len(rows) > 1 and None not in rows
     ]
-    ledger_rows: list[tuple[str, ...]] = []
-    if context.budget or context.ledger_before or context.ledger_after:
-        for label, amounts in (
-            ("lifetime budget", context.budget),
-            ("spent before this release", context.ledger_before),
-            ("spent after this release", context.ledger_after),
-        ):
-            amounts = amounts or {}
-            ledger_rows.append((label, fmt(amounts.get("epsilon")), fmt(amounts.get("delta"))))
-        if context.budget and context.ledger_after:
-            ledger_rows.append(
-                (
-                    "remaining",
-                    *(_remaining(context.budget, context.ledger_after, key) for key in ("epsilon", "delta")),
-                )
-            )
     internal_facts = [
         (
             name,
@@ -393,7 +388,8 @@ def view(context: ReportContext) -> dict[str, Any]:
             "code_version": context.code_version,
             "kinds": [(tag, f"{source['distribution']} {source['version']}") for tag, source in plan.kinds.items()],
             "dataset": context.dataset,
-            "ledger": ledger_rows,
+            "ledger": _ledger_rows(context),
+            "ledger_at_lifetime_delta": context.ledger_at_lifetime_delta,
             "ledger_chart": None if context.ledger_curve is None else ledger_chart(context.ledger_curve),
             "warnings": list(context.warnings),
             "nearly_empty": list(context.nearly_empty),

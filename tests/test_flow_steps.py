@@ -23,7 +23,7 @@ import pytest
 from sqlmodel import col, select
 
 from privrelease import count_intervals, demo
-from privrelease.audit import approvals, chain, registered, verification
+from privrelease.audit import approvals, chain, ledger, registered, verification
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
 from privrelease.errors import TargetNotMet, UserError
@@ -34,6 +34,7 @@ from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import composition
 from privrelease.mechanisms.events import event_from_json
 from privrelease.policies import load_policy
+from privrelease.reports.charts import fmt
 from privrelease.settings import get_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,6 +221,13 @@ def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):
     assert entry.epsilon < 1.1 and entry.delta == 1e-6
     report = Path(published.report).read_text()  # the internal report shows the lifetime curve and runway
     assert 'id="chart-ledger"' in report and "more runs of this policy fit the lifetime budget" in report
+    # the ledger table says what `ledger show` says: the epsilon left at the lifetime delta, never a delta of 0 left
+    with session(open_database(), readonly=True) as s:
+        left = ledger.ledger_status(s, "adult-census").remaining
+    assert left.delta == 1e-6 and left.epsilon > 8
+    row = f'<tr><td>ε left at the lifetime δ</td><td class="num">{fmt(left.epsilon)}</td>'
+    assert f'{row}<td class="num">at the lifetime δ 1e-06</td></tr>' in report
+    assert "<td>remaining</td>" not in report
     # the statement says which candidate was used, as release.json does
     chosen = json.loads((Path(published.release_dir) / "release.json").read_text())["outputs"][0]["facts"][
         "chosen_scheme"
