@@ -327,6 +327,8 @@ class ReportFacts:
     statement_file: str
     statement_sha256: str
     statement_bytes: int
+    state: dict[str, Any]
+    """What the release is (:meth:`privrelease.reports.context.ReportContext.release_state`)."""
     release_file: str = ""
     release_sha256: str = ""
 

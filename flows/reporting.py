@@ -159,7 +159,8 @@ def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
     from privrelease.reports.render import report_pages
 
     context = report_context(run, **facts)
-    document = release_facts.describe(context.plan, facts["outputs"], context.release_state())
+    state = context.release_state()
+    document = release_facts.describe(context.plan, facts["outputs"], state)
     described = json.dumps(document, indent=2, sort_keys=True) + "\n"
     report, statement = report_pages(context)
     files = {}
@@ -176,6 +177,7 @@ def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
         statement_file=STATEMENT_FILE,
         statement_sha256=files[STATEMENT_FILE][0],
         statement_bytes=files[STATEMENT_FILE][1],
+        state=state,
         release_file=release_facts.RELEASE_FILE,
         release_sha256=files[release_facts.RELEASE_FILE][0],
     )
