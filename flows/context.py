@@ -281,6 +281,9 @@ class ReadFacts:
     data_read_at: datetime
     engine: dict[str, Any] = field(default_factory=lambda: {"description": "in-process"})
     """How the data was read: ``description``, and on Dask ``partitions`` and ``workers``."""
+    rows_over_person_bound: int | None = None
+    """Rows dropped by ``dataset.person``'s ``max_rows`` (None: no person column, or not
+    counted: read on Dask or streamed by row group)."""
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def report_context(
             else:
                 curve = ledger.curve_of(now, run.run_id)
     internal: dict[str, dict[str, Any]] = {o.mechanism: dict(o.internal_facts) for o in outputs}
-    internal["dataset"] = {"rows_read": read.rows_read, "rows_dropped": read.rows_dropped}
+    internal["dataset"] = _dataset_rows(run, read)
     return ReportContext(
         plan=plan_of(run.policy),
         run_id=run.run_id,
@@ -141,6 +141,21 @@ def report_context(
         charts=None if prepared is None else prepared.charts.result(),
         production=run.production,
     )
+
+
+def _dataset_rows(run: RunContext, read: ReadFacts) -> dict[str, Any]:
+    """The rows read and dropped, for the internal report: for missing values, and with a person
+    column by its ``max_rows`` (the count where this read made it, else the rule)."""
+    rows: dict[str, Any] = {"rows_read": read.rows_read, "rows_dropped_for_missing_values": read.rows_dropped}
+    dataset = run.loaded().policy.dataset
+    if dataset.person_column:
+        rows["rows_dropped_by_person_bound"] = (
+            f"not counted in this read; each person's rows beyond max_rows = {dataset.rows_per_person} "
+            "are dropped at random"
+            if read.rows_over_person_bound is None
+            else read.rows_over_person_bound
+        )
+    return rows
 
 
 def _signing_public_key() -> str | None:

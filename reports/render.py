@@ -77,6 +77,7 @@ FACT_LABELS = {
     "change one person makes to each (zero-concentrated DP, Bun & Steinke; not the identifiability ρ)",
 }
 INTERNAL_FACT_LABELS = {
+    "rows_dropped_by_person_bound": "rows dropped by the person bound (dataset.person max_rows)",
     "discernibility": "discernibility (Bayardo & Agrawal: the sum of the published classes' squared sizes plus "
     "suppressed × sampled rows; lower means less information lost)",
 }
