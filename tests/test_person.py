@@ -619,5 +619,6 @@ def test_a_person_column_parquet_release_streams_and_never_reads_one_table(tmp_p
     assert pq.read_table(next(o["path"] for o in published.outputs if o["mechanism"] == "counts")).num_rows == 3
     bound = 'rows dropped by the person bound (dataset.person max_rows)</td><td class="num">not counted in this read'
     assert (
-        f"{bound}; each person&#39;s rows beyond max_rows = 3 are dropped at random<" in Path(published.report).read_text()
+        f"{bound}; each person&#39;s rows beyond max_rows = 3 are dropped at random<"
+        in Path(published.report).read_text()
     )
