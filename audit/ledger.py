@@ -93,6 +93,10 @@ class Reservation:
     spent_before: Budget
     this_release: Budget
     total_after: Budget
+    remaining_after: Budget
+    """What is left after this release (:func:`_remaining`)."""
+    at_lifetime_delta: bool
+    """Spent and left are epsilons at the lifetime delta (approximate DP), not delta amounts."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +153,16 @@ def resolve_lifetime_budget(stated: LifetimeBudget | None = None) -> Budget:
 def _at_lifetime_delta(notion: str, limit: Budget) -> bool:
     """Whether what is spent is measured as an epsilon at the lifetime delta (approximate DP)."""
     return notion == "approximate" and 0 < limit.delta < 1
+
+
+def _remaining(limit: Budget, spent: Budget, notion: str) -> Budget:
+    """What is left of ``limit`` after ``spent`` (a display figure; the check composes): under
+    approximate DP the epsilon left at the lifetime delta (paired with that delta), otherwise
+    ``limit - spent`` componentwise; never below 0, and no epsilon after an unbounded spend."""
+    return Budget(
+        max(0.0, limit.epsilon - spent.epsilon) if math.isfinite(spent.epsilon) else 0.0,
+        limit.delta if _at_lifetime_delta(notion, limit) else max(0.0, limit.delta - spent.delta),
+    )
 
 
 def _account(events: list[Any] | dict[Any, int], notion: str, limit: Budget) -> Budget:
@@ -349,6 +363,8 @@ def reserve(
         spent_before=spent_before,
         this_release=this_release,
         total_after=total_after,
+        remaining_after=_remaining(limit, total_after, notion),
+        at_lifetime_delta=_at_lifetime_delta(notion, limit),
     )
 
 
@@ -444,10 +460,7 @@ def ledger_status(
     except UnknownEventKind as error:
         unbounded = Budget(math.inf, 1.0)
         return LedgerStatus(ds, limit, entries, counting, unbounded, ZERO, now, cannot_compose=str(error))
-    remaining = Budget(
-        max(0.0, limit.epsilon - spent.epsilon) if math.isfinite(spent.epsilon) else 0.0,
-        limit.delta if _at_lifetime_delta(ds.notion, limit) else max(0.0, limit.delta - spent.delta),
-    )
+    remaining = _remaining(limit, spent, ds.notion)
     return LedgerStatus(
         dataset=ds,
         budget=limit,

@@ -270,6 +270,8 @@ class ReservationFacts:
     before: dict[str, float]
     after: dict[str, float]
     this_release: dict[str, float]
+    remaining: dict[str, float]
+    at_lifetime_delta: bool
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,9 @@ class ReadFacts:
     data_read_at: datetime
     engine: dict[str, Any] = field(default_factory=lambda: {"description": "in-process"})
     """How the data was read: ``description``, and on Dask ``partitions`` and ``workers``."""
+    rows_over_person_bound: int | None = None
+    """Rows dropped by ``dataset.person``'s ``max_rows`` (None: no person column, or not
+    counted: read on Dask or streamed by row group)."""
 
 
 @dataclass(frozen=True)
@@ -325,6 +330,8 @@ class ReportFacts:
     statement_file: str
     statement_sha256: str
     statement_bytes: int
+    state: dict[str, Any]
+    """What the release is (:meth:`privrelease.reports.context.ReportContext.release_state`)."""
     release_file: str = ""
     release_sha256: str = ""
 

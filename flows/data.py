@@ -309,6 +309,8 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
         before=reservation.spent_before.as_dict(),
         after=reservation.total_after.as_dict(),
         this_release=reservation.this_release.as_dict(),
+        remaining=reservation.remaining_after.as_dict(),
+        at_lifetime_delta=reservation.at_lifetime_delta,
     )
 
 
@@ -399,8 +401,9 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
         return ReadFacts(streamed.rows_read, streamed.rows_dropped, read_at)
     with withholding("reading the data"):
         result = _read(run, dataset.sha256, dataset.files)
-        engines.held(run.run_id).table = person_rows(run.loaded(), result.table)
-    return ReadFacts(result.rows_read, result.rows_dropped, read_at)
+        bounded = engines.held(run.run_id).table = person_rows(run.loaded(), result.table)
+    over = result.table.num_rows - bounded.num_rows if run.loaded().policy.dataset.person_column else None
+    return ReadFacts(result.rows_read, result.rows_dropped, read_at, rows_over_person_bound=over)
 
 
 def person_rows(loaded: Any, table: pa.Table) -> pa.Table:

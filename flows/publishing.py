@@ -89,7 +89,7 @@ def publish(
             if name:
                 size = (staging / name).stat().st_size
                 records.record_output(s, run.run_id, final / name, sha256=digest, size=size)
-        _record_guarantees(s, run, plan)
+        _record_guarantees(s, run, plan, report.state)
         html = (staging / report.file).read_text(encoding="utf-8")
         records.store_report(s, run.run_id, html, path=final / report.file)
         records.start_publishing(s, run.run_id)
@@ -123,7 +123,10 @@ def publish(
     )
 
 
-def _record_guarantees(session: Any, run: RunContext, plan: PlanSummary) -> None:
+def _record_guarantees(session: Any, run: RunContext, plan: PlanSummary, state: dict[str, Any]) -> None:
+    """The composed guarantee under each accountant, with the plan's checks and what the
+    release is (``state``: :meth:`~privrelease.reports.context.ReportContext.release_state`),
+    which the release index shows beside them."""
     from privrelease.audit import records
 
     full = plan_of(run.policy)
@@ -141,6 +144,7 @@ def _record_guarantees(session: Any, run: RunContext, plan: PlanSummary) -> None
                 "detail": guarantee.detail,
                 "policy_notion": notion == full.notion,
                 "checks": plan.checks,
+                "release": state,
                 "charged_event_json": plan.charged_event_json,
             },
         )

@@ -132,13 +132,15 @@ def describe(plan: Any, outputs: list[Any], state: dict[str, Any]) -> dict[str, 
 
 
 def warnings(outputs: list[Any], unit: str) -> list[str]:
-    """Operator warnings: a statistic that read more or fewer ``unit`` (rows, or people with a
-    person column: :attr:`~privrelease.policies.schema.Dataset.size_unit`) than ``dataset.rows`` declares,
-    outputs with no rows, or sampled outputs (SDGS microdata, histograms) whose published rows
-    or cells hold less than :data:`LOW_SHARE` of their sample (internal: counts and shares
-    describe the data)."""
+    """Every operator warning: :func:`declared_rows` and then :func:`nearly_empty`."""
+    return declared_rows(outputs, unit) + nearly_empty(outputs)
+
+
+def declared_rows(outputs: list[Any], unit: str) -> list[str]:
+    """A statistic that read more or fewer ``unit`` (rows, or people with a person column:
+    :attr:`~privrelease.policies.schema.Dataset.size_unit`) than ``dataset.rows`` declares
+    (internal: the count describes the data)."""
     found = []
-    advice = "see `privrelease calibrate sdgs` (smaller k or larger beta) or a coarser generalization / select_scheme"
     for output in outputs:
         declared, counted = output.public_facts.get("rows"), output.internal_facts.get("rows_in")
         if declared is not None and counted is not None and declared != counted:
@@ -152,6 +154,15 @@ def warnings(outputs: list[Any], unit: str) -> list[str]:
                 f"{output.mechanism}: the data has {counted} {unit} where dataset.rows declares {declared}; "
                 f"{use}: correct dataset.rows in a new policy version"
             )
+    return found
+
+
+def nearly_empty(outputs: list[Any]) -> list[str]:
+    """Outputs with no rows, or sampled outputs (SDGS microdata, histograms) whose published rows
+    or cells hold less than :data:`LOW_SHARE` of their sample (internal: shares describe the data)."""
+    found = []
+    advice = "see `privrelease calibrate sdgs` (smaller k or larger beta) or a coarser generalization / select_scheme"
+    for output in outputs:
         sampled, kept = output.internal_facts.get("rows_sampled"), output.public_facts.get("rows_published")
         if output.rows + sum(staged.rows for staged in output.more) == 0:
             found.append(f"{output.mechanism}: published no rows; {advice}")

@@ -95,7 +95,7 @@ def report_context(
             else:
                 curve = ledger.curve_of(now, run.run_id)
     internal: dict[str, dict[str, Any]] = {o.mechanism: dict(o.internal_facts) for o in outputs}
-    internal["dataset"] = {"rows_read": read.rows_read, "rows_dropped": read.rows_dropped}
+    internal["dataset"] = _dataset_rows(run, read)
     return ReportContext(
         plan=plan_of(run.policy),
         run_id=run.run_id,
@@ -115,8 +115,14 @@ def report_context(
         budget=None if reservation is None else reservation.budget,
         ledger_before=None if reservation is None else reservation.before,
         ledger_after=None if reservation is None else reservation.after,
+        ledger_remaining=None if reservation is None else reservation.remaining,
+        ledger_at_lifetime_delta=reservation is not None and reservation.at_lifetime_delta,
         ledger_curve=curve,
-        warnings=release_facts.warnings(outputs, run.loaded().policy.dataset.size_unit),
+        warnings=release_facts.declared_rows(outputs, run.loaded().policy.dataset.size_unit),
+        nearly_empty=release_facts.nearly_empty(outputs),
+        chosen_schemes={
+            o.mechanism: o.public_facts["chosen_scheme"] for o in outputs if "chosen_scheme" in o.public_facts
+        },
         outputs=[
             {
                 "mechanism": o.mechanism,
@@ -138,6 +144,21 @@ def report_context(
     )
 
 
+def _dataset_rows(run: RunContext, read: ReadFacts) -> dict[str, Any]:
+    """The rows read and dropped, for the internal report: for missing values, and with a person
+    column by its ``max_rows`` (the count where this read made it, else the rule)."""
+    rows: dict[str, Any] = {"rows_read": read.rows_read, "rows_dropped_for_missing_values": read.rows_dropped}
+    dataset = run.loaded().policy.dataset
+    if dataset.person_column:
+        rows["rows_dropped_by_person_bound"] = (
+            f"not counted in this read; each person's rows beyond max_rows = {dataset.rows_per_person} "
+            "are dropped at random"
+            if read.rows_over_person_bound is None
+            else read.rows_over_person_bound
+        )
+    return rows
+
+
 def _signing_public_key() -> str | None:
     """The public key of the configured signing key (None: records are not signed)."""
     from privrelease.audit import signing
@@ -154,7 +175,8 @@ def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
     from privrelease.reports.render import report_pages
 
     context = report_context(run, **facts)
-    document = release_facts.describe(context.plan, facts["outputs"], context.release_state())
+    state = context.release_state()
+    document = release_facts.describe(context.plan, facts["outputs"], state)
     described = json.dumps(document, indent=2, sort_keys=True) + "\n"
     report, statement = report_pages(context)
     files = {}
@@ -171,6 +193,7 @@ def stage_reports(run: RunContext, **facts: Any) -> ReportFacts:
         statement_file=STATEMENT_FILE,
         statement_sha256=files[STATEMENT_FILE][0],
         statement_bytes=files[STATEMENT_FILE][1],
+        state=state,
         release_file=release_facts.RELEASE_FILE,
         release_sha256=files[release_facts.RELEASE_FILE][0],
     )

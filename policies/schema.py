@@ -215,6 +215,11 @@ class Dataset(Model):
         return "people" if isinstance(self.person, Person) else "rows"
 
     @property
+    def person_column(self) -> str | None:
+        """The column naming each row's person (None: each row is a different person)."""
+        return self.person.column if isinstance(self.person, Person) else None
+
+    @property
     def rows_per_person(self) -> int:
         """The most rows one person may have in what the mechanisms read: 1 unless ``person``
         names a column (then its ``max_rows``)."""

@@ -41,10 +41,16 @@ class ReportContext:
     - ``dataset``: ``{sha256, size_bytes, rows}`` (a fingerprint, never contents).
     - ``budget``: the dataset's lifetime budget ``{epsilon, delta}`` or None.
     - ``ledger_before`` / ``ledger_after``: ``{epsilon, delta}`` spent (stored trees composed)
-      before and after this release.
+      before and after this release; ``ledger_remaining``: what is left after it, as the ledger
+      computes it; ``ledger_at_lifetime_delta``: spent and left are epsilons at the lifetime
+      delta (approximate DP), so their delta is the lifetime delta, not an amount spent or left.
     - ``ledger_curve``: the dataset's composed privacy curve before and after this release and
       the runway (:func:`privrelease.audit.ledger.history_curve`), or None.
-    - ``warnings``: for the operator (internal): outputs with no or few rows.
+    - ``warnings``: for the operator (internal), other than ``nearly_empty``: a statistic that
+      read another number of rows than ``dataset.rows`` declares.
+    - ``nearly_empty``: for the operator (internal): outputs with no or few rows.
+    - ``chosen_schemes``: mechanism -> the candidate scheme its ``select_scheme`` chose (public:
+      a differentially private choice, published in ``release.json``).
     - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
     - ``timings``: step -> seconds.
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
@@ -71,8 +77,12 @@ class ReportContext:
     budget: dict[str, float] | None = None
     ledger_before: dict[str, float] | None = None
     ledger_after: dict[str, float] | None = None
+    ledger_remaining: dict[str, float] | None = None
+    ledger_at_lifetime_delta: bool = False
     ledger_curve: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    nearly_empty: list[str] = field(default_factory=list)
+    chosen_schemes: dict[str, str] = field(default_factory=dict)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)

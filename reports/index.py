@@ -16,7 +16,10 @@ shows them. The targets shown beside the values come from the policy version's c
 (``targets.max_epsilon``, ``delta``, ``rho``, stated under ``targets.accounting``); whether each
 was met is the stored check of that target (``max_epsilon (<notion>)``, ``delta (<notion>)``,
 ``rho (statistics composed)`` or else every ``<mechanism>: rho``). A run that stored no checks
-(older runs) shows "not recorded", never a verdict computed now. ``rho`` is the recorded
+(older runs) shows "not recorded", never a verdict computed now. What the release is, stored
+beside the checks (:meth:`privrelease.reports.context.ReportContext.release_state`, as its
+report's first screen says it), stands in the verdict's place when it published no rows or far
+fewer than planned. ``rho`` is the recorded
 composed identifiability of the statistics (Lee & Clifton, rho-differential identifiability).
 That the stored guarantees follow from their event trees is ``audit verify``'s replay
 (:mod:`privrelease.audit.replay`).
@@ -103,6 +106,9 @@ class RunRow:
     """``pass``, ``fail``, ``no targets`` or ``not recorded`` (no guarantee or no plan checks stored)."""
     recorded_checks: tuple[int, int] | None
     """(passed, total) of the plan checks stored with the guarantee, when stored."""
+    release: dict[str, Any] | None
+    """What the release is, stored with the guarantee (``published_rows``, ``published_nothing``,
+    ``short_of_plan``: :meth:`privrelease.reports.context.ReportContext.release_state`); None: not stored."""
     approved_before_read: bool | None
     report_href: str | None = None
     report_file: str | None = None
@@ -307,13 +313,22 @@ def _verdict(rows: list[GuaranteeRow], checks: list[dict[str, Any]] | None) -> s
     return "pass" if all(check.get("passed") is True for check in checks) else "fail"
 
 
+def _stored(guarantees: list[Any], accounting: str | None) -> dict[str, Any]:
+    """The details the run stored with its guarantee under ``accounting`` (empty: none)."""
+    return next((_details(g) for g in guarantees if g.notion == accounting), {})
+
+
 def _stored_checks(guarantees: list[Any], accounting: str | None) -> list[dict[str, Any]] | None:
     """The plan checks the run stored with its guarantee under ``accounting``; None: none stored."""
-    for guarantee in guarantees:
-        checks = _details(guarantee).get("checks")
-        if guarantee.notion == accounting and isinstance(checks, list):
-            return [check if isinstance(check, dict) else {} for check in checks]
-    return None
+    checks = _stored(guarantees, accounting).get("checks")
+    return [check if isinstance(check, dict) else {} for check in checks] if isinstance(checks, list) else None
+
+
+def _stored_release(guarantees: list[Any], accounting: str | None) -> dict[str, Any] | None:
+    """What the release is, as the run stored it with its guarantee; None: not stored (older runs)."""
+    release = _stored(guarantees, accounting).get("release")
+    keys = {"published_rows", "published_nothing", "short_of_plan"}
+    return release if isinstance(release, dict) and keys <= release.keys() else None
 
 
 def _recorded_checks(checks: list[dict[str, Any]] | None) -> tuple[int, int] | None:
@@ -352,7 +367,8 @@ def collect(session: Any, *, database: str = "") -> IndexData:
         policy = policies[run.policy_sha256]  # a foreign key: always there
         policy_targets = targets[run.policy_sha256]
         rows = _guarantee_rows(guarantees.get(run.id, []), policy_targets)
-        stored = _stored_checks(guarantees.get(run.id, []), (policy_targets or {}).get("accounting"))
+        accounting = (policy_targets or {}).get("accounting")
+        stored = _stored_checks(guarantees.get(run.id, []), accounting)
         first_approval = (approvals.get(run.policy_sha256) or [None])[0]
         before = None
         if run.data_read_at is not None:
@@ -375,6 +391,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
                 guarantees=rows,
                 verdict=_verdict(rows, stored),
                 recorded_checks=_recorded_checks(stored),
+                release=_stored_release(guarantees.get(run.id, []), accounting),
                 approved_before_read=before,
             )
         )

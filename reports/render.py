@@ -77,6 +77,7 @@ FACT_LABELS = {
     "change one person makes to each (zero-concentrated DP, Bun & Steinke; not the identifiability ρ)",
 }
 INTERNAL_FACT_LABELS = {
+    "rows_dropped_by_person_bound": "rows dropped by the person bound (dataset.person max_rows)",
     "discernibility": "discernibility (Bayardo & Agrawal: the sum of the published classes' squared sizes plus "
     "suppressed × sampled rows; lower means less information lost)",
 }
@@ -261,15 +262,35 @@ def _explanations(policy: Any) -> list[Markup]:
     return [Markup(environment().from_string(source).render(targets=policy.targets)) for source in sources]
 
 
-def _remaining(budget: dict[str, Any], spent: dict[str, Any], key: str) -> str:
-    """What is left of the budget (as the ledger computes it: never below 0; an unbounded or
-    unknown spend leaves nothing)."""
-    limit, used = budget.get(key), spent.get(key)
-    if limit is None:
-        return "n/a"
-    if used is None or not math.isfinite(used):
-        return fmt(0.0)
-    return fmt(max(0.0, limit - used))
+def _ledger_rows(context: ReportContext) -> list[tuple[str, str, str]]:
+    """The ledger table: the lifetime budget, spent before and after this release and what is
+    left, as the ledger computes them. Under approximate DP spent and left are epsilons at the
+    lifetime delta: their delta cell names that delta, never an amount spent or left."""
+    if not (context.budget or context.ledger_before or context.ledger_after):
+        return []
+    at = " (smallest ε at the lifetime δ)" if context.ledger_at_lifetime_delta else ""
+    rows = [("lifetime budget", context.budget or {})]
+    rows += [(f"spent before this release{at}", context.ledger_before or {})]
+    rows += [(f"spent after this release{at}", context.ledger_after or {})]
+    if context.ledger_remaining:
+        left = "ε left at the lifetime δ" if context.ledger_at_lifetime_delta else "remaining"
+        rows.append((left, context.ledger_remaining))
+    shown = []
+    for label, amounts in rows:
+        delta = fmt(amounts.get("delta"))
+        if context.ledger_at_lifetime_delta and label != "lifetime budget":
+            delta = f"at the lifetime δ {delta}"
+        shown.append((label, fmt(amounts.get("epsilon")), delta))
+    return shown
+
+
+def _candidate(candidate: str, chosen: dict[str, str]) -> str:
+    """A candidate scheme's name, marked ``used by`` the mechanisms that chose it (``not used``
+    when others were chosen; unmarked when the run chose none, e.g. a failed run)."""
+    users = [mechanism for mechanism, name in chosen.items() if name == candidate]
+    if users:
+        return f"{candidate} (used by {', '.join(users)})"
+    return f"{candidate} (not used)" if chosen else candidate
 
 
 def view(context: ReportContext) -> dict[str, Any]:
@@ -294,9 +315,10 @@ def view(context: ReportContext) -> dict[str, Any]:
                 "not_dp": None if guarantee.supported else guarantee.detail,
             }
         )
-    generalization = [(column, "", scheme.in_words()) for column, scheme in policy.generalization.items()]
+    generalization = [(column, "fixed", scheme.in_words()) for column, scheme in policy.generalization.items()]
     for candidate, schemes in (policy.candidate_schemes or {}).items():
-        generalization += [(column, candidate, scheme.in_words()) for column, scheme in schemes.items()]
+        label = _candidate(candidate, context.chosen_schemes)
+        generalization += [(column, label, scheme.in_words()) for column, scheme in schemes.items()]
     approval = context.approval or {}
     outputs = [
         {
@@ -318,22 +340,6 @@ def view(context: ReportContext) -> dict[str, Any]:
             )
         )
     ]
-    ledger_rows: list[tuple[str, ...]] = []
-    if context.budget or context.ledger_before or context.ledger_after:
-        for label, amounts in (
-            ("lifetime budget", context.budget),
-            ("spent before this release", context.ledger_before),
-            ("spent after this release", context.ledger_after),
-        ):
-            amounts = amounts or {}
-            ledger_rows.append((label, fmt(amounts.get("epsilon")), fmt(amounts.get("delta"))))
-        if context.budget and context.ledger_after:
-            ledger_rows.append(
-                (
-                    "remaining",
-                    *(_remaining(context.budget, context.ledger_after, key) for key in ("epsilon", "delta")),
-                )
-            )
     internal_facts = [
         (
             name,
@@ -372,6 +378,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         "fixed_before_data_access": context.fixed_before_data_access,
         "mechanisms": mechanisms,
         "generalization": generalization,
+        "chosen_schemes": list(context.chosen_schemes.items()),
         "composed": [_guarantee(g) for g in plan.composed.values()],
         "composed_notion": _guarantee(plan.guarantee),
         "dp_only": _dp_only(all_leaves, plan.notion),
@@ -390,9 +397,11 @@ def view(context: ReportContext) -> dict[str, Any]:
             "code_version": context.code_version,
             "kinds": [(tag, f"{source['distribution']} {source['version']}") for tag, source in plan.kinds.items()],
             "dataset": context.dataset,
-            "ledger": ledger_rows,
+            "ledger": _ledger_rows(context),
+            "ledger_at_lifetime_delta": context.ledger_at_lifetime_delta,
             "ledger_chart": None if context.ledger_curve is None else ledger_chart(context.ledger_curve),
             "warnings": list(context.warnings),
+            "nearly_empty": list(context.nearly_empty),
             "timings": list(context.timings.items()),
             "total_seconds": sum(context.timings.values()) if context.timings else None,
             "facts": internal_facts,

@@ -279,7 +279,7 @@ def record_release(db: Any) -> str:
     with database.session(db) as s:
         records.record_data_read(s, run_id)
         ledger.commit(s, reservation.entry_id)
-        publishing._record_guarantees(s, SimpleNamespace(run_id=run_id, policy=source), summary)
+        publishing._record_guarantees(s, SimpleNamespace(run_id=run_id, policy=source), summary, {})
         records.finish_run(s, run_id, "succeeded")
     return run_id
 

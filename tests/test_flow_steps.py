@@ -23,7 +23,7 @@ import pytest
 from sqlmodel import col, select
 
 from privrelease import count_intervals, demo
-from privrelease.audit import approvals, chain, registered, verification
+from privrelease.audit import approvals, chain, ledger, registered, verification
 from privrelease.audit.database import open_database, session
 from privrelease.audit.models import LedgerEntry, Output, PolicyVersion, Report, Run
 from privrelease.errors import TargetNotMet, UserError
@@ -34,6 +34,7 @@ from privrelease.flows.steps import DataStepError, release_plain
 from privrelease.mechanisms import composition
 from privrelease.mechanisms.events import event_from_json
 from privrelease.policies import load_policy
+from privrelease.reports.charts import fmt
 from privrelease.settings import get_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,6 +221,22 @@ def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):
     assert entry.epsilon < 1.1 and entry.delta == 1e-6
     report = Path(published.report).read_text()  # the internal report shows the lifetime curve and runway
     assert 'id="chart-ledger"' in report and "more runs of this policy fit the lifetime budget" in report
+    # the ledger table says what `ledger show` says: the epsilon left at the lifetime delta, never a delta of 0 left
+    with session(open_database(), readonly=True) as s:
+        left = ledger.ledger_status(s, "adult-census").remaining
+    assert left.delta == 1e-6 and left.epsilon > 8
+    row = f'<tr><td>ε left at the lifetime δ</td><td class="num">{fmt(left.epsilon)}</td>'
+    assert f'{row}<td class="num">at the lifetime δ 1e-06</td></tr>' in report
+    assert "<td>remaining</td>" not in report
+    # the statement says which candidate was used, as release.json does
+    chosen = json.loads((Path(published.release_dir) / "release.json").read_text())["outputs"][0]["facts"][
+        "chosen_scheme"
+    ]
+    other = ({"coarse", "fine"} - {chosen}).pop()
+    statement = Path(published.statement).read_text()
+    assert f"microdata used the candidate scheme <strong>{chosen}</strong>" in statement
+    assert f"<td>age</td><td>{chosen} (used by microdata)</td>" in statement
+    assert f"<td>age</td><td>{other} (not used)</td>" in statement
     verify_intact()
 
 
@@ -471,6 +488,19 @@ def test_data_with_other_row_count_is_released_with_an_operator_warning(demo_dir
     assert "1000 rows" not in Path(published.statement).read_text()
     assert "the data has 1000 rows" not in (Path(published.release_dir) / "release.json").read_text()
     verify_intact()
+
+
+def test_a_warning_on_a_release_published_as_planned_is_not_headed_nearly_empty(demo_dir, work):
+    """The internal report heads the dataset.rows warning "Warnings for the operator"; "Nearly
+    empty release" is kept for outputs with no or few rows (the demo publishes as planned)."""
+    declared = variant(demo_dir, "rows-49000", ("rows: 50000", "rows: 49000"))
+    published = release_plain(policy_path=str(declared))
+    (warning,) = published.warnings
+    assert "dataset.rows declares 49000" in warning
+    report = Path(published.report).read_text()
+    shown = report.split('id="warnings"', 1)[1].split("</div>", 1)[0]
+    assert "<strong>Warnings for the operator.</strong>" in shown and "dataset.rows declares 49000" in shown
+    assert "Nearly empty release" not in report and 'id="nearly-empty"' not in report
 
 
 def test_data_without_a_declared_column_is_refused(demo_dir, work):
@@ -1150,7 +1180,8 @@ def test_release_describes_itself_and_flags_a_nearly_empty_output(demo_dir, work
     strict.write_text(re.sub(r"\n  accuracy:\n(    - .*\n)+", "\n", strict.read_text()))  # it misses them, on purpose
     flagged = release_plain(policy_path=str(strict))
     assert any("published no rows" in warning for warning in flagged.warnings)
-    assert "Nearly empty release" in Path(flagged.report).read_text()
+    nearly_empty = Path(flagged.report).read_text().split('id="nearly-empty"', 1)[1].split("</div>", 1)[0]
+    assert "Nearly empty release" in nearly_empty and "published no rows" in nearly_empty
     assert "Nearly empty release" not in Path(flagged.statement).read_text()
 
 

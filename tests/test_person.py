@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -416,6 +417,14 @@ def test_a_release_states_its_unit_of_privacy_and_never_publishes_the_person_col
     assert "to estimate the number of people in a cell" in hist["estimation"]
     report = Path(published.report).read_text()
     assert f"With the person column: {counted['counts']}." in report
+    # the internal report counts the rows the person bound dropped apart from those dropped for missing values
+    per_person = Counter(line.split(",")[0] for line in (tmp_path / "discharges.csv").read_text().splitlines()[1:])
+    over = sum(max(0, rows - 3) for rows in per_person.values())
+    assert over > 0
+    assert '<tr><td>rows dropped for missing values</td><td class="num">0</td></tr>' in report
+    bound = "rows dropped by the person bound (dataset.person max_rows)"
+    assert f'<tr><td>{bound}</td><td class="num">{over:,}</td></tr>' in report
+    assert "<td>rows dropped</td>" not in report and "rows dropped" not in statement
     for file in folder.glob("*.parquet"):
         assert "patient_id" not in pq.read_schema(file).names
         assert not any("P0" in str(value) for column in pq.read_table(file).columns for value in column.to_pylist())
@@ -611,3 +620,8 @@ def test_a_person_column_parquet_release_streams_and_never_reads_one_table(tmp_p
         "hist2": "one random row per person",
     }
     assert pq.read_table(next(o["path"] for o in published.outputs if o["mechanism"] == "counts")).num_rows == 3
+    bound = 'rows dropped by the person bound (dataset.person max_rows)</td><td class="num">not counted in this read'
+    assert (
+        f"{bound}; each person&#39;s rows beyond max_rows = 3 are dropped at random<"
+        in Path(published.report).read_text()
+    )

@@ -222,6 +222,36 @@ def test_a_release_of_nothing_says_so_in_public_and_in_release_json(releases) ->
     assert 'id="plan-warnings"' in html
 
 
+def test_the_release_index_says_a_release_published_nothing_where_its_verdict_is(
+    releases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compliance index carries what each release is, in the verdict cell: the empty
+    release reads "published no rows" (red), never a green "targets met"; the others their rows."""
+    from test_report_index import IndexPage, text
+
+    from privrelease.reports.index import write_index
+
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(releases["empty"].parent.parent))
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    try:
+        written = write_index(tmp_path / "index", open_database())
+    finally:
+        dispose_engines()
+    html = written.path.read_text(encoding="utf-8")
+    verdicts = {}
+    for row in IndexPage(html).rows:
+        verdicts.setdefault(text(row["cells"]["policy"]).split()[0], []).append(text(row["cells"]["verdict"]))
+    empty = json.loads((releases["empty"] / "release.json").read_text(encoding="utf-8"))
+    (verdict,) = verdicts[empty["policy"]["name"]]
+    assert verdict.startswith("published no rows") and "targets met" not in verdict
+    assert "microdata published 0 rows." in verdict  # the draft declares no rows: nothing to expect
+    assert '<span class="badge fail">published no rows</span>' in html
+    for name in ("draft", "approved"):
+        state = json.loads((releases[name] / "release.json").read_text(encoding="utf-8"))["release"]
+        assert any(f"rows published: {state['published_rows']:,}" in v for v in verdicts["demo-census"])
+    assert all(v.startswith("targets met") for v in verdicts["demo-census"])
+
+
 def test_a_development_run_is_a_draft_and_a_production_run_is_approved(releases) -> None:
     draft, approved = statement(releases["draft"]), statement(releases["approved"])
     assert "DRAFT — not an approved release" in draft and "safe to publish" not in draft

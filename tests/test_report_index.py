@@ -97,12 +97,19 @@ class Built:
         return self.root / "work"
 
 
+@functools.cache
+def example_state(policy_text: str) -> dict[str, Any]:
+    """What an example run of the policy is (:meth:`ReportContext.release_state`)."""
+    return example_context(load_policy_text(policy_text, EXAMPLES_DIR)).release_state()
+
+
 def record_like_the_flow(session: Any, run_id: str, policy_text: str) -> None:
     """The guarantees a successful run records, by the flow's own step."""
     from privrelease.flows import publishing, steps
 
     source = steps.PolicySource(text=policy_text, base_dir=str(EXAMPLES_DIR), source="test policy")
-    publishing._record_guarantees(session, SimpleNamespace(run_id=run_id, policy=source), steps.plan_summary(source))
+    run = SimpleNamespace(run_id=run_id, policy=source)
+    publishing._record_guarantees(session, run, steps.plan_summary(source), example_state(policy_text))
 
 
 def add_run(
@@ -355,6 +362,8 @@ def test_guarantees_against_targets_equal_the_calculus(built: Built, page: tuple
     assert "✓" not in "".join(reference), "the other notion is shown for reference only"
     assert text(first["cells"]["verdict"]).startswith("targets met")
     assert f"{len(plan.checks)} of {len(plan.checks)} passed" in text(first["cells"]["verdict"])
+    published = example_state(DEMO_TEXT)["published_rows"]
+    assert f"rows published: {published:,}" in text(first["cells"]["verdict"])
     # SPLU-Gen has no (eps, delta) guarantee: the epsilon target is not met, rho has no statistic
     evil = parsed.row(built.runs[0])
     rows = {text(g[0]).removesuffix(" (targets)"): [text(c) for c in g[1:]] for g in evil["g"] if g}
@@ -400,6 +409,7 @@ def test_verdict_rules() -> None:
     passing = [c for c in checks if c["target"] != "count: rho"]
     assert index._verdict(rows, passing) == "pass"
     # an older run: guarantees without stored checks; nothing is recomputed
+    assert index._stored_release([stored("approximate", 0.5, 0.0)], "approximate") is None, "older runs: not stored"
     older = index._guarantee_rows([stored("approximate", 0.5, 0.0, 0.05)], targets)
     assert [(cell.passed, cell.note) for cell in older[0].cells] == [(None, "not recorded")] * 3
     assert index._verdict(older, index._stored_checks([stored("approximate", 0.5, 0.0)], "approximate")) == (
