@@ -446,12 +446,17 @@ def streams(run: RunContext) -> bool:
     )
 
 
-def _row_groups(run: RunContext, expected_sha256: str) -> Iterator[Any]:
+def _row_groups(run: RunContext, expected_sha256: str, column: str | None = None) -> Iterator[Any]:
     """The checked row groups of the run's Parquet file (:func:`privrelease.datasets.read_row_groups`),
-    parsed from bytes read through the run's open file that hash to ``expected_sha256``."""
+    parsed from bytes read through the run's open file that hash to ``expected_sha256``: every
+    declared column, or ``column`` alone."""
     from privrelease.datasets import read_row_groups
 
-    return read_row_groups(run.data_path, **_read_arguments(run, expected_sha256))
+    arguments = _read_arguments(run, expected_sha256)
+    if column is not None:
+        arguments["columns"] = {column: arguments["columns"][column]}
+        arguments["domains"] = {key: value for key, value in arguments["domains"].items() if key == column}
+    return read_row_groups(run.data_path, **arguments)
 
 
 def _recorded_fingerprint(run: RunContext) -> str:

@@ -112,14 +112,14 @@ def shares_of(person: Person, counted: Sequence[tuple[pa.Array, Any]], jobs: tup
     import numpy as np
 
     from privrelease.flows.partitions import PersonShare
-    from privrelease.mechanisms.persons import partition_shares, person_codes
+    from privrelease.mechanisms.persons import grouped_order, partition_shares, person_codes
 
     if not counted:
         return []
     sizes = [len(counts) for _, counts in counted]
     codes = person_codes(pa.chunked_array([values for values, _ in counted], type=counted[0][0].type))
     counts = np.concatenate([counts for _, counts in counted])
-    order = np.argsort(codes, kind="stable")
+    order, _ = grouped_order(codes)
     picks = sum(job.pick is not None for job in jobs)
     quota, picked = np.empty_like(counts), np.empty((picks, counts.size), dtype=np.int64)
     quota[order], picked[:, order] = partition_shares(codes[order], counts[order], person.max_rows, picks)
@@ -130,13 +130,15 @@ def shares_of(person: Person, counted: Sequence[tuple[pa.Array, Any]], jobs: tup
     ]
 
 
-def stream_partials(loaded: Any, reads: Callable[[], Iterable[Any]], name: str) -> Partials:
+def stream_partials(loaded: Any, reads: Callable[[str | None], Iterable[Any]], name: str) -> Partials:
     """Each mechanism's merged partial result over the checked row groups of the file ``name``
-    (``reads()``: a fresh pass over them, :func:`privrelease.datasets.read_row_groups`),
-    computed in this process one read at a time as on Dask (:func:`.partitions.job_partials`;
-    an error names the row group's data rows): the in-process release of a Parquet file whose
-    mechanisms all have a job (:func:`.data.streams`). With a person column, two passes as on
-    Dask: the first counts each row group's rows per person (:func:`.partitions.count_persons`),
+    (``reads(None)``: a fresh pass over them, :func:`privrelease.datasets.read_row_groups`;
+    ``reads(column)``: of that column alone), computed in this process one read at a time as on
+    Dask (:func:`.partitions.job_partials`; an error names the row group's data rows): the
+    in-process release of a Parquet file whose mechanisms all have a job (:func:`.data.streams`).
+    With a person column, two passes as on Dask: the first counts each row group's rows per
+    person (:func:`.partitions.count_persons`; of the person column alone when a missing value
+    is refused, ``missing: reject``, so no row is dropped: the second pass checks every column),
     the person bound is drawn (:func:`shares_of`), the second computes on the rows it keeps."""
     from privrelease.flows.partitions import count_persons, job_partials, rows_note
     from privrelease.policies.schema import Person
@@ -144,9 +146,10 @@ def stream_partials(loaded: Any, reads: Callable[[], Iterable[Any]], name: str) 
     jobs, person = named_jobs(loaded), loaded.policy.dataset.person
     shares: Iterable[Any] = itertools.repeat(None)
     if isinstance(person, Person):  # the same verified bytes twice: the same row groups, the same people
-        shares = shares_of(person, [count_persons(read.table, person.column) for read in reads()], jobs)
+        counted = reads(person.column if loaded.policy.dataset.missing == "reject" else None)
+        shares = shares_of(person, [count_persons(read.table, person.column) for read in counted], jobs)
     results, first = [], 0
-    for read, share in zip(reads(), shares):
+    for read, share in zip(reads(None), shares):
         results.append(job_partials(read, jobs, rows_note(first, read.rows_read, name), share=share))
         first += read.rows_read
     return _merged(jobs, results)

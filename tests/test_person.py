@@ -10,7 +10,6 @@ a Parquet file streamed row group by row group in this process with persons spli
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections import Counter
@@ -123,18 +122,20 @@ def test_truncation_keeps_a_uniform_subset_of_at_most_m_rows() -> None:
     assert not (np.diff(kept) > 0).all(), "the kept rows are not in input order"
 
 
-def test_sorting_packed_keys_ranks_rows_as_a_stable_sort_of_the_shuffled_codes(monkeypatch) -> None:
-    """Given the same permutation, :func:`_ranked`'s sort of ``code * n + rank`` gives the very
-    order, codes and ranks of the stable sort of the shuffled codes (its path above PACKED_ROWS)."""
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_sorting_packed_keys_orders_rows_as_a_stable_sort(shuffled: bool, monkeypatch) -> None:
+    """:func:`grouped_order`'s one sort of ``code * n + rank`` gives the very order and codes of
+    the stable sort of the (shuffled) codes, as does its path from PACKED_ROWS rows on."""
     rng = np.random.default_rng(5)  # test data and a fixed permutation, not a mechanism
     codes = rng.integers(0, 400, 5_000)
-    fixed = rng.permutation(codes.size)
-    monkeypatch.setattr(persons, "permutation", lambda n: fixed)
-    packed = persons._ranked(codes)
+    permutation = rng.permutation(codes.size) if shuffled else None
+    order, grouped = persons.grouped_order(codes, permutation)
+    stable = np.argsort(codes if permutation is None else codes[permutation], kind="stable")
+    stable = stable if permutation is None else permutation[stable]
+    assert np.array_equal(order, stable) and np.array_equal(grouped, codes[stable])
     monkeypatch.setattr(persons, "PACKED_ROWS", 0)
-    stable = persons._ranked(codes)
-    for a, b in zip(packed, stable, strict=True):
-        assert np.array_equal(a, b)
+    for mine, theirs in zip(persons.grouped_order(codes, permutation), (order, grouped), strict=True):
+        assert np.array_equal(mine, theirs)
 
 
 @pytest.mark.parametrize(
@@ -552,20 +553,22 @@ targets:
 """
 
 
-def write_visits(work: Path) -> tuple[int, np.ndarray, np.ndarray]:
+def write_visits(work: Path, missing: str = "drop") -> tuple[int, np.ndarray, np.ndarray]:
     """600 persons with 1 to 12 visits each, their rows shuffled over a Parquet file in row
-    groups of 300 rows (persons split across row groups), and 100 persons whose one row is
-    dropped (a missing county; its value stays in the row group's dictionary); VISITS beside
-    it. The file's rows, each person's visits and county."""
+    groups of 300 rows (persons split across row groups), and with ``missing: drop`` 100 persons
+    whose one row is dropped (a missing county; its value stays in the row group's dictionary);
+    VISITS beside it (``missing: reject``: without those rows, and refusing a missing value).
+    The file's rows, each person's visits and county."""
     rng = np.random.default_rng(11)  # test data, not a mechanism
     sizes = rng.integers(1, 13, size=600)
     county = rng.choice(["A", "B", "C"], size=600)
     rows = [(f"P{p}", county[p], visit) for p in range(600) for visit in range(sizes[p])]
-    rows += [(f"Q{p}", "?", 0) for p in range(100)]  # dropped (missing county): persons with no row left
+    if missing == "drop":
+        rows += [(f"Q{p}", "?", 0) for p in range(100)]  # dropped (missing county): persons with no row left
     rows = [rows[i] for i in rng.permutation(len(rows))]
     columns = dict(zip(["patient_id", "county", "visit"], map(list, zip(*rows, strict=True)), strict=True))
     pq.write_table(pa.table(columns), work / "visits.parquet", row_group_size=300)
-    (work / "visits.yaml").write_text(VISITS)
+    (work / "visits.yaml").write_text(VISITS.replace("  missing: drop\n", f"  missing: {missing}\n"))
     return len(rows), sizes, county
 
 
@@ -581,37 +584,51 @@ def assert_every_person_bounded(read: Partials, sizes: np.ndarray, county: np.nd
         }
 
 
-def test_in_process_a_streamed_read_bounds_every_person_across_row_groups(tmp_path) -> None:
+@pytest.mark.parametrize("missing", ["drop", "reject"])
+def test_in_process_a_streamed_read_bounds_every_person_across_row_groups(tmp_path, missing: str) -> None:
     """:func:`write_visits` in this process, row group by row group (two passes, never the
-    whole table): every person bounded across row groups as on Dask."""
+    whole table): every person bounded across row groups as on Dask. The first pass reads
+    every column when a row with a missing value is dropped (it changes who is counted), the
+    person column alone when one is refused (the second pass checks every column)."""
     from privrelease.datasets import read_row_groups
     from privrelease.flows.partitions import ReadSpec
     from privrelease.flows.scaled import stream_partials
     from privrelease.policies import load_policy
 
-    rows, sizes, county = write_visits(tmp_path)
+    rows, sizes, county = write_visits(tmp_path, missing)
     loaded = load_policy(tmp_path / "visits.yaml")
     spec = ReadSpec.of(loaded.policy.dataset)
-    path = tmp_path / "visits.parquet"
-    reads = functools.partial(read_row_groups, path, columns=spec.columns, missing="drop", domains=dict(spec.domains))
+    path, passes = tmp_path / "visits.parquet", []
+
+    def reads(column: str | None):
+        passes.append(column)
+        columns = spec.columns if column is None else {column: spec.columns[column]}
+        domains = {name: values for name, values in spec.domains.items() if name in columns}
+        return read_row_groups(path, columns=columns, missing=spec.missing, domains=domains)
+
     read = stream_partials(loaded, reads, path.name)
-    assert read.partitions == -(-rows // 300) and (read.rows_read, read.rows_dropped) == (rows, 100)
+    assert read.partitions == -(-rows // 300)
+    assert (read.rows_read, read.rows_dropped) == (rows, 100 if missing == "drop" else 0)
+    assert passes == ([None, None] if missing == "drop" else ["patient_id", None])
     assert_every_person_bounded(read, sizes, county)
 
 
-def test_a_person_column_parquet_release_streams_and_never_reads_one_table(tmp_path, work, monkeypatch) -> None:
+@pytest.mark.parametrize("missing", ["drop", "reject"])
+def test_a_person_column_parquet_release_streams_and_never_reads_one_table(
+    tmp_path, work, monkeypatch, missing: str
+) -> None:
     """End to end in this process: the visits file (its histograms sampled) is released row
-    group by row group (reading it as one table fails here), every mechanism published with its
-    person rule."""
+    group by row group (reading it as one table fails here; refusing missing values, its
+    first pass reads the person column alone), every mechanism published with its person rule."""
     monkeypatch.setenv("PRIVRELEASE_DATA_ROOTS", str(tmp_path))
-    write_visits(tmp_path)
+    write_visits(tmp_path, missing)
 
     def never_one_table(*args, **kwargs):
         raise AssertionError("a streamed release never reads the whole table")
 
     monkeypatch.setattr(flow_data, "_read", never_one_table)
     policy = tmp_path / "sampled.yaml"  # beta 1 has no (epsilon, delta) guarantee: sampled, it meets the targets
-    policy.write_text(VISITS.replace("k: 2, beta: 1.0", "k: 20, beta: 0.2"))
+    policy.write_text((tmp_path / "visits.yaml").read_text().replace("k: 2, beta: 1.0", "k: 20, beta: 0.2"))
     published = release_plain(policy_path=str(policy))
     facts = json.loads((Path(published.release_dir) / "release.json").read_text())
     assert facts["unit_of_privacy"]["rules"] == {
