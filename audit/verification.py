@@ -10,6 +10,7 @@ none of which imports it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.audit import approvers, governance, signing
+from privrelease.errors import UserError
 from privrelease.audit import replay as replaying
 from privrelease.audit.chain import (
     RELEASE_HEAD_FILE,
@@ -332,6 +334,31 @@ def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: st
     return ReleaseCheck(problems, head.signature is None, head.release)
 
 
+RUN_PREFIX, POLICY_PREFIX = 8, 12
+"""The fewest characters of a run id (``--run``) and hex digits of a policy sha256 (``--policy``)
+that name one: shorter ones would match releases of other runs or policies."""
+
+
+def check_binding_options(run: str | None, policy: str | None) -> None:
+    """:class:`UserError` naming ``--run`` or ``--policy`` when it cannot name one run (8+ hex
+    characters of its id) or one policy (``name@version``, or 12+ hex digits of its sha256): a
+    user's mistake, not a release of another run or policy."""
+    hexadecimal = re.compile(r"[0-9a-fA-F]+")
+    if run is not None and not (len(run) >= RUN_PREFIX and hexadecimal.fullmatch(run)):
+        raise UserError(
+            f"--run must be the run id or at least {RUN_PREFIX} of its hex characters; got {run!r}", field="run"
+        )
+    if (
+        policy is not None
+        and "@" not in policy
+        and not (len(policy) >= POLICY_PREFIX and hexadecimal.fullmatch(policy))
+    ):
+        raise UserError(
+            f"--policy must be NAME@VERSION or at least {POLICY_PREFIX} hex digits of the policy's sha256; got {policy!r}",
+            field="policy",
+        )
+
+
 def _binding_problems(folder: Path, release: dict[str, str] | None, run: str | None, policy: str | None) -> list[str]:
     """The signed release binding against the folder's name and the expected run and policy."""
     if release is None:
@@ -345,10 +372,10 @@ def _binding_problems(folder: Path, release: dict[str, str] | None, run: str | N
             f"the folder is named {name!r} but its signed head is for release {release.get('folder')!r}: "
             "renamed or swapped with another release"
         )
-    if run is not None and (len(run) < 8 or not release.get("run", "").startswith(run.lower())):
+    if run is not None and not release.get("run", "").startswith(run.lower()):
         problems.append(f"the release is of run {release.get('run')}, not of --run {run}")
     if policy is not None and not (
-        policy == release.get("policy") or (len(policy) >= 12 and release.get("policy_sha256", "").startswith(policy))
+        policy == release.get("policy") or release.get("policy_sha256", "").startswith(policy.lower())
     ):
         problems.append(
             f"the release is of policy {release.get('policy')} (sha256 {release.get('policy_sha256', '')[:12]}), "

@@ -30,6 +30,7 @@ from privrelease.audit import approvals, chain, signing
 from privrelease.audit.database import dispose_engines, open_database, session
 from privrelease.audit.models import AUDITED_TABLES, AuditEvent, ChainHead, LedgerEntry, Report, Run
 from privrelease.cli import app
+from privrelease.errors import UserError
 from privrelease.files import sha256_text
 from privrelease.flows.steps import release_plain
 from privrelease.policies import load_policy
@@ -302,6 +303,18 @@ def test_release_folders_swapped_on_the_share_fail(attacked, tmp_path):
     result = check(second, "--run", other_run)
     assert result.exit_code == 1 and f"not of --run {other_run}" in result.output
     assert check(second, "--policy", "another@1").exit_code == 1
+    sha256 = release["policy_sha256"]
+    assert check(second, "--policy", sha256[:12].upper()).exit_code == 0
+    # a value that cannot name one run or policy is the user's mistake (a UserError: exit 2), never BROKEN
+    for option, value, needed in (
+        ("--run", release["run"][:4], "at least 8 of its hex characters"),
+        ("--run", "not-a-run-id", "at least 8 of its hex characters"),
+        ("--policy", sha256[:8], "NAME@VERSION or at least 12 hex digits"),
+        ("--policy", policy.split("@")[0], "NAME@VERSION or at least 12 hex digits"),
+    ):
+        result = check(second, option, value)
+        assert isinstance(result.exception, UserError) and needed in str(result.exception), result.output
+        assert result.exception.field == option[2:] and "BROKEN" not in result.output
 
 
 def test_a_record_signature_is_not_a_head_file(attacked, tmp_path):

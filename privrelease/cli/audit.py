@@ -423,6 +423,7 @@ def audit_verify_release(
 
     if not folder.is_dir():
         raise UserError(f"release folder {str(folder)!r} does not exist or is not a folder")
+    verification.check_binding_options(run, policy)
     found = verification.verify_release(folder, signing.public_key(public_key), run=run, policy=policy)
     problems, release = found.problems, found.release
     if json_output:
