@@ -265,7 +265,8 @@ def _explanations(policy: Any) -> list[Markup]:
 def _ledger_rows(context: ReportContext) -> list[tuple[str, str, str]]:
     """The ledger table: the lifetime budget, spent before and after this release and what is
     left, as the ledger computes them. Under approximate DP spent and left are epsilons at the
-    lifetime delta: their delta cell names that delta, never an amount spent or left."""
+    lifetime delta: their delta cell names that delta (the budget's, also before anything was
+    spent), never an amount spent or left."""
     if not (context.budget or context.ledger_before or context.ledger_after):
         return []
     at = " (smallest ε at the lifetime δ)" if context.ledger_at_lifetime_delta else ""
@@ -275,13 +276,15 @@ def _ledger_rows(context: ReportContext) -> list[tuple[str, str, str]]:
     if context.ledger_remaining:
         left = "ε left at the lifetime δ" if context.ledger_at_lifetime_delta else "remaining"
         rows.append((left, context.ledger_remaining))
-    shown = []
-    for label, amounts in rows:
-        delta = fmt(amounts.get("delta"))
-        if context.ledger_at_lifetime_delta and label != "lifetime budget":
-            delta = f"at the lifetime δ {delta}"
-        shown.append((label, fmt(amounts.get("epsilon")), delta))
-    return shown
+    lifetime = f"at the lifetime δ {fmt((context.budget or {}).get('delta'))}"
+    return [
+        (
+            label,
+            fmt(amounts.get("epsilon")),
+            lifetime if context.ledger_at_lifetime_delta and index else fmt(amounts.get("delta")),
+        )
+        for index, (label, amounts) in enumerate(rows)
+    ]
 
 
 def _candidate(candidate: str, chosen: dict[str, str]) -> str:

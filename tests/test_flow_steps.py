@@ -228,6 +228,9 @@ def test_release_on_adult_with_scheme_selection(adult_dir, work, tmp_path):
     row = f'<tr><td>ε left at the lifetime δ</td><td class="num">{fmt(left.epsilon)}</td>'
     assert f'{row}<td class="num">at the lifetime δ 1e-06</td></tr>' in report
     assert "<td>remaining</td>" not in report
+    # before anything was spent (the dataset's first release) too: the lifetime delta, never 0
+    before = '<tr><td>spent before this release (smallest ε at the lifetime δ)</td><td class="num">0</td>'
+    assert f'{before}<td class="num">at the lifetime δ 1e-06</td></tr>' in report
     # the statement says which candidate was used, as release.json does
     chosen = json.loads((Path(published.release_dir) / "release.json").read_text())["outputs"][0]["facts"][
         "chosen_scheme"
