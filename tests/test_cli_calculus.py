@@ -177,6 +177,10 @@ def test_plan_warns_that_run_refuses_a_policy_without_a_lifetime_budget(tmp_path
         (("guarantee", "sdgs", "--k", "5", "--beta", "0.1", "--epsilon", "-1"), "epsilon must be"),
         (("guarantee", "sdgs", "--k", "x", "--beta", "0.1", "--epsilon", "1"), "--k must be"),
         (("calibrate", "sdgs", "--k", "5", "--beta", "0.1"), "give exactly three"),
+        (
+            ("calibrate", "sdgs", "--k", "20", "--beta", "0.1,0.2", "--epsilon", "1"),
+            "--beta takes one number in [0.0001, 1] or 'auto'; got '0.1,0.2'",
+        ),
         (("calibrate", "identifiability", "--rho", "1.5", "--lower", "1", "--upper", "9"), "rho must be in (0, 1)"),
     ],
 )

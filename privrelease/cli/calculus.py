@@ -374,7 +374,14 @@ def calibrate_sdgs(
             raise UserError("--beta auto means beta = 1 - e^-epsilon: give --epsilon too")
         beta_value = cal.auto_beta(epsilon)
     elif beta is not None:
-        beta_value = _numbers(beta, "beta", float)[0]
+        try:
+            beta_value = float(beta)
+        except ValueError:
+            raise UserError(
+                f"--beta takes one number in [{MIN_BETA:g}, 1] or 'auto'; got {beta!r} "
+                "(for several, `privrelease guarantee sdgs --beta` takes a comma-separated list)",
+                field="beta",
+            ) from None
     _check_sdgs(k, beta_value, epsilon, delta, beta_option="--beta auto (1 - e^-epsilon)" if auto else "--beta")
     missing = [
         name
