@@ -557,8 +557,12 @@ def test_calibrate_states_the_cost_of_the_targets_and_the_naive_alternative(tmp_
     assert document["naive"]["epsilon"] == mechanism.facts["naive_epsilon"] > document["cost"]["epsilon"]
     widths = [row["all_cells_half_width"] for row in document["tables"]]
     assert all(w <= limit for w, limit in zip(widths, [25, 25, 20, 10], strict=True))
-    text = CliRunner().invoke(app, ["calibrate", "noisy-tables", str(path)]).output
+    # geo-tables is nonnegative: the half-widths are of the unrounded estimate, as plan says
+    assert document["statements_of"] == "the unrounded least-squares estimate" and document["rounding"]
+    text = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["calibrate", "noisy-tables", str(path)]).output
     assert "naive (each table on its own, budget split equally): zCDP rho" in text
+    assert "each cell (unrounded)" in text and "every cell at once (unrounded)" in text
+    assert " ".join(document["rounding"].split()) in " ".join(text.split())
     refused = CliRunner().invoke(app, ["calibrate", "noisy-tables", str(EXAMPLES / "adult-noisy.yaml")])
     assert isinstance(refused.exception, UserError)  # main() prints it in one line, exit 2
     assert "calibrate noisy-tables needs one noisy_tables mechanism" in str(refused.exception)

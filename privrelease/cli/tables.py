@@ -1,7 +1,8 @@
 """``calibrate noisy-tables``: what a policy's set of table accuracies costs in privacy, reads no
 data (:mod:`privrelease.mechanisms.kinds.noisy_tables`): the least-cost sigmas meeting every
 ``targets.accuracy`` entry of its ``noisy_tables`` mechanism, the privacy they cost, each table's
-"each cell" and "every cell at once" half-widths, and the naive alternative's cost."""
+"each cell" and "every cell at once" half-widths (with ``nonnegative``: of the unrounded estimate,
+not the published integers), and the naive alternative's cost."""
 
 from __future__ import annotations
 
@@ -39,7 +40,16 @@ def calibrate_noisy_tables(
         print_json(document)
         return
     table = Table(title=f"noisy tables of {document['mechanism']} calibrated to the targets", title_justify="left")
-    for column in ("table", "cells", "sigma", "standard error", "each cell", "every cell at once", "probability"):
+    of = " (unrounded)" if "rounding" in document else ""
+    for column in (
+        "table",
+        "cells",
+        "sigma",
+        "standard error",
+        f"each cell{of}",
+        f"every cell at once{of}",
+        "probability",
+    ):
         table.add_column(column, justify="right")
     for row in document["tables"]:
         table.add_row(
@@ -52,6 +62,8 @@ def calibrate_noisy_tables(
             f"{row['confidence']:g}",
         )
     console.print(table)
+    if "rounding" in document:
+        say(document["rounding"])
     say(_cost_sentence("cost", document["cost"]))
     say(_cost_sentence("naive (each table on its own, budget split equally)", document["naive"]))
     sigmas = ", ".join(f"{row['sigma']:.6g}" for row in document["tables"])
@@ -69,7 +81,7 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
     """The document ``calibrate noisy-tables`` prints (module docstring)."""
     from privrelease.mechanisms import tables
     from privrelease.mechanisms.kinds import epsilon_at_target
-    from privrelease.mechanisms.kinds.noisy_tables import NoisyTablesMechanism, TablesNoise
+    from privrelease.mechanisms.kinds.noisy_tables import ROUNDING, UNROUNDED, NoisyTablesMechanism, TablesNoise
     from privrelease.policies import load_policy
 
     loaded = load_policy(path)
@@ -110,6 +122,8 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
         "policy": str(path),
         "mechanism": spec.name,
         "tables": spec.statements(loaded, sigmas),
+        "statements_of": UNROUNDED if spec.nonnegative else "the published tables",
+        **({"rounding": ROUNDING} if spec.nonnegative else {}),
         "cost": cost(sigmas),
         "naive": cost(naive),
     }
