@@ -18,7 +18,6 @@ from typing import Any
 from sqlmodel import Session, SQLModel, col, select
 
 from privrelease.audit import approvers, governance, signing
-from privrelease.errors import UserError
 from privrelease.audit import replay as replaying
 from privrelease.audit.chain import (
     RELEASE_HEAD_FILE,
@@ -41,6 +40,7 @@ from privrelease.audit.models import (
     Report,
     Run,
 )
+from privrelease.errors import UserError
 from privrelease.files import sha256_file, sha256_text
 
 __all__ = ["ReleaseCheck", "VerifyResult", "verify", "verify_release"]

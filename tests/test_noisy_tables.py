@@ -507,7 +507,7 @@ def test_a_nonnegative_release_states_its_shifts_tables_and_generalization(tmp_p
             for name, cells in zip(names, (10, 5, 2, 1), strict=True)
         )
         + ". Every table is a margin of one estimate (its cells add up to the others): do not add the files "
-        "together or read them as one dataset, which would count every person once per table."
+        "together or read them as one dataset: each table counts the same rows again."
     )
     assert entry["reading"] == reading
     assert entry["generalization"] == {

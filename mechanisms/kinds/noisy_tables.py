@@ -600,7 +600,7 @@ class NoisyTablesMechanism(MechanismKind):
         if len(files) > 1:
             text += (
                 " Every table is a margin of one estimate (its cells add up to the others): do not add the files "
-                "together or read them as one dataset, which would count every person once per table."
+                "together or read them as one dataset: each table counts the same rows again."
             )
         return text
 
