@@ -116,6 +116,7 @@ def test_policy_init_takes_parquet_types_from_the_schema(tmp_path: Path) -> None
         (["nowhere.csv", "--id", "x"], "does not exist"),
         (["data.csv", "--id", "Bad Id"], "--id must be a short slug"),
         (["data.csv", "--id", "x", "--out", "data.csv"], "exists: the draft never overwrites"),
+        (["data.csv", "--id", "x", "--out", "no/such/d.yaml"], "--out 'no/such/d.yaml': its folder 'no/such' does not"),
     ],
 )
 def test_policy_init_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -26,6 +26,7 @@ def policy_schema(
     if out is None:
         typer.echo(schema_text(), nl=False)
         return
+    _check_folder(out)
     out.write_text(schema_text(), encoding="utf-8")
     say(f"wrote {out}", err=True)
 
@@ -48,6 +49,8 @@ def policy_init(
 
     if out is not None and out.exists():
         raise UserError(f"--out {str(out)!r} exists: the draft never overwrites a file")
+    if out is not None:
+        _check_folder(out)
     folder = out.parent if out is not None else Path.cwd()
     text = draft_policy(data, dataset_id, folder)
     if out is None:
@@ -57,6 +60,14 @@ def policy_init(
         say(f"wrote {out}: review it, then `privrelease plan {out}`", err=True)
     for warning in draft_warnings(text, folder):
         say(styled("[yellow]before a run, decide:[/] {}", warning), err=True)
+
+
+def _check_folder(out: Path) -> None:
+    """:class:`UserError` naming ``--out`` when the folder it is to be written in does not exist."""
+    from privrelease.errors import UserError
+
+    if not out.parent.is_dir():
+        raise UserError(f"--out {str(out)!r}: its folder {str(out.parent)!r} does not exist", field="--out")
 
 
 def draft_warnings(text: str, folder: Path) -> list[str]:
