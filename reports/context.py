@@ -93,8 +93,9 @@ class ReportContext:
 
     @property
     def published_rows(self) -> int | None:
-        """The rows of every published output together, companion files (a microdata's cells
-        with their intervals) left out (None: no file states its rows)."""
+        """The rows of every published output's files together (a table's cells one row each: not
+        a count of anything across outputs, but 0 only when nothing was published), companion
+        files (a microdata's cells with their intervals) left out (None: no file states its rows)."""
         counted = [output["rows"] for output in self._outputs_proper() if output.get("rows") is not None]
         return sum(counted) if counted else None
 

@@ -224,7 +224,7 @@ def rerun_command(
     server_reuse: ServerReuseOption = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Repeat a run: same approved policy version and data, fresh randomness, new charge.
+    """Repeat a run: same policy version (approved, in production) and data, fresh randomness, new charge.
 
     The stored canonical policy is used (its hierarchy files are found through the run's
     manifest and checked against the recorded hash); the data must have the same sha256."""
