@@ -248,7 +248,11 @@ def test_the_release_index_says_a_release_published_nothing_where_its_verdict_is
     assert '<span class="badge fail">published no rows</span>' in html
     for name in ("draft", "approved"):
         state = json.loads((releases[name] / "release.json").read_text(encoding="utf-8"))["release"]
-        assert any(f"rows in the published files (all outputs, a table's cells counted as rows): {state['published_rows']:,}" in v for v in verdicts["demo-census"])
+        assert any(
+            f"rows in the published files (all outputs, a table's cells counted as rows): {state['published_rows']:,}"
+            in v
+            for v in verdicts["demo-census"]
+        )
     assert all(v.startswith("targets met") for v in verdicts["demo-census"])
 
 

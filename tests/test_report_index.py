@@ -363,7 +363,9 @@ def test_guarantees_against_targets_equal_the_calculus(built: Built, page: tuple
     assert text(first["cells"]["verdict"]).startswith("targets met")
     assert f"{len(plan.checks)} of {len(plan.checks)} passed" in text(first["cells"]["verdict"])
     published = example_state(DEMO_TEXT)["published_rows"]
-    assert f"rows in the published files (all outputs, a table's cells counted as rows): {published:,}" in text(first["cells"]["verdict"])
+    assert f"rows in the published files (all outputs, a table's cells counted as rows): {published:,}" in text(
+        first["cells"]["verdict"]
+    )
     # SPLU-Gen has no (eps, delta) guarantee: the epsilon target is not met, rho has no statistic
     evil = parsed.row(built.runs[0])
     rows = {text(g[0]).removesuffix(" (targets)"): [text(c) for c in g[1:]] for g in evil["g"] if g}
