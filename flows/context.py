@@ -282,8 +282,7 @@ class ReadFacts:
     engine: dict[str, Any] = field(default_factory=lambda: {"description": "in-process"})
     """How the data was read: ``description``, and on Dask ``partitions`` and ``workers``."""
     rows_over_person_bound: int | None = None
-    """Rows dropped by ``dataset.person``'s ``max_rows`` (None: no person column, or not
-    counted: read on Dask or streamed by row group)."""
+    """Rows dropped by ``dataset.person``'s ``max_rows`` (None: no person column)."""
 
 
 @dataclass(frozen=True)

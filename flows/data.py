@@ -390,7 +390,13 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
             "partitions": read.partitions,
             "workers": engines.workers(run.run_id),
         }
-        return ReadFacts(read.rows_read, read.rows_dropped, read_at, engine=engine)
+        return ReadFacts(
+            read.rows_read,
+            read.rows_dropped,
+            read_at,
+            engine=engine,
+            rows_over_person_bound=read.rows_over_person_bound,
+        )
     if streams(run):
         from privrelease.flows.scaled import stream_partials
 
@@ -398,7 +404,9 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
             reads = functools.partial(_row_groups, run, dataset.sha256)
             streamed = stream_partials(run.loaded(), reads, Path(run.data_path).name)
         engines.held(run.run_id).partials = streamed.partials
-        return ReadFacts(streamed.rows_read, streamed.rows_dropped, read_at)
+        return ReadFacts(
+            streamed.rows_read, streamed.rows_dropped, read_at, rows_over_person_bound=streamed.rows_over_person_bound
+        )
     with withholding("reading the data"):
         result = _read(run, dataset.sha256, dataset.files)
         bounded = engines.held(run.run_id).table = person_rows(run.loaded(), result.table)

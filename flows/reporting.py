@@ -146,16 +146,10 @@ def report_context(
 
 def _dataset_rows(run: RunContext, read: ReadFacts) -> dict[str, Any]:
     """The rows read and dropped, for the internal report: for missing values, and with a person
-    column by its ``max_rows`` (the count where this read made it, else the rule)."""
+    column by its ``max_rows`` (counted by every read: one table, row groups or partitions)."""
     rows: dict[str, Any] = {"rows_read": read.rows_read, "rows_dropped_for_missing_values": read.rows_dropped}
-    dataset = run.loaded().policy.dataset
-    if dataset.person_column:
-        rows["rows_dropped_by_person_bound"] = (
-            f"not counted in this read; each person's rows beyond max_rows = {dataset.rows_per_person} "
-            "are dropped at random"
-            if read.rows_over_person_bound is None
-            else read.rows_over_person_bound
-        )
+    if run.loaded().policy.dataset.person_column:
+        rows["rows_dropped_by_person_bound"] = read.rows_over_person_bound
     return rows
 
 

@@ -62,6 +62,8 @@ class Partials:
     rows_dropped: int
     partitions: int
     partials: dict[str, Any]
+    rows_over_person_bound: int | None = None
+    """Rows dropped by ``dataset.person``'s ``max_rows`` (None: no person column)."""
 
 
 def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -> Partials:
@@ -77,6 +79,7 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     jobs = named_jobs(loaded)  # check_engine: every job exists
     parts = plan_partitions(files, engine.rows_per_partition)
     spec = ReadSpec.of(loaded.policy.dataset)
+    shares = None
     try:
         if not isinstance(loaded.policy.dataset.person, Person):
             results = engines.map_gather(run_id, partials, parts, spec=spec, jobs=jobs)
@@ -85,7 +88,7 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
             results = engines.map_gather(run_id, partials, parts, shares, spec=spec, jobs=jobs)
     except PartitionError as error:
         raise DataStepError(error.step, error.original) from None
-    return _merged(jobs, results)
+    return _merged(jobs, results, shares)
 
 
 def person_shares(
@@ -144,15 +147,15 @@ def stream_partials(loaded: Any, reads: Callable[[str | None], Iterable[Any]], n
     from privrelease.policies.schema import Person
 
     jobs, person = named_jobs(loaded), loaded.policy.dataset.person
-    shares: Iterable[Any] = itertools.repeat(None)
+    shares = None
     if isinstance(person, Person):  # the same verified bytes twice: the same row groups, the same people
         counted = reads(person.column if loaded.policy.dataset.missing == "reject" else None)
         shares = shares_of(person, [count_persons(read.table, person.column) for read in counted], jobs)
     results, first = [], 0
-    for read, share in zip(reads(None), shares):
+    for read, share in zip(reads(None), itertools.repeat(None) if shares is None else shares):
         results.append(job_partials(read, jobs, rows_note(first, read.rows_read, name), share=share))
         first += read.rows_read
-    return _merged(jobs, results)
+    return _merged(jobs, results, shares)
 
 
 def named_jobs(loaded: Any) -> tuple[NamedJob, ...]:
@@ -170,13 +173,18 @@ def named_jobs(loaded: Any) -> tuple[NamedJob, ...]:
     )
 
 
-def _merged(jobs: tuple[NamedJob, ...], results: list[Any]) -> Partials:
-    """The partitions' results (:class:`.partitions.PartitionResult`, in partition order) merged per job."""
+def _merged(jobs: tuple[NamedJob, ...], results: list[Any], shares: list[Any] | None = None) -> Partials:
+    """The partitions' results (:class:`.partitions.PartitionResult`, in partition order) merged
+    per job; with the person bound's ``shares`` (:func:`shares_of`), the rows it dropped: each
+    person's rows beyond its quota."""
     return Partials(
         rows_read=sum(result.rows_read for result in results),
         rows_dropped=sum(result.rows_dropped for result in results),
         partitions=len(results),
         partials={item.name: item.merge([result.partials[item.name] for result in results]) for item in jobs},
+        rows_over_person_bound=None
+        if shares is None
+        else sum(int(share.counts.sum() - share.quota.sum()) for share in shares),
     )
 
 
