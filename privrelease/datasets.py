@@ -20,6 +20,8 @@ on. ``column.cast(pa.string())`` decodes one where plain strings are needed.
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -305,8 +307,10 @@ def _parse_csv(
     encoding: str,
     *,
     skip_rows: int,
+    first_row: int = 0,
 ) -> pa.Table:
-    """The declared ``columns`` (text) of the CSV ``data`` whose fields are ``names``."""
+    """The declared ``columns`` (text) of the CSV ``data`` whose fields are ``names`` (data rows
+    ``first_row + 1`` on of the file, for errors)."""
     try:
         read = pcsv.ReadOptions(encoding=encoding, column_names=names, skip_rows=skip_rows)
         convert = pcsv.ConvertOptions(
@@ -322,7 +326,29 @@ def _parse_csv(
     except (pa.ArrowInvalid, UnicodeDecodeError, LookupError) as exc:
         if "Empty CSV file" in str(exc):
             raise UserError(f"dataset file {str(path)!r} has no header and no rows") from exc
+        if str(exc).startswith("CSV parse error"):  # its text quotes the record: never shown
+            where = _record_fields(data, dialect, len(names), encoding, skip_rows, first_row)
+            raise UserError(f"dataset file {str(path)!r} is not valid CSV: {where}") from None
         raise UserError(f"dataset file {str(path)!r} is not valid CSV: {exc}") from exc
+
+
+def _record_fields(
+    data: pa.Buffer | bytes, dialect: CsvDialect, fields: int, encoding: str, skip_rows: int, first_row: int
+) -> str:
+    """Where the first record of ``data`` (after ``skip_rows`` lines; data row ``first_row + 1``
+    of the file first) has another number of fields than ``fields``, in words that quote
+    nothing of it (only on the error path: Python's csv module reads the text once)."""
+    text = bytes(data).decode(encoding, errors="replace")
+    quoting = {"quotechar": dialect.quote} if dialect.quote else {"quoting": csv.QUOTE_NONE}
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=dialect.delimiter, **quoting)
+    row = first_row
+    for record in reader:
+        if reader.line_num <= skip_rows or not record:  # the header; blank lines are no rows
+            continue
+        row += 1
+        if len(record) != fields:
+            return f"data row {row} has {len(record)} fields where the header (or the first line) has {fields}"
+    return "a record does not parse"
 
 
 def parse_csv_lines(
@@ -358,7 +384,7 @@ def parse_csv_lines(
     sentinel = (dialect.delimiter * (len(names) - 1) + "\n").encode(encoding)
     ended = data if data.endswith(b"\n") else data + b"\n"
     try:
-        table = _parse_csv(ended + sentinel, path, columns, dialect, names, encoding, skip_rows=0)
+        table = _parse_csv(ended + sentinel, path, columns, dialect, names, encoding, skip_rows=0, first_row=first_row)
     except UserError as error:
         if dialect.quote is None or dialect.quote.encode(encoding) not in data:
             raise
