@@ -327,7 +327,9 @@ def _read(run: RunContext, expected_sha256: str, files: Sequence[DataFile] = ())
     spec = ReadSpec.of(dataset)
     if files:
         reads = [read_partition(part, spec) for part in plan_partitions(files, sys.maxsize)]
-        require_rows_left(run.data_path, sum(read.table.num_rows for read in reads))
+        require_rows_left(
+            run.data_path, sum(read.rows_read for read in reads), sum(read.table.num_rows for read in reads)
+        )
         return DatasetRead(
             pa.concat_tables([read.table for read in reads]),
             sum(read.rows_read for read in reads),
@@ -383,7 +385,7 @@ def read_data(run: RunContext, dataset: DatasetFacts) -> ReadFacts:
 
         with withholding("reading the data"):
             read = read_partials(run.run_id, run.loaded(), dataset.files, run.engine)
-            require_rows_left(run.data_path, read.rows_read - read.rows_dropped)
+            require_rows_left(run.data_path, read.rows_read, read.rows_read - read.rows_dropped)
         engines.held(run.run_id).partials = read.partials
         engine = {
             "description": run.engine.describe(),

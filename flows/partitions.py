@@ -127,6 +127,8 @@ def scan_file(path: str, handle: BinaryIO | None = None) -> DataFile:
         size = os.fstat(handle.fileno()).st_size
         footer, metadata = _footer(handle, size, path)
         ranges = tuple(_byte_range(metadata.row_group(i)) for i in range(metadata.num_row_groups))
+        # an empty row group has nothing to read (a 0-row file's one group has no valid offsets)
+        ranges = tuple((4, 4) if not metadata.row_group(i).num_rows else span for i, span in enumerate(ranges))
         if any(not 4 <= start <= end <= size - len(footer) for start, end in ranges):
             raise UserError(f"dataset file {path!r} is not a readable Parquet file: row groups outside the file")
         whole, digests, tail = hashlib.sha256(), [hashlib.sha256() for _ in ranges], hashlib.sha256()
@@ -292,6 +294,8 @@ def plan_partitions(files: Sequence[DataFile], rows_per_partition: int) -> list[
         groups: list[int] = []
         first = rows = 0
         for group, size in enumerate(file.row_groups):
+            if not size:  # nothing to read (and no byte range to check)
+                continue
             if groups and rows + size > rows_per_partition:
                 partitions.append(Partition(file, tuple(groups), first, rows))
                 first += rows

@@ -160,18 +160,16 @@ def read_row_groups(
             whole=False,
         )
 
-    left = 0
+    read_rows = left = 0
     with ThreadPoolExecutor(1, thread_name_prefix="privrelease-read") as pool:
         pending = pool.submit(read, 0) if groups else None
         for at in range(len(groups)):
             assert pending is not None, "a row group is being read"
             done = pending.result()
             pending = pool.submit(read, at + 1) if at + 1 < len(groups) else None
-            left += done.table.num_rows
+            read_rows, left = read_rows + done.rows_read, left + done.table.num_rows
             yield done
-    if not groups:
-        raise UserError(f"dataset file {str(path)!r} has no data rows")
-    require_rows_left(path, left)
+    require_rows_left(path, read_rows, left)
 
 
 def check_dataset(
@@ -193,10 +191,13 @@ def check_dataset(
     return _check_columns(raw, columns, missing, missing_values, path, first_row, whole, domains or {})
 
 
-def require_rows_left(path: Path | str, rows: int) -> None:
-    """A :class:`UserError` when no row of the dataset at ``path`` is left after dropping
-    those with a missing value (``rows`` left, over all its row groups, files or partitions)."""
-    if not rows:
+def require_rows_left(path: Path | str, read: int, left: int) -> None:
+    """A :class:`UserError` when the dataset at ``path`` has no data row (``read``, over all its
+    row groups, files or partitions), or none is left (``left``) after dropping those with a
+    missing value."""
+    if not read:
+        raise UserError(f"dataset {str(path)!r} has no data rows")
+    if not left:
         raise UserError(f"every data row of {str(path)!r} has a missing value; nothing is left")
 
 
@@ -547,7 +548,7 @@ def _check_columns(
     if drop is not None:
         kept = np.flatnonzero(~drop) + 1 + first_row
         if whole:
-            require_rows_left(path, kept.size)
+            require_rows_left(path, raw.num_rows, kept.size)
         raw = raw.filter(pa.array(~drop))
     checked = {name: _convert(raw.column(name), name, kind, kept, first_row) for name, kind in columns.items()}
     for name, values in (domains or {}).items():

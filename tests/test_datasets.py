@@ -346,3 +346,22 @@ def test_a_ragged_record_in_a_block_is_named_by_its_row_in_the_file(tmp_path: Pa
             encoding="utf-8",
         )
     assert "98765" not in str(error.value)
+
+
+def test_a_parquet_file_without_rows_has_no_data_rows(tmp_path: Path) -> None:
+    """A 0-row Parquet file (pyarrow writes one empty row group, whose offsets are not in the
+    file) is fingerprinted, planned as no partition and read as a file with no data rows, in
+    row groups as on Dask: never 'row groups outside the file' nor 'a missing value'."""
+    from privrelease.datasets import read_row_groups, require_rows_left
+    from privrelease.flows.partitions import plan_partitions, scan_file
+
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"a": pa.array([], pa.int64())}), path)
+    file = scan_file(str(path))
+    assert file.row_groups == (0,) and plan_partitions([file], 10) == []
+    with pytest.raises(UserError, match="has no data rows"):
+        list(read_row_groups(path, columns={"a": "integer"}))
+    with pytest.raises(UserError, match="has no data rows"):
+        require_rows_left(path, 0, 0)  # what the Dask read of no partition ends with
+    with pytest.raises(UserError, match="has a missing value; nothing is left"):
+        require_rows_left(path, 3, 0)
