@@ -67,6 +67,8 @@ def header_names(path: Path, dataset: Any) -> list[str] | None:
 
                 return list(pq.read_schema(handle).names)
             first_line = handle.readline()
+            if not first_line:
+                raise UserError(f"dataset file {str(path)!r} has no header and no rows")
         except pa.ArrowInvalid as error:
             raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {error}") from None
         except OSError as error:

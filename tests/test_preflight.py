@@ -71,6 +71,7 @@ def no_server_and_no_run(work: Path) -> None:
     [
         ("missing file", "does not exist or is not a file"),
         ("missing column", "has no column 'education'"),
+        ("empty file", "has no header and no rows"),
         ("missed target", "does not meet its targets"),
     ],
 )
@@ -86,6 +87,10 @@ def test_refused_before_prefect_starts(demo_policy: Path, tmp_path: Path, how: s
             data.read_text().replace('"education"', '"schooling"', 1).replace("education", "schooling", 1)
         )
         args = ["--data", str(renamed)]
+    elif how == "empty file":  # not "has no column ...; its columns are: " (none)
+        empty = demo_policy.parent / "empty.csv"
+        empty.write_bytes(b"")
+        args = ["--data", str(empty)]
     else:
         policy = demo_policy.with_name("strict.yaml")
         policy.write_text(demo_policy.read_text().replace("max_epsilon: 4.5", "max_epsilon: 0.5"))
