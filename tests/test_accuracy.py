@@ -209,6 +209,8 @@ def test_calibrate_accuracy_reports_the_privacy_cost() -> None:
     document = json.loads(result.stdout)
     assert document["beta"] == smallest_beta(20, 1000, 0.1, 0.95) and document["within"] >= 0.95
     assert document["epsilon"] == smallest_epsilon(20, document["beta"], 1e-6, "approximate").epsilon
+    text = cli("calibrate", "accuracy", "--k", "20", "--count", "1000", "--relative-error", "0.1", "--delta", "1e-6")
+    assert "a cell of 1000 people is published and within +-10% (+-100 people) with probability" in text.stdout
     unreachable = cli("calibrate", "accuracy", "--k", "200", "--count", "100", "--relative-error", "0.1")
     assert unreachable.returncode == 1 and "no beta reaches it" in unreachable.stderr
 

@@ -173,6 +173,11 @@ def test_deploy_scripts_with_unreachable_prefect_api(tmp_path):
             assert "Traceback" not in done.stderr
         done = system.privrelease("deploy", "check", env=env)
         assert done.returncode == 2 and url in done.stderr and "Traceback" not in done.stderr, done.stderr
+    # with no API configured: what the deployments need, and where `run` records its runs (a kept server by default)
+    done = system.privrelease("deploy", "check", env={**env, "PREFECT_API_URL": ""})
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "the deployments need one (`privrelease deploy up` starts a server)" in said
+    assert "records its runs on the server it keeps in the work folder" in said and "temporary server" not in said
 
 
 # --------------------------------------------------------------------------- (b) PostgreSQL down

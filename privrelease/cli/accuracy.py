@@ -238,6 +238,7 @@ def calibrate_accuracy(
         else f"epsilon {epsilon:.4g} at delta {delta:g} ({accounting})"
     )
     say(
-        f"beta = {beta:g}: a cell of {count} people is published and within +-{relative_error:g} with probability "
+        f"beta = {beta:g}: a cell of {count} people is published and within +-{relative_error:.0%} "
+        f"(+-{relative_error * count:g} people) with probability "
         f"{statement.within:.4g} (>= {confidence:g}); privacy cost with k = {k}: {cost}"
     )

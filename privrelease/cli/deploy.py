@@ -119,6 +119,10 @@ def check_command() -> None:
     """Check that Prefect's API (PREFECT_API_URL, or the Prefect profile's) answers."""
     url = configured_api_url()
     if not url:
-        raise UserError("no PREFECT_API_URL is configured: `privrelease run` would start a temporary server")
+        raise UserError(
+            "no PREFECT_API_URL is configured (nor in a Prefect profile): the deployments need one (`privrelease "
+            "deploy up` starts a server); `privrelease run` records its runs on the server it keeps in the work "
+            "folder (`privrelease server status`), or on a temporary one with PRIVRELEASE_SERVER_REUSE=false"
+        )
     check_prefect_api(url)
     typer.echo(f"Prefect's API answers at {url}")
