@@ -15,9 +15,14 @@ from privrelease.mechanisms.sdgs_math import delta_exact, delta_theorem1
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "privrelease", *args], capture_output=True, text=True, cwd=REPO, timeout=120
+        [sys.executable, "-m", "privrelease", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -127,7 +132,14 @@ def test_plan_example_policies() -> None:
     assert body["passed"] and body["policy"]["name"] == "demo-census"
     assert body["event_tree"]["event"]["kind"] == "composed"
     text = cli("plan", "policies/examples/demo.yaml")
-    assert "all targets met" in text.stdout
+    assert "all targets met" in text.stdout and "; neighbours add or remove one row" in text.stdout
+
+
+def test_plan_of_a_release_without_dp_names_no_neighbouring_relation(adult_dir) -> None:
+    """SPLU-Gen is not differentially private: plan states the unit of privacy and says no
+    neighbouring relation applies, instead of naming one."""
+    splu = cli("plan", "policies/examples/adult-splu.yaml", env={"PRIVRELEASE_DATA_ROOTS": str(adult_dir.parent)})
+    assert "not differentially private: no neighbouring relation applies" in " ".join(splu.stdout.split()), splu.stderr
 
 
 def test_plan_target_not_met(tmp_path: Path) -> None:
