@@ -120,9 +120,6 @@ def report_context(
         ledger_curve=curve,
         warnings=release_facts.declared_rows(outputs, run.loaded().policy.dataset.size_unit),
         nearly_empty=release_facts.nearly_empty(outputs),
-        chosen_schemes={
-            o.mechanism: o.public_facts["chosen_scheme"] for o in outputs if "chosen_scheme" in o.public_facts
-        },
         outputs=[
             {
                 "mechanism": o.mechanism,

@@ -49,8 +49,6 @@ class ReportContext:
     - ``warnings``: for the operator (internal), other than ``nearly_empty``: a statistic that
       read another number of rows than ``dataset.rows`` declares.
     - ``nearly_empty``: for the operator (internal): outputs with no or few rows.
-    - ``chosen_schemes``: mechanism -> the candidate scheme its ``select_scheme`` chose (public:
-      a differentially private choice, published in ``release.json``).
     - ``outputs``: ``[{mechanism, path (relative name), sha256, rows, bytes}]``.
     - ``timings``: step -> seconds.
     - ``internal_facts``: mechanism name -> facts (rows sampled, cells suppressed, ...).
@@ -82,7 +80,6 @@ class ReportContext:
     ledger_curve: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     nearly_empty: list[str] = field(default_factory=list)
-    chosen_schemes: dict[str, str] = field(default_factory=dict)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     internal_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -90,6 +87,12 @@ class ReportContext:
     chain_head: dict[str, Any] | None = None
     charts: list[Any] | None = None
     production: bool = False
+
+    @property
+    def chosen_schemes(self) -> dict[str, str]:
+        """Mechanism -> the candidate scheme its ``select_scheme`` chose, from its public facts (a
+        differentially private choice, published in ``release.json``)."""
+        return {name: facts["chosen_scheme"] for name, facts in self.public_facts.items() if "chosen_scheme" in facts}
 
     @property
     def published_rows(self) -> int | None:
