@@ -726,20 +726,19 @@ class NoisyCountsMechanism(MechanismKind):
         return "gaussian" if isinstance(self.noise, GaussianNoise) else "laplace"
 
     def _noise(self, loaded: LoadedPolicy) -> tuple[Distribution, float]:
-        """The noise distribution and its parameter: the policy's, or the largest meeting every
-        ``absolute_error`` target naming this mechanism (:func:`largest_noise`, cell by cell)."""
+        """The noise distribution and its parameter as the release runs (:meth:`resolved`)."""
         distribution = self._distribution
-        given = self.noise.sigma if isinstance(self.noise, GaussianNoise) else self.noise.scale
-        if given is not None:
-            return distribution, given
-        return distribution, most_noise(distribution, error_targets(loaded.policy, self.name))
+        return distribution, getattr(self.resolved(loaded).noise, _parameter_name(distribution))
 
     def resolved(self, loaded: LoadedPolicy) -> NoisyCountsMechanism:
-        """With the noise parameter the plan chose (:meth:`_noise`) when the policy leaves it out."""
+        """With the noise parameter the plan chose when the policy leaves it out: the largest
+        meeting every ``absolute_error`` target naming this mechanism (:func:`most_noise`, cell
+        by cell)."""
         name = _parameter_name(self._distribution)
         if getattr(self.noise, name) is not None:
             return self
-        return self.model_copy(update={"noise": self.noise.model_copy(update={name: self._noise(loaded)[1]})})
+        chosen = most_noise(self._distribution, error_targets(loaded.policy, self.name))
+        return self.model_copy(update={"noise": self.noise.model_copy(update={name: chosen})})
 
     def column_refs(self) -> list[ColumnRef]:
         return [ColumnRef(("columns", i), c) for i, c in enumerate(self.columns)]
