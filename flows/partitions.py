@@ -126,9 +126,9 @@ def scan_file(path: str, handle: BinaryIO | None = None) -> DataFile:
     try:
         size = os.fstat(handle.fileno()).st_size
         footer, metadata = _footer(handle, size, path)
-        ranges = tuple(_byte_range(metadata.row_group(i)) for i in range(metadata.num_row_groups))
+        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
         # an empty row group has nothing to read (a 0-row file's one group has no valid offsets)
-        ranges = tuple((4, 4) if not metadata.row_group(i).num_rows else span for i, span in enumerate(ranges))
+        ranges = tuple(_byte_range(group) if group.num_rows else (4, 4) for group in groups)
         if any(not 4 <= start <= end <= size - len(footer) for start, end in ranges):
             raise UserError(f"dataset file {path!r} is not a readable Parquet file: row groups outside the file")
         whole, digests, tail = hashlib.sha256(), [hashlib.sha256() for _ in ranges], hashlib.sha256()
@@ -155,7 +155,7 @@ def scan_file(path: str, handle: BinaryIO | None = None) -> DataFile:
         sha256=whole.hexdigest(),
         bytes=size,
         columns=tuple(metadata.schema.to_arrow_schema().names),
-        row_groups=tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)),
+        row_groups=tuple(group.num_rows for group in groups),
         ranges=ranges,
         range_sha256=tuple(digest.hexdigest() for digest in digests),
         footer_bytes=len(footer),

@@ -122,10 +122,10 @@ def shares_of(person: Person, counted: Sequence[tuple[pa.Array, Any]], jobs: tup
     sizes = [len(counts) for _, counts in counted]
     codes = person_codes(pa.chunked_array([values for values, _ in counted], type=counted[0][0].type))
     counts = np.concatenate([counts for _, counts in counted])
-    order, _ = grouped_order(codes)
+    order, grouped = grouped_order(codes)
     picks = sum(job.pick is not None for job in jobs)
     quota, picked = np.empty_like(counts), np.empty((picks, counts.size), dtype=np.int64)
-    quota[order], picked[:, order] = partition_shares(codes[order], counts[order], person.max_rows, picks)
+    quota[order], picked[:, order] = partition_shares(grouped, counts[order], person.max_rows, picks)
     bounds = np.cumsum([0, *sizes])
     return [
         PersonShare(person.column, counts[a:b], quota[a:b], picked[:, a:b])
