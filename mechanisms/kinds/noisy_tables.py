@@ -388,6 +388,14 @@ class NoisyTablesMechanism(MechanismKind):
         targets = self._targets(loaded, table)
         return targets[0].confidence if targets else DEFAULT_CONFIDENCE
 
+    def statements_of(self) -> dict[str, str]:
+        """What the half-widths and accuracy target checks are of (``statements_of``) and, with
+        ``nonnegative``, how the published integers differ from it (``rounding``): plan's
+        statement and ``calibrate noisy-tables`` say it alike."""
+        if not self.nonnegative:
+            return {"statements_of": "the published tables"}
+        return {"statements_of": UNROUNDED, "rounding": ROUNDING}
+
     def statements(self, loaded: LoadedPolicy, sigmas: Sequence[float] | None = None) -> list[dict[str, Any]]:
         """Per table: cells, sigma, the largest standard error of a cell, the "each cell" and
         "every cell at once" half-widths at its confidence (the largest over its cells where
@@ -424,7 +432,7 @@ class NoisyTablesMechanism(MechanismKind):
         naive = self.naive(loaded)
         document: dict[str, Any] = {
             "tables": rows,
-            "statements_of": UNROUNDED if self.nonnegative else "the published tables",
+            **self.statements_of(),
             "consistency": "every table is a margin of one least-squares estimate: cells add up exactly to every "
             "published margin and across geography levels",
             "noise": "Gaussian of variance sigma^2 (OpenDP's float sampler: exact on a lattice of spacing 2^-1074), "
@@ -450,7 +458,6 @@ class NoisyTablesMechanism(MechanismKind):
                 f"against {tables.privacy_cost(self.sigmas(loaded), loaded.policy.dataset.rows_per_person):.4g} here."
             )
         if self.nonnegative:
-            document["rounding"] = ROUNDING
             caption += " " + ROUNDING
         table_rows = tuple(
             (

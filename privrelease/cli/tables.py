@@ -81,7 +81,7 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
     """The document ``calibrate noisy-tables`` prints (module docstring)."""
     from privrelease.mechanisms import tables
     from privrelease.mechanisms.kinds import epsilon_at_target
-    from privrelease.mechanisms.kinds.noisy_tables import ROUNDING, UNROUNDED, NoisyTablesMechanism, TablesNoise
+    from privrelease.mechanisms.kinds.noisy_tables import NoisyTablesMechanism, TablesNoise
     from privrelease.policies import load_policy
 
     loaded = load_policy(path)
@@ -122,8 +122,7 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
         "policy": str(path),
         "mechanism": spec.name,
         "tables": spec.statements(loaded, sigmas),
-        "statements_of": UNROUNDED if spec.nonnegative else "the published tables",
-        **({"rounding": ROUNDING} if spec.nonnegative else {}),
+        **spec.statements_of(),
         "cost": cost(sigmas),
         "naive": cost(naive),
     }
