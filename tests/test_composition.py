@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import cpu_seconds
 
 from privrelease.mechanisms import composition, pld
 from privrelease.mechanisms.events import SDGS, Composed, Laplace, SPLUGen
@@ -87,8 +88,6 @@ def test_releases_compose_as_a_multiset():
     """Thousands of identical runs are one entry with a multiplicity: the same composition as
     the list of copies (the list is slow: every copy hashed and flattened), at a cost that does
     not grow with the count."""
-    import time
-
     tree = Composed(events=(ADULT, Laplace(scale=4.0, sensitivity=1.0)))
     assert (
         composition.releases_of([tree] * 40)
@@ -101,13 +100,9 @@ def test_releases_compose_as_a_multiset():
     # CPU time, not wall time: a machine busy with other tests slows it less (a pause of 0.3 s
     # in wall time would exceed 20 times the 50 runs' 15 ms); each answer computed, not recalled.
     composition._answered.cache_clear()
-    start = time.process_time()
-    composition.epsilon_at({ADULT: 50}, 1e-6)
-    few = time.process_time() - start
+    few = cpu_seconds(lambda: composition.epsilon_at({ADULT: 50}, 1e-6))[1]
     composition._answered.cache_clear()
-    start = time.process_time()
-    many = composition.epsilon_at({ADULT: 50_000}, 1e-6)
-    seconds = time.process_time() - start  # 1000 times the count, a few times the cost
+    many, seconds = cpu_seconds(lambda: composition.epsilon_at({ADULT: 50_000}, 1e-6))  # 1000 times the count
     assert seconds < 20 * few and many.method == composition.PLD, f"{seconds:.3f} s CPU; 50 runs {few:.3f} s"
     assert many.epsilon > composition.epsilon_at({ADULT: 25_000}, 1e-6).epsilon
 
