@@ -33,6 +33,7 @@ from privrelease.mechanisms.events import Composed, is_dp, leaves
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
 from privrelease.reports.html import jinja_environment, write_html
+from privrelease.reports.labels import FACT_KEYS, FACT_LABELS, fact_label, internal_fact_label
 
 __all__ = [
     "ReportContext",
@@ -50,39 +51,6 @@ NOTION_NAMES = {
     "probabilistic": "probabilistic DP (Theorem 1, the papers' notion)",
     "approximate": "approximate (ε, δ)-DP (exact hockey-stick δ)",
 }
-FACT_LABELS = {
-    "k_anonymity": "k-anonymity",
-    "crowd_blending": "crowd-blending",
-    "candidate_schemes": "candidate schemes",
-    "query": "query",
-    "column": "column",
-    "rho": "target ρ",
-    "rho_achieved": "ρ achieved",
-    "feasible": "ρ feasible",
-    "lambda": "Laplace scale λ",
-    "universe_size": "universe size m",
-    "sensitive_range": "sensitive range S(f)",
-    "reason": "note",
-    "fsmooth": "f-smooth (Theorem 6)",
-    "model": "privacy model",
-    "t_p": "small-sum privacy T_p",
-    "t_p_argmin_f": "T_p attained at f",
-    "t_f": "large-sum utility T_f",
-    "approximate_epsilon_at_target_delta": "approximate ε at the target δ (optimal composition)",
-    "approximate_delta_at_max_epsilon": "approximate δ at the target max ε",
-    "composition": "composition (every method compared, the tightest used)",
-    "rho_composed_statistics": "ρ of the statistics composed",
-    "not_dp": "not differential privacy",
-    "zcdp_rho": "zCDP ρ of the Gaussian noise for one person: Δ²/(2σ²) summed over its noisy measurements, Δ the L2 "
-    "change one person makes to each (zero-concentrated DP, Bun & Steinke; not the identifiability ρ)",
-}
-INTERNAL_FACT_LABELS = {
-    "rows_dropped_by_person_bound": "rows dropped by the person bound (dataset.person max_rows)",
-    "discernibility": "discernibility (Bayardo & Agrawal: the sum of the published classes' squared sizes plus "
-    "suppressed × sampled rows; lower means less information lost)",
-}
-
-
 # --- formatting filters ------------------------------------------------------------------
 
 
@@ -153,9 +121,6 @@ def _parameters(spec: Any) -> list[tuple[str, str]]:
     return [(key, _value(value)) for key, value in dumped.items() if value not in ((), [], {})]
 
 
-FACT_KEYS = {"epsilon0": "ε0", "delta0": "δ0"}
-
-
 def _composition(result: dict[str, Any]) -> str:
     """A composition's answer in words: the method used and every method's (ε, δ)."""
     methods = "; ".join(
@@ -176,7 +141,7 @@ def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[t
             continue
         if isinstance(value, dict):
             value = {FACT_KEYS.get(k, k): v for k, v in value.items()}
-        rows.append((FACT_LABELS.get(key, str(key).replace("_", " ")), _value(value)))
+        rows.append((fact_label(key), _value(value)))
     return rows
 
 
@@ -348,7 +313,7 @@ def view(context: ReportContext) -> dict[str, Any]:
             name,
             [
                 (
-                    INTERNAL_FACT_LABELS.get(str(key), str(key).replace("_", " ")),
+                    internal_fact_label(str(key)),
                     f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else _value(value),
                 )
                 for key, value in facts.items()

@@ -137,9 +137,21 @@ def test_plan_example_policies() -> None:
 
 def test_plan_of_a_release_without_dp_names_no_neighbouring_relation(adult_dir) -> None:
     """SPLU-Gen is not differentially private: plan states the unit of privacy and says no
-    neighbouring relation applies, instead of naming one."""
-    splu = cli("plan", "policies/examples/adult-splu.yaml", env={"PRIVRELEASE_DATA_ROOTS": str(adult_dir.parent)})
-    assert "not differentially private: no neighbouring relation applies" in " ".join(splu.stdout.split()), splu.stderr
+    neighbouring relation applies, instead of naming one. Its facts carry the report's labels
+    (T_p, T_f), never their keys."""
+    from privrelease.reports.labels import fact_label
+
+    env = {"PRIVRELEASE_DATA_ROOTS": str(adult_dir.parent), "COLUMNS": "250"}
+    splu = cli("plan", "policies/examples/adult-splu.yaml", env=env)
+    words = " ".join(splu.stdout.split())
+    assert "not differentially private: no neighbouring relation applies" in words, splu.stderr
+    (facts,) = [
+        m["facts"]
+        for m in json.loads(cli("plan", "policies/examples/adult-splu.yaml", "--json", env=env).stdout)["mechanisms"]
+    ]
+    for key in ("t_p", "t_p_argmin_f", "t_f"):
+        assert f"{fact_label(key)}: {facts[key]:g}" in words
+    assert fact_label("t_p") == "small-sum privacy T_p" and "t p:" not in words and "not dp:" not in words
 
 
 def test_plan_target_not_met(tmp_path: Path) -> None:
@@ -237,7 +249,7 @@ def test_plan_tables_show_no_raw_python() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "{'" not in done.stdout and "True" not in done.stdout and "False" not in done.stdout
-    assert "k anonymity:" in done.stdout
+    assert "k-anonymity:" in done.stdout
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
 
 
