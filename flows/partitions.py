@@ -525,7 +525,7 @@ def count_persons(table: pa.Table, column: str) -> tuple[pa.Array, Any]:
     from privrelease.mechanisms.persons import persons_of
 
     persons, codes = persons_of(table[column])
-    return persons, np.bincount(codes, minlength=len(persons))
+    return persons, np.bincount(codes, minlength=len(persons)).astype(np.int32)  # a partition's rows: below 2^31
 
 
 def partials(

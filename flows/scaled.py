@@ -124,7 +124,7 @@ def shares_of(person: Person, counted: Sequence[tuple[pa.Array, Any]], jobs: tup
     counts = np.concatenate([counts for _, counts in counted])
     order, grouped = grouped_order(codes)
     picks = sum(job.pick is not None for job in jobs)
-    quota, picked = np.empty_like(counts), np.empty((picks, counts.size), dtype=np.int64)
+    quota, picked = np.empty_like(counts), np.empty_like(counts, shape=(picks, counts.size))
     quota[order], picked[:, order] = partition_shares(grouped, counts[order], person.max_rows, picks)
     bounds = np.cumsum([0, *sizes])
     return [

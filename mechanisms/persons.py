@@ -59,11 +59,19 @@ def persons_of(values: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray
             distinct = pa.array(
                 np.flatnonzero(present).astype(numbers.dtype) + numbers.dtype.type(low), type=array.type
             )
-            return distinct, (np.cumsum(present) - 1)[offsets]
+            return distinct, _numbered(present)[offsets]
     encoded = array if pa.types.is_dictionary(array.type) else array.dictionary_encode()
     indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     present = np.bincount(indices, minlength=len(encoded.dictionary)) > 0
-    return encoded.dictionary.filter(pa.array(present)), (np.cumsum(present) - 1)[indices]
+    return encoded.dictionary.filter(pa.array(present)), _numbered(present)[indices]
+
+
+def _numbered(present: np.ndarray) -> np.ndarray:
+    """Each value's index among the present ones (``present.cumsum() - 1``), as int32 when the
+    present ones number below 2^31 (half the memory of int64 for a person's every row)."""
+    numbered: np.ndarray = np.cumsum(present, dtype=np.int32 if present.size < 2**31 else np.int64)
+    numbered -= 1
+    return numbered
 
 
 def person_codes(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -82,12 +90,16 @@ def grouped_order(codes: np.ndarray, shuffled: np.ndarray | None = None) -> tupl
         order = np.argsort(codes if shuffled is None else codes[shuffled], kind="stable")
         order = order if shuffled is None else shuffled[order]
         return order, codes[order]
-    rank = np.arange(rows, dtype=np.int64)
-    if shuffled is not None:
-        rank[shuffled] = np.arange(rows)
-    keys = np.sort(codes.astype(np.int64) * rows + rank)
+    keys = codes.astype(np.int64)  # in place from here: two arrays of rows at most
+    keys *= rows
+    if shuffled is None:
+        keys += np.arange(rows)
+    else:
+        keys[shuffled] += np.arange(rows)
+    keys.sort()
     position = keys % rows
-    return position if shuffled is None else shuffled[position], keys // rows
+    keys //= rows
+    return position if shuffled is None else shuffled[position], keys
 
 
 def _ranked(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,22 +134,30 @@ def partition_shares(
     entries): ``t`` uniform in ``[0, m')`` over the person's kept rows in entry order, so the
     row is uniform over the kept rows (and over all ``n`` rows), independently per kind. Holds
     O(entries) integers; ``max_rows`` vectorized steps over the entries of people above it."""
-    quota = counts.astype(np.int64)
-    picked = np.full((picks, quota.size), -1, dtype=np.int64)
+    quota = counts.astype(np.int32 if counts.size and counts.max() < 2**31 else np.int64)
+    picked = np.full((picks, quota.size), -1, dtype=quota.dtype)
     if not quota.size:
         return quota, picked
-    starts = np.flatnonzero(np.r_[True, person[1:] != person[:-1]])
-    totals = np.add.reduceat(quota, starts)
-    over = np.repeat(totals > max_rows, np.diff(np.r_[starts, quota.size]))
-    left, taken = quota[over], np.zeros(int(over.sum()), dtype=np.int64)
+    new_person = np.empty(person.size, dtype=bool)
+    new_person[0] = True
+    np.not_equal(person[1:], person[:-1], out=new_person[1:])
+    starts = np.flatnonzero(new_person)
+    del new_person
+    totals = np.add.reduceat(quota, starts, dtype=np.int64)
+    entries = np.diff(np.r_[starts, quota.size])
+    above = totals > max_rows
+    over = np.repeat(above, entries)
+    left = quota[over]
     if left.size:
-        first = np.flatnonzero(np.r_[True, person[over][1:] != person[over][:-1]])
-        rows = totals[totals > max_rows]
+        taken = np.zeros(left.size, dtype=quota.dtype)
+        first = np.r_[0, np.cumsum(entries[above])[:-1]]  # each such person's first entry among theirs
+        rows = totals[above]
         for step in range(max_rows):
             entry = _entry_at(left, first, uniform_below(first.size, rows - step))[0]
             left[entry] -= 1
             taken[entry] += 1
         quota[over] = taken
+    del over, left
     kept = np.minimum(totals, max_rows)
     for pick in picked:
         entry, index = _entry_at(quota, starts, uniform_below(starts.size, kept))
@@ -148,10 +168,10 @@ def partition_shares(
 def _entry_at(sizes: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each person (entries from ``starts``), the entry holding its item number ``offset``
     when its entries' ``sizes`` items are counted in order, and the item's index in it."""
-    cumulative = np.cumsum(sizes)
-    target = (cumulative - sizes)[starts] + offsets
+    cumulative = np.cumsum(sizes, dtype=np.int64)
+    target = cumulative[starts] - sizes[starts] + offsets
     entry = np.searchsorted(cumulative, target, side="right")
-    return entry, target - (cumulative - sizes)[entry]
+    return entry, target - (cumulative[entry] - sizes[entry])
 
 
 def partition_rows(codes: np.ndarray, quota: np.ndarray, picked: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
