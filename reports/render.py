@@ -56,7 +56,7 @@ NOTION_NAMES = {
 
 def _value(value: Any) -> str:
     """A fact or parameter for people: numbers to 6 digits, lists joined, a list of lists (column
-    groups, e.g. noisy tables) as ``[a, b]; [c]; [] (total)``, dicts as k = v."""
+    groups, e.g. noisy tables) as ``[a, b]; [c]; [] (total)``, dicts as k = v (a nested one as k (...))."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -65,8 +65,11 @@ def _value(value: Any) -> str:
         return "; ".join(f"[{_value(group)}]" if group else "[] (total)" for group in value)
     if isinstance(value, (list, tuple)):
         return ", ".join(_value(item) for item in value)
-    if isinstance(value, dict):
-        return ", ".join(f"{key} = {_value(item)}" for key, item in value.items())
+    if isinstance(value, dict):  # a mapping of mappings (noisy tables' levels): "state (of = county, level = 1)"
+        return ", ".join(
+            f"{key} ({_value(item)})" if isinstance(item, dict) else f"{key} = {_value(item)}"
+            for key, item in value.items()
+        )
     if value is None:
         return "none"
     return str(value)
@@ -162,15 +165,16 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
         for cell in statement.cells
     ]
     noise = statement.noise
+    together = bool(noise and noise.all_cells_half_width and noise.cells > 1)  # one cell: nothing "at once"
     view["half_width"] = (
         [
-            (f"{c:.0%}", fmt(h, 4), *((fmt(noise.all_cells_half_width[c], 4),) if noise.all_cells_half_width else ()))
+            (f"{c:.0%}", fmt(h, 4), *((fmt(noise.all_cells_half_width[c], 4),) if together else ()))
             for c, h in noise.half_width.items()
         ]
         if noise
         else []
     )
-    view["all_cells"] = f"{noise.cells:,}" if noise and noise.all_cells_half_width else None
+    view["all_cells"] = f"{noise.cells:,}" if noise and together else None
     view["unit"] = noise.unit if noise else None
     view["interval_columns"] = (
         f"{noise.interval_confidence * 100:g}%" if noise and noise.interval_confidence is not None else None

@@ -134,16 +134,26 @@ def test_partials_and_the_noise_free_release_match_an_independent_computation(mo
     assert sum(expected[cell][0] for cell in expected) == table.num_rows
 
 
-def test_grand_total_without_by() -> None:
-    """``by: []``: one cell, every row in it."""
+def test_grand_total_without_by(monkeypatch) -> None:
+    """``by: []``: one cell, every row in it, published as one row without label columns (in
+    process and from merged partials, as on Dask)."""
     rng = np.random.default_rng(3)
     table = _table(rng, 500)
     loaded = _loaded(by="[]")
     (mechanism,) = loaded.policy.mechanisms
     counts, totals = mechanism.job(loaded).partial(table)
     clamped = np.clip(table["amount"].to_numpy(), -5, 20)
+    expected = sum(round(v / 0.5) * 0.5 for v in clamped.tolist())
     assert counts.tolist() == [500]
-    assert totals[0] * 0.5 == pytest.approx(sum(round(v / 0.5) * 0.5 for v in clamped.tolist()), abs=1e-9)
+    assert totals[0] * 0.5 == pytest.approx(expected, abs=1e-9)
+    monkeypatch.setattr(noisy_sums, "add_noise", lambda values, distribution, sigma: np.asarray(values))
+    for published in (mechanism.run(loaded, table).table, mechanism.finish(loaded, np.stack([counts, totals])).table):
+        (row,) = published.to_pylist()
+        assert published.column_names[:2] == ["total", "total_lower"] and row["count"] == 500
+        assert row["total"] == pytest.approx(expected, abs=1e-9) and row["mean"] == pytest.approx(expected / 500)
+    (stated,) = mechanism.accuracy(loaded, mechanism.plan(loaded)).stated  # one cell: nothing "at once"
+    assert stated.columns == ("statistic", "confidence", "each cell") and "at once" not in stated.caption
+    assert {len(row) for row in stated.rows} == {3}
 
 
 def test_sensitivity_and_rho_against_opendp() -> None:
@@ -384,6 +394,17 @@ def test_frontier_over_sigma_total() -> None:
     assert list(frontier.accuracy) == sorted(frontier.accuracy)
     assert frontier.accuracy[frontier.chosen_index] == charges._widths("total", 0.95)
     assert frontier.privacy[frontier.chosen_index] == pytest.approx(plan_policy(loaded).mechanisms[1].event.epsilon)
+
+
+def test_frontier_draws_no_requirement_for_the_total_from_a_target_on_the_count() -> None:
+    """Only the count has a target: the total's frontier draws no required half-width (the
+    count's ±40 is not a requirement of the totals) and reads the half-widths at the published
+    intervals' confidence."""
+    loaded = _loaded(accuracy="[{mechanism: sums, statistic: count, absolute_error: 40, confidence: 0.9}]")
+    (mechanism,) = loaded.policy.mechanisms
+    frontier = mechanism.frontier(loaded)
+    assert frontier.accuracy_target is None
+    assert frontier.accuracy[frontier.chosen_index] == mechanism._widths("total", 0.9)
 
 
 def test_on_dask_the_merged_partials_give_the_in_process_release(tmp_path: Path, monkeypatch) -> None:

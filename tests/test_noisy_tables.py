@@ -522,6 +522,7 @@ def test_a_nonnegative_release_states_its_shifts_tables_and_generalization(tmp_p
         assert "estimate = the unrounded least-squares estimate (every table a margin of it), not published" in text
         assert "the published estimate" not in text
         assert "tables [county, sex]; [county]; [state]; [] (total)" in text
+        assert "levels state (of = county, level = 1)" in text and "state = of = county" not in text
 
 
 # --------------------------------------------------------------------------- examples

@@ -255,11 +255,12 @@ def log_grid(chosen: float, low: float = 0.0, high: float = math.inf) -> list[fl
     return sorted({*(v for v in steps if low < v <= high), chosen})
 
 
-def half_width_target(loaded: LoadedPolicy, name: str) -> tuple[float, float | None, str]:
+def half_width_target(loaded: LoadedPolicy, name: str, statistic: str | None = None) -> tuple[float, float | None, str]:
     """The confidence, limit and rule label of the ``absolute_error`` accuracy target naming
-    mechanism ``name`` (default confidence :data:`FRONTIER_CONFIDENCE`, no limit)."""
+    mechanism ``name`` (and ``statistic``, when given; default confidence
+    :data:`FRONTIER_CONFIDENCE`, no limit)."""
     for target in loaded.policy.targets.accuracy:
-        if target.mechanism == name and target.absolute_error is not None:
+        if target.mechanism == name and target.absolute_error is not None and statistic in (None, target.statistic):
             return target.confidence, target.absolute_error, f"required ±{target.absolute_error:g}"
     return FRONTIER_CONFIDENCE, None, ""
 

@@ -917,7 +917,10 @@ class CountJob:
         return cls(loaded.published_schemes(columns), {column: tuple(labels) for column, labels in domain.items()})
 
     def labels(self) -> dict[str, pa.Array]:
-        """Each cell's labels, one array per column, row-major over ``domain`` (as :meth:`partial`)."""
+        """Each cell's labels, one array per column, row-major over ``domain`` (as :meth:`partial`);
+        none for the one cell of no columns (a grand total)."""
+        if not self.domain:
+            return {}
         shape = tuple(len(labels) for labels in self.domain.values())
         position = np.unravel_index(np.arange(self.cells), shape)
         return {

@@ -341,7 +341,8 @@ class NoisySumsMechanism(MechanismKind):
             together = {f"{c:g}": release._widths(statistic, c, cells) for c in CONFIDENCES}
             document[statistic] = {"half_width": each, "all_cells_half_width": together}
             rows += [
-                (statistic, f"{c:.0%}", f"±{num(each[f'{c:g}'])}", f"±{num(together[f'{c:g}'])}") for c in CONFIDENCES
+                (statistic, f"{c:.0%}", f"±{num(each[f'{c:g}'])}", *([f"±{num(together[f'{c:g}'])}"] * (cells > 1)))
+                for c in CONFIDENCES
             ]
         lo, hi = release.bounds
         document.update(
@@ -350,18 +351,17 @@ class NoisySumsMechanism(MechanismKind):
             mean=MEAN.format(c=f"{confidence:g}", lo=num(lo), hi=num(hi)),
             interval_confidence=confidence,
         )
+        together_words = f"; all {cells} cells at once within the wider half-width" if cells > 1 else ""
         caption = (
             f"Each published total and count is within ± the half-width of its true value with the stated "
-            f"probability, cell by cell; all {cells} cells at once within the wider half-width (exact discrete "
-            "Gaussian tails). Clamping: " + document["clamping"] + ". Mean: " + document["mean"] + "."
+            f"probability, cell by cell{together_words} (exact discrete Gaussian tails). Clamping: "
+            + document["clamping"]
+            + ". Mean: "
+            + document["mean"]
+            + "."
         )
-        stated = StatedAccuracy(
-            "sums",
-            caption,
-            ("statistic", "confidence", "each cell", f"all {cells} cells at once"),
-            tuple(rows),
-            document,
-        )
+        columns = ("statistic", "confidence", "each cell", *([f"all {cells} cells at once"] * (cells > 1)))
+        stated = StatedAccuracy("sums", caption, columns, tuple(rows), document)
         return AccuracyStatement("the published total, count and mean (total / count) of each cell", stated=(stated,))
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
@@ -375,14 +375,9 @@ class NoisySumsMechanism(MechanismKind):
         it is): the release's epsilon at the target delta and each cell's total half-width at
         the accuracy target's confidence (default 95%)."""
         release = self.resolved(loaded)
-        confidence, limit, label = half_width_target(loaded, release.name)
-        for target in loaded.policy.targets.accuracy:
-            if target.mechanism == release.name and target.statistic == "total" and target.absolute_error is not None:
-                confidence, limit, label = (
-                    target.confidence,
-                    target.absolute_error,
-                    f"required ±{target.absolute_error:g}",
-                )
+        confidence, limit, label = half_width_target(loaded, release.name, "total")
+        if limit is None:  # no target on the total: the published intervals' confidence, no requirement drawn
+            confidence = half_width_target(loaded, release.name)[0]
         axis = Axis(
             "σ total",
             "noise.sigma_total",

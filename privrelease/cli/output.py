@@ -134,11 +134,11 @@ def cells_sentence(
     each: float, confidence: float, cells: int | None = None, together: float | None = None, unit: str = "cell"
 ) -> str:
     """The half-width of each cell (or a statistic's group) in words, and the simultaneous
-    one for ``cells`` of them."""
+    one for ``cells`` of them (more than one)."""
     truth = "count" if unit == "cell" else "value"
     sentence = (
         f"each {unit} within +-{each:.4g} of its true {truth} with probability >= {confidence:g} ({unit} by {unit})"
     )
-    if cells is not None and together is not None:
+    if cells is not None and cells > 1 and together is not None:
         sentence += f"; all {cells:,} {unit}s at once within +-{together:.4g}"
     return sentence
