@@ -130,6 +130,16 @@ class LedgerStatus:
         return entry.state
 
 
+STATE_WORDS = {
+    "reserved": "reserved (run in progress; counted)",
+    "committed": "spent (published)",
+    "released": "returned (nothing published; not counted)",
+    "expired": "lapsed (run lost; not counted)",
+}
+"""An entry's :meth:`LedgerStatus.effective_state` for people: "released" is the reservation's,
+never the data's (the JSON keeps the stored word)."""
+
+
 def _expired(entry: LedgerEntry, now: datetime) -> bool:
     return entry.expires_at is not None and entry.expires_at <= now
 

@@ -178,8 +178,10 @@ def test_ledger_show(db: Any) -> None:
             label="census.csv",
         )
         run_id = records.start_run(s, policy_sha256=approval["sha256"], code_version="t").id
+        failed_id = records.start_run(s, policy_sha256=approval["sha256"], code_version="t").id
     with database.session(db) as s:
         ledger.commit(s, ledger.reserve(s, FINGERPRINT, run_id, release, "probabilistic"))
+        ledger.release(s, ledger.reserve(s, FINGERPRINT, failed_id, release, "probabilistic"), "run failed: test")
     shown = run_json("ledger", "show", FINGERPRINT[:8])
     assert shown == run_json("ledger", "show", "census")
     assert shown["dataset"] == "census" and shown["migrated"] is False
@@ -188,11 +190,12 @@ def test_ledger_show(db: Any) -> None:
     assert vintage["runs"] == [] and vintage["first_read"] is None  # reserved, data not read
     assert shown["spent"]["epsilon"] == pytest.approx(one.epsilon)
     assert shown["remaining"]["epsilon"] == pytest.approx(9 * one.epsilon)
-    assert [e["state"] for e in shown["entries"]] == ["committed"]
+    assert [e["state"] for e in shown["entries"]] == ["committed", "released"]  # the stored words
     assert shown["entries"][0]["event"]["event"]["kind"] == "laplace"
     assert run_json("ledger", "show", "census.csv")["dataset"] == "census"
     human = run("ledger", "show", "census.csv")
-    assert "remaining" in human and "committed" in human
+    assert "remaining" in human and "spent (published)" in human
+    assert "returned (nothing published; not counted)" in " ".join(human.split()) and "released" not in human
     assert "spent is not their sum: it is composition of 1 stored trees" in " ".join(human.split())
     assert "'census.csv' is a file of dataset census" in human and FINGERPRINT[:12] in human
     (listed,) = run_json("ledger", "list")["datasets"]

@@ -858,11 +858,10 @@ def ledger_show(
         return
     table = Table("entry", "run", "state", "epsilon", "delta", "created (UTC)", "note")
     for entry in status.entries:
-        state = status.effective_state(entry)
         table.add_row(
             str(entry.id),
             entry.run_id[:12],
-            state,
+            ledger.STATE_WORDS[status.effective_state(entry)],
             f"{entry.epsilon:.6g}",
             f"{entry.delta:.6g}",
             _minute(_when(entry.created_at)),
