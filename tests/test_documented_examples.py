@@ -175,6 +175,43 @@ def test_the_scheduling_docs_say_every_extract_shares_the_dataset_budget(name: s
     assert "every extract" in text.lower() or "each new extract" in text
 
 
+def test_the_deploy_guide_s_budget_figures_are_the_ledger_s(adult_dir) -> None:
+    """deploy/README.md's figures for the monthly Adult schedules are what the ledger composes (the
+    smallest epsilon at the lifetime delta over the stored event trees): one round of the Adult
+    deployments in schedule order, and which releases of a second round it refuses (a release is
+    refused when adding its tree would exceed the lifetime epsilon; the next ones are still tried)."""
+    import yaml
+
+    from privrelease.mechanisms import composition
+    from privrelease.mechanisms.events import is_dp
+    from privrelease.planning import plan_policy
+    from privrelease.policies import load_policy
+
+    deployments = yaml.safe_load((REPO / "deploy" / "prefect.yaml").read_text())["deployments"]
+    adult = [d for d in deployments if d["parameters"]["data_path"].endswith("adult/adult.csv")]
+    minute, hour = zip(*(map(int, d["schedules"][0]["cron"].split()[:2]) for d in adult), strict=True)
+    assert list(zip(hour, minute, strict=True)) == sorted(zip(hour, minute, strict=True))  # in schedule order
+    loaded = [load_policy(REPO / d["parameters"]["policy_path"]) for d in adult]
+    (budget,) = {p.policy.targets.lifetime_budget for p in loaded} - {None}
+    charged = [(d["name"], plan_policy(p).event) for d, p in zip(adult, loaded, strict=True)]
+    charged = [(name, tree) for name, tree in charged if is_dp(tree)]
+    spent = [tree for _, tree in charged]
+    one_round = composition.epsilon_at(spent, budget.delta).epsilon
+    refused = {}
+    for name, tree in charged:
+        total = composition.epsilon_at([*spent, tree], budget.delta).epsilon
+        if total > budget.epsilon:
+            refused[name] = total
+        else:
+            spent.append(tree)
+    guide = " ".join((REPO / "deploy" / "README.md").read_text().split())
+    assert (len(adult), len(charged)) == (8, 7) and "round of the eight Adult deployments (seven charged" in guide
+    assert f"spends epsilon {one_round:.2f} of the {budget.epsilon:g} at delta {budget.delta:g}" in guide
+    assert list(refused) == ["adult-tables"] and f"bring the total to {refused['adult-tables']:.2f}" in guide
+    assert f"the {len(deployments)} deployments of prefect.yaml" in guide
+    assert all(f"| `release/{d['name']}` |" in guide for d in deployments)
+
+
 def test_readme_noisy_sums_snippet_is_the_discharge_example_s_mechanisms() -> None:
     """The README's noisy-sums YAML is the mechanisms section of discharges.yaml, whose data file
     exists where the policy points (the generator's, byte for byte: tests/test_noisy_sums.py)."""
