@@ -496,10 +496,11 @@ class SpluPrivacyTarget(Model):
 
 
 class SpluUtilityTarget(Model):
-    """(eps, T_E, T_f) large-sum utility (Fu et al., Definition 1): sums of at least t_f are
-    estimated with relative error >= epsilon with probability at most t_e. The plan computes
-    the smallest such T_f exactly (the paper's Lemma 1 formula understates it) and checks it is
-    at most t_f."""
+    """(eps, T_E, T_f) large-sum utility (Fu et al., Definition 1, Lemma 1): the count of one
+    sensitive value on its own, over all rows, if at least t_f, is estimated with relative error
+    >= epsilon with probability at most t_e (counts that also condition on other columns have no
+    such guarantee). The plan computes the smallest such T_f exactly (the paper's Lemma 1
+    formula understates it) and checks it is at most t_f."""
 
     epsilon: SpluEpsilon
     t_e: Annotated[float, checked("t_e", "in (0, 1)", lambda v: 0 < v < 1)]
