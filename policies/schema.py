@@ -528,7 +528,8 @@ class AccuracyTarget(Model):
     SDGS microdata and histograms (``count``, ``relative_error``): a cell of ``count`` people
     is published and its estimate count/beta is within +-relative_error of it; identifiable
     statistics (``absolute_error``): each published value is within +-absolute_error of the
-    exact statistic of the clamped values; noisy counts (``absolute_error``): each cell's
+    exact statistic of the clamped values (a mean: their sum divided by the declared
+    dataset.rows); noisy counts (``absolute_error``): each cell's
     published count is within +-absolute_error of its true count (cell by cell, not all cells
     at once: plan, the report and release.json state the whole table's wider half-width too);
     noisy sums (``absolute_error`` and ``statistic``: ``total`` or ``count``): each cell's

@@ -494,6 +494,15 @@ def test_data_with_other_row_count_is_released_with_an_operator_warning(demo_dir
     assert "the data has 1000 rows" in warning
     assert "1000 rows" not in Path(published.statement).read_text()
     assert "the data has 1000 rows" not in (Path(published.release_dir) / "release.json").read_text()
+    # what the published mean is, in the statement and release.json: the sum over the declared rows
+    quantity = (
+        "clamped sum of hours-per-week divided by the declared dataset.rows = 50000 "
+        "(the mean only if the data has exactly 50000 rows)"
+    )
+    assert f"estimate = the published value of the {quantity}." in Path(published.statement).read_text()
+    described = json.loads((Path(published.release_dir) / "release.json").read_text())
+    (mean,) = [o for o in described["outputs"] if o["mechanism"] == "mean-hours"]
+    assert mean["accuracy"]["estimate"] == f"the published value of the {quantity}"
     verify_intact()
 
 

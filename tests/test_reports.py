@@ -776,3 +776,17 @@ def test_splu_large_sum_utility_says_what_it_covers(mixed) -> None:
     ) in public
     assert public.count(splu_guarantees.UTILITY_SCOPE) == public.count(splu_guarantees.NO_UTILITY) == 2
     assert "every count of at least" not in html and "counts of at least T_f" not in html
+
+
+def test_a_mean_says_it_divides_by_the_declared_rows(mixed) -> None:
+    """The public statement's accuracy of a mean and its chart caption name what is published:
+    the clamped sum over the declared dataset.rows, the mean only for a file of that size."""
+    _, html = mixed
+    public = re.sub(r"\s+", " ", public_part(html))
+    quantity = (
+        "clamped sum of hours divided by the declared dataset.rows = 20000 "
+        "(the mean only if the data has exactly 20000 rows)"
+    )
+    assert f"estimate = the published value of the {quantity}." in public
+    assert f"the published value is within ± the half-width of the true {quantity} with probability 95%" in public
+    assert "the half-width of the true one" not in html
