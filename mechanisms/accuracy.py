@@ -44,6 +44,7 @@ from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
 from privrelease.mechanisms.columns import HISTOGRAM, INTERVAL
 from privrelease.mechanisms.confidence import check_confidence
+from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
 
 _U = float(np.finfo(float).eps)
 
@@ -282,12 +283,24 @@ class NoiseAccuracy:
 
 @dataclass(frozen=True)
 class LargeSumUtility:
-    """SPLU-Gen's large-sum utility: counts of at least ``t_f`` estimated within relative error
-    ``epsilon`` except with probability ``t_e``."""
+    """SPLU-Gen's large-sum utility: the count of one sensitive value on its own, if at least
+    ``t_f``, is estimated within relative error ``epsilon`` except with probability ``t_e``
+    (:data:`.splu_guarantees.UTILITY_SCOPE`); conjunctions have no such guarantee
+    (:data:`.splu_guarantees.NO_UTILITY`)."""
 
     t_f: int
     epsilon: float
     t_e: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The statement's JSON keys, its scope in words among them."""
+        return {
+            "t_f": self.t_f,
+            "epsilon": self.epsilon,
+            "t_e": self.t_e,
+            "large_sum_covers": UTILITY_SCOPE,
+            "large_sum_not_covered": NO_UTILITY,
+        }
 
 
 @dataclass(frozen=True)
@@ -392,7 +405,7 @@ class AccuracyStatement:
         if self.noise is not None:
             document.update(self.noise.as_dict())
         if self.large_sum is not None:
-            document.update(t_f=self.large_sum.t_f, epsilon=self.large_sum.epsilon, t_e=self.large_sum.t_e)
+            document.update(self.large_sum.as_dict())
         if self.published_counts is not None:
             document["published_counts"] = self.published_counts.as_dict()
         for own in self.stated:
@@ -412,6 +425,8 @@ _KEYS = frozenset(
         "t_f",
         "epsilon",
         "t_e",
+        "large_sum_covers",
+        "large_sum_not_covered",
         "published_counts",
     )
 )

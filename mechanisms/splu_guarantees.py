@@ -1,12 +1,16 @@
 """What SPLU-Gen guarantees: small-sum privacy and large-sum utility (Fu, Wang, Wong, Wang,
 Jiang, "Small sum privacy and large sum utility in data publishing", J. Biomed. Inform. 2014).
 
-These are **not** differential-privacy guarantees. SPLU-Gen promises that the count of a concept
-(a sensitive value, possibly in conjunction with non-sensitive values) estimated from the
-published table is *inaccurate* when the true count is small and *accurate* when it is large:
+These are **not** differential-privacy guarantees. SPLU-Gen promises that counts estimated
+from the published table are *inaccurate* when the true count is small and *accurate* when it
+is large, each promise with its own scope:
 
-- **large-sum utility** (Definition 1, Theorem 3, Lemma 1): for every true count ``f >= T_f``
-  the estimate is off by at least ``eps * f`` with probability at most ``T_E``. The paper's
+- **large-sum utility** (Definition 1, Theorem 3, Lemma 1): for the count of one sensitive value
+  on its own, over all rows (its published count ``f'``), if its true count is ``f >= T_f`` the
+  estimate is off by at least ``eps * f`` with probability at most ``T_E``. That is all Lemma 1
+  claims ("for each sensitive value"): counts that also condition on non-sensitive columns or
+  on other sensitive values (Section 5's reconstruction) have no such guarantee and miss far
+  more often (:data:`UTILITY_SCOPE`, :data:`NO_UTILITY`; tested by simulation). The paper's
   Inequality (3) has an arithmetic error: the estimate ``f' ~ Binomial(gamma f, 1/gamma)`` has
   variance ``f (1 - 1/gamma)``, so Chebyshev gives ``Pr[|f' - f| >= eps f] <= (1 - 1/gamma) /
   (eps^2 f)``, not the printed ``1 / (gamma eps^2 f^2)``, and Lemma 1's
@@ -15,8 +19,8 @@ published table is *inaccurate* when the true count is small and *accurate* when
   binomial model instead: every ``f`` below a Chernoff point F is checked exactly, and beyond F
   ``exp(-eps^2 f / (2 + eps)) + exp(-min(eps, 1)^2 f / 2)``, decreasing in f, bounds the miss
   probability by ``T_E`` (Mitzenmacher-Upfal, Theorems 4.4 and 4.5).
-- **small-sum privacy** (Definition 2, Lemma 2, Theorem 4): for every true count ``f <= alpha``
-  the estimate is off by more than ``eps * f`` with probability at least
+- **small-sum privacy** (Definition 2, Lemma 2, Theorem 4; Lemma 3 for conjunctions): for every
+  true count ``f <= alpha`` the estimate is off by more than ``eps * f`` with probability at least
 
   ``T_p = min_{f in 1..alpha} 1 - sum_{x = ceil((1-eps) f)}^{floor((1+eps) f)}
   binom(gamma f, x) (1/gamma)^x (1 - 1/gamma)^(gamma f - x)``
@@ -50,6 +54,15 @@ import numpy as np
 from privrelease.errors import UserError
 from privrelease.mechanisms.binomial import lower_tail, upper_tail
 from privrelease.mechanisms.confidence import check_confidence
+
+UTILITY_SCOPE = "the count of one sensitive value on its own, over all rows (its published count)"
+"""What large-sum utility covers, in words (Lemma 1: "for each sensitive value")."""
+
+NO_UTILITY = (
+    "Counts that also condition on non-sensitive columns or on other sensitive values are "
+    "reconstructed and have no large-sum utility guarantee: they can be far off even when large."
+)
+"""What large-sum utility does not cover, in words."""
 
 
 def _check_gamma(gamma: int) -> int:
@@ -183,7 +196,7 @@ def chernoff_point(eps: float, t_e: float) -> int:
 
 def utility_threshold(gamma: int, eps: float, t_e: float) -> int:
     """T_f of large-sum utility, exact in the binomial model: the least integer T such that
-    every true count ``f >= T`` is estimated within relative error ``eps`` except with
+    every lone sensitive value's true count ``f >= T`` is estimated within relative error ``eps`` except with
     probability at most ``t_e`` (:func:`utility_miss_probability`; the paper's Lemma 1 formula
     is wrong, see the module docstring). Counts below the :func:`chernoff_point` are checked
     exactly, from the top down."""
@@ -231,6 +244,7 @@ class SPLUCalibration:
         if self.t_e is not None:
             document["t_e"] = self.t_e
             document["t_f"] = self.t_f
+            document["large_sum_covers"] = UTILITY_SCOPE
         document["model"] = "SPLU small-sum privacy / large-sum utility (not differential privacy)"
         return document
 

@@ -496,10 +496,11 @@ class SpluPrivacyTarget(Model):
 
 
 class SpluUtilityTarget(Model):
-    """(eps, T_E, T_f) large-sum utility (Fu et al., Definition 1): sums of at least t_f are
-    estimated with relative error >= epsilon with probability at most t_e. The plan computes
-    the smallest such T_f exactly (the paper's Lemma 1 formula understates it) and checks it is
-    at most t_f."""
+    """(eps, T_E, T_f) large-sum utility (Fu et al., Definition 1, Lemma 1): the count of one
+    sensitive value on its own, over all rows, if at least t_f, is estimated with relative error
+    >= epsilon with probability at most t_e (counts that also condition on other columns have no
+    such guarantee). The plan computes the smallest such T_f exactly (the paper's Lemma 1
+    formula understates it) and checks it is at most t_f."""
 
     epsilon: SpluEpsilon
     t_e: Annotated[float, checked("t_e", "in (0, 1)", lambda v: 0 < v < 1)]
@@ -527,7 +528,8 @@ class AccuracyTarget(Model):
     SDGS microdata and histograms (``count``, ``relative_error``): a cell of ``count`` people
     is published and its estimate count/beta is within +-relative_error of it; identifiable
     statistics (``absolute_error``): each published value is within +-absolute_error of the
-    exact statistic of the clamped values; noisy counts (``absolute_error``): each cell's
+    exact statistic of the clamped values (a mean: their sum divided by the declared
+    dataset.rows); noisy counts (``absolute_error``): each cell's
     published count is within +-absolute_error of its true count (cell by cell, not all cells
     at once: plan, the report and release.json state the whole table's wider half-width too);
     noisy sums (``absolute_error`` and ``statistic``: ``total`` or ``count``): each cell's

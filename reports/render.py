@@ -30,6 +30,7 @@ from markupsafe import Markup
 from privrelease.mechanisms import accountants
 from privrelease.mechanisms.accuracy import AccuracyStatement, PublishedCounts
 from privrelease.mechanisms.events import Composed, is_dp, leaves
+from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
 from privrelease.reports.html import jinja_environment, write_html
@@ -183,7 +184,17 @@ def _accuracy(statement: AccuracyStatement | None) -> dict[str, Any] | None:
     gap = statement.selection_gap
     view["selection_gap"] = (fmt(gap.rows, 4), f"{(1 - gap.failure) * 100:g}%") if gap else None
     large = statement.large_sum
-    view["t_f"] = (large.t_f, fmt(large.epsilon), fmt(large.t_e)) if large else None
+    view["large_sum"] = (
+        {
+            "t_f": large.t_f,
+            "epsilon": fmt(large.epsilon),
+            "t_e": fmt(large.t_e),
+            "covers": UTILITY_SCOPE,
+            "not_covered": NO_UTILITY,
+        }
+        if large
+        else None
+    )
     view["published_counts"] = _published_counts(statement.published_counts)
     view["stated"] = [(own.caption, own.columns, own.rows) for own in statement.stated]
     return view

@@ -5,6 +5,7 @@ statements only."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,38 @@ def test_plan_exits_1_on_an_unmet_accuracy_target(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     failed = [c for c in json.loads(result.stdout)["checks"] if not c["passed"]]
     assert [c["target"] for c in failed] == ["rows: accuracy at 95% (a cell of 200 people published and within +-10%)"]
+
+
+def test_a_mean_is_worded_as_the_clamped_sum_over_the_declared_rows(tmp_path: Path) -> None:
+    """A mean publishes (clamped sum + noise) / dataset.rows, the mean only for a file of exactly
+    that many rows: its statement (report, release.json), target row, frontier caption and plan
+    line say so in one wording (the kind's ``quantity``); plan prints that line although the
+    mean has no groups."""
+    text = POLICY.replace("{targets}", "    - {mechanism: mean-age, absolute_error: 0.5, confidence: 0.95}\n")
+    loaded = load_policy_text(text, tmp_path)
+    mechanism = loaded.policy.mechanism("mean-age")
+    quantity = "clamped sum of age divided by the declared dataset.rows = 1000 (the mean only if the data has exactly 1000 rows)"
+    assert mechanism.quantity(loaded) == quantity
+    plan = plan_policy(loaded)
+    statement = plan.accuracy["mean-age"]
+    assert statement.as_dict()["estimate"] == statement.estimate == f"the published value of the {quantity}"
+    (check,) = accuracy_checks(plan)
+    assert check.target == f"mean-age: accuracy at 95% (noise half-width on the {quantity})"
+    frontier = mechanism.frontier(loaded)
+    assert frontier is not None
+    assert f"the published value is within ± the half-width of the true {quantity} with probability 95%" in (
+        frontier.note
+    )
+    (tmp_path / "policy.yaml").write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-m", "privrelease", "plan", str(tmp_path / "policy.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert result.returncode == 0, result.stderr
+    half = laplace_half_width(plan.mechanisms[1].facts["lambda"], 0.95)
+    line = f"accuracy of mean-age: the published value of the {quantity} is within +-{half:.4g} of the true one"
+    assert line in result.stdout

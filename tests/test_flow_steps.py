@@ -31,7 +31,7 @@ from privrelease.files import sha256_file
 from privrelease.flows import data, engines, steps
 from privrelease.flows.recovery import started_facts
 from privrelease.flows.steps import DataStepError, release_plain
-from privrelease.mechanisms import composition
+from privrelease.mechanisms import composition, splu_guarantees
 from privrelease.mechanisms.events import event_from_json
 from privrelease.policies import load_policy
 from privrelease.reports.charts import fmt
@@ -248,6 +248,10 @@ def test_splu_release_charges_no_dp_budget(adult_dir, work):
     published = release_plain(policy_path=str(EXAMPLES / "adult-splu.yaml"))
     table = pq.read_table(published.outputs[0]["path"])
     assert table.num_rows == 30160  # 30162 rows, made a multiple of gamma = 5
+    # release.json says what large-sum utility covers, and what it does not
+    (entry,) = json.loads((Path(published.release_dir) / "release.json").read_text())["outputs"]
+    assert entry["accuracy"]["large_sum_covers"] == splu_guarantees.UTILITY_SCOPE
+    assert entry["accuracy"]["large_sum_not_covered"] == splu_guarantees.NO_UTILITY
     assert ledger_entries() == []
     (run,) = runs()
     assert run.status == "succeeded" and run.dataset_fingerprint is None
@@ -490,6 +494,15 @@ def test_data_with_other_row_count_is_released_with_an_operator_warning(demo_dir
     assert "the data has 1000 rows" in warning
     assert "1000 rows" not in Path(published.statement).read_text()
     assert "the data has 1000 rows" not in (Path(published.release_dir) / "release.json").read_text()
+    # what the published mean is, in the statement and release.json: the sum over the declared rows
+    quantity = (
+        "clamped sum of hours-per-week divided by the declared dataset.rows = 50000 "
+        "(the mean only if the data has exactly 50000 rows)"
+    )
+    assert f"estimate = the published value of the {quantity}." in Path(published.statement).read_text()
+    described = json.loads((Path(published.release_dir) / "release.json").read_text())
+    (mean,) = [o for o in described["outputs"] if o["mechanism"] == "mean-hours"]
+    assert mean["accuracy"]["estimate"] == f"the published value of the {quantity}"
     verify_intact()
 
 

@@ -760,3 +760,33 @@ def test_noisy_counts_accuracy_says_each_cell_and_all_cells_at_once() -> None:
         assert row in public
     (sentence,) = re.findall(r'<p class="scope all-cells">(.*?)</p>', public)
     assert "columns lower and upper" in sentence and "cell by cell, not all at once" in sentence
+
+
+def test_splu_large_sum_utility_says_what_it_covers(mixed) -> None:
+    """The public statement gives large-sum utility for a lone sensitive value's count only
+    (splu_guarantees.UTILITY_SCOPE) and says reconstructed conjunctions have none (NO_UTILITY),
+    under the SPLU output's accuracy and in "What these guarantees mean"."""
+    _, html = mixed
+    public = re.sub(r"\s+", " ", public_part(html))
+    t_f = splu_guarantees.utility_threshold(5, 0.1, 0.05)
+    assert (
+        f'<p class="scope large-sum">Large-sum utility: {splu_guarantees.UTILITY_SCOPE}, if at least T_f = {t_f}, '
+        f"is estimated within relative error 0.1 except with probability at most 0.05. "
+        f"{splu_guarantees.NO_UTILITY}</p>"
+    ) in public
+    assert public.count(splu_guarantees.UTILITY_SCOPE) == public.count(splu_guarantees.NO_UTILITY) == 2
+    assert "every count of at least" not in html and "counts of at least T_f" not in html
+
+
+def test_a_mean_says_it_divides_by_the_declared_rows(mixed) -> None:
+    """The public statement's accuracy of a mean and its chart caption name what is published:
+    the clamped sum over the declared dataset.rows, the mean only for a file of that size."""
+    _, html = mixed
+    public = re.sub(r"\s+", " ", public_part(html))
+    quantity = (
+        "clamped sum of hours divided by the declared dataset.rows = 20000 "
+        "(the mean only if the data has exactly 20000 rows)"
+    )
+    assert f"estimate = the published value of the {quantity}." in public
+    assert f"the published value is within ± the half-width of the true {quantity} with probability 95%" in public
+    assert "the half-width of the true one" not in html

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from privrelease.cli import app
 from privrelease.errors import UserError
 from privrelease.mechanisms.splu import splu_gen
+from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -45,6 +46,24 @@ def test_estimate_table_output(published: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "age=30-39 & sex=M" in result.output and "occupation=job3" in result.output
     assert "Not differential" in result.output
+    # a conjunction is reconstructed: no large-sum utility claimed for it
+    words = " ".join(result.output.split())
+    assert NO_UTILITY in words and "Large-sum utility (accurate" not in words
+    assert "large counts are accurate" not in words.lower()
+
+
+def test_estimate_says_which_rows_large_sum_utility_covers(published: Path, tmp_path: Path) -> None:
+    """A lone sensitive value's row is covered (UTILITY_SCOPE); a batch with a conjunction says
+    too that reconstructed counts are not (NO_UTILITY)."""
+    alone = runner.invoke(app, ["estimate", str(published), "--gamma", "5", "--sensitive", "occupation=job3"])
+    words = " ".join(alone.output.split())
+    assert f"covers {UTILITY_SCOPE}: the rows with an interval" in words
+    assert NO_UTILITY not in words
+    queries = tmp_path / "mixed.csv"
+    queries.write_text("where,sensitive\n,occupation=job1\nage=30-39,occupation=job1\n")
+    both = runner.invoke(app, ["estimate", str(published), "--gamma", "5", "--queries", str(queries)]).output
+    both = " ".join(both.split())
+    assert UTILITY_SCOPE in both and NO_UTILITY in both
 
 
 def test_estimate_json(published: Path) -> None:
@@ -156,6 +175,9 @@ def test_calibrate_splu_command(capsys: pytest.CaptureFixture[str]) -> None:
     document = json.loads(capsys.readouterr().out)
     assert document["t_p"] == pytest.approx(0.6126, abs=1e-4) and document["argmin_f"] == 1
     assert document["t_f"] == 41  # exact in the binomial model (Lemma 1 as printed: 4.7)
+    assert document["large_sum_covers"] == UTILITY_SCOPE
+    calibrate_splu_command(10, 0.3, 3, 0.05, False)
+    assert UTILITY_SCOPE in " ".join(capsys.readouterr().out.replace("│", " ").split())
     calibrate_splu_command(10, 0.3, 3, None, True)
     assert "t_f" not in json.loads(capsys.readouterr().out)
     calibrate_splu_command(10, 0.3, 3, None, False)

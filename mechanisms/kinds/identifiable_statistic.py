@@ -129,6 +129,19 @@ class IdentifiableStatisticMechanism(MechanismKind):
             groups=groups,
         )
 
+    def quantity(self, loaded: LoadedPolicy) -> str:
+        """What the published value estimates, in words. A mean is the clamped sum divided by
+        the declared dataset.rows, whatever the number of rows read."""
+        if self.query == "count":
+            return "count"
+        if self.query == "sum":
+            return f"clamped sum of {self.column}"
+        dataset = loaded.policy.dataset
+        return (
+            f"clamped sum of {self.column} divided by the declared dataset.rows = {dataset.rows} "
+            f"(the mean only if the data has exactly {dataset.rows} {dataset.size_unit})"
+        )
+
     def plan(self, loaded: LoadedPolicy) -> Planned:
         from privrelease.mechanisms.identifiability import laplace_event
 
@@ -166,7 +179,7 @@ class IdentifiableStatisticMechanism(MechanismKind):
         groups = math.prod(len(labels) for labels in loaded.labels(self.by).values())
         together = {c: laplace_all_half_width(scale, c, groups) for c in CONFIDENCES} if groups > 1 else {}
         noise = NoiseAccuracy(scale, widths, clamping, groups, together, unit="group")
-        return AccuracyStatement("the published value", noise=noise)
+        return AccuracyStatement(f"the published value of the {self.quantity(loaded)}", noise=noise)
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """The Laplace noise within +-absolute_error with probability >= confidence: its
@@ -177,7 +190,7 @@ class IdentifiableStatisticMechanism(MechanismKind):
         assert target.absolute_error is not None
         scale = planned.facts.get("lambda")
         half = laplace_half_width(scale, target.confidence) if scale is not None else None
-        what = "each group's noise half-width" if self.by else "noise half-width"
+        what = ("each group's " if self.by else "") + f"noise half-width on the {self.quantity(loaded)}"
         return AccuracyCheck(what, "<=", target.absolute_error, half, "none: rho infeasible")
 
     def frontier(self, loaded: LoadedPolicy) -> Frontier | None:
@@ -197,8 +210,8 @@ class IdentifiableStatisticMechanism(MechanismKind):
             "rho",
             f"{confidence:.0%} half-width of the published value{unit}",
             False,
-            f"Accuracy: the published value is within ± the half-width of the true one with probability "
-            f"{confidence:.0%} (Laplace noise of scale λ; universe size m = {calibration.universe_size}, "
+            f"Accuracy: the published value is within ± the half-width of the true {self.quantity(loaded)} "
+            f"with probability {confidence:.0%} (Laplace noise of scale λ; universe size m = {calibration.universe_size}, "
             f"so ρ must exceed 1/m).",
             limit,
             label,

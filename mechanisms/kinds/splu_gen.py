@@ -19,6 +19,7 @@ from pydantic import model_validator
 
 from privrelease.mechanisms.events import SPLUGen
 from privrelease.mechanisms.kinds import ColumnRef, FieldError, Issue, Loc, MechanismKind, Names, Planned, at_least
+from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
 from privrelease.policies.fields import Gamma
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ class SpluGenMechanism(MechanismKind):
         return Planned(SPLUGen(gamma=self.gamma, sensitive=tuple(self.sensitive)), facts)
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement | None:
-        """T_f: counts of at least T_f are estimated within +-epsilon except with probability T_E."""
+        """T_f: a lone sensitive value's count of at least T_f is estimated within relative error
+        epsilon except with probability T_E (conjunctions: no such guarantee)."""
         from privrelease.mechanisms.accuracy import LargeSumUtility
         from privrelease.mechanisms.kinds import AccuracyStatement
 
@@ -115,5 +117,11 @@ class SpluGenMechanism(MechanismKind):
 
 KINDS = (SpluGenMechanism,)
 
-SPLU = """<dt>SPLU-Gen is not differential privacy</dt>
-<dd>SPLU-Gen (Fu, Wang, Wong, Wang, Jiang) replaces each sensitive value by a value drawn uniformly from a decoy group of γ values. It promises <em>small-sum privacy</em>: any combination of values that occurs only f ≤ α times is estimated from the release with a relative error above ε with probability at least T_p{% with privacy = targets.splu_privacy %}{% if privacy %} (here α = {{ privacy.alpha }}, ε = {{ privacy.epsilon|num }}, required T_p ≥ {{ privacy.t_p|num }}){% endif %}{% endwith %}; and <em>large-sum utility</em>: counts of at least T_f are estimated within relative error ε except with probability T_E{% with utility = targets.splu_utility %}{% if utility %} (here ε = {{ utility.epsilon|num }}, T_E = {{ utility.t_e|num }}){% endif %}{% endwith %}. T_f is computed exactly from the distribution of the estimate (Binomial(γf, 1/γ)): the paper's Lemma 1 formula, (γ ε² T_E)<sup>-1/2</sup>, rests on an arithmetic error in its Inequality (3) and understates T_f many times over. <strong>These are not differential-privacy guarantees</strong>: they bound no (ε, δ) and do not add up with the guarantees of differentially private releases.</dd>"""
+SPLU = (
+    """<dt>SPLU-Gen is not differential privacy</dt>
+<dd>SPLU-Gen (Fu, Wang, Wong, Wang, Jiang) replaces each sensitive value by a value drawn uniformly from a decoy group of γ values. It promises <em>small-sum privacy</em>: any combination of values that occurs only f ≤ α times is estimated from the release with a relative error above ε with probability at least T_p{% with privacy = targets.splu_privacy %}{% if privacy %} (here α = {{ privacy.alpha }}, ε = {{ privacy.epsilon|num }}, required T_p ≥ {{ privacy.t_p|num }}){% endif %}{% endwith %}; and <em>large-sum utility</em>: """
+    + UTILITY_SCOPE
+    + """, if at least T_f, is estimated within relative error ε except with probability T_E{% with utility = targets.splu_utility %}{% if utility %} (here ε = {{ utility.epsilon|num }}, T_E = {{ utility.t_e|num }}){% endif %}{% endwith %}. """
+    + NO_UTILITY
+    + """ T_f is computed exactly from the distribution of the estimate (Binomial(γf, 1/γ)): the paper's Lemma 1 formula, (γ ε² T_E)<sup>-1/2</sup>, rests on an arithmetic error in its Inequality (3) and understates T_f many times over. <strong>These are not differential-privacy guarantees</strong>: they bound no (ε, δ) and do not add up with the guarantees of differentially private releases.</dd>"""
+)

@@ -230,8 +230,8 @@ def _print_plan(result, here: list[str]) -> None:
 
 def _print_noise_accuracy(result) -> None:
     """With a person column, which rows each mechanism's true values are of; each noisy table's
-    (or grouped statistic's) half-width, cell by cell and for all its cells at once; a kind's
-    own statements (``stated``) row by row."""
+    (or grouped statistic's) half-width, cell by cell and for all its cells at once, an
+    ungrouped statistic's for its one value; a kind's own statements (``stated``) row by row."""
     for name, statement in result.accuracy.items():
         if statement is not None and statement.counted is not None:
             say(f"  accuracy of {name}: {statement.counted}")
@@ -239,11 +239,19 @@ def _print_noise_accuracy(result) -> None:
             for row in own.rows:
                 say(f"  accuracy of {name}: " + ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
         noise = statement.noise if statement is not None else None
-        if noise is None or not noise.all_cells_half_width:
+        if noise is None:
             continue
         for confidence, each in noise.half_width.items():
-            together = noise.all_cells_half_width[confidence]
-            say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together, noise.unit)}")
+            if noise.all_cells_half_width:
+                together = noise.all_cells_half_width[confidence]
+                say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together, noise.unit)}")
+            else:  # one value (an ungrouped statistic): a long line, wrapped at the terminal's width
+                console.print(
+                    f"  accuracy of {name}: {statement.estimate} is within +-{each:.4g} of the true one "
+                    f"with probability >= {confidence:g}",
+                    highlight=False,
+                    markup=False,
+                )
 
 
 def _print_stated_accuracy(result) -> None:

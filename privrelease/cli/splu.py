@@ -108,6 +108,9 @@ def _document(estimate: CountEstimate, query_id: Any = None) -> dict[str, Any]:
 
 
 def _print_estimates(estimates: list[CountEstimate], ids: list[Any], rows: int, gamma: int) -> None:
+    """The estimates as a table, and which of them large-sum utility covers."""
+    from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
+
     table = Table(title=f"SPLU-Gen count estimates (gamma = {gamma}, {rows} published rows)")
     with_ids = any(query_id is not None for query_id in ids)
     if with_ids:
@@ -122,10 +125,14 @@ def _print_estimates(estimates: list[CountEstimate], ids: list[Any], rows: int, 
         cells += [str(estimate.iterations), "yes" if estimate.converged else "NO"]
         table.add_row(*([str(query_id)] if with_ids else []), *cells)
     console.print(table)
-    say(
-        "Estimates of true counts. Small counts are inaccurate by design (small-sum privacy); "
-        "large counts are accurate (large-sum utility). Not differential privacy."
-    )
+    say("Estimates of true counts. Small counts are inaccurate by design (small-sum privacy).")
+    if any(estimate.interval is not None for estimate in estimates):  # one sensitive value alone
+        say(
+            f"Large-sum utility (accurate from the release's T_f on) covers {UTILITY_SCOPE}: the rows with an interval."
+        )
+    if any(estimate.interval is None for estimate in estimates):
+        say(NO_UTILITY)
+    say("Not differential privacy.")
 
 
 def estimate(
@@ -187,7 +194,7 @@ def calibrate_splu_command(gamma: int, eps: float, alpha: int, t_e: float | None
     threshold T_f (exact in the binomial model of the estimate; the paper's Lemma 1 formula is
     wrong, see :mod:`privrelease.mechanisms.splu_guarantees`): JSON ``{"t_p", "argmin_f", "gamma", "eps", "alpha"[, "t_e", "t_f"]}``
     or a table with the probability for every count up to alpha (at most 20 shown)."""
-    from privrelease.mechanisms.splu_guarantees import calibrate, privacy_curve
+    from privrelease.mechanisms.splu_guarantees import UTILITY_SCOPE, calibrate, privacy_curve
     from privrelease.policies.fields import Alpha, Gamma, SpluEpsilon, check_options
 
     check_options(("--gamma", Gamma, gamma), ("--eps", SpluEpsilon, eps), ("--alpha", Alpha, alpha))
@@ -209,7 +216,7 @@ def calibrate_splu_command(gamma: int, eps: float, alpha: int, t_e: float | None
         table.add_row(
             "T_f",
             f"{result.t_f}",
-            f"every count >= T_f has relative error >= {result.eps:g} with probability <= {result.t_e:g}",
+            f"{UTILITY_SCOPE}, if >= T_f, has relative error >= {result.eps:g} with probability <= {result.t_e:g}",
         )
     console.print(table)
     shown = min(result.alpha, 20)
