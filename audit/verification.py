@@ -118,6 +118,7 @@ def verify(
     check_files: bool = True,
     public_key: Any | None = None,
     replay: bool = False,
+    cut_short: bool = False,
 ) -> VerifyResult:
     """Recompute the chain, every described row's content hash and (``check_files``) the
     sha256 of every output and report file of succeeded runs (the others published nothing), and compare the chain's
@@ -126,7 +127,9 @@ def verify(
     Finds edited, deleted or reordered log records; edited or deleted rows; rows no record
     describes (inserted outside privrelease); a policy or report whose stored content does
     not hash to its recorded sha256; edited or missing files; and, given ``head``,
-    records cut off the end. ``result.first`` names the first broken record. Relative file
+    records cut off the end (then, or with ``cut_short``: records are known to be missing from
+    the end, a row not as its newest record describes may have lost the records describing it,
+    and is named so). ``result.first`` names the first broken record. Relative file
     paths are resolved against ``output_root`` (default: the working directory). Given the
     signing key's ``public_key`` (:func:`.signing.public_key`), every record and the external
     head must carry its valid signature: what a database writer without the key added,
@@ -144,6 +147,53 @@ def verify(
     newest = check_chain(records, problems)
     last = Head(records[-1].seq, records[-1].hash) if records else Head(0, GENESIS_HASH)
     result = VerifyResult(records=len(records), head=last)
+
+    # the end of the chain: the chain-head row, and the external head
+    ends: list[Problem] = []
+    stored = session.get(ChainHead, 1)
+    if stored is None:
+        ends.append(Problem(last.seq + 1, "head_mismatch", "the chain_head row is missing"))
+    elif stored.seq > last.seq:
+        ends.append(
+            Problem(
+                last.seq + 1,
+                "truncated",
+                f"the chain_head row says record {stored.seq} but the log ends at record "
+                f"{last.seq}: records {last.seq + 1}..{stored.seq} were removed",
+            )
+        )
+    elif (stored.seq, stored.hash) != (last.seq, last.hash):
+        ends.append(
+            Problem(
+                stored.seq,
+                "head_mismatch",
+                f"the chain_head row (record {stored.seq}, hash {stored.hash[:16]}...) does "
+                f"not match the log, which ends at record {last.seq}",
+            )
+        )
+    if head is not None:
+        if head.seq > last.seq:
+            ends.append(
+                Problem(
+                    last.seq + 1,
+                    "truncated",
+                    f"the log ends at record {last.seq} but the external head says record "
+                    f"{head.seq}: records {last.seq + 1}..{head.seq} were removed",
+                )
+            )
+        elif head.seq > 0:
+            at = next((record for record in records if record.seq == head.seq), None)
+            if at is not None and at.hash != head.hash:
+                ends.append(
+                    Problem(
+                        head.seq,
+                        "head_mismatch",
+                        f"{describe(at)} differs from the external head: hash "
+                        f"{at.hash[:16]}... in the log, {head.hash[:16]}... in the head file",
+                    )
+                )
+    problems += ends
+    cut = cut_short or any(problem.kind == "truncated" for problem in ends)
 
     # rows: the newest record of each row must match the row as it is now
     intact: dict[str, dict[Any, SQLModel]] = {}
@@ -167,7 +217,10 @@ def verify(
                     Problem(
                         found[0].seq,
                         "row_edited",
-                        f"{table} row {key!r} was edited after {describe(found[0])}",
+                        f"{table} row {key!r} is not as {describe(found[0])}, its newest remaining record, "
+                        "describes: edited, or the records describing it were removed"
+                        if cut
+                        else f"{table} row {key!r} was edited after {describe(found[0])}",
                     )
                 )
             elif _content_sha256(row) not in (None, getattr(row, "sha256", None)):
@@ -214,49 +267,6 @@ def verify(
                 if problem:
                     problems.append(problem)
 
-    # the end of the chain: the chain-head row, and the external head
-    stored = session.get(ChainHead, 1)
-    if stored is None:
-        problems.append(Problem(last.seq + 1, "head_mismatch", "the chain_head row is missing"))
-    elif stored.seq > last.seq:
-        problems.append(
-            Problem(
-                last.seq + 1,
-                "truncated",
-                f"the chain_head row says record {stored.seq} but the log ends at record "
-                f"{last.seq}: records {last.seq + 1}..{stored.seq} were removed",
-            )
-        )
-    elif (stored.seq, stored.hash) != (last.seq, last.hash):
-        problems.append(
-            Problem(
-                stored.seq,
-                "head_mismatch",
-                f"the chain_head row (record {stored.seq}, hash {stored.hash[:16]}...) does "
-                f"not match the log, which ends at record {last.seq}",
-            )
-        )
-    if head is not None:
-        if head.seq > last.seq:
-            problems.append(
-                Problem(
-                    last.seq + 1,
-                    "truncated",
-                    f"the log ends at record {last.seq} but the external head says record "
-                    f"{head.seq}: records {last.seq + 1}..{head.seq} were removed",
-                )
-            )
-        elif head.seq > 0:
-            at = next((record for record in records if record.seq == head.seq), None)
-            if at is not None and at.hash != head.hash:
-                problems.append(
-                    Problem(
-                        head.seq,
-                        "head_mismatch",
-                        f"{describe(at)} differs from the external head: hash "
-                        f"{at.hash[:16]}... in the log, {head.hash[:16]}... in the head file",
-                    )
-                )
     if public_key is not None:
         problems += signature_problems(records, head, public_key)
     problems.sort(key=lambda problem: (problem.seq is None, problem.seq or 0))

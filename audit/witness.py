@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from privrelease.audit import chain, signing
 from privrelease.audit.models import GENESIS_HASH, LEDGER_RECORD_KINDS, AuditEvent, LedgerEntry, Run
@@ -126,9 +126,9 @@ def _witnessed(session: Session, head: chain.Head, path: Path) -> list[chain.Pro
         return []
     at = session.get(AuditEvent, head.seq)
     if at is None:
-        end = chain.head(session).seq
+        end = session.exec(select(func.max(AuditEvent.seq))).one() or 0
         message = (
-            f"the database ends at record {end} but the witness {str(path)!r} names record {head.seq}: records were "
+            f"the log ends at record {end} but the witness {str(path)!r} names record {head.seq}: records were "
             "cut off, or the database was rolled back to an older copy"
         )
     elif at.hash != head.hash:

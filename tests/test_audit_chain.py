@@ -448,6 +448,9 @@ def test_careless_truncation_is_seen_without_a_head(engine: Any, tmp_path: Path)
     # the run row no longer matches its newest remaining record (data_read, seq 6)
     assert result.first is not None
     assert (result.first.kind, result.first.seq) == ("row_edited", 6)
+    assert "is not as record 6 (data_read), its newest remaining record, describes: edited, or the records" in (
+        result.first.message
+    )
 
 
 def test_external_head_with_another_hash_is_named(engine: Any, tmp_path: Path) -> None:

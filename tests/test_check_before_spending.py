@@ -235,3 +235,25 @@ def test_the_pre_flight_refuses_a_tampered_database_before_prefect(work):
     with pytest.raises(AuditRefused, match="refused before spending"):
         preflight(policy)
     assert not list(work_dir.rglob("prefect-server*"))
+
+
+def test_records_deleted_from_the_end_are_named_by_the_logs_real_end(work):
+    """A careless insider deletes the newest 3 records only (the chain-head row still names the
+    old end): the refusal names the log's real last record, and `audit verify` does not call
+    the run row those records described "edited"."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    work_dir, _, policy, _ = work
+    with closing(sqlite3.connect(work_dir / "audit.db")) as db, db:
+        end = db.execute("SELECT max(seq) FROM audit_event").fetchone()[0]
+        db.execute("DELETE FROM audit_event WHERE seq > ?", (end - 3,))
+    dispose_engines()
+    with pytest.raises(AuditRefused, match=f"the log ends at record {end - 3} but the witness .* names record {end}:"):
+        release_plain(policy_path=str(policy))
+    verified = CliRunner().invoke(app, ["audit", "verify"])
+    assert verified.exit_code == 1
+    headline = verified.stdout.splitlines()[0]
+    assert "its newest remaining record, describes: edited, or the records describing it were removed" in headline
+    assert "was edited after" not in verified.stdout

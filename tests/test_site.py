@@ -210,7 +210,7 @@ def test_a_fresh_database_is_refused_under_the_sites_witness(
     release_plain(policy_path=str(policy))
     monkeypatch.setenv("PRIVRELEASE_DB_URL", f"sqlite:///{tmp_path / 'fresh.db'}")
     monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
-    with pytest.raises(AuditRefused, match="the database ends at record .* but the witness"):
+    with pytest.raises(AuditRefused, match="the log ends at record .* but the witness"):
         release_plain(policy_path=str(policy))
 
 

@@ -362,12 +362,19 @@ def audit_verify(
     external = chain.read_head(head) if head is not None else None
     key = signing.public_key(public_key) if public_key is not None else settings.site.verifying_key()
     with session(_engine(), readonly=True) as s:
-        result = verification.verify(
-            s, head=external, output_root=output_root, check_files=files, public_key=key, replay=True
-        )
         folders = set(witness.head_folders())  # the work folder's releases/ and the site's published folders
         roots = releases or sorted(release_roots(s, output_root=output_root) | folders)
-        result.problems += witness.outside_heads(s, key, sorted({*roots, *folders}))
+        outside = witness.outside_heads(s, key, sorted({*roots, *folders}))
+        result = verification.verify(
+            s,
+            head=external,
+            output_root=output_root,
+            check_files=files,
+            public_key=key,
+            replay=True,
+            cut_short=any(problem.kind == "rolled_back" for problem in outside),
+        )
+        result.problems += outside
         for root in roots:
             found = release_folder_problems(s, root.expanduser(), output_root=output_root)
             result.problems += [chain.Problem(None, "unrecorded_release", message) for message in found]
