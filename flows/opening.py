@@ -84,6 +84,37 @@ def rerun_source(run_id: str) -> tuple[PolicySource, str | None, str, str | None
     return source, manifest.get("data_path"), run.id, run.dataset_fingerprint
 
 
+def rerun_data(source_run: str, data_path: str | None, manifest_data: str | None) -> str:
+    """The data file a rerun of ``source_run`` reads: ``data_path``, else the one its manifest names."""
+    if data_path is None and manifest_data is None:
+        raise UserError(f"run {source_run} has no manifest naming its data file; give --data")
+    return str(data_path or manifest_data)
+
+
+def rerun_engine(source_run: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """A rerun's engine parameters: ``choice`` (engine, dask_address, workers), by default the
+    engine ``source_run`` used."""
+    if choice.get("engine") is not None:
+        return choice
+    return {**_manifest(source_run).get("engine", {}), **{k: v for k, v in choice.items() if v is not None}}
+
+
+def record_refusal(session: Any, facts: Any, refusal: Exception, flow_run: str | None = None) -> None:
+    """Append the ``release_refused`` record of a release of ``facts`` refused before its run
+    started: the policy, its sha256 and the reason."""
+    from privrelease.audit import chain
+
+    chain.append(
+        session,
+        "release_refused",
+        policy=f"{facts.name}@{facts.version}",
+        policy_sha256=facts.sha256,
+        refusal=type(refusal).__name__,
+        reason=str(refusal)[:2000],
+        flow_run=flow_run,
+    )
+
+
 def open_run(
     *,
     policy_path: str | None = None,
@@ -108,13 +139,11 @@ def open_run(
         raise UserError("give either a policy file or the id of a run to repeat")
     if rerun_of is not None:
         source, manifest_data, source_run, fingerprint = rerun_source(rerun_of)
-        if data_path is None and manifest_data is None:
-            raise UserError(f"run {source_run} has no manifest naming its data file; give --data")
-        if engine is None:
-            choice = {**_manifest(source_run).get("engine", {}), **{k: v for k, v in choice.items() if v is not None}}
+        data_path = rerun_data(source_run, data_path, manifest_data)
+        choice = rerun_engine(source_run, choice)
         return verify_policy(
             source,
-            data_path=data_path or manifest_data,
+            data_path=data_path,
             out_dir=out_dir,
             output_format=output_format,
             production=production,
@@ -184,7 +213,7 @@ def verify_policy(
     (:func:`privrelease.audit.approvals.record_draft`), which claims no name@version, so a run
     refused later (a data check) leaves it a draft, to be edited under the same version. A
     registered version that is refused here gets a failed run recording the refusal."""
-    from privrelease.audit import approvals, chain, records, witness
+    from privrelease.audit import approvals, records, witness
     from privrelease.planning import kind_sources
 
     if output_format not in OUTPUT_FORMATS:
@@ -218,15 +247,7 @@ def verify_policy(
         if draft and refusal is None:
             refusal = _draft_refusal(s, loaded, policy, facts)
         if refusal is not None and draft:
-            chain.append(
-                s,
-                "release_refused",
-                policy=f"{facts.name}@{facts.version}",
-                policy_sha256=facts.sha256,
-                refusal=type(refusal).__name__,
-                reason=str(refusal)[:2000],
-                flow_run=flow_run_id,
-            )
+            record_refusal(s, facts, refusal, flow_run_id)
     if refusal is not None and draft:
         raise refusal
     with _session() as s:

@@ -138,7 +138,7 @@ def rerun(
     ``workers``."""
     from privrelease.flows.preflight import preflight_rerun
 
-    preflight_rerun(run_id, output_format=options.get("output_format", "parquet"))
+    preflight_rerun(run_id, data_path=data, **options)
     return _release(server_reuse, rerun_of=run_id, data=data, out=out, **options)
 
 

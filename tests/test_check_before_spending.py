@@ -224,16 +224,20 @@ def test_a_revocation_deleted_and_rechained_is_refused(work, monkeypatch):
 
 
 def test_the_pre_flight_refuses_a_tampered_database_before_prefect(work):
-    """`privrelease run` checks the chain in its pre-flight, before any Prefect server starts:
-    a refund rechained by an insider is refused there with the run's own message."""
-    from privrelease.flows.preflight import preflight
+    """`privrelease run` and `rerun` check the chain in their pre-flight, before any Prefect
+    server starts: a refund rechained by an insider is refused there with the run's own message."""
+    from privrelease.flows.preflight import preflight, preflight_rerun
 
     work_dir, _, policy, _ = work
     (work_dir / "audit.db.witness.json").unlink()
+    with session(open_database(), readonly=True) as s:
+        run_id = s.exec(select(Run.id)).first()
     _refund(open_database())
     rechain(open_database())
     with pytest.raises(AuditRefused, match="refused before spending"):
         preflight(policy)
+    with pytest.raises(AuditRefused, match="refused before spending"):
+        preflight_rerun(run_id)
     assert not list(work_dir.rglob("prefect-server*"))
 
 

@@ -615,6 +615,28 @@ def test_a_registered_version_refused_records_a_failed_run(demo_dir, work, monke
     verify_intact()
 
 
+def test_the_pre_flight_records_its_refusal_and_checks_a_reruns_budget(demo_dir, work):
+    """What `privrelease run` and `rerun` refuse before Prefect starts leaves one
+    ``release_refused`` record, a registered version's too (audit 5, item 5); a rerun's
+    pre-flight checks the budget of its stored policy, as its progress line says (item 12)."""
+    from privrelease.flows.preflight import preflight, preflight_rerun
+
+    strict = variant(demo_dir, "strict", ("max_epsilon: 4.5", "max_epsilon: 1.5"))
+    with pytest.raises(TargetNotMet, match="does not meet its targets"):
+        preflight(strict)
+    tight = variant(demo_dir, "tight", ("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 5"))
+    first = release_plain(policy_path=str(tight))  # 3.66 of 5: a second does not fit
+    with pytest.raises(TargetNotMet, match="privacy budget of dataset .* would be exceeded"):
+        preflight_rerun(first.run_id[:8])
+    found = [(r["refusal"], r["policy"], r["flow_run"], r["reason"][:30]) for r in refusals()]
+    assert found == [
+        ("TargetNotMet", "demo-census@strict", None, "policy demo-census@strict does"),
+        ("TargetNotMet", "demo-census@tight", None, "privacy budget of dataset demo"),
+    ]
+    assert [run.status for run in runs()] == ["succeeded"] and len(ledger_entries()) == 1
+    verify_intact()
+
+
 # --------------------------------------------------------------------------- drafts stay drafts
 
 

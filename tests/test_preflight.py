@@ -1,6 +1,8 @@
 """`privrelease run` answers a release it would refuse in about a second, before Prefect starts:
 missing data, a missing column, a missed target, no approval in production mode, an exhausted
-budget. No server is started (no server log is written) and nothing is recorded."""
+budget. No server is started (no server log is written) and no run is recorded; a refusal of
+the release itself (a missed target, no approval, a name@version taken, the budget) leaves one
+``release_refused`` audit record, as a run refused at its start does."""
 
 from __future__ import annotations
 
@@ -66,6 +68,16 @@ def no_server_and_no_run(work: Path) -> None:
             assert s.exec(select(Run)).all() == []
 
 
+def refused(work: Path) -> list[str]:
+    """The ``refusal`` of each ``release_refused`` record (none without a database)."""
+    if not (work / "audit.db").exists():
+        return []
+    with database.session(database.open_database(f"sqlite:///{work / 'audit.db'}"), readonly=True) as s:
+        from privrelease.audit import chain
+
+        return [json.loads(r.payload_json)["refusal"] for r in chain.records(s) if r.kind == "release_refused"]
+
+
 @pytest.mark.parametrize(
     ("how", "message"),
     [
@@ -98,6 +110,7 @@ def test_refused_before_prefect_starts(demo_policy: Path, tmp_path: Path, how: s
     assert result.returncode in (1, 2) and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and quick(seconds, demo_policy, tmp_path / "work")
     no_server_and_no_run(tmp_path / "work")
+    assert refused(tmp_path / "work") == (["TargetNotMet"] if how == "missed target" else [])
 
 
 def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy: Path, tmp_path: Path) -> None:
@@ -105,6 +118,7 @@ def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy:
     result, _ = run(demo_policy, work, PRIVRELEASE_PRODUCTION="true")
     assert result.returncode == 2 and "is not approved" in result.stderr
     no_server_and_no_run(work)
+    assert refused(work) == ["UserError"]
 
     loaded = load_policy(demo_policy)
     plan = plan_policy(loaded)
@@ -124,13 +138,14 @@ def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy:
     result, seconds = run(demo_policy, work)
     assert result.returncode == 1 and "would be exceeded" in result.stderr, result.stderr
     assert quick(seconds, demo_policy, work) and not list(work.rglob("prefect-server*.log"))
+    assert refused(work) == ["UserError", "TargetNotMet"]
 
 
 def test_a_version_registered_with_other_content_is_refused_before_prefect_starts(
     demo_policy: Path, tmp_path: Path
 ) -> None:
     """Issue 18, item 2: a draft under a name@version approved (or published) with other content
-    is refused with what `plan` warns, before Prefect starts, and nothing is recorded."""
+    is refused with what `plan` warns, before Prefect starts: no run, one ``release_refused`` record."""
     work = tmp_path / "work"
     work.mkdir()
     engine = database.open_database(f"sqlite:///{work / 'audit.db'}", create=True)
@@ -145,6 +160,7 @@ def test_a_version_registered_with_other_content_is_refused_before_prefect_start
     assert 'give this draft a new `version`, e.g. version: "2"' in result.stderr
     assert quick(seconds, demo_policy, work)
     no_server_and_no_run(work)
+    assert refused(work) == ["UserError"]
 
 
 def test_an_unapproved_policy_contacts_no_scheduler(demo_policy: Path, tmp_path: Path) -> None:

@@ -232,8 +232,14 @@ def rerun_command(
 
     def check() -> tuple[str, ...]:
         _check_format(output_format)
-        preflight_rerun(run_id, output_format=output_format)
-        return ()
+        return preflight_rerun(
+            run_id,
+            data_path=data,
+            output_format=output_format,
+            engine=engine,
+            dask_address=dask_address,
+            workers=workers,
+        )
 
     _release(
         json_output,
