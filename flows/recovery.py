@@ -322,6 +322,7 @@ def release_folder_problems(session: Any, root: Path, *, output_root: Path | Non
     root = root.resolve()
     status = {run.id: run.status for run in session.exec(select(Run))}
     recorded: dict[str, dict[str, set[str]]] = {}  # folder name -> run status -> file names
+    owners: dict[str, dict[str, str]] = {}  # folder name -> run status -> run id
     for run_id, path in [
         *session.exec(select(Output.run_id, Output.path)),
         *session.exec(select(Report.run_id, Report.path)),
@@ -332,16 +333,12 @@ def release_folder_problems(session: Any, root: Path, *, output_root: Path | Non
         if full.parent.parent.resolve() == root:
             by_status = recorded.setdefault(full.parent.name, {})
             by_status.setdefault(status.get(run_id, "unknown"), set()).add(full.name)
+            owners.setdefault(full.parent.name, {})[status.get(run_id, "unknown")] = run_id
     problems = []
     for folder in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
         runs = recorded.get(folder.name, {})
         if not folder.is_dir() or "succeeded" not in runs:
-            what = (
-                "published by no succeeded run"
-                if not runs
-                else f"recorded only for a run that {'/'.join(sorted(runs))}"
-            )
-            problems.append(f"release folder {str(folder)!r} is visible but {what}: not a recorded release")
+            problems.append(_unsettled(session, folder, owners.get(folder.name, {})))
             continue
         expected = runs["succeeded"] | {CHAIN_HEAD_FILE}
         for extra in sorted(p.name for p in folder.iterdir() if p.name not in expected):
@@ -349,3 +346,29 @@ def release_folder_problems(session: Any, root: Path, *, output_root: Path | Non
                 f"{str(folder / extra)!r} is in a published release folder but is not one of its recorded outputs"
             )
     return problems
+
+
+def _unsettled(session: Any, folder: Path, owners: dict[str, str]) -> str:
+    """Why ``folder``, visible in a release folder, is not a recorded release, from the runs
+    whose outputs it holds (``owners``: run status -> run id)."""
+    name = str(folder)
+    if list(owners) == ["publishing"]:
+        run = owners["publishing"]
+        state, fix = {
+            True: ("is still under way", "check again once it has finished"),
+            False: ("was interrupted", "`privrelease audit recover` settles it"),
+            None: ("was interrupted, or is under way on another host", "`privrelease audit recover` settles it"),
+        }[owner_alive(started_facts(session, run).get("owner"))]
+        return (
+            f"release folder {name!r} belongs to run {run[:12]} whose publishing {state} (charge committed, "
+            f"outputs recorded): {fix}"
+        )
+    if list(owners) == ["failed"]:
+        what = "recorded only for a run that failed"
+    elif owners:
+        what = "recorded only for runs that did not succeed: " + ", ".join(
+            f"{run[:12]} ({status})" for status, run in sorted(owners.items())
+        )
+    else:
+        what = "published by no succeeded run"
+    return f"release folder {name!r} is visible but {what}: not a recorded release"

@@ -312,7 +312,13 @@ def test_a_run_refused_for_budget_settles_a_run_killed_in_the_publish_window(tem
     monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(work))
     assert _release_in_child(policy, json.loads(log.read_text()).index("after rename"), log) == signal.SIGKILL
     runner = CliRunner()
-    assert runner.invoke(app, ["audit", "verify"]).exit_code == 1  # a visible folder of a run still publishing
+    broken = runner.invoke(app, ["audit", "verify"])  # a visible folder of a run still publishing
+    assert broken.exit_code == 1
+    (run,) = [run for run in _state()[0].values() if run.status == "publishing"]
+    assert f"belongs to run {run.id[:12]} whose publishing was interrupted (charge committed, outputs recorded): " in (
+        broken.output
+    )
+    assert "`privrelease audit recover` settles it" in broken.output and "not a recorded release" not in broken.output
     if refused.startswith("pre-flight"):
         result = subprocess.run(
             [sys.executable, "-m", "privrelease", "run", str(policy)],
