@@ -331,17 +331,20 @@ def verify_release(folder: Path, key: Any, *, run: str | None = None, policy: st
         problems.append(
             f"{str(head_file)!r} carries no valid signature of this key: forged, altered or signed by another"
         )
-    problems += _binding_problems(folder, head.release, run, policy)
+    signed = head.signature is not None
+    listed = "signed files" if signed else "files its head lists"  # nothing is "signed" in an unsigned release
+    problems += _binding_problems(folder, head.release, run, policy, signed)
     for name, digest in head.files.items():
         path = folder / name
         if Path(name).name != name or not path.is_file():
             problems.append(f"{name!r} is listed but missing")
         elif sha256_file(path) != digest:
-            problems.append(f"{name!r} does not have the signed sha256 {digest[:12]}: it was changed")
+            sha = f"signed sha256 {digest[:12]}" if signed else f"sha256 {digest[:12]} its head lists"
+            problems.append(f"{name!r} does not have the {sha}: it was changed")
     for path in sorted(folder.iterdir()):
         if path.name != head_file.name and path.name not in head.files:
-            problems.append(f"{path.name!r} is in the folder but not among the signed files")
-    return ReleaseCheck(problems, head.signature is None, head.release)
+            problems.append(f"{path.name!r} is in the folder but not among the {listed}")
+    return ReleaseCheck(problems, not signed, head.release)
 
 
 RUN_PREFIX, POLICY_PREFIX = 8, 12
@@ -369,17 +372,21 @@ def check_binding_options(run: str | None, policy: str | None) -> None:
         )
 
 
-def _binding_problems(folder: Path, release: dict[str, str] | None, run: str | None, policy: str | None) -> list[str]:
-    """The signed release binding against the folder's name and the expected run and policy."""
+def _binding_problems(
+    folder: Path, release: dict[str, str] | None, run: str | None, policy: str | None, signed: bool
+) -> list[str]:
+    """The release binding of the head (``signed`` or not) against the folder's name and the
+    expected run and policy."""
     if release is None:
         if run is None and policy is None:
             return []
-        return ["its head file predates the run binding (it signs no run or policy): --run/--policy cannot be checked"]
+        return ["its head file predates the run binding (it names no run or policy): --run/--policy cannot be checked"]
     problems = []
     name = folder.resolve().name
     if release.get("folder") != name:
         problems.append(
-            f"the folder is named {name!r} but its signed head is for release {release.get('folder')!r}: "
+            f"the folder is named {name!r} but its {'signed ' if signed else ''}head is for release "
+            f"{release.get('folder')!r}: "
             "renamed or swapped with another release"
         )
     if run is not None and not release.get("run", "").startswith(run.lower()):

@@ -273,11 +273,20 @@ def test_an_unsigned_release_is_said_unsigned_not_forged(demo_dir, work, tmp_pat
     assert "BROKEN" not in result.output and "forged" not in result.output
     document = json.loads(check("--json").output)
     assert (document["ok"], document["status"], document["problems"]) == (False, "unsigned", [])
+    assert document["unsigned"] is True
     (folder / "report.html").write_text("changed")
+    (folder / "extra.csv").write_text("x\n")
+    renamed = folder.rename(folder.with_name("r1"))
+    folder = renamed
     result = check()
     assert result.exit_code == 1 and result.output.startswith("BROKEN: ") and "was changed" in result.output
     assert "carries no signature, so no key vouches for it" in result.output
-    assert json.loads(check("--json").output)["status"] == "broken"
+    assert "the folder is named 'r1' but its head is for release" in result.output
+    assert "'report.html' does not have the sha256 " in result.output and " its head lists: it was changed" in result.output
+    assert "'extra.csv' is in the folder but not among the files its head lists" in result.output
+    assert "signed" not in result.output.replace("unsigned", "")  # nothing in it was signed
+    document = json.loads(check("--json").output)
+    assert (document["status"], document["unsigned"], len(document["problems"])) == ("broken", True, 3)
 
 
 def test_release_folders_swapped_on_the_share_fail(attacked, tmp_path):

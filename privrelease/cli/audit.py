@@ -438,6 +438,7 @@ def audit_verify_release(
             {
                 "ok": found.status == "intact",
                 "status": found.status,
+                "unsigned": found.unsigned,
                 "folder": str(folder),
                 "release": None if problems else release,
                 "problems": problems,
