@@ -322,9 +322,16 @@ def test_a_check_failed_by_a_rounding_margin_prints_the_deciding_digits(tmp_path
 
 
 def test_the_statement_says_why_one_mechanism_shows_several_epsilons() -> None:
+    """The lifetime budget is charged at its δ under the approximate accountant only; under the
+    probabilistic one (the demo's) the ledger adds up the stated (ε, δ) of every release."""
     html = report_html(example_context(), public_only=True)
     said = html.split('id="epsilon-readings">', 1)[1].split("</p>", 1)[0]
-    assert "target δ = 1e-09" in said and "δ = 1e-06" in said and "one guarantee read at different δ" in said
+    assert "target δ = 1e-09" in said and "one guarantee read at different δ" in said
+    assert "the lifetime budget adds up the stated (ε, δ) of every release" in said and "charged at" not in said
+    text = (REPO / "policies/examples/demo.yaml").read_text().replace("accounting: probabilistic", "accounting: approximate")
+    approximate = report_html(example_context(load_policy_text(text, REPO / "policies/examples")), public_only=True)
+    said = approximate.split('id="epsilon-readings">', 1)[1].split("</p>", 1)[0]
+    assert "the lifetime budget is charged at its δ = 1e-06" in said and "adds up" not in said
 
 
 def test_a_draft_context_is_marked_draft() -> None:
