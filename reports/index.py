@@ -19,7 +19,8 @@ was met is the stored check of that target (``max_epsilon (<notion>)``, ``delta 
 (older runs) shows "not recorded", never a verdict computed now. What the release is, stored
 beside the checks (:meth:`privrelease.reports.context.ReportContext.release_state`, as its
 report's first screen says it), stands in the verdict's place when it published no rows or far
-fewer than planned. ``rho`` is the recorded
+fewer than planned. A succeeded reissue stores none of these: its row shows (and says it shows)
+the guarantees, verdict and report of the run it handed back. ``rho`` is the recorded
 composed identifiability of the statistics (Lee & Clifton, rho-differential identifiability).
 That the stored guarantees follow from their event trees is ``audit verify``'s replay
 (:mod:`privrelease.audit.replay`).
@@ -110,6 +111,8 @@ class RunRow:
     """What the release is, stored with the guarantee (``published_rows``, ``published_nothing``,
     ``short_of_plan``: :meth:`privrelease.reports.context.ReportContext.release_state`); None: not stored."""
     approved_before_read: bool | None
+    carried_from: str | None = None
+    """A succeeded reissue: the run whose outputs, guarantees, verdict and report it handed back."""
     report_href: str | None = None
     report_file: str | None = None
     report_note: str | None = None
@@ -362,13 +365,17 @@ def collect(session: Any, *, database: str = "") -> IndexData:
         for sha, p in policies.items()
         if targets[sha] is None
     ]
+    by_id = {run.id: run for run in runs}
     run_rows = []
     for run in runs:
         policy = policies[run.policy_sha256]  # a foreign key: always there
         policy_targets = targets[run.policy_sha256]
-        rows = _guarantee_rows(guarantees.get(run.id, []), policy_targets)
+        carried = _handed_back(run, by_id)
+        facts = carried or run  # a reissue's guarantees, dataset and verdict are its source's
+        recorded = guarantees.get(facts.id, [])
+        rows = _guarantee_rows(recorded, policy_targets)
         accounting = (policy_targets or {}).get("accounting")
-        stored = _stored_checks(guarantees.get(run.id, []), accounting)
+        stored = _stored_checks(recorded, accounting)
         first_approval = (approvals.get(run.policy_sha256) or [None])[0]
         before = None
         if run.data_read_at is not None:
@@ -387,12 +394,13 @@ def collect(session: Any, *, database: str = "") -> IndexData:
                 policy_name=policy.name,
                 policy_version=policy.version,
                 policy_sha256=policy.sha256,
-                dataset=run.dataset_fingerprint,
+                dataset=facts.dataset_fingerprint,
                 guarantees=rows,
                 verdict=_verdict(rows, stored),
                 recorded_checks=_recorded_checks(stored),
-                release=_stored_release(guarantees.get(run.id, []), accounting),
+                release=_stored_release(recorded, accounting),
                 approved_before_read=before,
+                carried_from=None if carried is None else carried.id,
             )
         )
     registry = approval_records.effective_registry(session)
@@ -436,6 +444,13 @@ def collect(session: Any, *, database: str = "") -> IndexData:
     )
 
 
+def _handed_back(run: Any, runs: dict[str, Any]) -> Any | None:
+    """The run a succeeded reissue ``run`` handed back (None for any other run)."""
+    if run.kind != "reissue" or run.status != "succeeded" or run.source_run_id is None:
+        return None
+    return runs.get(run.source_run_id)
+
+
 def _file_sha256(path: Path) -> str | None:
     try:
         return sha256_file(path)
@@ -458,11 +473,12 @@ def place_reports(session: Any, data: IndexData, folder: Path) -> list[str]:
         newest[run_id] = (report_id, sha256)
     written = []
     for row in data.runs:
-        if row.run_id not in newest:
+        owner = row.carried_from or row.run_id  # a reissue links the report it handed back
+        if owner not in newest:
             row.report_note = "no report stored"
             continue
-        report_id, recorded = newest[row.run_id]
-        name = report_file_name(row.run_id)
+        report_id, recorded = newest[owner]
+        name = report_file_name(owner)
         target = folder / name
         if _file_sha256(target) != recorded:
             html = session.get(Report, report_id).html

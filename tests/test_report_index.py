@@ -526,6 +526,40 @@ def test_out_folder_and_empty_database(tmp_path: Path) -> None:
     assert not (tmp_path / "work" / "reports").exists()
 
 
+def test_a_succeeded_reissue_shows_the_guarantees_verdict_and_report_it_handed_back(tmp_path: Path) -> None:
+    """A reissue publishes its source's outputs and report unchanged and stores no guarantee of
+    its own: its row says so, links the source's report and carries the source's guarantees
+    and verdict (audit 5, item 7; was "none recorded · not recorded · no report stored")."""
+    with pytest.MonkeyPatch.context() as patch, audit_database("sqlite", tmp_path) as engine:
+        patch.setenv("PRIVRELEASE_DB_URL", engine.url.render_as_string(hide_password=False))
+        patch.setenv("PRIVRELEASE_WORK_DIR", str(tmp_path / "work"))
+        patch.chdir(tmp_path)
+        made = Built(tmp_path, engine)
+        source = add_run(made, DEMO_TEXT, html=rendered(DEMO_TEXT))
+        with database.session(engine) as s:
+            handed = records.start_run(
+                s,
+                policy_sha256=made.facts[source]["policy"].sha256,
+                code_version="0.1.0",
+                dataset_fingerprint=made.facts[source]["fingerprint"],
+                kind="reissue",
+                source_run_id=source,
+            )
+            records.finish_run(s, handed, "succeeded")
+        document = json.loads(invoke("index", "--json").stdout)
+    parsed = IndexPage(Path(document["path"]).read_text(encoding="utf-8"))
+    row, original = parsed.row(handed.id), parsed.row(source)
+    assert f"reissue of {source[:12]}: its outputs, guarantees and report are that run's (no new charge)" in text(
+        row["cells"]["status"]
+    )
+    assert f"#run-{source}" in row["links"] and report_file_name(source) in row["links"]
+    assert row["g"] == original["g"] and row["g"]
+    assert text(row["cells"]["verdict"]) == text(original["cells"]["verdict"])
+    for missing in ("none recorded", "not recorded", "no report stored"):
+        assert missing not in text(" ".join(row["cells"].values()))
+    assert document["reports_linked"] == 2
+
+
 @pytest.mark.parametrize("backend", BACKENDS[1:])  # PostgreSQL (SQLite is the module's database)
 def test_the_same_index_from_postgresql(backend: str, built: Built, tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as patch, audit_database(backend, tmp_path) as engine:
