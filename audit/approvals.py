@@ -347,6 +347,24 @@ def current_approvals(session: Session, sha256: str) -> list[Approval]:
     return [approval for approval in approvals_of(session, sha256) if approval.nonce not in revoked]
 
 
+def revoked_since(session: Session, run: Run) -> str | None:
+    """A note when every approval of the policy of ``run`` was revoked after it finished (the
+    report and statement of a production release, handed back as they are, still say
+    approved); None otherwise."""
+    state = governance.state(session)
+    made = approvals_of(session, run.policy_sha256)
+    if not made or any(approval.nonce not in state.revoked for approval in made):
+        return None
+    when = max(state.revoked_at[approval.nonce] for approval in made)
+    if run.finished_at is not None and when < run.finished_at:
+        return None
+    policy = session.exec(select(PolicyVersion).where(PolicyVersion.sha256 == run.policy_sha256)).one()
+    return (
+        f"the approval of policy {policy.name}@{policy.version} was revoked on {when:%Y-%m-%d %H:%M} UTC, after "
+        "this release: the report and statement handed back still say it was approved"
+    )
+
+
 def require_approved(
     session: Session,
     facts: PolicyFacts,

@@ -59,14 +59,15 @@ def _digest(body: dict[str, Any]) -> str:
 @dataclass
 class State:
     """What the governance records decide: the database's ``production`` mode, the approver
-    ``registry`` in effect (and every one pinned, ``pins``), the ``revoked`` approval ids, the
-    ``head`` a new request follows, the records ``ignored`` (``(seq, message)``) and why the
+    ``registry`` in effect (and every one pinned, ``pins``), the ``revoked`` approval ids (and
+    when each was first revoked, ``revoked_at``), the ``head`` a new request follows, the records ``ignored`` (``(seq, message)``) and why the
     history is ``broken`` (None: it is not)."""
 
     production: bool = False
     registry: Registry | None = None
     pins: list[Registry] = field(default_factory=list)
     revoked: set[str] = field(default_factory=set)
+    revoked_at: dict[str, datetime] = field(default_factory=dict)
     head: str | None = None
     ignored: list[tuple[int, str]] = field(default_factory=list)
     broken: str | None = None
@@ -115,6 +116,8 @@ def _refusal(current: State, body: dict[str, Any], signatures: Any) -> str | Non
 def _take_effect(current: State, body: dict[str, Any], when: datetime) -> None:
     if body["action"] == "revoke":
         current.revoked.update(str(nonce) for nonce in body["approvals"])
+        for nonce in body["approvals"]:
+            current.revoked_at.setdefault(str(nonce), when)
         return
     current.production = body["production"]
     if body.get("approvers") is not None:

@@ -30,7 +30,9 @@ class HandedOutput:
 class Reissued:
     """A reissue: its own run id, the run it handed back, the outputs (checked against their
     recorded sha256), the report's path (None: the source has no report file), the folder the
-    copies went to (None without ``out``) and the audit chain head after it (``seq``, ``hash``)."""
+    copies went to (None without ``out``), the audit chain head after it (``seq``, ``hash``) and,
+    for a production release whose approval was revoked since, when (``approval_revoked``:
+    :func:`privrelease.audit.approvals.revoked_since`)."""
 
     run_id: str
     source_run_id: str
@@ -38,6 +40,7 @@ class Reissued:
     report: str | None
     folder: str | None
     chain_head: dict[str, Any]
+    approval_revoked: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """As ``privrelease reissue --json`` prints it."""
@@ -50,7 +53,7 @@ def reissue(run_ref: str, out: Path | None = None) -> Reissued:
     ``kinds`` (the code of each mechanism type that made the outputs); nothing charged."""
     from sqlmodel import col, select
 
-    from privrelease.audit import chain, records
+    from privrelease.audit import approvals, chain, records
     from privrelease.audit.database import open_database, session
     from privrelease.audit.models import Output, Report
     from privrelease.flows.recovery import started_facts
@@ -61,6 +64,8 @@ def reissue(run_ref: str, out: Path | None = None) -> Reissued:
         kinds = started_facts(s, source.id).get("kinds")  # the code that made what is handed back
         outputs = list(s.exec(select(Output).where(Output.run_id == source.id).order_by(col(Output.id))))
         report = s.exec(select(Report).where(Report.run_id == source.id)).first()
+        production = started_facts(s, source.id).get("production")
+        revoked = approvals.revoked_since(s, source) if production else None
     if source.status != "succeeded" or source.kind == "reissue":
         raise UserError(
             f"run {source.id} is a {source.kind} that {source.status}; only a succeeded release "
@@ -128,4 +133,5 @@ def reissue(run_ref: str, out: Path | None = None) -> Reissued:
         report=report_path,
         folder=None if target is None else str(target),
         chain_head={"seq": head.seq, "hash": head.hash},
+        approval_revoked=revoked,
     )

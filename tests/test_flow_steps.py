@@ -1189,6 +1189,32 @@ def test_report_list_and_show_of_a_reissue(demo_dir, work, tmp_path):
     assert shown["path"] == first.report and "is missing or changed" in shown["note"]
 
 
+def test_a_reissue_says_the_approval_of_its_release_was_revoked_since(demo_dir, work, monkeypatch):
+    """A production release whose approval was revoked afterwards is handed back with its
+    "APPROVED RELEASE" statement unchanged: the reissue says the approval was revoked since
+    (audit 5, item 14); a release whose approval stands gets no such note."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    monkeypatch.setenv("PRIVRELEASE_PRODUCTION", "true")
+    policy = demo_dir / demo.POLICY_FILE
+    approve(policy)
+    first = release_plain(policy_path=str(policy))
+    runner = CliRunner()
+    standing = runner.invoke(app, ["reissue", first.run_id, "--json"])
+    assert standing.exit_code == 0 and json.loads(standing.output)["approval_revoked"] is None, standing.output
+    revoked = runner.invoke(app, ["policy", "revoke", "demo-census@1", "--by", "CPO", "--reason", "scheme leaks"])
+    assert revoked.exit_code == 0, revoked.output
+    result = runner.invoke(app, ["reissue", first.run_id])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "warning: the approval of policy demo-census@1 was revoked on " in said
+    assert "UTC, after this release: the report and statement handed back still say it was approved" in said
+    document = json.loads(runner.invoke(app, ["reissue", first.run_id, "--json"]).output)
+    assert document["approval_revoked"].startswith("the approval of policy demo-census@1 was revoked on ")
+
+
 def test_open_run_needs_exactly_one_source(work):
     with pytest.raises(UserError, match="either a policy file or the id of a run"):
         release_plain()

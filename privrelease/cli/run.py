@@ -305,6 +305,8 @@ def reissue_command(
     if result.report:
         say(f"report: {result.report}")
     say(f"checksums verified; recorded as run {result.run_id} (no budget charged)")
+    if result.approval_revoked:
+        say(styled("[bold yellow]warning:[/] {}", result.approval_revoked))
 
 
 def demo_command(
