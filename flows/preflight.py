@@ -155,4 +155,3 @@ def check_output_format(output_format: str) -> None:
     """:class:`UserError` unless ``output_format`` is one the flow writes."""
     if output_format not in steps.OUTPUT_FORMATS:
         raise UserError(f"output format must be one of {', '.join(steps.OUTPUT_FORMATS)}; got {output_format!r}")
-

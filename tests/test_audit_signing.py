@@ -282,7 +282,10 @@ def test_an_unsigned_release_is_said_unsigned_not_forged(demo_dir, work, tmp_pat
     assert result.exit_code == 1 and result.output.startswith("BROKEN: ") and "was changed" in result.output
     assert "carries no signature, so no key vouches for it" in result.output
     assert "the folder is named 'r1' but its head is for release" in result.output
-    assert "'report.html' does not have the sha256 " in result.output and " its head lists: it was changed" in result.output
+    assert (
+        "'report.html' does not have the sha256 " in result.output
+        and " its head lists: it was changed" in result.output
+    )
     assert "'extra.csv' is in the folder but not among the files its head lists" in result.output
     assert "signed" not in result.output.replace("unsigned", "")  # nothing in it was signed
     document = json.loads(check("--json").output)

@@ -328,7 +328,11 @@ def test_the_statement_says_why_one_mechanism_shows_several_epsilons() -> None:
     said = html.split('id="epsilon-readings">', 1)[1].split("</p>", 1)[0]
     assert "target δ = 1e-09" in said and "one guarantee read at different δ" in said
     assert "the lifetime budget adds up the stated (ε, δ) of every release" in said and "charged at" not in said
-    text = (REPO / "policies/examples/demo.yaml").read_text().replace("accounting: probabilistic", "accounting: approximate")
+    text = (
+        (REPO / "policies/examples/demo.yaml")
+        .read_text()
+        .replace("accounting: probabilistic", "accounting: approximate")
+    )
     approximate = report_html(example_context(load_policy_text(text, REPO / "policies/examples")), public_only=True)
     said = approximate.split('id="epsilon-readings">', 1)[1].split("</p>", 1)[0]
     assert "the lifetime budget is charged at its δ = 1e-06" in said and "adds up" not in said
