@@ -45,30 +45,26 @@ def preflight(
 
 
 def preflight_rerun(
-    run_id: str,
-    *,
-    data_path: str | Path | None = None,
-    output_format: str = "parquet",
-    production: bool | None = None,
-    engine: str | None = None,
-    dask_address: str | None = None,
-    workers: int | None = None,
+    run_id: str, *, data_path: str | Path | None = None, output_format: str = "parquet", **options: Any
 ) -> tuple[str, ...]:
     """What a rerun of run ``run_id`` (id or unique prefix) would refuse before Prefect starts:
     an unknown run, a stored policy whose hierarchy files changed
     (:func:`privrelease.flows.opening.rerun_source`), then what :func:`_check` checks of that
-    stored policy and the data file the rerun reads."""
+    stored policy and the data file the rerun reads. ``options``: ``production``, ``engine``,
+    ``dask_address``, ``workers``, as for :func:`preflight`."""
     from privrelease.flows.opening import rerun_data, rerun_engine, rerun_source
 
     check_output_format(output_format)
     _settle()
     source, manifest_data, source_run, _ = rerun_source(run_id)
     data = rerun_data(source_run, None if data_path is None else str(data_path), manifest_data)
-    choice = rerun_engine(source_run, {"engine": engine, "dask_address": dask_address, "workers": workers})
+    production = options.pop("production", None)
+    choice = rerun_engine(source_run, {"engine": None, "dask_address": None, "workers": None, **options})
     return _check(source, data, output_format, production, choice)
 
 
 def _settle() -> None:
+    """Settle the runs a crash left unfinished, when the audit database exists."""
     from privrelease.audit.database import exists, get_engine
 
     if exists(get_engine()):
