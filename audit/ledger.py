@@ -359,12 +359,12 @@ def reserve(
     total_after = _account([*trees, event], notion, limit)
     if not total_after.fits(limit):
         committed = sum(entry.state == "committed" for entry in counting)
-        raise TargetNotMet(
-            f"privacy budget of dataset {_name(ds)} would be exceeded under the {notion} "
-            f"accountant: lifetime budget {limit}; already spent {spent_before} by "
-            f"{len(counting)} release(s) ({committed} committed, {len(counting) - committed} "
-            f"reserved); this release needs {this_release}; together {total_after}"
-            f"{_file(vintage)}"
+        raise _exceeded(
+            ds,
+            notion,
+            f"already spent {spent_before} by {len(counting)} release(s) ({committed} committed, "
+            f"{len(counting) - committed} reserved); this release needs {this_release}; "
+            f"together {total_after}{_file(vintage)}",
         )
     ttl = get_settings().reservation_ttl_seconds if ttl_seconds is None else ttl_seconds
     assert ttl > 0, f"ttl_seconds must be > 0; got {ttl}"
@@ -523,12 +523,22 @@ def check_fits(status: LedgerStatus, event_tree: Any) -> Budget:
     notion, limit = status.dataset.notion, status.budget
     total = _account([*_trees(status.counting), event], notion, limit)
     if not total.fits(limit):
-        raise TargetNotMet(
-            f"privacy budget of dataset {_name(status.dataset)} would be exceeded under the {notion} "
-            f"accountant: lifetime budget {limit}; already spent {status.spent} by {len(status.counting)} "
-            f"release(s); this release needs {_account([event], notion, limit)}; together {total}"
+        raise _exceeded(
+            status.dataset,
+            notion,
+            f"already spent {status.spent} by {len(status.counting)} release(s); "
+            f"this release needs {_account([event], notion, limit)}; together {total}",
         )
     return total
+
+
+def _exceeded(dataset: DatasetIdentity, notion: str, amounts: str) -> TargetNotMet:
+    """The refusal of a release that would not fit ``dataset``'s lifetime budget."""
+    limit = Budget(dataset.lifetime_epsilon, dataset.lifetime_delta)
+    return TargetNotMet(
+        f"privacy budget of dataset {_name(dataset)} would be exceeded under the {notion} accountant: "
+        f"lifetime budget {limit}; {amounts}; nothing was charged or published"
+    )
 
 
 @dataclass(frozen=True)

@@ -88,10 +88,10 @@ def ledger_runway(
     ledger already holds for the dataset. Reads no data."""
     from privrelease.audit import ledger
     from privrelease.audit.database import session
-    from privrelease.cli.audit import _engine
+    from privrelease.cli.audit import checked_engine, runs_fit
 
     plan = _release_tree(policy)
-    with session(_engine(), readonly=True) as s:
+    with session(checked_engine(), readonly=True) as s:
         status, result = ledger.policy_runway(s, plan)
     dataset = status.dataset.id
     document = {
@@ -105,12 +105,13 @@ def ledger_runway(
         "spent": result.spent.as_dict(),
         "after_next_run": result.after_next_run.as_dict(),
         "this_run": result.this_run.as_dict(),
+        "at_lifetime_delta": status.at_lifetime_delta,
     }
     if json_out:
         print_json(document)
         return
-    more = f"{result.runs}{'+' if result.capped else ''} more run{'s' if result.runs != 1 else ''}"
-    say(f"{more} of {plan.loaded.policy.name} fit the lifetime budget of {dataset} ({result.budget})")
-    say(f"spent now        {result.spent}")
-    say(f"after next run   {result.after_next_run}")
+    say(f"{runs_fit(result, f'of {plan.loaded.policy.name}')} the lifetime budget of {dataset} ({result.budget})")
+    say(f"spent now        {status.shown(result.spent)}")
+    over = "" if result.runs else ": over the budget, so `run` refuses it"
+    say(f"after next run   {status.shown(result.after_next_run)}{over}")
     say(f"unit of privacy  {plan.unit_of_privacy['statement']}")
