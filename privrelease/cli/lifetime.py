@@ -78,6 +78,20 @@ def guarantee_compose(
         say(f"unit of privacy: {plan.unit_of_privacy['statement']}")
     if not math.isfinite(result.epsilon):
         raise TargetNotMet(f"no epsilon reaches delta = {delta:g} for {times} runs of {plan.loaded.policy.name}")
+    if result.delta >= 1:
+        raise TargetNotMet(_no_delta(plan, times, result.epsilon))
+
+
+def _no_delta(plan: Plan, times: int, epsilon: float) -> str:
+    """Why ``times`` runs of ``plan`` have no guarantee at ``epsilon`` (their delta there is 1)."""
+    from privrelease.mechanisms import composition
+
+    why = "a delta of 1 guarantees nothing"
+    if plan.notion == "probabilistic":
+        stated = composition.summed(composition.releases_of([plan.event], times), plan.notion).epsilon
+        why = f"the probabilistic notion adds the stated epsilons: {stated:g}"
+    runs = f"{times} run{'s' if times != 1 else ''}"
+    return f"no delta below 1 at epsilon {epsilon:g} for {runs} of {plan.loaded.policy.name} ({why})"
 
 
 def ledger_runway(
