@@ -25,6 +25,7 @@ from privrelease.errors import UserError
 
 __all__ = [
     "Vintage",
+    "clash",
     "find_identity",
     "list_identities",
     "register_identity",
@@ -61,14 +62,9 @@ def register_identity(
     chain.lock(session)  # before the look-up: concurrent registrations wait, then find it
     existing = session.get(DatasetIdentity, identity_id)
     if existing is not None:
-        stated = (lifetime_epsilon, lifetime_delta, notion)
-        stored = (existing.lifetime_epsilon, existing.lifetime_delta, existing.notion)
-        if stated != stored:
-            raise UserError(
-                f"dataset {identity_id} already has lifetime budget epsilon={stored[0]:g}, "
-                f"delta={stored[1]:g} under the {stored[2]} accountant; got epsilon={stated[0]:g}, "
-                f"delta={stated[1]:g} ({stated[2]}): a dataset's lifetime budget cannot be changed"
-            )
+        message = clash(existing, lifetime_epsilon, lifetime_delta, notion)
+        if message:
+            raise UserError(message)
         return existing
     registered = DatasetIdentity(
         id=identity_id,
@@ -78,6 +74,26 @@ def register_identity(
     )
     chain.append(session, "dataset_identity_registered", registered)
     return registered
+
+
+def clash(existing: DatasetIdentity, epsilon: float, delta: float, notion: str) -> str | None:
+    """Why a release stating lifetime budget (``epsilon``, ``delta``) under ``notion`` cannot
+    charge the registered dataset ``existing`` (its budget or accountant differs), else None."""
+    changed = [
+        what
+        for what, same in (
+            ("lifetime budget", (epsilon, delta) == (existing.lifetime_epsilon, existing.lifetime_delta)),
+            ("accountant", notion == existing.notion),
+        )
+        if not same
+    ]
+    if not changed:
+        return None
+    return (
+        f"dataset {existing.id} already has lifetime budget epsilon={existing.lifetime_epsilon:g}, "
+        f"delta={existing.lifetime_delta:g} under the {existing.notion} accountant; got epsilon={epsilon:g}, "
+        f"delta={delta:g} ({notion}): a dataset's {' and '.join(changed)} cannot be changed"
+    )
 
 
 def register_vintage(

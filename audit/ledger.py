@@ -62,6 +62,7 @@ __all__ = [
     "history_curve",
     "largest_fitting",
     "runway",
+    "policy_status",
     "status_for",
 ]
 
@@ -123,6 +124,18 @@ class LedgerStatus:
     :class:`~privrelease.mechanisms.events.UnknownEventKind`); then ``spent`` is unbounded and
     nothing remains (fail closed), and only each entry's recorded charge can be shown."""
 
+    @property
+    def at_lifetime_delta(self) -> bool:
+        """Spent and remaining are epsilons at the lifetime delta (approximate DP), not delta amounts."""
+        return _at_lifetime_delta(self.dataset.notion, self.budget)
+
+    def shown(self, amount: Budget) -> str:
+        """``amount`` (spent, remaining, ...) for people: under approximate DP an epsilon at the
+        lifetime delta, which is where it is read, not a delta spent."""
+        if self.at_lifetime_delta:
+            return f"epsilon={amount.epsilon:g} at the lifetime delta {self.budget.delta:g}"
+        return str(amount)
+
     def effective_state(self, entry: LedgerEntry) -> str:
         """``reserved``/``committed``/``released``, or ``expired`` for a lapsed reservation."""
         if entry.state == "reserved" and _expired(entry, self.now):
@@ -148,16 +161,22 @@ def _counts(entry: LedgerEntry, now: datetime) -> bool:
     return entry.state == "committed" or (entry.state == "reserved" and not _expired(entry, now))
 
 
-def resolve_lifetime_budget(stated: LifetimeBudget | None = None) -> Budget:
+def resolve_lifetime_budget(stated: LifetimeBudget | None = None, registered: DatasetIdentity | None = None) -> Budget:
     """The lifetime budget a dataset is registered with: the policy's
     (``targets.lifetime_budget``), else the ``default_lifetime_budget`` setting;
-    :class:`UserError` when neither is set."""
+    :class:`UserError` when neither is set (naming the ``registered`` dataset's budget, if any)."""
     if stated is not None:
         return stated.budget
     default = get_settings().default_lifetime_budget
-    if default is None:
+    if default is not None:
+        return Budget(*default)
+    if registered is None:
         raise UserError(NO_LIFETIME_BUDGET)
-    return Budget(*default)
+    raise UserError(
+        f"the policy states no lifetime budget (dataset {registered.id} has "
+        f"{Budget(registered.lifetime_epsilon, registered.lifetime_delta)} registered: state it as "
+        "targets.lifetime_budget)"
+    )
 
 
 def _at_lifetime_delta(notion: str, limit: Budget) -> bool:
@@ -340,12 +359,12 @@ def reserve(
     total_after = _account([*trees, event], notion, limit)
     if not total_after.fits(limit):
         committed = sum(entry.state == "committed" for entry in counting)
-        raise TargetNotMet(
-            f"privacy budget of dataset {_name(ds)} would be exceeded under the {notion} "
-            f"accountant: lifetime budget {limit}; already spent {spent_before} by "
-            f"{len(counting)} release(s) ({committed} committed, {len(counting) - committed} "
-            f"reserved); this release needs {this_release}; together {total_after}"
-            f"{_file(vintage)}"
+        raise _exceeded(
+            ds,
+            notion,
+            f"already spent {spent_before} by {len(counting)} release(s) ({committed} committed, "
+            f"{len(counting) - committed} reserved); this release needs {this_release}; "
+            f"together {total_after}{_file(vintage)}",
         )
     ttl = get_settings().reservation_ttl_seconds if ttl_seconds is None else ttl_seconds
     assert ttl > 0, f"ttl_seconds must be > 0; got {ttl}"
@@ -504,12 +523,22 @@ def check_fits(status: LedgerStatus, event_tree: Any) -> Budget:
     notion, limit = status.dataset.notion, status.budget
     total = _account([*_trees(status.counting), event], notion, limit)
     if not total.fits(limit):
-        raise TargetNotMet(
-            f"privacy budget of dataset {_name(status.dataset)} would be exceeded under the {notion} "
-            f"accountant: lifetime budget {limit}; already spent {status.spent} by {len(status.counting)} "
-            f"release(s); this release needs {_account([event], notion, limit)}; together {total}"
+        raise _exceeded(
+            status.dataset,
+            notion,
+            f"already spent {status.spent} by {len(status.counting)} release(s); "
+            f"this release needs {_account([event], notion, limit)}; together {total}",
         )
     return total
+
+
+def _exceeded(dataset: DatasetIdentity, notion: str, amounts: str) -> TargetNotMet:
+    """The refusal of a release that would not fit ``dataset``'s lifetime budget."""
+    limit = Budget(dataset.lifetime_epsilon, dataset.lifetime_delta)
+    return TargetNotMet(
+        f"privacy budget of dataset {_name(dataset)} would be exceeded under the {notion} accountant: "
+        f"lifetime budget {limit}; {amounts}; nothing was charged or published"
+    )
 
 
 @dataclass(frozen=True)
@@ -529,13 +558,25 @@ class Runway:
         return asdict(self)
 
 
+def policy_status(session: Session, loaded: Any, notion: str, *, clash: bool = True) -> LedgerStatus:
+    """The ledger a DP release of policy ``loaded`` under ``notion`` charges, as a run finds it
+    (:func:`status_for`); :class:`UserError` when the policy states no lifetime budget (nor is
+    a default set) or, with ``clash``, another budget or accountant than the dataset has
+    registered (as the run's registration refuses it: :func:`.identities.register_identity`)."""
+    dataset = loaded.require_dataset_id()
+    assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
+    registered = session.get(DatasetIdentity, dataset)
+    budget = resolve_lifetime_budget(loaded.policy.targets.lifetime_budget, registered)
+    message = identities.clash(registered, budget.epsilon, budget.delta, notion) if registered and clash else None
+    if message:
+        raise UserError(message)
+    return status_for(session, dataset, budget, notion)
+
+
 def policy_runway(session: Session, plan: Any) -> tuple[LedgerStatus, Runway]:
     """The ledger of the dataset a planned release (:func:`privrelease.planning.dp_plan`)
     charges, and the release's runway on it (``ledger runway``)."""
-    dataset = plan.loaded.require_dataset_id()
-    assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
-    stated = plan.loaded.policy.targets.lifetime_budget
-    status = status_for(session, dataset, resolve_lifetime_budget(stated), plan.notion)
+    status = policy_status(session, plan.loaded, plan.notion)
     return status, runway(status, plan.event)
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "read",
     "released",
     "service_public_key",
+    "spending_problem",
 ]
 
 GENESIS = chain.Head(0, GENESIS_HASH)
@@ -319,12 +320,23 @@ def outside_heads(session: Session, public_key: Any | None, roots: Sequence[Path
 
 def check_before_spending(session: Session, release_root: Path | None = None) -> None:
     """Refuse (:class:`AuditRefused`) a database that is tampered with, cut short or rolled
-    back, before a run spends anything; once per session, under the audit write lock. Verifies
-    the records after the newest verified head (the witness's, or this process's), with their
-    signatures when a signing key is set (:func:`service_public_key`), and then the signed
-    release heads in :func:`head_folders`."""
+    back, before a run spends anything (:func:`spending_problem`)."""
+    problem = spending_problem(session, release_root)
+    if problem is not None:
+        raise AuditRefused(
+            f"refused before spending: {problem}; nothing was charged or published "
+            "(`privrelease audit verify` names every problem)"
+        )
+
+
+def spending_problem(session: Session, release_root: Path | None = None) -> str | None:
+    """The first reason :func:`check_before_spending` refuses the database, None when it
+    passes; once per session, under the audit write lock. Verifies the records after the
+    newest verified head (the witness's, or this process's), with their signatures when a
+    signing key is set (:func:`service_public_key`), each ledger entry against its newest
+    record, and then the signed release heads in :func:`head_folders`. Reads only."""
     if session.info.get(chain.VERIFIED):
-        return
+        return None
     chain.lock(session)
     public = service_public_key()
     engine = session.get_bind()
@@ -341,11 +353,9 @@ def check_before_spending(session: Session, release_root: Path | None = None) ->
         if public is not None and not problems:
             problems = released(session, head_folders(release_root), public)
     if problems:
-        raise AuditRefused(
-            f"refused before spending: {problems[0].message}; nothing was charged or published "
-            "(`privrelease audit verify` names every problem)"
-        )
+        return problems[0].message
     session.info[chain.VERIFIED] = True
+    return None
 
 
 def prepare(session: Session) -> Callable[[], None] | None:

@@ -217,16 +217,15 @@ def _fingerprint_files(run: RunContext | None, loaded: Any, path: Path) -> Datas
 
 def plan_summary(policy: PolicySource) -> PlanSummary:
     """The plan of ``policy`` as a small summary (no exception when a target is missed)."""
-    from privrelease.mechanisms.events import Composed, event_to_json, is_dp
+    from privrelease.mechanisms.events import event_to_json
 
     plan = plan_of(policy)
-    charged = [m.event for m in plan.mechanisms if is_dp(m.event)]
-
+    charged = plan.charged_event
     return PlanSummary(
         passed=plan.passed,
         notion=plan.notion,
         event_json=event_to_json(plan.event),
-        charged_event_json=event_to_json(Composed(events=tuple(charged))) if charged else None,
+        charged_event_json=event_to_json(charged) if charged else None,
         checks=[
             {key: getattr(check, key) for key in ("target", "required", "achieved", "passed")} for check in plan.checks
         ],
@@ -254,14 +253,15 @@ def require_targets(summary: PlanSummary, policy: str) -> None:
 
 
 def require_budget(session: Any, loaded: Any, summary: PlanSummary) -> None:
-    """:class:`TargetNotMet` when the release would not fit what its dataset's ledger holds (a
-    read-only preview: :func:`reserve_budget` decides, under the audit write lock)."""
+    """:class:`TargetNotMet` when the release would not fit what its dataset's ledger holds, and
+    :class:`UserError` when it states no lifetime budget (a read-only preview:
+    :func:`reserve_budget` decides, under the audit write lock, and refuses a budget or
+    accountant other than the dataset's after the run started, as README says)."""
     from privrelease.audit import ledger
 
     if summary.charged_event_json is None:
         return
-    budget = ledger.resolve_lifetime_budget(loaded.policy.targets.lifetime_budget)
-    status = ledger.status_for(session, loaded.require_dataset_id(), budget, summary.notion)
+    status = ledger.policy_status(session, loaded, summary.notion, clash=False)
     ledger.check_fits(status, summary.charged_event_json)
 
 
@@ -276,12 +276,14 @@ def reserve_budget(run: RunContext, dataset: DatasetFacts, plan: PlanSummary) ->
     event tree against the identity's budget. None when nothing is charged (then the dataset is
     registered only when its id and a lifetime budget are known)."""
     from privrelease.audit import ledger, records
+    from privrelease.audit.models import DatasetIdentity
 
     policy = run.loaded().policy
     targets, dataset_id = policy.targets, policy.dataset.id
     with _session() as s:
         try:
-            budget = ledger.resolve_lifetime_budget(targets.lifetime_budget)
+            registered = s.get(DatasetIdentity, dataset_id) if dataset_id is not None else None
+            budget = ledger.resolve_lifetime_budget(targets.lifetime_budget, registered)
         except UserError:
             if plan.charged_event_json is not None:
                 raise

@@ -76,6 +76,13 @@ class Plan:
         return all(check.passed for check in self.checks)
 
     @property
+    def charged_event(self) -> Composed | None:
+        """The differentially private part of the release, which its dataset's lifetime budget
+        is charged; None when nothing is charged."""
+        charged = tuple(m.event for m in self.mechanisms if is_dp(m.event))
+        return Composed(events=charged) if charged else None
+
+    @property
     def guarantee(self) -> Guarantee:
         """The composed guarantee under the notion the policy demands."""
         return self.composed[self.notion]

@@ -190,6 +190,7 @@ def test_ledger_show(db: Any) -> None:
     assert vintage["runs"] == [] and vintage["first_read"] is None  # reserved, data not read
     assert shown["spent"]["epsilon"] == pytest.approx(one.epsilon)
     assert shown["remaining"]["epsilon"] == pytest.approx(9 * one.epsilon)
+    assert shown["at_lifetime_delta"] is False  # probabilistic: the stated deltas add up, delta is spent
     assert [e["state"] for e in shown["entries"]] == ["committed", "released"]  # the stored words
     assert shown["entries"][0]["event"]["event"]["kind"] == "laplace"
     assert run_json("ledger", "show", "census.csv")["dataset"] == "census"
@@ -200,7 +201,7 @@ def test_ledger_show(db: Any) -> None:
     assert "'census.csv' is a file of dataset census" in human and FINGERPRINT[:12] in human
     (listed,) = run_json("ledger", "list")["datasets"]
     assert listed["dataset"] == "census" and listed["counting_entries"] == 1
-    assert listed["files"] == ["census.csv"]
+    assert listed["files"] == ["census.csv"] and listed["at_lifetime_delta"] is False
     assert "census.csv" in run("ledger", "list")
     with pytest.raises(UserError, match="no dataset"):
         run("ledger", "show", "ffff")

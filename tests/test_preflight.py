@@ -137,6 +137,7 @@ def test_unapproved_and_exhausted_are_refused_before_prefect_starts(demo_policy:
             ledger.commit(s, ledger.reserve(s, loaded.policy.dataset.id, run_id, plan.event, plan.notion))
     result, seconds = run(demo_policy, work)
     assert result.returncode == 1 and "would be exceeded" in result.stderr, result.stderr
+    assert "; nothing was charged or published" in " ".join(result.stderr.split())
     assert quick(seconds, demo_policy, work) and not list(work.rglob("prefect-server*.log"))
     assert refused(work) == ["UserError", "TargetNotMet"]
 

@@ -51,6 +51,33 @@ def _engine() -> Any:
     return open_database()
 
 
+def checked_engine() -> Any:
+    """The audit database, once it passes the check a run makes before spending
+    (:func:`~privrelease.audit.witness.spending_problem`): the ledger commands show no figures
+    of a ledger that does not match its audit records (:class:`AuditRefused`, exit 1)."""
+    from privrelease.audit import witness
+    from privrelease.audit.database import session
+    from privrelease.errors import AuditRefused
+
+    engine = _engine()
+    with session(engine) as s:
+        problem = witness.spending_problem(s)
+    if problem is not None:
+        raise AuditRefused(
+            f"the ledger does not match its audit records ({problem}): no figures shown "
+            "(`privrelease audit verify` names every problem)"
+        )
+    return engine
+
+
+def runs_fit(runway: Any, which: str) -> str:
+    """``2 more runs {which} fit`` / ``1 more run {which} fits`` (``100000+`` when capped)."""
+    one = runway.runs == 1 and not runway.capped
+    return (
+        f"{runway.runs}{'+' if runway.capped else ''} more run{'' if one else 's'} {which} {'fits' if one else 'fit'}"
+    )
+
+
 def _when(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="seconds")
 
@@ -804,7 +831,7 @@ def ledger_show(
     from privrelease.audit.database import session
     from privrelease.mechanisms.events import describe_relation
 
-    with session(_engine(), readonly=True) as s:
+    with session(checked_engine(), readonly=True) as s:
         found = ledger.dataset_ledger(s, dataset)
     status, latest, ahead = found.status, found.latest, found.runway
     vintages = [_vintage_dict(v) for v in found.vintages]
@@ -818,6 +845,7 @@ def ledger_show(
         "budget": status.budget.as_dict(),
         "spent": None if status.cannot_compose else status.spent.as_dict(),
         "remaining": None if status.cannot_compose else status.remaining.as_dict(),
+        "at_lifetime_delta": status.at_lifetime_delta,
         "cannot_compose": status.cannot_compose or None,
         "counting_entries": len(status.counting),
         "runway": (
@@ -840,17 +868,16 @@ def ledger_show(
     if status.neighbours:
         say(f"unit of privacy  {describe_relation(status.neighbours)} (every charge below is for it)")
     how = f"composition of {len(status.counting)} stored trees"
-    if ds.notion == "approximate" and 0 < status.budget.delta < 1:
+    if status.at_lifetime_delta:
         how = f"the smallest epsilon at the lifetime delta; {how}"
     if status.cannot_compose:
         say(styled("spent            [yellow]not composed here[/]: {}", status.cannot_compose))
         say("remaining        unknown here (each entry's recorded charge is below)")
     else:
-        say(f"spent            {status.spent}  ({how})")
-        say(f"remaining        {status.remaining}")
+        say(f"spent            {status.shown(status.spent)}  ({how})")
+        say(f"remaining        {status.shown(status.remaining)}")
     if ahead is not None and latest is not None:
-        more = f"{ahead.runs}{'+' if ahead.capped else ''} more run{'s' if ahead.runs != 1 else ''}"
-        say(f"runway           {more} like the latest ({latest.run_id[:12]}) fit the budget")
+        say(f"runway           {runs_fit(ahead, f'like the latest ({latest.run_id[:12]})')} the budget")
     files = Table("file (sha256)", "label", "rows", "first read (UTC)", "runs")
     for v in vintages:
         files.add_row(
@@ -888,7 +915,7 @@ def ledger_list(json_output: JsonFlag = False) -> None:
     from privrelease.audit import ledger
     from privrelease.audit.database import session
 
-    with session(_engine(), readonly=True) as s:
+    with session(checked_engine(), readonly=True) as s:
         found = ledger.dataset_ledgers(s)
     rows: list[dict[str, Any]] = []
     for each in found:
@@ -904,6 +931,7 @@ def ledger_list(json_output: JsonFlag = False) -> None:
                     "delta": ds.lifetime_delta,
                 },
                 "spent": None if status.cannot_compose else status.spent.as_dict(),
+                "at_lifetime_delta": status.at_lifetime_delta,
                 "cannot_compose": status.cannot_compose or None,
                 "counting_entries": len(status.counting),
             }
@@ -919,6 +947,7 @@ def ledger_list(json_output: JsonFlag = False) -> None:
     table.add_column("releases")
     for row in rows:
         budget, spent = row["budget"], row["spent"]
+        delta_spent = f"{spent['delta']:.3g}" if spent else "not composed here"
         table.add_row(
             row["dataset"],
             ", ".join(row["files"]),
@@ -926,7 +955,9 @@ def ledger_list(json_output: JsonFlag = False) -> None:
             f"{spent['epsilon']:.4g} / {budget['epsilon']:.4g}"
             if spent
             else f"not composed here / {budget['epsilon']:.4g}",
-            f"{spent['delta']:.3g} / {budget['delta']:.3g}" if spent else f"not composed here / {budget['delta']:.3g}",
+            f"not spent: epsilon is at the lifetime delta {budget['delta']:.3g}"
+            if row["at_lifetime_delta"]
+            else f"{delta_spent} / {budget['delta']:.3g}",
             str(row["counting_entries"]),
         )
     console.print(table)

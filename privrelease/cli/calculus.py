@@ -94,7 +94,8 @@ def plan(
     ),
 ) -> None:
     """Validate a policy and list every guarantee and target check. Reads no data. Warns when
-    the audit database has its name@version registered with other content (`run` refuses it)."""
+    the audit database has its name@version registered with other content, or its dataset's
+    ledger refuses the release (`run` refuses either)."""
     from privrelease.planning import plan_policy
     from privrelease.policies import load_policy
 
@@ -105,7 +106,7 @@ def plan(
 
         write_html(plan_charts_html(result), chart)
     checked, clash = _version_clash(result.loaded)
-    here = [warning for warning in (_budget_missing(result), clash.message if clash else None) if warning]
+    here = [warning for warning in (_ledger_warning(result), clash.message if clash else None) if warning]
     if json_out:
         conflict = None if clash is None else clash.as_dict()
         document = result.as_dict()
@@ -119,17 +120,47 @@ def plan(
         raise typer.Exit(TargetNotMet.exit_code)
 
 
-def _budget_missing(result) -> str | None:
-    """Why `run` refuses the policy here for want of a lifetime budget (a release that charges
-    one, with none in the policy and no ``default_lifetime_budget`` setting), else None."""
-    from privrelease.mechanisms.events import is_dp
+def _ledger_warning(result) -> str | None:
+    """Why `run` refuses the release for its dataset's lifetime budget, else None: none stated
+    (nor a ``default_lifetime_budget`` setting), another budget or accountant than the dataset
+    has registered (:func:`~privrelease.audit.ledger.policy_status`), or too little left. Reads
+    the audit database when there is one (plan creates none; one it cannot reach: no warning)."""
+    from privrelease.audit.registered import dataset_registered
     from privrelease.settings import NO_LIFETIME_BUDGET, get_settings
 
-    if result.loaded.policy.targets.lifetime_budget is not None or get_settings().default_lifetime_budget:
+    charged, loaded = result.charged_event, result.loaded
+    refuses = "`run` refuses this policy"
+    if charged is None:
         return None
-    if not any(is_dp(m.event) for m in result.mechanisms):
+    dataset = loaded.policy.dataset.id
+    if dataset is None or dataset_registered(get_settings().db_url, dataset) is False:  # no ledger to read
+        missing = loaded.policy.targets.lifetime_budget is None and get_settings().default_lifetime_budget is None
+        return f"{NO_LIFETIME_BUDGET}: {refuses}" if missing else None
+
+    from sqlalchemy.exc import OperationalError
+
+    from privrelease.audit import ledger  # composing a ledger imports the PLDs (about 1 s)
+    from privrelease.audit.database import exists, get_engine, open_database, session
+
+    try:
+        if not exists(get_engine()):
+            return None
+        with session(open_database(), readonly=True) as s:
+            status = ledger.policy_status(s, loaded, result.notion)
+    except UserError as error:
+        return f"{error}: {refuses}"
+    except OperationalError:
         return None
-    return f"{NO_LIFETIME_BUDGET}: `run` refuses this policy"
+    try:
+        if status.counting:
+            ledger.check_fits(status, charged)
+    except TargetNotMet:
+        left = status.shown(status.remaining)
+        return (
+            f"the ledger of {status.dataset.id} has too little left for this release ({left} remains): "
+            f"{refuses} (`privrelease ledger runway`)"
+        )
+    return None
 
 
 def _version_clash(loaded) -> tuple[bool, Any]:

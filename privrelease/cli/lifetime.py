@@ -78,6 +78,20 @@ def guarantee_compose(
         say(f"unit of privacy: {plan.unit_of_privacy['statement']}")
     if not math.isfinite(result.epsilon):
         raise TargetNotMet(f"no epsilon reaches delta = {delta:g} for {times} runs of {plan.loaded.policy.name}")
+    if result.delta >= 1:
+        raise TargetNotMet(_no_delta(plan, times, result.epsilon))
+
+
+def _no_delta(plan: Plan, times: int, epsilon: float) -> str:
+    """Why ``times`` runs of ``plan`` have no guarantee at ``epsilon`` (their delta there is 1)."""
+    from privrelease.mechanisms import composition
+
+    why = "a delta of 1 guarantees nothing"
+    if plan.notion == "probabilistic":
+        stated = composition.summed(composition.releases_of([plan.event], times), plan.notion).epsilon
+        why = f"the probabilistic notion adds the stated epsilons: {stated:g}"
+    runs = f"{times} run{'s' if times != 1 else ''}"
+    return f"no delta below 1 at epsilon {epsilon:g} for {runs} of {plan.loaded.policy.name} ({why})"
 
 
 def ledger_runway(
@@ -88,10 +102,10 @@ def ledger_runway(
     ledger already holds for the dataset. Reads no data."""
     from privrelease.audit import ledger
     from privrelease.audit.database import session
-    from privrelease.cli.audit import _engine
+    from privrelease.cli.audit import checked_engine, runs_fit
 
     plan = _release_tree(policy)
-    with session(_engine(), readonly=True) as s:
+    with session(checked_engine(), readonly=True) as s:
         status, result = ledger.policy_runway(s, plan)
     dataset = status.dataset.id
     document = {
@@ -105,12 +119,13 @@ def ledger_runway(
         "spent": result.spent.as_dict(),
         "after_next_run": result.after_next_run.as_dict(),
         "this_run": result.this_run.as_dict(),
+        "at_lifetime_delta": status.at_lifetime_delta,
     }
     if json_out:
         print_json(document)
         return
-    more = f"{result.runs}{'+' if result.capped else ''} more run{'s' if result.runs != 1 else ''}"
-    say(f"{more} of {plan.loaded.policy.name} fit the lifetime budget of {dataset} ({result.budget})")
-    say(f"spent now        {result.spent}")
-    say(f"after next run   {result.after_next_run}")
+    say(f"{runs_fit(result, f'of {plan.loaded.policy.name}')} the lifetime budget of {dataset} ({result.budget})")
+    say(f"spent now        {status.shown(result.spent)}")
+    over = "" if result.runs else ": over the budget, so `run` refuses it"
+    say(f"after next run   {status.shown(result.after_next_run)}{over}")
     say(f"unit of privacy  {plan.unit_of_privacy['statement']}")
