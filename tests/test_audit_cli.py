@@ -154,7 +154,7 @@ def test_audit_migrate(db: Any) -> None:
     assert HEAD_REVISION in run("audit", "migrate")
 
 
-def test_ledger_show(db: Any) -> None:
+def test_ledger_show(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     accountants = pytest.importorskip(
         "privrelease.mechanisms.accountants",
         reason="the accountants module has not landed yet",
@@ -194,7 +194,15 @@ def test_ledger_show(db: Any) -> None:
     assert [e["state"] for e in shown["entries"]] == ["committed", "released"]  # the stored words
     assert shown["entries"][0]["event"]["event"]["kind"] == "laplace"
     assert run_json("ledger", "show", "census.csv")["dataset"] == "census"
+    from privrelease.audit import witness
+
+    checked = []
+    spending_problem = witness.spending_problem
+    monkeypatch.setattr(
+        witness, "spending_problem", lambda s: checked.append(database.is_readonly(s)) or spending_problem(s)
+    )
     human = run("ledger", "show", "census.csv")
+    assert checked == [True]  # the ledger's check reads a snapshot: no write lock, nothing written
     assert "remaining" in human and "spent (published)" in human
     assert "returned (nothing published; not counted)" in " ".join(human.split()) and "released" not in human
     assert "spent is not their sum: it is composition of 1 stored trees" in " ".join(human.split())

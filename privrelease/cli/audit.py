@@ -53,14 +53,15 @@ def _engine() -> Any:
 
 def checked_engine() -> Any:
     """The audit database, once it passes the check a run makes before spending
-    (:func:`~privrelease.audit.witness.spending_problem`): the ledger commands show no figures
+    (:func:`~privrelease.audit.witness.spending_problem`, on a read-only snapshot: nothing is
+    written, and an account that may only read can run it): the ledger commands show no figures
     of a ledger that does not match its audit records (:class:`AuditRefused`, exit 1)."""
     from privrelease.audit import witness
     from privrelease.audit.database import session
     from privrelease.errors import AuditRefused
 
     engine = _engine()
-    with session(engine) as s:
+    with session(engine, readonly=True) as s:
         problem = witness.spending_problem(s)
     if problem is not None:
         raise AuditRefused(
