@@ -558,16 +558,16 @@ class Runway:
         return asdict(self)
 
 
-def policy_status(session: Session, loaded: Any, notion: str, *, clash: bool = True) -> LedgerStatus:
+def policy_status(session: Session, loaded: Any, notion: str) -> LedgerStatus:
     """The ledger a DP release of policy ``loaded`` under ``notion`` charges, as a run finds it
     (:func:`status_for`); :class:`UserError` when the policy states no lifetime budget (nor is
-    a default set) or, with ``clash``, another budget or accountant than the dataset has
-    registered (as the run's registration refuses it: :func:`.identities.register_identity`)."""
+    a default set) or another budget or accountant than the dataset has registered (as the
+    run's registration refuses it: :func:`.identities.register_identity`)."""
     dataset = loaded.require_dataset_id()
     assert dataset is not None, "a DP release charges the lifetime budget: require_dataset_id has refused"
     registered = session.get(DatasetIdentity, dataset)
     budget = resolve_lifetime_budget(loaded.policy.targets.lifetime_budget, registered)
-    message = identities.clash(registered, budget.epsilon, budget.delta, notion) if registered and clash else None
+    message = identities.clash(registered, budget.epsilon, budget.delta, notion) if registered else None
     if message:
         raise UserError(message)
     return status_for(session, dataset, budget, notion)

@@ -254,14 +254,14 @@ def require_targets(summary: PlanSummary, policy: str) -> None:
 
 def require_budget(session: Any, loaded: Any, summary: PlanSummary) -> None:
     """:class:`TargetNotMet` when the release would not fit what its dataset's ledger holds, and
-    :class:`UserError` when it states no lifetime budget (a read-only preview:
-    :func:`reserve_budget` decides, under the audit write lock, and refuses a budget or
-    accountant other than the dataset's after the run started, as README says)."""
+    :class:`UserError` when it states no lifetime budget, or another budget or accountant than
+    its dataset has registered (:func:`~privrelease.audit.ledger.policy_status`): a read-only
+    preview, before the run starts; :func:`reserve_budget` decides, under the audit write lock."""
     from privrelease.audit import ledger
 
     if summary.charged_event_json is None:
         return
-    status = ledger.policy_status(session, loaded, summary.notion, clash=False)
+    status = ledger.policy_status(session, loaded, summary.notion)
     ledger.check_fits(status, summary.charged_event_json)
 
 
