@@ -76,11 +76,6 @@ def _enable_wal(cursor: Any) -> None:
             time.sleep(0.05)
 
 
-def is_readonly(session: Session) -> bool:
-    """Whether ``session`` is a read-only one (:func:`session` with ``readonly=True``)."""
-    return bool(session.get_bind().get_execution_options().get(_READONLY))
-
-
 def _sqlite_begin(connection: sa.Connection) -> None:
     if connection.get_execution_options().get(_READONLY):
         connection.exec_driver_sql("BEGIN")

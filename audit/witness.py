@@ -329,18 +329,16 @@ def check_before_spending(session: Session, release_root: Path | None = None) ->
         )
 
 
-def spending_problem(session: Session, release_root: Path | None = None) -> str | None:
+def spending_problem(session: Session, release_root: Path | None = None, *, lock: bool = True) -> str | None:
     """The first reason :func:`check_before_spending` refuses the database, None when it
-    passes; once per session, under the audit write lock in a writing session (a read-only one
-    checks its own snapshot: the ledger commands of an account that may only read). Verifies
-    the records after the newest verified head (the witness's, or this process's), with their
-    signatures when a signing key is set (:func:`service_public_key`), each ledger entry against
-    its newest record, and then the signed release heads in :func:`head_folders`. Reads only."""
-    from privrelease.audit.database import is_readonly
-
+    passes; once per session, under the audit write lock (``lock=False``: a read-only session's
+    snapshot, as the ledger commands read it). Verifies the records after the newest verified
+    head (the witness's, or this process's), with their signatures when a signing key is set
+    (:func:`service_public_key`), each ledger entry against its newest record, and then the
+    signed release heads in :func:`head_folders`. Reads only."""
     if session.info.get(chain.VERIFIED):
         return None
-    if not is_readonly(session):
+    if lock:
         chain.lock(session)
     public = service_public_key()
     engine = session.get_bind()

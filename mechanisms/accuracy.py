@@ -44,7 +44,7 @@ from privrelease.errors import UserError
 from privrelease.mechanisms import binomial
 from privrelease.mechanisms.columns import HISTOGRAM, INTERVAL
 from privrelease.mechanisms.confidence import check_confidence
-from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
+from privrelease.mechanisms.splu_scope import NO_UTILITY, UTILITY_SCOPE
 
 _U = float(np.finfo(float).eps)
 

@@ -10,7 +10,7 @@ is large, each promise with its own scope:
   estimate is off by at least ``eps * f`` with probability at most ``T_E``. That is all Lemma 1
   claims ("for each sensitive value"): counts that also condition on non-sensitive columns or
   on other sensitive values (Section 5's reconstruction) have no such guarantee and miss far
-  more often (:data:`UTILITY_SCOPE`, :data:`NO_UTILITY`; tested by simulation). The paper's
+  more often (:mod:`.splu_scope` says so in words; tested by simulation). The paper's
   Inequality (3) has an arithmetic error: the estimate ``f' ~ Binomial(gamma f, 1/gamma)`` has
   variance ``f (1 - 1/gamma)``, so Chebyshev gives ``Pr[|f' - f| >= eps f] <= (1 - 1/gamma) /
   (eps^2 f)``, not the printed ``1 / (gamma eps^2 f^2)``, and Lemma 1's
@@ -54,15 +54,7 @@ import numpy as np
 from privrelease.errors import UserError
 from privrelease.mechanisms.binomial import lower_tail, upper_tail
 from privrelease.mechanisms.confidence import check_confidence
-
-UTILITY_SCOPE = "the count of one sensitive value on its own, over all rows (its published count)"
-"""What large-sum utility covers, in words (Lemma 1: "for each sensitive value")."""
-
-NO_UTILITY = (
-    "Counts that also condition on non-sensitive columns or on other sensitive values are "
-    "reconstructed and have no large-sum utility guarantee: they can be far off even when large."
-)
-"""What large-sum utility does not cover, in words."""
+from privrelease.mechanisms.splu_scope import UTILITY_SCOPE
 
 
 def _check_gamma(gamma: int) -> int:

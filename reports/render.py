@@ -30,7 +30,7 @@ from markupsafe import Markup
 from privrelease.mechanisms import accountants
 from privrelease.mechanisms.accuracy import AccuracyStatement, PublishedCounts
 from privrelease.mechanisms.events import Composed, is_dp, leaves
-from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
+from privrelease.mechanisms.splu_scope import NO_UTILITY, UTILITY_SCOPE
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
 from privrelease.reports.html import jinja_environment, write_html

@@ -31,7 +31,7 @@ from privrelease.files import sha256_file
 from privrelease.flows import data, engines, steps
 from privrelease.flows.recovery import started_facts
 from privrelease.flows.steps import DataStepError, release_plain
-from privrelease.mechanisms import composition, splu_guarantees
+from privrelease.mechanisms import composition, splu_scope
 from privrelease.mechanisms.events import event_from_json
 from privrelease.policies import load_policy
 from privrelease.reports.charts import fmt
@@ -250,8 +250,8 @@ def test_splu_release_charges_no_dp_budget(adult_dir, work):
     assert table.num_rows == 30160  # 30162 rows, made a multiple of gamma = 5
     # release.json says what large-sum utility covers, and what it does not
     (entry,) = json.loads((Path(published.release_dir) / "release.json").read_text())["outputs"]
-    assert entry["accuracy"]["large_sum_covers"] == splu_guarantees.UTILITY_SCOPE
-    assert entry["accuracy"]["large_sum_not_covered"] == splu_guarantees.NO_UTILITY
+    assert entry["accuracy"]["large_sum_covers"] == splu_scope.UTILITY_SCOPE
+    assert entry["accuracy"]["large_sum_not_covered"] == splu_scope.NO_UTILITY
     assert ledger_entries() == []
     (run,) = runs()
     assert run.status == "succeeded" and run.dataset_fingerprint is None

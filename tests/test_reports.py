@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from privrelease.cli import report as report_cli
 from privrelease.files import sha256_text
-from privrelease.mechanisms import sdgs_math, splu_guarantees
+from privrelease.mechanisms import sdgs_math, splu_guarantees, splu_scope
 from privrelease.mechanisms.events import SDGS, Laplace, leaves
 from privrelease.policies import load_policy_text
 from privrelease.reports import write_html
@@ -764,17 +764,17 @@ def test_noisy_counts_accuracy_says_each_cell_and_all_cells_at_once() -> None:
 
 def test_splu_large_sum_utility_says_what_it_covers(mixed) -> None:
     """The public statement gives large-sum utility for a lone sensitive value's count only
-    (splu_guarantees.UTILITY_SCOPE) and says reconstructed conjunctions have none (NO_UTILITY),
+    (splu_scope.UTILITY_SCOPE) and says reconstructed conjunctions have none (NO_UTILITY),
     under the SPLU output's accuracy and in "What these guarantees mean"."""
     _, html = mixed
     public = re.sub(r"\s+", " ", public_part(html))
     t_f = splu_guarantees.utility_threshold(5, 0.1, 0.05)
     assert (
-        f'<p class="scope large-sum">Large-sum utility: {splu_guarantees.UTILITY_SCOPE}, if at least T_f = {t_f}, '
+        f'<p class="scope large-sum">Large-sum utility: {splu_scope.UTILITY_SCOPE}, if at least T_f = {t_f}, '
         f"is estimated within relative error 0.1 except with probability at most 0.05. "
-        f"{splu_guarantees.NO_UTILITY}</p>"
+        f"{splu_scope.NO_UTILITY}</p>"
     ) in public
-    assert public.count(splu_guarantees.UTILITY_SCOPE) == public.count(splu_guarantees.NO_UTILITY) == 2
+    assert public.count(splu_scope.UTILITY_SCOPE) == public.count(splu_scope.NO_UTILITY) == 2
     assert "every count of at least" not in html and "counts of at least T_f" not in html
 
 

@@ -279,7 +279,7 @@ def test_small_counts_miss_as_often_as_the_guarantee_says() -> None:
 
 
 def test_large_sum_utility_holds_for_a_lone_value_not_for_a_conjunction() -> None:
-    """What large-sum utility covers (splu_guarantees.UTILITY_SCOPE), through the code of
+    """What large-sum utility covers (splu_scope.UTILITY_SCOPE), through the code of
     ``privrelease estimate``: ten sensitive values of true count T_f = 311 (gamma 5, eps 0.1,
     T_E 0.05) miss by eps f in at most T_E of 3,000 estimates (within a binomial test at level
     1e-6; the ten counts of one release are nearly independent). A conjunction with a

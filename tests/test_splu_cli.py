@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from privrelease.cli import app
 from privrelease.errors import UserError
 from privrelease.mechanisms.splu import splu_gen
-from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
+from privrelease.mechanisms.splu_scope import NO_UTILITY, UTILITY_SCOPE
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -19,7 +19,7 @@ from pydantic import model_validator
 
 from privrelease.mechanisms.events import SPLUGen
 from privrelease.mechanisms.kinds import ColumnRef, FieldError, Issue, Loc, MechanismKind, Names, Planned, at_least
-from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
+from privrelease.mechanisms.splu_scope import NO_UTILITY, UTILITY_SCOPE
 from privrelease.policies.fields import Gamma
 
 if TYPE_CHECKING:

@@ -109,7 +109,7 @@ def _document(estimate: CountEstimate, query_id: Any = None) -> dict[str, Any]:
 
 def _print_estimates(estimates: list[CountEstimate], ids: list[Any], rows: int, gamma: int) -> None:
     """The estimates as a table, and which of them large-sum utility covers."""
-    from privrelease.mechanisms.splu_guarantees import NO_UTILITY, UTILITY_SCOPE
+    from privrelease.mechanisms.splu_scope import NO_UTILITY, UTILITY_SCOPE
 
     table = Table(title=f"SPLU-Gen count estimates (gamma = {gamma}, {rows} published rows)")
     with_ids = any(query_id is not None for query_id in ids)
@@ -194,7 +194,8 @@ def calibrate_splu_command(gamma: int, eps: float, alpha: int, t_e: float | None
     threshold T_f (exact in the binomial model of the estimate; the paper's Lemma 1 formula is
     wrong, see :mod:`privrelease.mechanisms.splu_guarantees`): JSON ``{"t_p", "argmin_f", "gamma", "eps", "alpha"[, "t_e", "t_f"]}``
     or a table with the probability for every count up to alpha (at most 20 shown)."""
-    from privrelease.mechanisms.splu_guarantees import UTILITY_SCOPE, calibrate, privacy_curve
+    from privrelease.mechanisms.splu_guarantees import calibrate, privacy_curve
+    from privrelease.mechanisms.splu_scope import UTILITY_SCOPE
     from privrelease.policies.fields import Alpha, Gamma, SpluEpsilon, check_options
 
     check_options(("--gamma", Gamma, gamma), ("--eps", SpluEpsilon, eps), ("--alpha", Alpha, alpha))
