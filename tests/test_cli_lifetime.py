@@ -53,6 +53,8 @@ def test_compose_twelve_monthly_adult_releases(adult_dir) -> None:
         ).stdout
     )
     assert back["epsilon"] == 0.5 and back["delta"] < 1e-6
+    once = cli("guarantee", "compose", str(EXAMPLES / "adult-sdgs.yaml"), "--times", "1", "--delta", "1e-6")
+    assert "1 run of adult-sdgs (1 release): " in once.stdout
 
 
 WEAK = """name: weak

@@ -143,6 +143,7 @@ def test_statistic_series_recomputed(adult_dir: Path) -> None:
     mechanism = loaded.policy.mechanism("mean-age")
     frontier = mechanism.frontier(loaded)
     assert frontier is not None and frontier.setting == "rho" and frontier.chosen == 0.05
+    assert frontier.accuracy_label == "95% half-width of the published value (clamped sum of age / declared rows)"
     m, rows = 90 - 17 + 1, loaded.policy.dataset.rows
     assert all(1 / m < rho < 1 for rho in frontier.values)
     for rho, epsilon, width in zip(frontier.values, frontier.privacy, frontier.accuracy, strict=True):

@@ -204,7 +204,11 @@ class IdentifiableStatisticMechanism(MechanismKind):
         if not calibration.feasible:
             return None
         confidence, limit, label = half_width_target(loaded, self.name)
-        unit = "" if self.query == "count" else f" ({self.query} of {self.column})"
+        unit = (
+            ""
+            if self.query == "count"
+            else f" (clamped sum of {self.column}{' / declared rows' * (self.query == 'mean')})"
+        )
         axis = Axis(
             "ρ",
             "rho",

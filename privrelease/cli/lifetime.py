@@ -70,7 +70,7 @@ def guarantee_compose(
     else:
         runs = f"{times} run{'s' if times != 1 else ''}"
         say(
-            f"{runs} of {plan.loaded.policy.name} ({result.releases} releases): "
+            f"{runs} of {plan.loaded.policy.name} ({result.releases} release{'s' if result.releases != 1 else ''}): "
             f"({_number(result.epsilon)}, {result.delta:.6g})-DP ({plan.notion}) by {result.method}"
         )
         for method, (eps, dlt) in result.candidates.items():
