@@ -321,8 +321,7 @@ def release_folder_problems(session: Any, root: Path, *, output_root: Path | Non
     base = (output_root or Path.cwd()).resolve()
     root = root.resolve()
     status = {run.id: run.status for run in session.exec(select(Run))}
-    recorded: dict[str, dict[str, set[str]]] = {}  # folder name -> run status -> file names
-    owners: dict[str, dict[str, str]] = {}  # folder name -> run status -> run id
+    recorded: dict[str, dict[str, set[str]]] = {}  # folder name -> run id -> file names
     for run_id, path in [
         *session.exec(select(Output.run_id, Output.path)),
         *session.exec(select(Report.run_id, Report.path)),
@@ -331,16 +330,16 @@ def release_folder_problems(session: Any, root: Path, *, output_root: Path | Non
             continue
         full = base / path
         if full.parent.parent.resolve() == root:
-            by_status = recorded.setdefault(full.parent.name, {})
-            by_status.setdefault(status.get(run_id, "unknown"), set()).add(full.name)
-            owners.setdefault(full.parent.name, {})[status.get(run_id, "unknown")] = run_id
+            recorded.setdefault(full.parent.name, {}).setdefault(run_id, set()).add(full.name)
     problems = []
     for folder in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
         runs = recorded.get(folder.name, {})
-        if not folder.is_dir() or "succeeded" not in runs:
-            problems.append(_unsettled(session, folder, owners.get(folder.name, {})))
+        owners = {status.get(run_id, "unknown"): run_id for run_id in runs}
+        if not folder.is_dir() or "succeeded" not in owners:
+            problems.append(_unsettled(session, folder, owners))
             continue
-        expected = runs["succeeded"] | {CHAIN_HEAD_FILE}
+        succeeded = (files for run_id, files in runs.items() if status.get(run_id) == "succeeded")
+        expected = set().union(*succeeded, {CHAIN_HEAD_FILE})
         for extra in sorted(p.name for p in folder.iterdir() if p.name not in expected):
             problems.append(
                 f"{str(folder / extra)!r} is in a published release folder but is not one of its recorded outputs"
