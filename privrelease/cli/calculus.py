@@ -192,8 +192,6 @@ def _version_clash(loaded) -> tuple[bool, Any]:
 
 def _print_plan(result, here: list[str]) -> None:
     """The plan as text; ``here``: warnings about this environment (audit database, settings)."""
-    from privrelease.mechanisms.events import is_dp
-
     policy = result.loaded.policy
     say(
         styled(
@@ -205,9 +203,10 @@ def _print_plan(result, here: list[str]) -> None:
         )
     )
     unit = result.unit_of_privacy
-    dp = any(is_dp(m.event) for m in result.mechanisms)
     neighbours = (
-        f"neighbours {unit['neighbours']}" if dp else "not differentially private: no neighbouring relation applies"
+        f"neighbours {unit['neighbours']}"
+        if result.charged_event is not None
+        else "not differentially private: no neighbouring relation applies"
     )
     lines = [f"unit of privacy: {unit['statement']}; {neighbours}"]
     lines += [f"  {name}: {rule}" for name, rule in unit["rules"].items()]
