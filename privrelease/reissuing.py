@@ -61,11 +61,11 @@ def reissue(run_ref: str, out: Path | None = None) -> Reissued:
 
     with session(open_database(), readonly=True) as s:
         source = records.find_run(s, run_ref)
-        kinds = started_facts(s, source.id).get("kinds")  # the code that made what is handed back
+        started = started_facts(s, source.id)
+        kinds = started.get("kinds")  # the code that made what is handed back
         outputs = list(s.exec(select(Output).where(Output.run_id == source.id).order_by(col(Output.id))))
         report = s.exec(select(Report).where(Report.run_id == source.id)).first()
-        production = started_facts(s, source.id).get("production")
-        revoked = approvals.revoked_since(s, source) if production else None
+        revoked = approvals.revoked_since(s, source) if started.get("production") else None
     if source.status != "succeeded" or source.kind == "reissue":
         raise UserError(
             f"run {source.id} is a {source.kind} that {source.status}; only a succeeded release "
