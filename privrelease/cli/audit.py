@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,24 +53,24 @@ def _engine() -> Any:
     return open_database()
 
 
-def checked_engine() -> Any:
-    """The audit database, once it passes the check a run makes before spending
-    (:func:`~privrelease.audit.witness.spending_problem`, on a read-only snapshot: nothing is
-    written, and an account that may only read can run it): the ledger commands show no figures
-    of a ledger that does not match its audit records (:class:`AuditRefused`, exit 1)."""
+@contextmanager
+def checked_session() -> Iterator[Any]:
+    """A read-only session of the audit database whose snapshot passed the check a run makes
+    before spending (:func:`~privrelease.audit.witness.spending_problem`, without the write
+    lock: nothing is written): the ledger commands show figures only of a ledger that matches its
+    audit records, read from the snapshot checked (else :class:`AuditRefused`, exit 1)."""
     from privrelease.audit import witness
     from privrelease.audit.database import session
     from privrelease.errors import AuditRefused
 
-    engine = _engine()
-    with session(engine, readonly=True) as s:
+    with session(_engine(), readonly=True) as s:
         problem = witness.spending_problem(s, lock=False)
-    if problem is not None:
-        raise AuditRefused(
-            f"the ledger does not match its audit records ({problem}): no figures shown "
-            "(`privrelease audit verify` names every problem)"
-        )
-    return engine
+        if problem is not None:
+            raise AuditRefused(
+                f"the ledger does not match its audit records ({problem}): no figures shown "
+                "(`privrelease audit verify` names every problem)"
+            )
+        yield s
 
 
 def runs_fit(runway: Any, which: str) -> str:
@@ -829,10 +831,9 @@ def ledger_show(
     """A dataset's budget, its files (vintages) and its charges (the stored trees composed), and
     the unit of privacy they are for."""
     from privrelease.audit import ledger
-    from privrelease.audit.database import session
     from privrelease.mechanisms.events import describe_relation
 
-    with session(checked_engine(), readonly=True) as s:
+    with checked_session() as s:
         found = ledger.dataset_ledger(s, dataset)
     status, latest, ahead = found.status, found.latest, found.runway
     vintages = [_vintage_dict(v) for v in found.vintages]
@@ -914,9 +915,8 @@ def ledger_show(
 def ledger_list(json_output: JsonFlag = False) -> None:
     """Every registered dataset: its lifetime budget, its files and what its trees compose to."""
     from privrelease.audit import ledger
-    from privrelease.audit.database import session
 
-    with session(checked_engine(), readonly=True) as s:
+    with checked_session() as s:
         found = ledger.dataset_ledgers(s)
     rows: list[dict[str, Any]] = []
     for each in found:

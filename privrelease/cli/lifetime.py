@@ -101,11 +101,10 @@ def ledger_runway(
     """How many more runs of a policy fit its dataset's lifetime budget, given what the
     ledger already holds for the dataset. Reads no data."""
     from privrelease.audit import ledger
-    from privrelease.audit.database import session
-    from privrelease.cli.audit import checked_engine, runs_fit
+    from privrelease.cli.audit import checked_session, runs_fit
 
     plan = _release_tree(policy)
-    with session(checked_engine(), readonly=True) as s:
+    with checked_session() as s:
         status, result = ledger.policy_runway(s, plan)
     dataset = status.dataset.id
     document = {
