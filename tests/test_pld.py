@@ -5,6 +5,7 @@ that the brute-force test must catch."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -193,3 +194,25 @@ def test_fft_round_off_is_within_the_margin(times):
         truth = 1 - (1 - infinity) ** times + float(np.dot(-np.expm1(epsilon - loss[above]), direct[above]))
         fft = float(composed.get_delta_for_epsilon(epsilon))
         assert abs(fft - truth) <= margin, (epsilon, fft, truth, margin)
+
+
+def test_subnormal_tail_masses_compose_without_a_warning(monkeypatch):
+    """A release whose PMF ends in subnormal masses (an SDGS profile of k = 2000 does) makes
+    dp_accounting's truncation bound overflow inside scipy's logsumexp: the composition is the
+    same, and no RuntimeWarning reaches the user's terminal."""
+    from dp_accounting.pld import privacy_loss_distribution
+
+    x = np.arange(-181, 182)
+    probs = np.exp(-(x**2) / (2 * 4.7**2))
+    probs /= probs.sum()
+    assert probs.min() < 1e-300  # subnormal tails
+    crafted = privacy_loss_distribution.PrivacyLossDistribution.create_from_rounded_probability(
+        {int(i): float(p) for i, p in zip(x, probs) if p > 0}, 0.0, pld.DISCRETIZATION, pessimistic_estimate=True
+    )
+    with pytest.warns(RuntimeWarning, match="overflow"):  # dp_accounting's own call warns
+        plain = crafted.self_compose(2)
+    monkeypatch.setattr(pld, "_cached_pld", lambda text, discretization: crafted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        composed = pld.composed_pld({SDGS(k=2000, beta=0.1, epsilon=1.0): 2})
+    assert composed.get_delta_for_epsilon(0.1) == plain.get_delta_for_epsilon(0.1)
