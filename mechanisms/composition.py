@@ -216,19 +216,42 @@ def _exact_curve(releases: Releases) -> Callable[[float], float] | None:
 
 def smallest_epsilon(delta_of: Callable[[float], float], delta: float, high: float) -> float:
     """The smallest epsilon in [0, high] with delta_of(epsilon) <= delta (nonincreasing), to a
-    relative 1e-9 and rounded up; inf when even ``high`` does not reach it."""
-    if delta_of(high) > delta:
+    relative 1e-9 and rounded up; inf when even ``high`` does not reach it.
+
+    A bracket [low, high] with delta_of(low) > delta >= delta_of(high) shrinks until it is that
+    narrow, and its upper end is the answer (as bisection's). Each step tries the regula falsi
+    point of log delta_of across the bracket, Illinois-modified (the log at an end kept twice
+    is halved: Dowell and Jarratt 1971), at least 1/64 of the bracket from its ends; it bisects
+    where delta_of(high) is 0 or the bracket did not halve in two steps. About 15 evaluations
+    of an exact SDGS curve where bisection takes 40."""
+    d_high = delta_of(high)
+    if d_high > delta:
         return math.inf
-    low = 0.0
-    if delta_of(low) <= delta:
+    low, d_low = 0.0, delta_of(0.0)
+    if d_low <= delta:
         return 0.0
+    log_low, log_high = _log_ratio(d_low, delta), _log_ratio(d_high, delta)
+    kept, widths = 0, [math.inf, math.inf]
     while high - low > _EPSILON_TOLERANCE * max(high, 1e-12):
-        middle = (low + high) / 2
-        if delta_of(middle) <= delta:
-            high = middle
+        width = high - low
+        middle = low + width / 2
+        if math.isfinite(log_high) and width <= widths[0] / 2:
+            guard = width / 64
+            middle = min(max(high - log_high * width / (log_high - log_low), low + guard), high - guard)
+        widths = [widths[1], width]
+        value = delta_of(middle)
+        if value <= delta:
+            high, log_high = middle, _log_ratio(value, delta)
+            log_low, kept = (log_low / 2 if kept == 1 else log_low), 1
         else:
-            low = middle
+            low, log_low = middle, _log_ratio(value, delta)
+            log_high, kept = (log_high / 2 if kept == -1 else log_high), -1
     return high
+
+
+def _log_ratio(value: float, delta: float) -> float:
+    """ln(value / delta) (-inf where value is 0): where a curve crosses ``delta``, on a log scale."""
+    return math.log(value) - math.log(delta) if value > 0 else -math.inf
 
 
 def _candidates_epsilon(releases: Releases, delta: float) -> dict[str, tuple[float, float]]:

@@ -9,6 +9,7 @@ import pytest
 from conftest import cpu_seconds
 
 from privrelease.mechanisms import composition, pld
+from privrelease.mechanisms.composition import smallest_epsilon
 from privrelease.mechanisms.events import SDGS, Composed, Laplace, SPLUGen
 from privrelease.mechanisms.sdgs_math import delta_exact
 
@@ -241,3 +242,45 @@ def test_one_zcdp_release_is_read_on_its_renyi_curve_between_its_stated_points(e
         assert found.method == composition.BASIC
     else:
         assert found.method == composition.RENYI
+
+
+def _bisected(delta_of, delta: float, high: float) -> float:
+    """The reference: plain bisection of [0, high] to a relative 1e-9, rounded up."""
+    low = 0.0
+    while high - low > 1e-9 * high:
+        middle = (low + high) / 2
+        low, high = (low, middle) if delta_of(middle) <= delta else (middle, high)
+    return high
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sdgs k=20 beta=0.1", "sdgs k=50 beta=0.05", "exp", "step", "step to zero", "flat then drop"],
+)
+@pytest.mark.parametrize("delta", [1e-6, 1e-9, 1e-12])
+def test_smallest_epsilon_is_bisection_s_answer_in_fewer_evaluations(name: str, delta: float) -> None:
+    """The bracketing search answers as bisection does (within a relative 2e-9, delta_of of the
+    answer at most delta: rounded up) on real curves in at most half of bisection's evaluations,
+    and on curves with a jump or a flat stretch still correctly."""
+    curves = {
+        "sdgs k=20 beta=0.1": SDGS(k=20, beta=0.1, epsilon=1.0).exact_curve(),
+        "sdgs k=50 beta=0.05": SDGS(k=50, beta=0.05, epsilon=1.0).exact_curve(),
+        "exp": lambda e: math.exp(-50 * e),
+        "step": lambda e: 1.0 if e < 0.3 else delta / 10,
+        "step to zero": lambda e: 1.0 if e < 0.3 else 0.0,
+        "flat then drop": lambda e: 2 * delta if e < 5 else delta * max(0.0, 1 - e / 10),
+    }
+    curve, calls = curves[name], []
+
+    def counted(epsilon: float) -> float:
+        calls.append(epsilon)
+        return curve(epsilon)
+
+    found = smallest_epsilon(counted, delta, 64.0)
+    reference = _bisected(curve, delta, 64.0)
+    assert curve(found) <= delta
+    assert abs(found - reference) <= 2e-9 * reference
+    if name.startswith("sdgs") or name == "exp":
+        assert len(calls) <= 22, len(calls)
+    else:
+        assert len(calls) <= 90, len(calls)
