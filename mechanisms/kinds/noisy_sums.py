@@ -7,7 +7,9 @@ declared domains, every cell published, empty ones included; ``by: []`` is one g
 to ``[lo, hi]`` (values outside are moved to the nearer bound: a bias that depends on the data,
 never published: counting the clamped values would cost privacy) and rounded to the nearest
 multiple of r (``lo`` and ``hi`` are multiples), so that a cell's total is an integer number
-``T`` of units r. Published per cell: ``r (T + Z_T)`` with ``Z_T ~ N_Z(0, (S_T / r)^2)`` and
+``T`` of units r. The statistics published, and what their intervals hold, are those of these
+rounded and clamped values (rounding moves a value by at most r / 2). Published per cell:
+``r (T + Z_T)`` with ``Z_T ~ N_Z(0, (S_T / r)^2)`` and
 ``N + Z_N`` with ``Z_N ~ N_Z(0, S_N^2)``, both from OpenDP's exact discrete Gaussian sampler
 (Canonne, Kamath, Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020):
 integers plus integer noise, no floating-point noise to leak through its low bits (Mironov
@@ -504,17 +506,17 @@ class SumJob:
 
 CLAMPING = (
     "each value is rounded to the nearest multiple of {r} and moved into [{lo}, {hi}] (values outside are moved to "
-    "the nearer bound): the published statistics are those of the clamped values, a bias that depends on how many "
-    "values lie outside (not published: counting them would cost privacy); rounding moves each value by at most "
-    "half of {r}"
+    "the nearer bound): the published statistics, and what their intervals hold, are those of these rounded and "
+    "clamped values, a bias that depends on how many values lie outside (not published: counting them would cost "
+    "privacy) and, by at most half of {r} a value, on the rounding"
 )
 
 MEAN = (
     "mean = total / count where the noisy count is >= 1 (post-processing), else null; its interval [mean_lower, "
-    "mean_upper] holds the mean of the cell's clamped values with probability >= {c} (for a cell with rows): a "
-    "union bound over the total's and the count's intervals at 1 - (1 - {c}) / 2 each, the ratio's extremes over "
-    "them, within [{lo}, {hi}]; where the count's interval holds no count >= 1 it is [{lo}, {hi}]"
+    "mean_upper] holds the mean of the cell's rounded and clamped values with probability >= {c} (for a cell with "
+    "rows): a union bound over the total's and the count's intervals at 1 - (1 - {c}) / 2 each, the ratio's "
+    "extremes over them, within [{lo}, {hi}]; where the count's interval holds no count >= 1 it is [{lo}, {hi}]"
 )
 
 EXPLANATION = """<dt>Noisy sums</dt>
-<dd>For every cell of the table's declared domain, empty ones included, the total of a column and the number of rows are published with independent discrete Gaussian noise (OpenDP's exact sampler); the mean is their ratio, computed from the published numbers (post-processing, no privacy cost). Each value is first moved into its declared bounds, so one person with at most m rows changes the counts by at most m and the totals by at most m times the larger bound in size: the release is ρ-zCDP and (ε, δ)-differentially private at the ε and δ shown (Canonne, Kamath, Steinke 2020). Totals and counts come with intervals (the columns total_lower, total_upper, count_lower, count_upper) that hold their true values with the stated probability, cell by cell; the mean's interval (mean_lower, mean_upper) holds the mean of the clamped values with at least that probability, and is the whole range of the bounds where the noisy count is too small to say anything.</dd>"""
+<dd>For every cell of the table's declared domain, empty ones included, the total of a column and the number of rows are published with independent discrete Gaussian noise (OpenDP's exact sampler); the mean is their ratio, computed from the published numbers (post-processing, no privacy cost). Each value is first rounded to a multiple of the resolution and moved into its declared bounds, so one person with at most m rows changes the counts by at most m and the totals by at most m times the larger bound in size: the release is ρ-zCDP and (ε, δ)-differentially private at the ε and δ shown (Canonne, Kamath, Steinke 2020). Totals and counts come with intervals (the columns total_lower, total_upper, count_lower, count_upper) that hold their true values (the statistics of the rounded and clamped values) with the stated probability, cell by cell; the mean's interval (mean_lower, mean_upper) holds the mean of the rounded and clamped values with at least that probability, and is the whole range of the bounds where the noisy count is too small to say anything.</dd>"""
