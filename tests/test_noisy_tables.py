@@ -295,6 +295,9 @@ def test_outputs_add_up_across_files_and_levels(tmp_path, nonnegative) -> None:
         else:  # widened by the table's largest shift from the linear estimate, at least the width
             assert (upper - out[name] >= width * (1 - 1e-12)).all()
     assert result.event == plan_policy(loaded).mechanisms[0].event
+    # the words say how exactly they add up (audit 6: decimals off by up to 3.6e-12 were called exact)
+    consistency = mechanism.accuracy(loaded, plan_policy(loaded).mechanisms[0]).stated[0].document["consistency"]
+    assert "exactly with nonnegative (integers), else up to floating-point rounding" in consistency
 
 
 def test_dask_partials_merge_to_the_whole_table_and_publish_the_same_layout(tmp_path) -> None:

@@ -433,8 +433,9 @@ class NoisyTablesMechanism(MechanismKind):
         document: dict[str, Any] = {
             "tables": rows,
             **self.statements_of(),
-            "consistency": "every table is a margin of one least-squares estimate: cells add up exactly to every "
-            "published margin and across geography levels",
+            "consistency": "every table is a margin of one least-squares estimate: cells add up to every published "
+            "margin and across geography levels, exactly with nonnegative (integers), else up to floating-point "
+            "rounding in the last digits of the decimals",
             "noise": "Gaussian of variance sigma^2 (OpenDP's float sampler: exact on a lattice of spacing 2^-1074), "
             "as the estimator and these statements take it",
         }
@@ -803,4 +804,4 @@ class TablesJob:
 
 
 EXPLANATION = """<dt>Noisy tables that add up</dt>
-<dd>Every cell of every table's declared domain is published, empty ones included. Each table is measured once with independent Gaussian noise (OpenDP's exact sampler on a lattice far finer than any printed digit); adding or removing one person (at most m rows) changes the cells of each table by at most m in all, so the release is ρ-zCDP with ρ = m² Σ 1/(2σ²) over the tables, and (ε, δ)-differentially private at the ε and δ shown (Bun, Steinke 2016; Canonne, Kamath, Steinke 2020). The published tables are then one least-squares estimate from all the measurements together (Xiong, He, Kifer 2023; Hay, Rastogi, Miklau, Suciu 2010), which costs no privacy: every table is a margin of it, so cells add up exactly to every published margin and across geography levels, and each table borrows strength from the others. Each cell comes with lower and upper: its interval at the stated probability, cell by cell; the accuracy section also states the wider half-width that covers every cell of a table at once. Where the policy asks for non-negative integers, the estimate is projected onto non-negative values and rounded keeping the total, still adding up; the intervals are widened by the largest shift this makes.</dd>"""
+<dd>Every cell of every table's declared domain is published, empty ones included. Each table is measured once with independent Gaussian noise (OpenDP's exact sampler on a lattice far finer than any printed digit); adding or removing one person (at most m rows) changes the cells of each table by at most m in all, so the release is ρ-zCDP with ρ = m² Σ 1/(2σ²) over the tables, and (ε, δ)-differentially private at the ε and δ shown (Bun, Steinke 2016; Canonne, Kamath, Steinke 2020). The published tables are then one least-squares estimate from all the measurements together (Xiong, He, Kifer 2023; Hay, Rastogi, Miklau, Suciu 2010), which costs no privacy: every table is a margin of it, so cells add up to every published margin and across geography levels (up to floating-point rounding in the last digits of the decimals; non-negative integers add up exactly), and each table borrows strength from the others. Each cell comes with lower and upper: its interval at the stated probability, cell by cell; the accuracy section also states the wider half-width that covers every cell of a table at once. Where the policy asks for non-negative integers, the estimate is projected onto non-negative values and rounded keeping the total, still adding up; the intervals are widened by the largest shift this makes.</dd>"""
