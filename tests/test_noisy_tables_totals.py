@@ -441,3 +441,43 @@ def test_a_release_with_totals_on_both_engines(tmp_path, work, monkeypatch) -> N
         assert out["county-sex"].schema == local.schema and out["county-sex"].column_names[-9:] == list(values)
         labels = ["county", "sex"]
         assert out["county-sex"].select(labels).equals(local.select(labels))
+
+
+def test_the_readme_totals_snippet_plans(tmp_path) -> None:
+    """The README's "Totals and means that add up" YAML (its mechanisms and targets), on a dataset
+    declaring its columns and a county -> state hierarchy, passes plan: sigma_total chosen to meet
+    its total target, the count target met at its sigma."""
+    import re
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    intro = "**Totals and means that add up.**"
+    snippet = re.search(r"```yaml\n(.*?)```", readme[readme.index(intro) :], re.S)
+    assert snippet is not None
+    section = yaml.safe_load(snippet.group(1))
+    (tmp_path / "counties.csv").write_text(
+        "Alder;North;*\nBirch;North;*\nCedar;South;*\nDogwood;South;*\nElm;South;*\n"
+    )
+    (tmp_path / "discharges.csv").write_text("county,diagnosis,charges\n")
+    policy = {
+        "name": "readme-totals",
+        "version": "1",
+        "dataset": {
+            "id": "readme",
+            "path": "discharges.csv",
+            "format": "csv",
+            "columns": {
+                "county": {"type": "string", "values": ["Alder", "Birch", "Cedar", "Dogwood", "Elm"]},
+                "diagnosis": {"type": "string", "values": ["circulatory", "respiratory", "injury"]},
+                "charges": {"type": "integer"},
+            },
+        },
+        "generalization": {"county": {"hierarchy": "counties.csv", "level": 0}, "diagnosis": "keep"},
+        "mechanisms": section["mechanisms"],
+        "targets": {"accounting": "approximate", "delta": 1e-6, **section["targets"]},
+    }
+    plan = plan_policy(load_policy_text(yaml.safe_dump(policy), tmp_path))
+    assert plan.passed, [c for c in plan.checks if not c.passed]
+    (planned,) = plan.mechanisms
+    assert set(planned.facts["sigma_totals"]) == {"county-diagnosis", "state", "total"}

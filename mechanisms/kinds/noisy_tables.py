@@ -580,10 +580,18 @@ class NoisyTablesMechanism(MechanismKind):
             "probability (the largest over the table's cells; exact for the linear estimator and the Gaussian noise)."
         )
         if naive is not None:
+            totals = (
+                ""
+                if self.total is None
+                else (
+                    " (counts and totals together; the naive alternative's totals sized the same way to the totals' "
+                    "targets, if any, else the release's)"
+                )
+            )
             caption += (
                 f" The naive alternative (each table measured on its own, the budget split equally) needs σ "
                 f"{naive[0]:.4g} for every table to meet the same targets: zCDP ρ {document['naive']['zcdp_rho']:.4g}, "
-                f"against {cost:.4g} here."
+                f"against {cost:.4g} here{totals}."
             )
         if self.nonnegative:
             caption += " " + ROUNDING
@@ -617,7 +625,7 @@ class NoisyTablesMechanism(MechanismKind):
         }
         caption = (
             f"Totals of {column} that add up (every table's totals are margins of one least-squares estimate, in "
-            f"{column}'s units). Per table: each cell's total is within ± the “each cell” half-width of its true "
+            f"the units of {column}). Per table: each cell's total is within ± the “each cell” half-width of its true "
             "total with the stated probability, cell by cell; every cell of the table at once is within ± the “every "
             "cell at once” half-width with at least that probability (the largest over the table's cells; exact for "
             f"the linear estimator and the Gaussian noise). {TOTALS_OF[0].upper()}{TOTALS_OF[1:]}. Clamping: "
