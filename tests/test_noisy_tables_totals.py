@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from privrelease.errors import UserError
 from privrelease.mechanisms import tables
-from privrelease.mechanisms.events import event_to_json
+from privrelease.mechanisms.events import event_from_json, event_to_json
 from privrelease.mechanisms.kinds.noisy_sums import mean_interval
 from privrelease.mechanisms.kinds.noisy_tables import GaussianTables, NoisyTablesMechanism, measure
 from privrelease.planning import plan_policy
@@ -168,7 +168,7 @@ def test_rho_is_the_independent_sum_and_opendp_s_maps(tmp_path, max_rows) -> Non
     """rho = m^2 sum 1/(2 sigma_t^2) + (m B)^2 sum 1/(2 tau_t^2), B and tau in units of the
     resolution (B = 500 / 10 = 50, tau = 10, 20, 15, 30): computed here by hand, equal to the
     plan's fact, the event's rho and the sum of OpenDP's maps of the float Gaussians the kind
-    measures with (at d_in = m for the counts, m B for the totals)."""
+    measures with (at d_in = m for the counts, m B for the totals); the stored event replays it."""
     import opendp.prelude as dp
 
     dp.enable_features("contrib")
@@ -193,6 +193,8 @@ def test_rho_is_the_independent_sum_and_opendp_s_maps(tmp_path, max_rows) -> Non
     assert opendp_rho == pytest.approx(by_hand, rel=1e-12)
     assert event.rho >= by_hand and event.rho == pytest.approx(by_hand, rel=1e-12)
     assert f"{m} x 500 = {m * 500} per table in L2" in planned.facts["total_sensitivity"]
+    stored = event_from_json(event_to_json(event))  # what the ledger and audit verify replay
+    assert stored == event and stored.rho == event.rho
 
 
 # --------------------------------------------------------------------------- the estimate
