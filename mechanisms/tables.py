@@ -439,12 +439,14 @@ def variance_limit(half_width: float, confidence: float, cells: int) -> float:
     return (half_width / quantile) ** 2 * (1 - 1e-9)  # below float noise of the half-width
 
 
-def privacy_cost(sigmas: Sequence[float], rows_per_person: int = 1) -> float:
-    """zCDP ``rho = m^2 sum_t 1 / (2 sigma_t^2)``: the tables together are one Gaussian mechanism
-    of L2 sensitivity ``m`` per table with ``1 / sigma_eff^2 = sum_t 1 / sigma_t^2`` (Bun and
-    Steinke 2016, Prop. 1.6 and Lemma 2.3)."""
+def privacy_cost(sigmas: Sequence[float], rows_per_person: int = 1, value_bound: int = 1) -> float:
+    """zCDP ``rho = (m B)^2 sum_t 1 / (2 sigma_t^2)``: the tables together are one Gaussian
+    mechanism of L2 sensitivity ``m B`` per table with ``1 / sigma_eff^2 = sum_t 1 / sigma_t^2``
+    (Bun and Steinke 2016, Prop. 1.6 and Lemma 2.3). ``B`` = ``value_bound`` is the most one row
+    adds to one cell: 1 for counts; for totals the larger bound in size, ``B`` and the sigmas in
+    units of the resolution (one person's rows move a table's totals by at most ``m B`` in L2)."""
     precision = _precisions(sigmas, len(sigmas))
-    return float(rows_per_person**2 * precision.sum() / 2)
+    return float((rows_per_person * value_bound) ** 2 * precision.sum() / 2)
 
 
 FLOOR = 1e-6

@@ -39,6 +39,13 @@ def policy_canonical_json(policy: Policy, hierarchies: Mapping[str, Hierarchy]) 
         for optional in ("statistic", "table", "cells"):
             if target[optional] is None:
                 del target[optional]  # absent: targets written before the field keep their hash
+    for spec, mechanism in zip(policy.mechanisms, body["mechanisms"], strict=True):
+        for *parents, name in spec.omitted_when_absent:
+            section = mechanism
+            for parent in parents:
+                section = section[parent]
+            if section[name] is None:
+                del section[name]  # absent: policies written before the field keep their hash
     if body["approval"] is None:
         del body["approval"]
     for scheme, column in _hierarchy_schemes(body):

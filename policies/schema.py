@@ -538,7 +538,8 @@ class AccuracyTarget(Model):
     (one of the mechanism's ``tables``; omitted: each table, on its own) are within
     +-absolute_error of their true counts, ``cells: all`` (default) every cell of that table at
     once, ``cells: each`` each cell on its own; with ``nonnegative``, of the unrounded estimate
-    (the published integers differ by a rounding shift)."""
+    (the published integers differ by a rounding shift); ``statistic: total`` (default ``count``):
+    of their totals of the ``total`` column, in its units."""
 
     mechanism: Name
     count: Count | None = None
@@ -802,7 +803,8 @@ def _check_accuracy(policy: Policy) -> Iterator[Issue]:
                 f"an accuracy target on {kind} {target.mechanism!r} states {' and '.join(wanted)}; got {', '.join(sorted(stated)) or 'neither'}",
             )
         statistics = mechanism.accuracy_statistics
-        if (target.statistic is None) != (not statistics) or (statistics and target.statistic not in statistics):
+        named = target.statistic if target.statistic is not None else mechanism.accuracy_default_statistic
+        if (named is None) != (not statistics) or (statistics and named not in statistics):
             allowed = f"one of {', '.join(statistics)}" if statistics else f"absent: {kind} publishes one statistic"
             yield Issue((*loc, "statistic"), f"statistic must be {allowed}; got {target.statistic!r}")
 

@@ -349,8 +349,14 @@ class MechanismKind(Model):
     accuracy_statistics: ClassVar[tuple[str, ...]] = ()
     """The statistics a ``targets.accuracy`` entry names in ``statistic`` when the kind publishes
     several (none: it publishes one, and ``statistic`` is refused)."""
+    accuracy_default_statistic: ClassVar[str | None] = None
+    """The statistic a ``targets.accuracy`` entry without ``statistic`` names (None: an entry must
+    name one of :attr:`accuracy_statistics` when there are any)."""
     accuracy_fields: ClassVar[tuple[str, ...]] = ()
     """Which fields of a ``targets.accuracy`` entry it checks (none: it takes no such target)."""
+    omitted_when_absent: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    """Optional fields (paths in its section) added after policies were approved: left out of the
+    canonical form when None, so those policies keep their hash."""
     accuracy_options: ClassVar[tuple[str, ...]] = ()
     """Which optional fields of a ``targets.accuracy`` entry it reads (``table``, ``cells``)."""
     accuracy_elsewhere: ClassVar[str] = ""

@@ -157,13 +157,46 @@ def _sigma_ok(value: float) -> bool:
     return MIN_NOISE <= value
 
 
+SigmaTotal = Annotated[float, checked("sigma_total", f"a number >= {MIN_NOISE:g}", _sigma_ok)]
+"""A total's noise, in the column's units (noisy sums, noisy tables' totals)."""
+
+Bounds = Annotated[
+    tuple[Number, Number], Field(description="[lo, hi]: two numbers, lo < hi, each a multiple of resolution")
+]
+"""``[lo, hi]``, the clamping bounds of a summed column (:func:`check_bounds`)."""
+
+Resolution = Annotated[float, checked("resolution", "a number > 0", lambda v: v > 0)]
+"""The unit a summed value is rounded to (default 1)."""
+
+
+def check_bounds(bounds: tuple[float, float], resolution: float) -> None:
+    """A FieldError at ``bounds`` (relative to the model holding them) unless ``lo < hi`` and each
+    is a multiple of ``resolution`` of at most :data:`MAX_UNITS` times it in size."""
+    lo, hi = bounds
+    if not lo < hi:
+        raise FieldError.at(("bounds",), f"bounds must be [lo, hi] with lo < hi; got [{num(lo)}, {num(hi)}]")
+    for i, bound in enumerate(bounds):
+        units = bound / resolution
+        if abs(units) > MAX_UNITS or abs(units - round(units)) > 1e-9 * max(1.0, abs(units)):
+            raise FieldError.at(
+                ("bounds", i),
+                f"each bound must be a multiple of resolution {num(resolution)} of at most "
+                f"{MAX_UNITS:,} times it in size; got {num(bound)}",
+            )
+
+
+def bound_units(bounds: tuple[float, float], resolution: float) -> tuple[int, int]:
+    """The bounds (checked by :func:`check_bounds`) in units of the resolution."""
+    return round(bounds[0] / resolution), round(bounds[1] / resolution)
+
+
 class GaussianSumsNoise(Model):
     """Discrete Gaussian noise: ``sigma_total`` (in the column's units) on each cell's total,
     ``sigma_count`` on each cell's count; either left out is chosen by plan, the largest whose
     half-width meets every ``absolute_error`` target on its statistic naming the release."""
 
     distribution: Literal["gaussian"]
-    sigma_total: Annotated[float, checked("sigma_total", f"a number >= {MIN_NOISE:g}", _sigma_ok)] | None = CHOSEN
+    sigma_total: SigmaTotal | None = CHOSEN
     sigma_count: Sigma | None = CHOSEN
 
 
@@ -176,10 +209,8 @@ class NoisySumsMechanism(MechanismKind):
 
     type: Literal["noisy_sums"]
     column: Name
-    bounds: Annotated[
-        tuple[Number, Number], Field(description="[lo, hi]: two numbers, lo < hi, each a multiple of resolution")
-    ]
-    resolution: Annotated[float, checked("resolution", "a number > 0", lambda v: v > 0)] = 1.0
+    bounds: Bounds
+    resolution: Resolution = 1.0
     by: Names = ()
     noise: GaussianSumsNoise
     epsilon: Epsilon | None = None
@@ -192,17 +223,7 @@ class NoisySumsMechanism(MechanismKind):
 
     @model_validator(mode="after")
     def _check_bounds(self) -> NoisySumsMechanism:
-        lo, hi = self.bounds
-        if not lo < hi:
-            raise FieldError.at(("bounds",), f"bounds must be [lo, hi] with lo < hi; got [{num(lo)}, {num(hi)}]")
-        for i, bound in enumerate(self.bounds):
-            units = bound / self.resolution
-            if abs(units) > MAX_UNITS or abs(units - round(units)) > 1e-9 * max(1.0, abs(units)):
-                raise FieldError.at(
-                    ("bounds", i),
-                    f"each bound must be a multiple of resolution {num(self.resolution)} of at most "
-                    f"{MAX_UNITS:,} times it in size; got {num(bound)}",
-                )
+        check_bounds(self.bounds, self.resolution)
         sigma_total = self.noise.sigma_total
         if sigma_total is not None and not MIN_NOISE <= sigma_total / self.resolution <= MAX_NOISE:
             raise FieldError.at(
@@ -215,7 +236,7 @@ class NoisySumsMechanism(MechanismKind):
     @property
     def _units(self) -> tuple[int, int]:
         """The bounds in units of the resolution."""
-        return round(self.bounds[0] / self.resolution), round(self.bounds[1] / self.resolution)
+        return bound_units(self.bounds, self.resolution)
 
     @property
     def _total_sigma(self) -> float:
@@ -456,7 +477,11 @@ KINDS = (NoisySumsMechanism,)
 
 
 def mean_interval(
-    total: np.ndarray, count: np.ndarray, total_half: float, count_half: float, bounds: tuple[float, float]
+    total: np.ndarray,
+    count: np.ndarray,
+    total_half: float | np.ndarray,
+    count_half: float | np.ndarray,
+    bounds: tuple[float, float],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each cell's mean ``total / count`` (clamped to ``bounds``; NaN where the noisy count is
     below 1) and its interval, a union bound: if the true total T lies within ``total_half`` of
@@ -465,7 +490,8 @@ def mean_interval(
     ``t`` in ``[T' -+ total_half]`` and ``n`` in ``[max(1, N' - count_half), N' + count_half]``,
     whose extremes are at the corners (t / n is monotone in each for n > 0), and it lies in
     ``bounds`` (a mean of clamped values). Where ``N' + count_half < 1`` the count interval
-    holds no N >= 1: the interval is ``bounds`` (nothing learnt; never an unbounded one)."""
+    holds no N >= 1: the interval is ``bounds`` (nothing learnt; never an unbounded one). The
+    half-widths are one number or one per cell (noisy tables' cells differ)."""
     lo, hi = bounds
     total, count = np.asarray(total, dtype=np.float64), np.asarray(count, dtype=np.float64)
     n_low, n_high = np.maximum(count - count_half, 1.0), count + count_half
@@ -489,12 +515,9 @@ class SumJob:
     resolution: float
 
     def partial(self, table: pa.Table) -> np.ndarray:
-        """``[counts, totals]`` (2 x cells, int64): each value clamped to ``[low, high]`` units
-        after rounding to the nearest unit (``lo`` and ``hi`` are whole units, so clamping then
-        rounding lands in the same place)."""
+        """``[counts, totals]`` (2 x cells, int64), the totals of :func:`clamped_units`."""
         cell = self.cells.cell_of(table)
-        values = table.column(self.column).to_numpy(zero_copy_only=False).astype(np.float64)
-        units = np.clip(np.rint(values / self.resolution), self.low, self.high).astype(np.int64)
+        units = clamped_units(table, self.column, self.low, self.high, self.resolution)
         counts = np.bincount(cell, minlength=self.cells.cells).astype(np.int64)
         totals = np.zeros(self.cells.cells, dtype=np.int64)
         np.add.at(totals, cell, units)
@@ -502,6 +525,14 @@ class SumJob:
 
     def merge(self, parts: list[np.ndarray]) -> np.ndarray:
         return np.asarray(np.sum(parts, axis=0, dtype=np.int64))
+
+
+def clamped_units(table: pa.Table, column: str, low: int, high: int, resolution: float) -> np.ndarray:
+    """Each row's value of ``column`` rounded to the nearest multiple of ``resolution`` and
+    clamped to ``[low, high]`` units, as int64 units (``lo`` and ``hi`` are whole units, so
+    clamping then rounding lands in the same place)."""
+    values = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
+    return np.clip(np.rint(values / resolution), low, high).astype(np.int64)
 
 
 CLAMPING = (

@@ -36,6 +36,23 @@ a double (a relative error of ``2^-53`` of the noisy count): both far below any 
 so the statements hold for the published tables as stated (checked by simulation with the
 kind's own sampler: tests/test_noisy_tables.py). With ``nonnegative`` they hold for the
 unrounded estimate, which is not published (:data:`ROUNDING`).
+
+**Totals and means.** With ``total: {column, bounds: [lo, hi], resolution: r}`` (noisy sums'
+fields and validation: :class:`TableTotal`), each row's value is rounded to a multiple of r and
+clamped into ``[lo, hi]`` (:func:`.noisy_sums.clamped_units`), and every table's per-cell totals
+``T_t`` (integers, in units r) are measured once more, ``T_t + N(0, tau_t^2)`` by the same
+:func:`measure`, ``tau_t`` = ``noise.sigma_total`` / r (given, or chosen like the counts' sigmas
+to meet ``statistic: total`` targets at the least cost). One person moves each table's totals by
+a vector ``u`` with ``|u_i| <= B c_i``, ``B = max(|lo|, |hi|) / r``, ``c`` their counts' change,
+so ``|u|_2 <= B |c|_2 <= m B`` whatever the spread: the release is rho-zCDP with ``rho = m^2
+sum_t 1 / (2 sigma_t^2) + (m B)^2 sum_t 1 / (2 tau_t^2)`` (one :class:`GaussianTables` event).
+The totals are reconstructed by the same least squares (:func:`.tables.reconstruct` with the
+``tau``'s), so they are margins of one estimate as the counts are, with the same exact variances
+and half-widths. They are never rounded or made non-negative (``nonnegative`` applies to the
+counts): they add up up to floating-point rounding. Each cell's mean is ``total / count`` of the
+published numbers (null where the count is below 1) with noisy sums' union-bound interval
+(:func:`.noisy_sums.mean_interval`: the total's and the count's intervals at ``1 - (1 - C) / 2``
+each, the count's widened by the table's rounding shift with ``nonnegative``).
 """
 
 from __future__ import annotations
@@ -47,10 +64,10 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, model_validator
 
 from privrelease.errors import UserError
-from privrelease.mechanisms.columns import INTERVAL, taken_name
+from privrelease.mechanisms.columns import INTERVAL, SUMS_TABLE, taken_name
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
     ColumnRef,
@@ -66,8 +83,19 @@ from privrelease.mechanisms.kinds import (
     epsilon_at_target,
 )
 from privrelease.mechanisms.kinds.noisy_counts import CountJob, Sigma, sample
+from privrelease.mechanisms.kinds.noisy_sums import (
+    CLAMPING,
+    MEAN,
+    Bounds,
+    Resolution,
+    SigmaTotal,
+    SumJob,
+    bound_units,
+    check_bounds,
+    mean_interval,
+)
 from privrelease.mechanisms.zcdp import ZCDPGaussian, stated_epsilon
-from privrelease.policies.fields import Level
+from privrelease.policies.fields import Level, num
 
 if TYPE_CHECKING:
     from privrelease.mechanisms.kinds import AccuracyStatement, AccuracyTarget, LoadedPolicy, MechanismResult, Policy
@@ -85,6 +113,12 @@ accuracy target still holds; the event charges the sigma used)."""
 
 TABLE_COLUMNS = INTERVAL
 """The columns a published table adds to its cells' labels."""
+
+TOTAL_COLUMNS = (*SUMS_TABLE[:3], *SUMS_TABLE[6:])
+"""The columns a table with a ``total`` adds besides: ``total``, ``mean`` and their intervals."""
+
+STATISTICS = ("count", "total")
+"""What a ``targets.accuracy`` entry on noisy tables names in ``statistic`` (default count)."""
 
 UNROUNDED = "the unrounded least-squares estimate"
 """What the statements and target checks are of with ``nonnegative`` (it is not published)."""
@@ -110,10 +144,32 @@ class TableLevel(Model):
 class TablesNoise(Model):
     """Gaussian noise on every cell of every table: ``sigma`` one number for all, a
     list (one per table, in order), or absent (chosen to meet ``targets.accuracy`` at the
-    least privacy cost)."""
+    least privacy cost); ``sigma_total`` the same for the totals (with ``total``), in the
+    column's units."""
 
     distribution: Literal["gaussian"]
     sigma: Sigma | tuple[Sigma, ...] | None = None
+    sigma_total: SigmaTotal | tuple[SigmaTotal, ...] | None = None
+
+
+class TableTotal(Model):
+    """The numeric ``column`` totalled in every cell of every table: each value rounded to a
+    multiple of ``resolution`` and clamped into ``bounds`` ``[lo, hi]`` (as noisy sums'
+    ``column``, ``bounds`` and ``resolution``)."""
+
+    column: Name
+    bounds: Bounds
+    resolution: Resolution = 1.0
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> TableTotal:
+        check_bounds(self.bounds, self.resolution)
+        return self
+
+    @property
+    def bound(self) -> int:
+        """``B``: the most one row adds to a cell's total in size, in units."""
+        return max(abs(unit) for unit in bound_units(self.bounds, self.resolution))
 
 
 def table_name(columns: Sequence[str]) -> str:
@@ -145,17 +201,22 @@ class NoisyTablesMechanism(MechanismKind):
     privacy cost) and the published tables are one least-squares estimate, every table a margin
     of it; ``nonnegative``: non-negative integers, still adding up. Each table is its own file
     ``<name>-<columns joined by ->`` (``<name>-total``), every cell with ``estimate``, ``lower``
-    and ``upper``."""
+    and ``upper``; with ``total`` (a numeric column, its ``bounds`` and ``resolution``) also
+    ``total``, ``mean`` and their intervals, the totals adding up like the counts."""
 
     type: Literal["noisy_tables"]
     tables: Annotated[tuple[tuple[Name, ...], ...], at_least(1, "table")]
     levels: dict[Name, TableLevel] = {}
+    total: TableTotal | None = None
     noise: TablesNoise
     nonnegative: StrictBool = False
 
     label: ClassVar[str] = "noisy tables that add up (Gaussian noise, least-squares consistent)"
     accuracy_fields: ClassVar[tuple[str, ...]] = ("absolute_error",)
     accuracy_options: ClassVar[tuple[str, ...]] = ("table", "cells")
+    accuracy_statistics: ClassVar[tuple[str, ...]] = STATISTICS
+    accuracy_default_statistic: ClassVar[str | None] = "count"
+    omitted_when_absent: ClassVar[tuple[tuple[str, ...], ...]] = (("total",), ("noise", "sigma_total"))
     reads_max_rows: ClassVar[bool] = True
     """It reads up to ``max_rows`` rows of each person: its sensitivity is m per table (module docstring)."""
 
@@ -168,10 +229,14 @@ class NoisyTablesMechanism(MechanismKind):
             for j, column in enumerate(table)
             if column not in self.levels
         ]
-        return refs + [ColumnRef(("levels", name, "of"), level.of) for name, level in self.levels.items()]
+        refs += [ColumnRef(("levels", name, "of"), level.of) for name, level in self.levels.items()]
+        if self.total is not None:
+            refs.append(ColumnRef(("total", "column"), self.total.column, numeric=True))
+        return refs
 
     def published_columns(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(column for table in self.tables for column in table))
+        totalled = () if self.total is None else (self.total.column,)
+        return tuple(dict.fromkeys([*(column for table in self.tables for column in table), *totalled]))
 
     def column_scheme(self, policy: Policy, column: str) -> Any:
         """A level: that column of the hierarchy file of the column it is a level of."""
@@ -218,8 +283,9 @@ class NoisyTablesMechanism(MechanismKind):
                     f"table {list(table)} names {', '.join(map(repr, geography))}: levels of one hierarchy; "
                     "a table takes at most one level (the coarser is a margin of the finer)",
                 )
+            added = TABLE_COLUMNS if self.total is None else (*TABLE_COLUMNS, *TOTAL_COLUMNS)
             for j, column in enumerate(table):
-                if (taken := taken_name(column, "a noisy table", TABLE_COLUMNS)) is not None:
+                if (taken := taken_name(column, "a noisy table", added)) is not None:
                     yield Issue((*here, "tables", i, j), taken)
                 if column in self.levels:
                     continue
@@ -258,29 +324,52 @@ class NoisyTablesMechanism(MechanismKind):
                     f"{scheme.level}): an integer > {scheme.level}; got {level.level}",
                 )
         named = {frozenset(table) for table in self.tables}
-        targeted = False
+        targeted: set[str] = set()
         for k, target in enumerate(policy.targets.accuracy):
             if target.mechanism != self.name:
                 continue
-            targeted = True
+            targeted.add(target.statistic or "count")
             if target.table is not None and frozenset(target.table) not in named:
                 yield Issue(
                     ("targets", "accuracy", k, "table"),
                     f"table {list(target.table)} is not one of mechanism {self.name!r}'s tables: "
                     + "; ".join(str(list(t)) for t in self.tables),
                 )
-        sigma = self.noise.sigma
-        if isinstance(sigma, tuple) and len(sigma) != len(self.tables):
+            if target.statistic == "total" and self.total is None:
+                yield Issue(
+                    ("targets", "accuracy", k, "statistic"),
+                    f"statistic 'total' needs a total section on mechanism {self.name!r} (total: {{column, bounds, "
+                    "resolution}}); without one the tables publish counts only: statistic count",
+                )
+        yield from self._noise_issues(here, targeted)
+
+    def _noise_issues(self, here: Loc, targeted: set[str]) -> Iterator[Issue]:
+        """Per statistic: sigmas one per table or one number, or targets to choose them; no
+        ``sigma_total`` without a ``total``."""
+        if self.total is None and self.noise.sigma_total is not None:
             yield Issue(
-                (*here, "noise", "sigma"),
-                f"noise.sigma lists {len(sigma)} sigmas for {len(self.tables)} tables: one per table, or one number",
+                (*here, "noise", "sigma_total"),
+                "noise.sigma_total is the totals' noise, but the mechanism has no total section: add total: "
+                "{column, bounds, resolution} or remove noise.sigma_total",
             )
-        if sigma is None and not targeted:
-            yield Issue(
-                (*here, "noise", "sigma"),
-                f"noise.sigma is absent, so the sigmas are chosen to meet targets.accuracy, but no accuracy target "
-                f"names mechanism {self.name!r}: add one (absolute_error, table) or set noise.sigma",
-            )
+        for statistic, field in (("count", "sigma"), ("total", "sigma_total")):
+            if statistic == "total" and self.total is None:
+                continue
+            sigma = getattr(self.noise, field)
+            if isinstance(sigma, tuple) and len(sigma) != len(self.tables):
+                yield Issue(
+                    (*here, "noise", field),
+                    f"noise.{field} lists {len(sigma)} sigmas for {len(self.tables)} tables: one per table, or one "
+                    "number",
+                )
+            if sigma is None and statistic not in targeted:
+                yield Issue(
+                    (*here, "noise", field),
+                    f"noise.{field} is absent, so the sigmas are chosen to meet targets.accuracy, but no accuracy "
+                    f"target names mechanism {self.name!r}"
+                    + (" with statistic: total" if statistic == "total" else "")
+                    + f": add one (absolute_error, table) or set noise.{field}",
+                )
 
     # --- structure ----------------------------------------------------------------------------
 
@@ -291,28 +380,44 @@ class NoisyTablesMechanism(MechanismKind):
         the level and the node that has two parents)."""
         return _layout(self, loaded)
 
-    def sigmas(self, loaded: LoadedPolicy) -> tuple[float, ...]:
-        """Each table's sigma: the policy's, or the least-cost allocation meeting its targets."""
-        return _sigmas(self, loaded)
+    def sigmas(self, loaded: LoadedPolicy, statistic: str = "count") -> tuple[float, ...]:
+        """Each table's sigma for ``statistic`` (the totals': in the column's units): the
+        policy's, or the least-cost allocation meeting its targets."""
+        return _sigmas(self, loaded, statistic)
 
     def resolved(self, loaded: LoadedPolicy) -> NoisyTablesMechanism:
         """With the sigmas the plan chose (:meth:`sigmas`, one per table) when the policy leaves them out."""
-        if self.noise.sigma is not None:
+        chosen: dict[str, tuple[float, ...]] = {}
+        if self.noise.sigma is None:
+            chosen["sigma"] = self.sigmas(loaded)
+        if self.total is not None and self.noise.sigma_total is None:
+            chosen["sigma_total"] = self.sigmas(loaded, "total")
+        if not chosen:
             return self
-        return self.model_copy(update={"noise": self.noise.model_copy(update={"sigma": self.sigmas(loaded)})})
+        return self.model_copy(update={"noise": self.noise.model_copy(update=chosen)})
 
-    def event(self, loaded: LoadedPolicy, sigmas: Sequence[float]) -> GaussianTables:
-        """The tables measured with ``sigmas`` for persons of at most ``dataset.rows_per_person``
-        rows, stated at the smallest epsilon reaching ``targets.delta`` under its accounting."""
+    def event(
+        self, loaded: LoadedPolicy, sigmas: Sequence[float], total_sigmas: Sequence[float] | None = None
+    ) -> GaussianTables:
+        """The tables measured with ``sigmas`` (and, with a ``total``, their totals with
+        ``total_sigmas`` in the column's units, default the release's) for persons of at most
+        ``dataset.rows_per_person`` rows, stated at the smallest epsilon reaching
+        ``targets.delta`` under its accounting."""
         targets = loaded.policy.targets
-        event = GaussianTables(sigmas=tuple(sigmas), sensitivity=loaded.policy.dataset.rows_per_person, epsilon=0.0)
+        m = loaded.policy.dataset.rows_per_person
+        totals: dict[str, Any] = {}
+        if self.total is not None:
+            taus = self.sigmas(loaded, "total") if total_sigmas is None else tuple(total_sigmas)
+            totals = {
+                "total_sigmas_units": tuple(tau / self.total.resolution for tau in taus),
+                "total_sensitivity_units": m * self.total.bound,
+            }
+        event = GaussianTables(sigmas=tuple(sigmas), sensitivity=m, epsilon=0.0, **totals)
         return event.model_copy(update={"epsilon": stated_epsilon(event.rho, targets.delta, targets.accounting)})
 
     # --- privacy and accuracy maps ----------------------------------------------------------
 
     def plan(self, loaded: LoadedPolicy) -> Planned:
-        from privrelease.mechanisms import tables
-
         layout = self.layout(loaded)
         cells = [layout.cells(i) for i in range(len(self.tables))]
         m = loaded.policy.dataset.rows_per_person
@@ -324,6 +429,14 @@ class NoisyTablesMechanism(MechanismKind):
             f"{m} in all)",
             "consistency": "tables add up: every table is a margin of one least-squares estimate",
         }
+        if self.total is not None:
+            lo, hi = self.total.bounds
+            size = max(abs(lo), abs(hi))
+            facts["total_sensitivity"] = (
+                f"the totals of {self.total.column}: {m} x {num(size)} = {num(m * size)} per table in L2 (one person, "
+                f"at most {m} row{'s' if m > 1 else ''}, each at most {num(size)} in size)"
+            )
+            facts["clamping"] = f"values outside [{num(lo)}, {num(hi)}] are moved to the nearer bound"
         if sum(cells) > MAX_CELLS:
             return Planned(
                 None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; the tables have {sum(cells):,}")
@@ -339,54 +452,66 @@ class NoisyTablesMechanism(MechanismKind):
             )
         sigmas = self.sigmas(loaded)
         facts["sigmas"] = {table_name(t): s for t, s in zip(self.tables, sigmas, strict=True)}
-        facts["zcdp_rho"] = tables.privacy_cost(sigmas, m)
+        if self.total is not None:
+            taus = self.sigmas(loaded, "total")
+            facts["sigma_totals"] = {table_name(t): s for t, s in zip(self.tables, taus, strict=True)}
+        event = self.event(loaded, sigmas)
+        facts["zcdp_rho"] = event.cost
         naive = self.naive(loaded)
         if naive is not None:
             facts["naive_sigma"] = naive[0]
-            facts["naive_zcdp_rho"] = tables.privacy_cost(naive, m)
-            facts["naive_epsilon"] = epsilon_at_target(loaded, self.event(loaded, naive))
-        return Planned(self.event(loaded, sigmas), facts)
+            naive_event = self.event(loaded, naive, self.naive(loaded, "total"))
+            facts["naive_zcdp_rho"] = naive_event.cost
+            facts["naive_epsilon"] = epsilon_at_target(loaded, naive_event)
+        return Planned(event, facts)
 
-    def naive(self, loaded: LoadedPolicy) -> tuple[float, ...] | None:
+    def naive(self, loaded: LoadedPolicy, statistic: str = "count") -> tuple[float, ...] | None:
         """The naive alternative at the same targets: each table measured on its own (no
         reconstruction), the budget split equally (:func:`.tables.naive_sigmas`); None when no
-        target bounds it."""
+        target bounds it (the totals: then the release's own sigmas)."""
         from privrelease.mechanisms import tables
 
-        limits = self._limits(loaded)
-        if all(limit is None for limit in limits):
+        if statistic == "total" and self.total is None:
             return None
+        limits = self._limits(loaded, statistic)
+        if all(limit is None for limit in limits):
+            return self.sigmas(loaded, "total") if statistic == "total" else None
         layout = self.layout(loaded)
         return tuple(tables.naive_sigmas(layout.domain, layout.tables, limits))
 
-    def _limits(self, loaded: LoadedPolicy) -> list[float | None]:
-        """Per table, the largest per-cell variance meeting every target naming it
-        (:func:`.tables.variance_limit`: ``cells: each`` over one cell, ``all`` over the table's)."""
+    def _limits(self, loaded: LoadedPolicy, statistic: str = "count") -> list[float | None]:
+        """Per table, the largest per-cell variance of ``statistic`` meeting every target naming
+        it (:func:`.tables.variance_limit`: ``cells: each`` over one cell, ``all`` over the table's)."""
         from privrelease.mechanisms import tables
 
         layout = self.layout(loaded)
         limits: list[float | None] = []
         for index, table in enumerate(self.tables):
             found = []
-            for target in self._targets(loaded, table):
+            for target in self._targets(loaded, table, statistic):
                 assert target.absolute_error is not None, "the policy checks require absolute_error"
                 cells = 1 if target.cells == "each" else layout.cells(index)
                 found.append(tables.variance_limit(target.absolute_error, target.confidence, cells))
             limits.append(min(found) if found else None)
         return limits
 
-    def _targets(self, loaded: LoadedPolicy, table: Sequence[str]) -> list[AccuracyTarget]:
-        """The accuracy targets naming this mechanism and ``table`` (or every table)."""
+    def _targets(self, loaded: LoadedPolicy, table: Sequence[str], statistic: str = "count") -> list[AccuracyTarget]:
+        """The accuracy targets naming this mechanism, ``statistic`` and ``table`` (or every table)."""
         return [
             target
             for target in loaded.policy.targets.accuracy
-            if target.mechanism == self.name and (target.table is None or set(target.table) == set(table))
+            if target.mechanism == self.name
+            and (target.statistic or "count") == statistic
+            and (target.table is None or set(target.table) == set(table))
         ]
 
-    def confidence(self, loaded: LoadedPolicy, table: Sequence[str]) -> float:
-        """The confidence of a table's statements and intervals: its first target's, else 95%."""
-        targets = self._targets(loaded, table)
-        return targets[0].confidence if targets else DEFAULT_CONFIDENCE
+    def confidence(self, loaded: LoadedPolicy, table: Sequence[str], statistic: str = "count") -> float:
+        """The confidence of a table's statements and intervals of ``statistic``: its first
+        target's, else (totals) the counts', else 95%."""
+        targets = self._targets(loaded, table, statistic)
+        if targets:
+            return targets[0].confidence
+        return self.confidence(loaded, table) if statistic == "total" else DEFAULT_CONFIDENCE
 
     def statements_of(self) -> dict[str, str]:
         """What the half-widths and accuracy target checks are of (``statements_of``) and, with
@@ -396,18 +521,20 @@ class NoisyTablesMechanism(MechanismKind):
             return {"statements_of": "the published tables"}
         return {"statements_of": UNROUNDED, "rounding": ROUNDING}
 
-    def statements(self, loaded: LoadedPolicy, sigmas: Sequence[float] | None = None) -> list[dict[str, Any]]:
-        """Per table: cells, sigma, the largest standard error of a cell, the "each cell" and
-        "every cell at once" half-widths at its confidence (the largest over its cells where
-        geography blocks differ)."""
+    def statements(
+        self, loaded: LoadedPolicy, sigmas: Sequence[float] | None = None, statistic: str = "count"
+    ) -> list[dict[str, Any]]:
+        """Per table, of ``statistic``: cells, sigma, the largest standard error of a cell, the
+        "each cell" and "every cell at once" half-widths at its confidence (the largest over its
+        cells where geography blocks differ)."""
         from privrelease.mechanisms import tables
 
         layout = self.layout(loaded)
-        sigmas = self.sigmas(loaded) if sigmas is None else tuple(sigmas)
+        sigmas = self.sigmas(loaded, statistic) if sigmas is None else tuple(sigmas)
         variances = tables.cell_variances(layout.domain, layout.tables, sigmas)
         found = []
         for table, sigma, variance in zip(self.tables, sigmas, variances, strict=True):
-            confidence = self.confidence(loaded, table)
+            confidence = self.confidence(loaded, table, statistic)
             found.append(
                 {
                     "table": table_name(table),
@@ -424,8 +551,8 @@ class NoisyTablesMechanism(MechanismKind):
 
     def accuracy(self, loaded: LoadedPolicy, planned: Planned) -> AccuracyStatement:
         """Per table: the standard error of a cell, each cell within +-w with probability C,
-        every cell at once within +-W with probability at least C; the naive alternative."""
-        from privrelease.mechanisms import tables
+        every cell at once within +-W with probability at least C; the naive alternative; with a
+        ``total``, the same of the totals (:meth:`_totals_accuracy`)."""
         from privrelease.mechanisms.kinds import AccuracyStatement, StatedAccuracy
 
         rows = self.statements(loaded)
@@ -439,11 +566,12 @@ class NoisyTablesMechanism(MechanismKind):
             "noise": "Gaussian of variance sigma^2 (OpenDP's float sampler: exact on a lattice of spacing 2^-1074), "
             "as the estimator and these statements take it",
         }
+        cost = self.event(loaded, self.sigmas(loaded)).cost
         if naive is not None:
             document["naive"] = {
                 "how": "each table measured on its own, the budget split equally, sized to meet the same targets",
                 "sigma": naive[0],
-                "zcdp_rho": tables.privacy_cost(naive, loaded.policy.dataset.rows_per_person),
+                "zcdp_rho": self.event(loaded, naive, self.naive(loaded, "total")).cost,
             }
         of = f", for {UNROUNDED} (not published)" if self.nonnegative else ""
         caption = (
@@ -453,58 +581,69 @@ class NoisyTablesMechanism(MechanismKind):
             "probability (the largest over the table's cells; exact for the linear estimator and the Gaussian noise)."
         )
         if naive is not None:
+            totals = (
+                ""
+                if self.total is None
+                else (
+                    " (counts and totals together; the naive alternative's totals sized the same way to the totals' "
+                    "targets, if any, else the release's)"
+                )
+            )
             caption += (
                 f" The naive alternative (each table measured on its own, the budget split equally) needs σ "
                 f"{naive[0]:.4g} for every table to meet the same targets: zCDP ρ {document['naive']['zcdp_rho']:.4g}, "
-                f"against {tables.privacy_cost(self.sigmas(loaded), loaded.policy.dataset.rows_per_person):.4g} here."
+                f"against {cost:.4g} here{totals}."
             )
         if self.nonnegative:
             caption += " " + ROUNDING
-        table_rows = tuple(
-            (
-                row["table"],
-                f"{row['cells']:,}",
-                f"{row['sigma']:.4g}",
-                f"{row['standard_error']:.4g}",
-                f"±{row['each_cell_half_width']:.4g}",
-                f"±{row['all_cells_half_width']:.4g}",
-                f"{row['confidence']:g}",
-            )
-            for row in rows
-        )
         unrounded = " (unrounded)" if self.nonnegative else ""
-        stated = StatedAccuracy(
-            "tables",
-            caption,
-            (
-                "table",
-                "cells",
-                "σ",
-                "standard error",
-                f"each cell{unrounded}",
-                f"every cell at once{unrounded}",
-                "probability",
-            ),
-            table_rows,
-            document,
-        )
+        stated = [StatedAccuracy("tables", caption, _statement_columns(unrounded), _statement_rows(rows), document)]
+        if self.total is not None:
+            stated.append(self._totals_accuracy(loaded))
         estimate = (
             f"{UNROUNDED} (every table a margin of it), not published: the published tables are its non-negative "
             "integer rounding"
             if self.nonnegative
             else "the published estimate (every table a margin of one estimate)"
         )
-        return AccuracyStatement(estimate, stated=(stated,))
+        return AccuracyStatement(estimate, stated=tuple(stated))
+
+    def _totals_accuracy(self, loaded: LoadedPolicy) -> Any:
+        """The totals' statements (``release.json``: ``accuracy.totals``), in the words of the
+        counts': each cell, every cell at once, standard error, probability; clamping and the mean."""
+        from privrelease.mechanisms.kinds import StatedAccuracy
+
+        assert self.total is not None
+        rows = self.statements(loaded, statistic="total")
+        lo, hi = self.total.bounds
+        column = self.total.column
+        document: dict[str, Any] = {
+            "tables": rows,
+            "column": column,
+            "statements_of": TOTALS_OF,
+            "clamping": CLAMPING.format(lo=num(lo), hi=num(hi), r=num(self.total.resolution)),
+            "mean": MEAN.format(c="C", lo=num(lo), hi=num(hi)),
+        }
+        caption = (
+            f"Totals of {column} that add up (every table's totals are margins of one least-squares estimate, in "
+            f"the units of {column}). Per table: each cell's total is within ± the “each cell” half-width of its true "
+            "total with the stated probability, cell by cell; every cell of the table at once is within ± the “every "
+            "cell at once” half-width with at least that probability (the largest over the table's cells; exact for "
+            f"the linear estimator and the Gaussian noise). {TOTALS_OF[0].upper()}{TOTALS_OF[1:]}. Clamping: "
+            f"{document['clamping']}. Mean (C the table's probability): {document['mean']}."
+        )
+        return StatedAccuracy("totals", caption, _statement_columns(""), _statement_rows(rows), document)
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """The half-width ``cells: all`` (every cell at once, default) or ``each`` at the
         target's confidence, of its table (without one: each table's own, the widest deciding),
-        of the unrounded estimate with ``nonnegative``."""
+        of its statistic (the counts': of the unrounded estimate with ``nonnegative``)."""
         assert target.absolute_error is not None
         from privrelease.mechanisms import tables
 
+        statistic = target.statistic or "count"
         layout = self.layout(loaded)
-        variances = tables.cell_variances(layout.domain, layout.tables, self.sigmas(loaded))
+        variances = tables.cell_variances(layout.domain, layout.tables, self.sigmas(loaded, statistic))
         widths = []
         for table, variance in zip(self.tables, variances, strict=True):
             if target.table is not None and set(target.table) != set(table):
@@ -520,35 +659,48 @@ class NoisyTablesMechanism(MechanismKind):
             where = (
                 "each table: each cell" if target.cells == "each" else "each table: every cell of that table at once"
             )
-        of = f" of {UNROUNDED}, not of the published integers" if self.nonnegative else ""
+        if statistic == "total":
+            of = " of the total"
+        else:
+            of = f" of {UNROUNDED}, not of the published integers" if self.nonnegative else ""
         return AccuracyCheck(f"{where}: half-width{of}", "<=", target.absolute_error, max(widths))
 
     # --- engines ------------------------------------------------------------------------------
 
     def job(self, loaded: LoadedPolicy) -> TablesJob:
+        """Per table its exact counts (:class:`.noisy_counts.CountJob`; None: the grand total),
+        or with a ``total`` its counts and clamped totals in units (:class:`.noisy_sums.SumJob`)."""
         layout = self.layout(loaded)
-        jobs: list[CountJob | None] = []
+        jobs: list[CountJob | SumJob | None] = []
         for axes in layout.axes:
-            if not axes:
-                jobs.append(None)
-                continue
             schemes = {_source(self, axis): _axis_scheme(self, loaded, axis) for axis in axes}
             domain = {_source(self, axis): tuple(layout.labels[axis]) for axis in axes}
-            jobs.append(CountJob(schemes, domain))
+            if self.total is not None:
+                jobs.append(
+                    SumJob(
+                        CountJob(schemes, domain),
+                        self.total.column,
+                        *bound_units(self.total.bounds, self.total.resolution),
+                        self.total.resolution,
+                    )
+                )
+            else:
+                jobs.append(CountJob(schemes, domain) if axes else None)
         return TablesJob(tuple(jobs))
 
     def finish(self, loaded: LoadedPolicy, merged: Any) -> MechanismResult:
-        """Noise added once to each table's exact counts (merged over partitions on Dask), then
-        the least-squares reconstruction."""
+        """Noise added once to each table's exact counts (and totals; merged over partitions on
+        Dask), then the least-squares reconstruction."""
         return self._release(loaded, merged)
 
-    def _release(self, loaded: LoadedPolicy, counts: Sequence[np.ndarray]) -> MechanismResult:
+    def _release(self, loaded: LoadedPolicy, merged: Sequence[np.ndarray]) -> MechanismResult:
         from privrelease.mechanisms import tables
         from privrelease.mechanisms.kinds import MechanismResult
 
         layout = self.layout(loaded)
         sigmas = self.sigmas(loaded)
         m = loaded.policy.dataset.rows_per_person
+        counts = [np.asarray(part)[0] if self.total is not None else np.asarray(part) for part in merged]
         measured = [
             measure(np.asarray(count, dtype=np.int64), sigma, m).reshape(_shape(layout, i))
             for i, (count, sigma) in enumerate(zip(counts, sigmas, strict=True))
@@ -558,15 +710,22 @@ class NoisyTablesMechanism(MechanismKind):
         published: list[np.ndarray] = list(estimates)
         if self.nonnegative:
             published = tables.nonnegative_integer(layout.domain, layout.tables, estimates)
+        totals = None if self.total is None else self._totals(loaded, layout, [np.asarray(p)[1] for p in merged])
         outputs: dict[str, pa.Table] = {}
         shifts: dict[str, float] = {}
         for i, table in enumerate(self.tables):
-            width = tables.each_cell_half_width(variances[i], self.confidence(loaded, table))
+            confidence = self.confidence(loaded, table)
+            width = tables.each_cell_half_width(variances[i], confidence)
             value = np.asarray(published[i])
             shift = float(np.max(np.abs(value - estimates[i]))) if self.nonnegative and value.size else 0.0
-            lower = np.maximum(value - width - shift, 0.0)
-            upper = np.maximum(value + width + shift, 0.0)
-            outputs[table_name(table)] = _cells_table(layout, i, value.ravel(), lower.ravel(), upper.ravel())
+            columns = {
+                "estimate": value,
+                "lower": np.maximum(value - width - shift, 0.0),
+                "upper": np.maximum(value + width + shift, 0.0),
+            }
+            if totals is not None:
+                columns |= self._total_columns(loaded, i, totals, value, variances[i], shift)
+            outputs[table_name(table)] = _cells_table(layout, i, columns)
             shifts[table_name(table)] = shift
         first = next(iter(outputs.values()))
         public: dict[str, Any] = {
@@ -576,13 +735,73 @@ class NoisyTablesMechanism(MechanismKind):
         }
         if self.nonnegative:
             public["rounding_shift"] = shifts
+        if self.total is not None:
+            public["total"] = self.total.column
         internal = {"rows_counted": int(np.sum(counts[0]))}  # every table counts every row in its domain
         return MechanismResult(first, self.event(loaded, sigmas), public, internal, tables=outputs)
+
+    def _totals(
+        self, loaded: LoadedPolicy, layout: Layout, units: Sequence[np.ndarray]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each table's exact totals (in units) measured once with ``tau`` = sigma_total / r
+        (:func:`measure`, OpenDP's map checked at sensitivity m B), back in the column's units,
+        and reconstructed by least squares: the estimates and their cell variances."""
+        from privrelease.mechanisms import tables
+
+        assert self.total is not None
+        r = self.total.resolution
+        taus = self.sigmas(loaded, "total")
+        sensitivity = loaded.policy.dataset.rows_per_person * self.total.bound
+        measured = [
+            measure(np.asarray(total, dtype=np.int64), tau / r, sensitivity).reshape(_shape(layout, i)) * r
+            for i, (total, tau) in enumerate(zip(units, taus, strict=True))
+        ]
+        return (
+            tables.reconstruct(layout.domain, layout.tables, taus, measured),
+            tables.cell_variances(layout.domain, layout.tables, taus),
+        )
+
+    def _total_columns(
+        self,
+        loaded: LoadedPolicy,
+        index: int,
+        totals: tuple[list[np.ndarray], list[np.ndarray]],
+        count: np.ndarray,
+        count_variance: np.ndarray,
+        shift: float,
+    ) -> dict[str, np.ndarray]:
+        """Table ``index``'s totals with each cell's interval at the totals' confidence C, and
+        each cell's mean (published total / published count) with noisy sums' union-bound
+        interval (:func:`.noisy_sums.mean_interval`: both intervals at ``1 - (1 - C) / 2``, the
+        count's widened by the rounding ``shift``)."""
+        from privrelease.mechanisms import tables
+
+        assert self.total is not None
+        estimates, variances = totals
+        total, table = estimates[index], self.tables[index]
+        confidence = self.confidence(loaded, table, "total")
+        width = tables.each_cell_half_width(variances[index], confidence)
+        half = 1 - (1 - confidence) / 2
+        mean, mean_lower, mean_upper = mean_interval(
+            total,
+            count,
+            tables.each_cell_half_width(variances[index], half),
+            tables.each_cell_half_width(count_variance, half) + shift,
+            self.total.bounds,
+        )
+        return {
+            "total": total,
+            "total_lower": total - width,
+            "total_upper": total + width,
+            "mean": mean,
+            "mean_lower": mean_lower,
+            "mean_upper": mean_upper,
+        }
 
     # --- report -------------------------------------------------------------------------------
 
     def explanations(self) -> tuple[str, ...]:
-        return (EXPLANATION,)
+        return (EXPLANATION,) if self.total is None else (EXPLANATION, TOTALS_EXPLANATION)
 
     def example_run(self, loaded: LoadedPolicy, rows: int) -> tuple[dict[str, Any], dict[str, int]]:
         """Every cell of every table published, one file per table, each row counted."""
@@ -619,27 +838,46 @@ KINDS = (NoisyTablesMechanism,)
 class GaussianTables(ZCDPGaussian, Event):
     """Every table of a ``noisy_tables`` release measured once with Gaussian noise of its sigma
     (``sigmas``, in table order; OpenDP's float Gaussian, zCDP); one person moves each table by
-    at most ``sensitivity`` = m in L2, so it is rho-zCDP with ``rho = m^2 sum_t 1 / (2
-    sigma_t^2)`` (module docstring; :func:`.tables.privacy_cost`). Stated at ``epsilon``."""
+    at most ``sensitivity`` = m in L2; with totals, each table's totals measured too with
+    ``total_sigmas_units`` (tau_t, in units of the resolution), moved by at most
+    ``total_sensitivity_units`` = m B in L2. It is rho-zCDP with ``rho = m^2 sum_t 1 / (2
+    sigma_t^2) + (m B)^2 sum_t 1 / (2 tau_t^2)`` (module docstring; :func:`.tables.privacy_cost`).
+    Stated at ``epsilon``."""
 
     kind: Literal["gaussian_tables"] = "gaussian_tables"
     sigmas: Annotated[tuple[Annotated[float, Field(gt=0)], ...], Field(min_length=1)]
     sensitivity: int = Field(ge=1)
+    total_sigmas_units: tuple[Annotated[float, Field(gt=0)], ...] = ()
+    total_sensitivity_units: int = Field(default=0, ge=0)
     epsilon: float = Field(ge=0)
     noise_label: ClassVar[str] = "Gaussian tables"
+    omitted_at_default: ClassVar[dict[str, Any]] = {
+        **Event.omitted_at_default,
+        "total_sigmas_units": [],
+        "total_sensitivity_units": 0,
+    }
+
+    @property
+    def cost(self) -> float:
+        """``rho`` as computed, the counts' and the totals' (:func:`.tables.privacy_cost`)."""
+        from privrelease.mechanisms import tables
+
+        rho = tables.privacy_cost(self.sigmas, self.sensitivity)
+        if self.total_sigmas_units:
+            rho += tables.privacy_cost(self.total_sigmas_units, 1, self.total_sensitivity_units)
+        return rho
 
     @property
     def rho(self) -> float:
-        from privrelease.mechanisms import tables
-
-        return tables.privacy_cost(self.sigmas, self.sensitivity) * (1 + 1e-15)
+        return self.cost * (1 + 1e-15)
 
 
 def measure(counts: np.ndarray, sigma: float, rows_per_person: int) -> np.ndarray:
     """``counts`` (integers, any shape) plus i.i.d. Gaussian noise of standard deviation
     ``sigma``, as float64 of the same shape: OpenDP's ``make_gaussian`` on floats (L2 distance;
     module docstring), its privacy map at ``rows_per_person`` = m checked against the claim
-    ``m^2 / (2 sigma^2)``. Randomness only from OpenDP's sampler (OS CSPRNG)."""
+    ``m^2 / (2 sigma^2)`` (totals in units: m B and tau). Randomness only from OpenDP's sampler
+    (OS CSPRNG)."""
     import opendp.prelude as dp
 
     dp.enable_features("contrib")
@@ -681,16 +919,48 @@ def _shape(layout: Layout, index: int) -> tuple[int, ...]:
     return tuple(len(layout.labels[axis]) for axis in layout.axes[index])
 
 
-def _cells_table(layout: Layout, index: int, value: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> pa.Table:
+def _cells_table(layout: Layout, index: int, values: Mapping[str, np.ndarray]) -> pa.Table:
     """One row per cell of table ``index`` in declared order (zeros included): its labels, then
-    ``estimate``, ``lower``, ``upper``."""
+    ``values`` (``estimate``, ``lower``, ``upper``; with a total :data:`TOTAL_COLUMNS`; NaN
+    means are null)."""
     axes = layout.axes[index]
     shape = _shape(layout, index)
-    position = np.unravel_index(np.arange(value.size), shape) if axes else ()
+    size = math.prod(shape)
+    position = np.unravel_index(np.arange(size), shape) if axes else ()
     columns = {axis: pa.array(layout.labels[axis]).take(pa.array(at)) for axis, at in zip(axes, position, strict=True)}
-    for name, values in zip(TABLE_COLUMNS, (value, lower, upper), strict=True):
-        columns[name] = pa.array(values)
+    for name, value in values.items():
+        flat = np.ravel(value)
+        columns[name] = pa.array(flat, mask=np.isnan(flat)) if name == "mean" else pa.array(flat)
     return pa.table(columns)
+
+
+def _statement_columns(unrounded: str) -> tuple[str, ...]:
+    """The columns of a table of :meth:`NoisyTablesMechanism.statements` (counts' or totals')."""
+    return (
+        "table",
+        "cells",
+        "σ",
+        "standard error",
+        f"each cell{unrounded}",
+        f"every cell at once{unrounded}",
+        "probability",
+    )
+
+
+def _statement_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, ...], ...]:
+    """:meth:`NoisyTablesMechanism.statements` as the report's rows (:func:`_statement_columns`)."""
+    return tuple(
+        (
+            row["table"],
+            f"{row['cells']:,}",
+            f"{row['sigma']:.4g}",
+            f"{row['standard_error']:.4g}",
+            f"±{row['each_cell_half_width']:.4g}",
+            f"±{row['all_cells_half_width']:.4g}",
+            f"{row['confidence']:g}",
+        )
+        for row in rows
+    )
 
 
 def _layout(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy) -> Layout:
@@ -763,22 +1033,23 @@ def _geography(
     return names, geography, labels
 
 
-_SIGMAS: dict[tuple[str, str], tuple[float, ...]] = {}
-"""Allocated sigmas by (policy hash, mechanism): the optimization runs once per policy."""
+_SIGMAS: dict[tuple[str, str, str], tuple[float, ...]] = {}
+"""Allocated sigmas by (policy hash, mechanism, statistic): the optimization runs once per policy."""
 
 
-def _sigmas(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy) -> tuple[float, ...]:
-    sigma = mechanism.noise.sigma
+def _sigmas(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy, statistic: str) -> tuple[float, ...]:
+    assert statistic == "count" or mechanism.total is not None, "only a total section has total sigmas"
+    sigma = mechanism.noise.sigma if statistic == "count" else mechanism.noise.sigma_total
     if isinstance(sigma, tuple):
         return tuple(float(s) for s in sigma)
     if sigma is not None:
         return (float(sigma),) * len(mechanism.tables)
-    key = (loaded.sha256, mechanism.name)
+    key = (loaded.sha256, mechanism.name, statistic)
     if key not in _SIGMAS:
         from privrelease.mechanisms import tables
 
         layout = mechanism.layout(loaded)
-        found = tables.allocate(layout.domain, layout.tables, mechanism._limits(loaded))
+        found = tables.allocate(layout.domain, layout.tables, mechanism._limits(loaded, statistic))
         _SIGMAS[key] = tuple(_round_down(s) for s in found)
     return _SIGMAS[key]
 
@@ -792,9 +1063,10 @@ def _round_down(sigma: float) -> float:
 @dataclass(frozen=True)
 class TablesJob:
     """The exact counts of every table (a :class:`.noisy_counts.CountJob` each; None: the grand
-    total, the rows counted)."""
+    total, the rows counted), or its counts and clamped totals (a :class:`.noisy_sums.SumJob`
+    each: ``[counts, totals]``, exact integers, merged by summing)."""
 
-    jobs: tuple[CountJob | None, ...]
+    jobs: tuple[CountJob | SumJob | None, ...]
 
     def partial(self, table: pa.Table) -> list[np.ndarray]:
         return [np.array([table.num_rows], dtype=np.int64) if job is None else job.partial(table) for job in self.jobs]
@@ -803,5 +1075,15 @@ class TablesJob:
         return [np.asarray(np.sum([part[i] for part in parts], axis=0, dtype=np.int64)) for i in range(len(self.jobs))]
 
 
+TOTALS_OF = (
+    "the totals are the unrounded least-squares estimate, never made non-negative or integer (nonnegative applies "
+    "to the counts only), so they add up to every published margin up to floating-point rounding, and a total or "
+    "its interval can be negative even when no value is"
+)
+"""What holds of the published totals (plan, the report, ``release.json``)."""
+
 EXPLANATION = """<dt>Noisy tables that add up</dt>
 <dd>Every cell of every table's declared domain is published, empty ones included. Each table is measured once with independent Gaussian noise (OpenDP's exact sampler on a lattice far finer than any printed digit); adding or removing one person (at most m rows) changes the cells of each table by at most m in all, so the release is ρ-zCDP with ρ = m² Σ 1/(2σ²) over the tables, and (ε, δ)-differentially private at the ε and δ shown (Bun, Steinke 2016; Canonne, Kamath, Steinke 2020). The published tables are then one least-squares estimate from all the measurements together (Xiong, He, Kifer 2023; Hay, Rastogi, Miklau, Suciu 2010), which costs no privacy: every table is a margin of it, so cells add up to every published margin and across geography levels (up to floating-point rounding in the last digits of the decimals; non-negative integers add up exactly), and each table borrows strength from the others. Each cell comes with lower and upper: its interval at the stated probability, cell by cell; the accuracy section also states the wider half-width that covers every cell of a table at once. Where the policy asks for non-negative integers, the estimate is projected onto non-negative values and rounded keeping the total, still adding up; the intervals are widened by the largest shift this makes.</dd>"""
+
+TOTALS_EXPLANATION = """<dt>Totals and means that add up</dt>
+<dd>With a total column, each value is first rounded to its resolution and moved into its declared bounds, and every table's per-cell totals are measured once more with Gaussian noise; one person with at most m rows moves each table's totals by at most m times the larger bound in size, whatever the spread of the rows, and the release's ρ adds that measurement's share. The totals are reconstructed by the same least squares as the counts, so they add up across margins and geography levels (up to floating-point rounding: they are never rounded to integers or made non-negative). Each cell's mean is its published total divided by its published count (null where the count is below 1); its interval (mean_lower, mean_upper) holds the mean of the rounded and clamped values with at least the stated probability, from the total's and the count's intervals at half the miss probability each.</dd>"""

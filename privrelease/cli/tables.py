@@ -2,7 +2,8 @@
 data (:mod:`privrelease.mechanisms.kinds.noisy_tables`): the least-cost sigmas meeting every
 ``targets.accuracy`` entry of its ``noisy_tables`` mechanism, the privacy they cost, each table's
 "each cell" and "every cell at once" half-widths (with ``nonnegative``: of the unrounded estimate,
-not the published integers), and the naive alternative's cost."""
+not the published integers), and the naive alternative's cost; with a ``total``, the same of the
+totals (sigma_total chosen to meet ``statistic: total`` targets, else the policy's)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,28 @@ def calibrate_noisy_tables(
     noisy_tables mechanism (whatever noise.sigma it sets), their privacy cost (zCDP rho and
     epsilon at targets.delta by the policy's accounting), per table each cell's and every cell
     at once's half-width, and the naive alternative (each table on its own, budget split
-    equally) at the same targets."""
+    equally) at the same targets; with a total column, the totals' sigmas and half-widths too."""
     document = calibration(policy, mechanism)
     if json_out:
         print_json(document)
         return
-    table = Table(title=f"noisy tables of {document['mechanism']} calibrated to the targets", title_justify="left")
+    _print_table(f"noisy tables of {document['mechanism']} calibrated to the targets", document["tables"], document)
+    if "totals" in document:
+        _print_table(f"totals of {document['total']} (its units)", document["totals"], {})
+    if "rounding" in document:
+        say(document["rounding"])
+    say(_cost_sentence("cost", document["cost"]))
+    say(_cost_sentence("naive (each table on its own, budget split equally)", document["naive"]))
+    sigmas = ", ".join(f"{row['sigma']:.6g}" for row in document["tables"])
+    noise = f"sigma: [{sigmas}]"
+    if "totals" in document:
+        noise += ", sigma_total: [" + ", ".join(f"{row['sigma']:.6g}" for row in document["totals"]) + "]"
+    say(f"policy: noise: {{distribution: gaussian, {noise}}} (or leave the sigmas out: plan chooses these)")
+
+
+def _print_table(title: str, rows: list[dict[str, Any]], document: dict[str, Any]) -> None:
+    """One table of per-table statements (counts' or totals')."""
+    table = Table(title=title, title_justify="left")
     of = " (unrounded)" if "rounding" in document else ""
     for column in (
         "table",
@@ -51,7 +68,7 @@ def calibrate_noisy_tables(
         "probability",
     ):
         table.add_column(column, justify="right")
-    for row in document["tables"]:
+    for row in rows:
         table.add_row(
             row["table"],
             f"{row['cells']:,}",
@@ -62,12 +79,6 @@ def calibrate_noisy_tables(
             f"{row['confidence']:g}",
         )
     console.print(table)
-    if "rounding" in document:
-        say(document["rounding"])
-    say(_cost_sentence("cost", document["cost"]))
-    say(_cost_sentence("naive (each table on its own, budget split equally)", document["naive"]))
-    sigmas = ", ".join(f"{row['sigma']:.6g}" for row in document["tables"])
-    say(f"policy: noise: {{distribution: gaussian, sigma: [{sigmas}]}} (or leave sigma out: plan chooses these)")
 
 
 def _cost_sentence(what: str, cost: dict[str, Any]) -> str:
@@ -79,7 +90,6 @@ def _cost_sentence(what: str, cost: dict[str, Any]) -> str:
 
 def calibration(path: str, name: str | None) -> dict[str, Any]:
     """The document ``calibrate noisy-tables`` prints (module docstring)."""
-    from privrelease.mechanisms import tables
     from privrelease.mechanisms.kinds import epsilon_at_target
     from privrelease.mechanisms.kinds.noisy_tables import NoisyTablesMechanism, TablesNoise
     from privrelease.policies import load_policy
@@ -96,7 +106,10 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
             f"(noisy_tables mechanisms: {', '.join(names) or 'none'})",
             field="--mechanism",
         )
-    spec = found[0].model_copy(update={"noise": TablesNoise(distribution="gaussian")})
+    given = found[0]
+    keep_totals = given.total is not None and all(limit is None for limit in given._limits(loaded, "total"))
+    noise = TablesNoise(distribution="gaussian", sigma_total=given.noise.sigma_total if keep_totals else None)
+    spec = given.model_copy(update={"noise": noise})
     if all(limit is None for limit in spec._limits(loaded)):
         raise UserError(
             f"mechanism {spec.name!r} has no accuracy target: add targets.accuracy entries (absolute_error, table)",
@@ -104,12 +117,14 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
         )
     targets = loaded.policy.targets
 
-    def cost(sigmas: tuple[float, ...]) -> dict[str, Any]:
-        rho = tables.privacy_cost(sigmas, loaded.policy.dataset.rows_per_person)
-        found: dict[str, Any] = {"sigmas": list(sigmas), "zcdp_rho": rho}
+    def cost(sigmas: tuple[float, ...], total_sigmas: tuple[float, ...] | None) -> dict[str, Any]:
+        event = spec.event(loaded, sigmas, total_sigmas)
+        found: dict[str, Any] = {"sigmas": list(sigmas), "zcdp_rho": event.cost}
+        if total_sigmas is not None:
+            found["sigma_totals"] = list(total_sigmas)
         if targets.delta is not None:
             found |= {
-                "epsilon": epsilon_at_target(loaded, spec.event(loaded, sigmas)),
+                "epsilon": epsilon_at_target(loaded, event),
                 "delta": targets.delta,
                 "accounting": targets.accounting,
             }
@@ -118,11 +133,17 @@ def calibration(path: str, name: str | None) -> dict[str, Any]:
     sigmas = spec.sigmas(loaded)
     naive = spec.naive(loaded)
     assert naive is not None, "a target bounds it"
+    totals: dict[str, Any] = {}
+    taus = naive_taus = None
+    if spec.total is not None:
+        taus, naive_taus = spec.sigmas(loaded, "total"), spec.naive(loaded, "total")
+        totals = {"total": spec.total.column, "totals": spec.statements(loaded, taus, "total")}
     return {
         "policy": str(path),
         "mechanism": spec.name,
         "tables": spec.statements(loaded, sigmas),
+        **totals,
         **spec.statements_of(),
-        "cost": cost(sigmas),
-        "naive": cost(naive),
+        "cost": cost(sigmas, taus),
+        "naive": cost(naive, naive_taus),
     }
