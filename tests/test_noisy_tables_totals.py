@@ -437,6 +437,7 @@ def test_a_release_with_totals_on_both_engines(tmp_path, work, monkeypatch) -> N
             "state",
             "total",
         ]
+        assert "the total of charges (total, total_lower, total_upper)" in entry["reading"]
         report = Path(release.report).read_text()
         assert "Totals of charges that add up" in report and "Totals and means that add up" in report
         local = pq.read_table(Path(in_process.release_dir) / "census-county-sex.parquet")

@@ -810,8 +810,9 @@ class NoisyTablesMechanism(MechanismKind):
 
     def files_in_words(self, files: Sequence[tuple[str, int]], public: Mapping[str, Any]) -> str:
         """One table per file, named with its cells (with ``nonnegative``: how far its published
-        integers lie from the unrounded estimate, the run's ``rounding_shift``); every table a
-        margin of one estimate, so the files are not one dataset."""
+        integers lie from the unrounded estimate, the run's ``rounding_shift``), and with a
+        ``total`` the columns a cell has; every table a margin of one estimate, so the files are
+        not one dataset."""
         shifts = public.get("rounding_shift", {})
         described = []
         for table, (file, cells) in zip(self.tables, files, strict=True):
@@ -824,6 +825,11 @@ class NoisyTablesMechanism(MechanismKind):
             described.append(f"{name} ({file}: {cells:,} cell{'s' if cells != 1 else ''}{shift})")
         text = f"{self.name} publishes {len(files)} table{'s' if len(files) != 1 else ''}, one file each: "
         text += "; ".join(described) + "."
+        if self.total is not None:
+            text += (
+                f" Each cell has its count (estimate, lower, upper), the total of {self.total.column} (total, "
+                "total_lower, total_upper) and their ratio, the mean (mean, mean_lower, mean_upper)."
+            )
         if len(files) > 1:
             text += (
                 " Every table is a margin of one estimate (its cells add up to the others): do not add the files "
