@@ -222,8 +222,9 @@ def smallest_epsilon(delta_of: Callable[[float], float], delta: float, high: flo
     narrow, and its upper end is the answer (as bisection's). Each step tries the regula falsi
     point of log delta_of across the bracket, Illinois-modified (the log at an end kept twice
     is halved: Dowell and Jarratt 1971), at least 1/64 of the bracket from its ends; it bisects
-    where delta_of(high) is 0 or the bracket did not halve in two steps. About 15 evaluations
-    of an exact SDGS curve where bisection takes 40."""
+    where delta_of(high) is 0, the two ends' logs are equal (within an ulp of delta) or the
+    bracket did not halve in two steps. About 15 evaluations of an exact SDGS curve where
+    bisection takes 40."""
     d_high = delta_of(high)
     if d_high > delta:
         return math.inf
@@ -235,7 +236,7 @@ def smallest_epsilon(delta_of: Callable[[float], float], delta: float, high: flo
     while high - low > _EPSILON_TOLERANCE * max(high, 1e-12):
         width = high - low
         middle = low + width / 2
-        if math.isfinite(log_high) and width <= widths[0] / 2:
+        if math.isfinite(log_high) and log_low > log_high and width <= widths[0] / 2:
             guard = width / 64
             middle = min(max(high - log_high * width / (log_high - log_low), low + guard), high - guard)
         widths = [widths[1], width]

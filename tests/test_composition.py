@@ -284,3 +284,13 @@ def test_smallest_epsilon_is_bisection_s_answer_in_fewer_evaluations(name: str, 
         assert len(calls) <= 22, len(calls)
     else:
         assert len(calls) <= 90, len(calls)
+
+
+def test_smallest_epsilon_bisects_where_the_logs_at_both_ends_are_equal() -> None:
+    """A curve whose values straddle delta within an ulp (the logs of both ends of the bracket
+    round to the same number) gives no regula falsi point: the search bisects, no division by 0."""
+    delta = 1e-6
+    above = math.nextafter(delta, 1.0)
+    assert math.log(above) == math.log(delta)
+    found = smallest_epsilon(lambda e: above if e < 0.5 else delta, delta, 64.0)
+    assert 0.5 <= found <= 0.5 * (1 + 2e-9)
