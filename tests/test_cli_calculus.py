@@ -483,3 +483,18 @@ def test_a_fact_reads_the_same_in_plan_and_report() -> None:
     assert plan_lines == report_lines
     assert "levels: state (of = county, level = 1), region (of = state, level = 2)" in plan_lines
     assert "f-smooth (Theorem 6): ε0 = 0.5, δ0 = 0.25, f(2) = 0.125" in plan_lines
+
+
+@pytest.mark.parametrize("policy", ["discharges.yaml", "adult-identifiable.yaml"])
+def test_plan_accuracy_lines_wrap_at_a_narrow_terminal(policy: str) -> None:
+    """Every "accuracy of" line (rows counted per person, a table's or a group's half-widths, a
+    kind's own rows, an ungrouped statistic's) wraps at the terminal's width, none runs past it."""
+    width = 50
+    result = cli("plan", f"policies/examples/{policy}", env={"COLUMNS": str(width)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("  accuracy of "))
+    end = next(i for i in range(first, len(lines)) if lines[i].startswith(("Accuracy of ", "Targets")))
+    block = lines[first:end]
+    assert max(len(line) for line in block) <= width, "\n".join(block)
+    assert sum(line.startswith("  accuracy of ") for line in block) >= 6

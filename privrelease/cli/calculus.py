@@ -264,24 +264,28 @@ def _print_noise_accuracy(result) -> None:
     ungrouped statistic's for its one value; a kind's own statements (``stated``) row by row."""
     for name, statement in result.accuracy.items():
         if statement is not None and statement.counted is not None:
-            say(f"  accuracy of {name}: {statement.counted}")
+            _say_accuracy(name, statement.counted)
         for own in statement.stated if statement is not None else ():
             for row in own.rows:
-                say(f"  accuracy of {name}: " + ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
+                _say_accuracy(name, ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
         noise = statement.noise if statement is not None else None
         if noise is None:
             continue
         for confidence, each in noise.half_width.items():
             if noise.all_cells_half_width:
                 together = noise.all_cells_half_width[confidence]
-                say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together, noise.unit)}")
-            else:  # one value (an ungrouped statistic): a long line, wrapped at the terminal's width
-                console.print(
-                    f"  accuracy of {name}: {statement.estimate} is within +-{each:.4g} of the true one "
-                    f"with probability >= {confidence:g}",
-                    highlight=False,
-                    markup=False,
+                _say_accuracy(name, cells_sentence(each, confidence, noise.cells, together, noise.unit))
+            else:  # one value (an ungrouped statistic)
+                _say_accuracy(
+                    name,
+                    f"{statement.estimate} is within +-{each:.4g} of the true one with probability >= {confidence:g}",
                 )
+
+
+def _say_accuracy(name: str, text: str) -> None:
+    """One ``accuracy of NAME: ...`` line, as written, wrapped at the terminal's width as the
+    tables are."""
+    console.print(f"  accuracy of {name}: {text}", highlight=False, markup=False)
 
 
 def _print_stated_accuracy(result) -> None:
