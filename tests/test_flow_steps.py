@@ -865,6 +865,29 @@ def test_budget_exhausted(demo_dir, work):
     verify_intact()
 
 
+def test_a_run_refused_after_fingerprinting_shows_the_data_it_read_in_the_index(demo_dir, work):
+    """A run refused by its lifetime budget (after step 3, the dataset not yet attached) or by
+    the policy's pinned sha256 (in step 3) records the fingerprint of the data it read, and the
+    release index shows it instead of "no dataset"."""
+    from privrelease.reports.index import collect
+
+    budget = ("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 5")
+    pinned = variant(demo_dir, "pinned", budget, ("  id: demo-census", "  id: demo-census\n  sha256: " + "f" * 64))
+    with pytest.raises(UserError, match="pins dataset.sha256"):
+        release_plain(policy_path=str(pinned))
+    small = variant(demo_dir, "small", budget)
+    first = release_plain(policy_path=str(small))
+    with pytest.raises(TargetNotMet, match="would be exceeded"):
+        release_plain(policy_path=str(small))
+    fingerprint = runs()[1].dataset_fingerprint
+    assert fingerprint is not None and [r.status for r in runs()] == ["failed", "succeeded", "failed"]
+    with session(open_database(), readonly=True) as s:
+        rows = {row.run_id: row for row in collect(s).runs}
+    assert {run.id: rows[run.id].dataset for run in runs()} == {run.id: fingerprint for run in runs()}
+    assert rows[first.run_id].status == "succeeded"
+    verify_intact()
+
+
 def test_lifetime_budget_cannot_be_changed(demo_dir, work):
     """Another lifetime budget than the dataset's is refused before the run starts (as `ledger
     runway` and `plan` say): one ``release_refused`` record, no run, nothing charged."""
