@@ -582,6 +582,24 @@ def test_rerun_on_other_data_is_refused(demo_dir, work, tmp_path):
     assert published_dirs(work / "releases") == [Path(first.release_dir)]
 
 
+def test_a_refused_rerun_s_record_names_the_run_it_repeats(demo_dir, work):
+    """A rerun of a draft's failed run, refused before its run starts (unapproved in
+    production), leaves a ``release_refused`` record naming the run it repeats as well as the
+    policy; a refused release of a policy file names none."""
+    headless = demo_dir / "headless.csv"
+    headless.write_text("a,b\n1,2\n")
+    with pytest.raises(UserError):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), data_path=str(headless))
+    (failed,) = runs()
+    with pytest.raises(UserError, match="not approved"):
+        release_plain(rerun_of=failed.id, data_path=str(demo_dir / demo.DATA_FILE), production=True)
+    with pytest.raises(UserError, match="not approved"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), production=True)
+    assert [(r["policy"], r["rerun_of"]) for r in refusals()] == [("demo-census@1", failed.id), ("demo-census@1", None)]
+    assert [r.id for r in runs()] == [failed.id]
+    verify_intact()
+
+
 # --------------------------------------------------------------------------- targets, budget
 
 
