@@ -185,8 +185,9 @@ def head_revision() -> str:
 
 
 def current_revision(engine: sa.Engine) -> str | None:
-    """The revision the database is at (None: not created yet)."""
-    with engine.connect() as connection:
+    """The revision the database is at (None: not created yet), read without SQLite's write
+    lock, so an account that may only read the database can check it."""
+    with engine.execution_options(**{_READONLY: True}).connect() as connection:
         if not sa.inspect(connection).has_table("alembic_version"):
             return None
         return connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()

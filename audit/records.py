@@ -15,6 +15,7 @@ audit order shows the approval and the reservation precede the first read of the
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from sqlmodel import Session, col, select
 
 from privrelease.audit import chain, identities
 from privrelease.audit.models import (
+    AuditEvent,
     Dataset,
     Guarantee,
     Output,
@@ -220,10 +222,13 @@ def finish_run(
     *,
     timings: Mapping[str, float] | None = None,
     error: str | None = None,
+    fingerprinted: str | None = None,
 ) -> Run:
     """Close a run as ``succeeded`` or ``failed`` with its step timings (seconds) and, for a
-    failure, the error message (never data). Failing a failed run is a no-op; any other change
-    of a finished run is refused."""
+    failure, the error message (never data) and the fingerprint of the data it read before it
+    failed (``fingerprinted``; recorded when no dataset is attached to the run, e.g. a run
+    refused by its lifetime budget: :func:`fingerprints_of_failed_runs`). Failing a failed run
+    is a no-op; any other change of a finished run is refused."""
     assert status in ("succeeded", "failed"), f"status must be succeeded or failed; got {status}"
     run = _run(session, run)
     if run.status == "failed" and status == "failed":
@@ -232,8 +237,19 @@ def finish_run(
     run.status, run.finished_at = status, utcnow()
     run.timings_json = chain.canonical_json(dict(timings or {}))
     run.error = error
-    chain.append(session, "run_finished", run, run=run.id, status=status)
+    unattached = {"dataset": fingerprinted} if fingerprinted and run.dataset_fingerprint is None else {}
+    chain.append(session, "run_finished", run, run=run.id, status=status, **unattached)
     return run
+
+
+def fingerprints_of_failed_runs(session: Session) -> dict[str, str]:
+    """Run id -> the fingerprint of the data a failed run read with no dataset attached (its
+    ``run_finished`` record's ``dataset``, :func:`finish_run`)."""
+    finished = session.exec(
+        select(AuditEvent).where(AuditEvent.kind == "run_finished", col(AuditEvent.payload_json).contains('"dataset":'))
+    )
+    payloads = [json.loads(record.payload_json) for record in finished]
+    return {payload["run"]: payload["dataset"] for payload in payloads if payload.get("dataset")}
 
 
 def start_publishing(session: Session, run: Run | str) -> Run:

@@ -105,6 +105,7 @@ def fingerprint_dataset(run: RunContext) -> DatasetFacts:
         facts = _fingerprint_files(run, loaded, path)
     else:
         facts = _fingerprint_file(path, dataset, _data_handle(run))
+    engines.held(run.run_id).fingerprint = facts.sha256  # a refusal from here on records it
     if run.production:  # approvals binding the bytes are checked against their fingerprint
         from privrelease.audit import approvals
 

@@ -136,12 +136,14 @@ def _unreachable(engine: Engine, error: BaseException) -> UserError:
 @dataclass
 class Held:
     """What one run holds in this process: the data file opened at its checked real path
-    (the fingerprint and the read use it, never the path again), the checked table, the
+    (the fingerprint and the read use it, never the path again), the data's fingerprint once
+    computed (recorded if the run then fails before its dataset is attached), the checked table, the
     merged partial results (mechanism name -> result), the Dask client and the LocalCluster
     started for the run (None: none started), and the report's data-free parts being computed
     in the background (:func:`.reporting.prepare_report`)."""
 
     opened: BinaryIO | None = None
+    fingerprint: str | None = None
     table: Any = None
     partials: dict[str, Any] | None = None
     client: Any = None

@@ -99,9 +99,11 @@ def rerun_engine(source_run: str, choice: dict[str, Any]) -> dict[str, Any]:
     return {**_manifest(source_run).get("engine", {}), **{k: v for k, v in choice.items() if v is not None}}
 
 
-def record_refusal(session: Any, facts: Any, refusal: Exception, flow_run: str | None = None) -> None:
+def record_refusal(
+    session: Any, facts: Any, refusal: Exception, flow_run: str | None = None, rerun_of: str | None = None
+) -> None:
     """Append the ``release_refused`` record of a release of ``facts`` refused before its run
-    started: the policy, its sha256 and the reason."""
+    started: the policy, its sha256, the reason and, for a rerun, the run it repeats (``rerun_of``)."""
     from privrelease.audit import chain
 
     chain.append(
@@ -112,6 +114,7 @@ def record_refusal(session: Any, facts: Any, refusal: Exception, flow_run: str |
         refusal=type(refusal).__name__,
         reason=str(refusal)[:2000],
         flow_run=flow_run,
+        rerun_of=rerun_of,
     )
 
 
@@ -247,7 +250,7 @@ def verify_policy(
         if draft and refusal is None:
             refusal = _draft_refusal(s, loaded, policy, facts)
         if refusal is not None and draft:
-            record_refusal(s, facts, refusal, flow_run_id)
+            record_refusal(s, facts, refusal, flow_run_id, rerun_of=source_run_id)
     if refusal is not None and draft:
         raise refusal
     with _session() as s:

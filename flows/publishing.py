@@ -10,7 +10,7 @@ from typing import Any
 
 from privrelease.errors import UserError
 from privrelease.files import fsync
-from privrelease.flows import recovery, release_facts
+from privrelease.flows import engines, recovery, release_facts
 from privrelease.flows.context import (
     CHAIN_HEAD_FILE,
     DataStepError,
@@ -168,11 +168,12 @@ def record_failure(
     text = f"{type(error).__name__}: {error}" if not isinstance(error, DataStepError) else str(error)
     if run is None:
         return text
+    fingerprinted = engines.held(run.run_id).fingerprint
     forget_data(run.run_id)
     if run.run_id not in _PUBLISHING:  # nothing committed: nothing of it may ever become visible
         shutil.rmtree(run.staging_dir, ignore_errors=True)
     try:
-        _settle_failed(run, text, reservation, timings)
+        _settle_failed(run, text, reservation, timings, fingerprinted)
     finally:  # an unrecorded failure is settled by the next release in this process (or after it)
         _PUBLISHING.discard(run.run_id)
         recovery.ACTIVE.discard(run.run_id)
@@ -180,10 +181,15 @@ def record_failure(
 
 
 def _settle_failed(
-    run: RunContext, text: str, reservation: ReservationFacts | None, timings: dict[str, float] | None
+    run: RunContext,
+    text: str,
+    reservation: ReservationFacts | None,
+    timings: dict[str, float] | None,
+    fingerprinted: str | None,
 ) -> None:
     """Record the failure: a ``publishing`` run is settled by recovery; any other unfinished
-    run has its staging folder removed, its reservation released and is recorded failed."""
+    run has its staging folder removed, its reservation released and is recorded failed, with
+    the fingerprint of the data it read (``fingerprinted``) if it had one."""
     from privrelease.audit import ledger, records
     from privrelease.audit.models import Run
 
@@ -201,4 +207,4 @@ def _settle_failed(
             except ledger.LedgerStateError:
                 pass  # already released or expired
         if found is not None and found.status in ("pending", "running", "failed"):
-            records.finish_run(s, run.run_id, "failed", timings=timings, error=text)
+            records.finish_run(s, run.run_id, "failed", timings=timings, error=text, fingerprinted=fingerprinted)

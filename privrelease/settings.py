@@ -200,10 +200,13 @@ def database_url_problem(value: str) -> str | None:
 
 
 def sqlite_file(url: URL) -> Path | None:
-    """The file of a SQLite URL (None: an in-memory database)."""
+    """The file of a SQLite URL (None: an in-memory database); of a URI filename too
+    (``sqlite:///file:/PATH?mode=ro&uri=true``, a read-only connection)."""
     database = url.database or ""
     if database in ("", ":memory:") or database.startswith("file::memory:") or url.query.get("mode") == "memory":
         return None
+    if url.query.get("uri") == "true":
+        database = database.removeprefix("file:")
     return Path(database).expanduser()
 
 

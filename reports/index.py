@@ -102,6 +102,7 @@ class RunRow:
     policy_version: str
     policy_sha256: str
     dataset: str | None
+    """The fingerprint of the data released from, or a failed run read before it was refused."""
     guarantees: list[GuaranteeRow]
     verdict: str
     """``pass``, ``fail``, ``no targets`` or ``not recorded`` (no guarantee or no plan checks stored)."""
@@ -348,7 +349,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
     from sqlmodel import col, select
 
     from privrelease.audit import approvals as approval_records
-    from privrelease.audit import approvers, bindings, chain
+    from privrelease.audit import approvers, bindings, chain, records
     from privrelease.audit.models import Approval, Guarantee, PolicyVersion, Run
 
     policies = {p.sha256: p for p in session.exec(select(PolicyVersion)).all()}
@@ -366,6 +367,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
         if targets[sha] is None
     ]
     by_id = {run.id: run for run in runs}
+    fingerprinted = records.fingerprints_of_failed_runs(session)
     run_rows = []
     for run in runs:
         policy = policies[run.policy_sha256]  # a foreign key: always there
@@ -394,7 +396,7 @@ def collect(session: Any, *, database: str = "") -> IndexData:
                 policy_name=policy.name,
                 policy_version=policy.version,
                 policy_sha256=policy.sha256,
-                dataset=facts.dataset_fingerprint,
+                dataset=facts.dataset_fingerprint or fingerprinted.get(facts.id),
                 guarantees=rows,
                 verdict=_verdict(rows, stored),
                 recorded_checks=_recorded_checks(stored),

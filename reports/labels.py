@@ -4,6 +4,9 @@ none shows a raw key such as ``t_p``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 FACT_LABELS = {
     "k_anonymity": "k-anonymity",
     "crowd_blending": "crowd-blending",
@@ -46,3 +49,28 @@ def fact_label(key: str) -> str:
 def internal_fact_label(key: str) -> str:
     """An internal fact's label (:data:`INTERNAL_FACT_LABELS`; else its key with spaces)."""
     return INTERNAL_FACT_LABELS.get(key, key.replace("_", " "))
+
+
+def fact_text(value: Any, number: Callable[[float], str]) -> str:
+    """A fact or parameter in words, the same in ``plan`` and the report: yes/no, ``number`` for
+    floats, lists joined, a list of lists (column groups, e.g. noisy tables) as
+    ``[a, b]; [c]; [] (total)``, mappings as ``key = value`` (a nested one as ``key (...)``, keys
+    labelled by :data:`FACT_KEYS`), ``none`` for a missing value."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(item, (list, tuple)) for item in value):
+        return "; ".join(f"[{fact_text(group, number)}]" if group else "[] (total)" for group in value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fact_text(item, number) for item in value)
+    if isinstance(value, dict):  # a mapping of mappings (noisy tables' levels): "state (of = county, level = 1)"
+        return ", ".join(
+            f"{FACT_KEYS.get(key, key)} ({fact_text(item, number)})"
+            if isinstance(item, dict)
+            else f"{FACT_KEYS.get(key, key)} = {fact_text(item, number)}"
+            for key, item in value.items()
+        )
+    if value is None:
+        return "none"
+    return str(value)

@@ -34,7 +34,7 @@ from privrelease.mechanisms.splu_scope import NO_UTILITY, UTILITY_SCOPE
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
 from privrelease.reports.html import jinja_environment, write_html
-from privrelease.reports.labels import FACT_KEYS, FACT_LABELS, fact_label, internal_fact_label
+from privrelease.reports.labels import FACT_LABELS, fact_label, fact_text, internal_fact_label
 
 __all__ = [
     "ReportContext",
@@ -56,24 +56,8 @@ NOTION_NAMES = {
 
 
 def _value(value: Any) -> str:
-    """A fact or parameter for people: numbers to 6 digits, lists joined, a list of lists (column
-    groups, e.g. noisy tables) as ``[a, b]; [c]; [] (total)``, dicts as k = v (a nested one as k (...))."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return fmt(value)
-    if isinstance(value, (list, tuple)) and value and all(isinstance(item, (list, tuple)) for item in value):
-        return "; ".join(f"[{_value(group)}]" if group else "[] (total)" for group in value)
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_value(item) for item in value)
-    if isinstance(value, dict):  # a mapping of mappings (noisy tables' levels): "state (of = county, level = 1)"
-        return ", ".join(
-            f"{key} ({_value(item)})" if isinstance(item, dict) else f"{key} = {_value(item)}"
-            for key, item in value.items()
-        )
-    if value is None:
-        return "none"
-    return str(value)
+    """A fact or parameter in the report's words (:func:`fact_text`, numbers to 6 digits)."""
+    return fact_text(value, fmt)
 
 
 def _when(moment: datetime | None) -> str:
@@ -143,8 +127,6 @@ def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[t
         if key == "composition":
             rows.append((FACT_LABELS[key], _composition(value)))
             continue
-        if isinstance(value, dict):
-            value = {FACT_KEYS.get(k, k): v for k, v in value.items()}
         rows.append((fact_label(key), _value(value)))
     return rows
 

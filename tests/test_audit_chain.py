@@ -499,3 +499,36 @@ def test_two_processes_appending_never_fork_the_chain(engine: Any) -> None:
     assert result.records == 31
     with database.session(engine, readonly=True) as s:
         assert len(s.exec(select(Run)).all()) == 30
+
+
+def test_read_only_commands_on_a_read_only_sqlite_database(tmp_path: Path) -> None:
+    """The read-only commands run on a connection that refuses every write (a ``mode=ro`` URI
+    filename of a 0444 file; chmod alone does not stop root) and print what they print on a
+    writing one: the URL is accepted and the schema check reads without SQLite's write lock."""
+    import subprocess
+    import sys
+
+    with audit_database("sqlite", tmp_path) as engine:
+        populate(engine, tmp_path / "out")
+    file = tmp_path / "audit.db"
+    file.chmod(0o444)
+    read_only = f"sqlite:///file:{file}?mode=ro&uri=true"
+
+    def run(command: list[str], url: str) -> tuple[int, str, str]:
+        env = {**os.environ, "PRIVRELEASE_DB_URL": url, "PRIVRELEASE_WORK_DIR": str(tmp_path / "work")}
+        done = subprocess.run(
+            [sys.executable, "-m", "privrelease", *command], capture_output=True, text=True, env=env, cwd=tmp_path
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    for command in (["ledger", "list"], ["audit", "verify"], ["report", "list"], ["report", "index", "--out", "i"]):
+        found = run(command, read_only)
+        assert found == run(command, f"sqlite:///{file}") and "Traceback" not in found[2], (command, found)
+    try:
+        with (
+            pytest.raises(sa.exc.OperationalError, match="readonly database"),
+            database.session(database.open_database(read_only)) as s,
+        ):
+            chain.append(s, "probe")
+    finally:
+        database.dispose_engines()

@@ -462,3 +462,39 @@ def test_calibrate_noisy_counts_beyond_the_largest_sigma_is_not_met() -> None:
     """A target no sigma up to the policies' largest reaches: exit 1, one line, no search."""
     result = cli("calibrate", "noisy-counts", "--epsilon", "1e-7", "--delta", "1e-8")
     assert result.returncode == 1 and "no discrete Gaussian sigma up to 1e+06" in result.stderr
+
+
+def test_a_fact_reads_the_same_in_plan_and_report() -> None:
+    """plan and the report word every fact alike: yes/no, numbers, lists, column groups, and
+    mappings, nested ones included (one formatter, reports.labels.fact_text)."""
+    from privrelease.cli.calculus import _facts_text
+    from privrelease.reports.render import _facts
+
+    facts = {
+        "fsmooth": {"epsilon0": 0.5, "delta0": 0.25, "f(2)": 0.125},
+        "levels": {"state": {"of": "county", "level": 1}, "region": {"of": "state", "level": 2}},
+        "tables": [["county", "sex"], []],
+        "feasible": True,
+        "candidate_schemes": ["a", "b"],
+        "naive_sigma": 2.5,
+    }
+    plan_lines = _facts_text(facts).splitlines()
+    report_lines = [f"{label}: {text}" for label, text in _facts(facts)]
+    assert plan_lines == report_lines
+    assert "levels: state (of = county, level = 1), region (of = state, level = 2)" in plan_lines
+    assert "f-smooth (Theorem 6): ε0 = 0.5, δ0 = 0.25, f(2) = 0.125" in plan_lines
+
+
+@pytest.mark.parametrize("policy", ["discharges.yaml", "adult-identifiable.yaml"])
+def test_plan_accuracy_lines_wrap_at_a_narrow_terminal(policy: str) -> None:
+    """Every "accuracy of" line (rows counted per person, a table's or a group's half-widths, a
+    kind's own rows, an ungrouped statistic's) wraps at the terminal's width, none runs past it."""
+    width = 50
+    result = cli("plan", f"policies/examples/{policy}", env={"COLUMNS": str(width)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("  accuracy of "))
+    end = next(i for i in range(first, len(lines)) if lines[i].startswith(("Accuracy of ", "Targets")))
+    block = lines[first:end]
+    assert max(len(line) for line in block) <= width, "\n".join(block)
+    assert sum(line.startswith("  accuracy of ") for line in block) >= 6

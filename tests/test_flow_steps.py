@@ -582,6 +582,24 @@ def test_rerun_on_other_data_is_refused(demo_dir, work, tmp_path):
     assert published_dirs(work / "releases") == [Path(first.release_dir)]
 
 
+def test_a_refused_rerun_s_record_names_the_run_it_repeats(demo_dir, work):
+    """A rerun of a draft's failed run, refused before its run starts (unapproved in
+    production), leaves a ``release_refused`` record naming the run it repeats as well as the
+    policy; a refused release of a policy file names none."""
+    headless = demo_dir / "headless.csv"
+    headless.write_text("a,b\n1,2\n")
+    with pytest.raises(UserError):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), data_path=str(headless))
+    (failed,) = runs()
+    with pytest.raises(UserError, match="not approved"):
+        release_plain(rerun_of=failed.id, data_path=str(demo_dir / demo.DATA_FILE), production=True)
+    with pytest.raises(UserError, match="not approved"):
+        release_plain(policy_path=str(demo_dir / demo.POLICY_FILE), production=True)
+    assert [(r["policy"], r["rerun_of"]) for r in refusals()] == [("demo-census@1", failed.id), ("demo-census@1", None)]
+    assert [r.id for r in runs()] == [failed.id]
+    verify_intact()
+
+
 # --------------------------------------------------------------------------- targets, budget
 
 
@@ -862,6 +880,29 @@ def test_budget_exhausted(demo_dir, work):
     assert [e.state for e in ledger_entries()] == ["committed"]
     assert [r.status for r in runs()] == ["succeeded", "failed"]
     assert runs()[1].data_read_at is None
+    verify_intact()
+
+
+def test_a_run_refused_after_fingerprinting_shows_the_data_it_read_in_the_index(demo_dir, work):
+    """A run refused by its lifetime budget (after step 3, the dataset not yet attached) or by
+    the policy's pinned sha256 (in step 3) records the fingerprint of the data it read, and the
+    release index shows it instead of "no dataset"."""
+    from privrelease.reports.index import collect
+
+    budget = ("lifetime_budget: {epsilon: 20", "lifetime_budget: {epsilon: 5")
+    pinned = variant(demo_dir, "pinned", budget, ("  id: demo-census", "  id: demo-census\n  sha256: " + "f" * 64))
+    with pytest.raises(UserError, match="pins dataset.sha256"):
+        release_plain(policy_path=str(pinned))
+    small = variant(demo_dir, "small", budget)
+    first = release_plain(policy_path=str(small))
+    with pytest.raises(TargetNotMet, match="would be exceeded"):
+        release_plain(policy_path=str(small))
+    fingerprint = runs()[1].dataset_fingerprint
+    assert fingerprint is not None and [r.status for r in runs()] == ["failed", "succeeded", "failed"]
+    with session(open_database(), readonly=True) as s:
+        rows = {row.run_id: row for row in collect(s).runs}
+    assert {run.id: rows[run.id].dataset for run in runs()} == {run.id: fingerprint for run in runs()}
+    assert rows[first.run_id].status == "succeeded"
     verify_intact()
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from privrelease.cli.output import cells_sentence, console, print_json, say, styled
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.limits import MIN_BETA
-from privrelease.reports.labels import FACT_KEYS, fact_label
+from privrelease.reports.labels import fact_label, fact_text
 
 if TYPE_CHECKING:
     from privrelease.mechanisms.sdgs_calibration import Notion
@@ -236,7 +236,7 @@ def _print_plan(result, here: list[str]) -> None:
                 + ", ".join(f"{name} {_fmt(c['epsilon'])}" for name, c in value["candidates"].items())
             )
             continue
-        say(f"  {fact_label(key)}: {_value_text(value)}")
+        say(f"  {fact_label(key)}: {fact_text(value, _fmt)}")
     _print_noise_accuracy(result)
     _print_stated_accuracy(result)
     checks = Table(title="Targets", title_justify="left")
@@ -264,24 +264,28 @@ def _print_noise_accuracy(result) -> None:
     ungrouped statistic's for its one value; a kind's own statements (``stated``) row by row."""
     for name, statement in result.accuracy.items():
         if statement is not None and statement.counted is not None:
-            say(f"  accuracy of {name}: {statement.counted}")
+            _say_accuracy(name, statement.counted)
         for own in statement.stated if statement is not None else ():
             for row in own.rows:
-                say(f"  accuracy of {name}: " + ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
+                _say_accuracy(name, ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
         noise = statement.noise if statement is not None else None
         if noise is None:
             continue
         for confidence, each in noise.half_width.items():
             if noise.all_cells_half_width:
                 together = noise.all_cells_half_width[confidence]
-                say(f"  accuracy of {name}: {cells_sentence(each, confidence, noise.cells, together, noise.unit)}")
-            else:  # one value (an ungrouped statistic): a long line, wrapped at the terminal's width
-                console.print(
-                    f"  accuracy of {name}: {statement.estimate} is within +-{each:.4g} of the true one "
-                    f"with probability >= {confidence:g}",
-                    highlight=False,
-                    markup=False,
+                _say_accuracy(name, cells_sentence(each, confidence, noise.cells, together, noise.unit))
+            else:  # one value (an ungrouped statistic)
+                _say_accuracy(
+                    name,
+                    f"{statement.estimate} is within +-{each:.4g} of the true one with probability >= {confidence:g}",
                 )
+
+
+def _say_accuracy(name: str, text: str) -> None:
+    """One ``accuracy of NAME: ...`` line, as written, wrapped at the terminal's width as the
+    tables are."""
+    console.print(f"  accuracy of {name}: {text}", highlight=False, markup=False)
 
 
 def _print_stated_accuracy(result) -> None:
@@ -311,24 +315,11 @@ def _event_text(event) -> str:
     )
 
 
-def _value_text(value: Any) -> str:
-    """A fact's value for people: numbers formatted, yes/no, mappings as ``key value`` pairs."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return _fmt(value)
-    if isinstance(value, dict):
-        return ", ".join(f"{FACT_KEYS.get(key, key)} {_value_text(item)}" for key, item in value.items())
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_value_text(item) for item in value)
-    return str(value)
-
-
 def _facts_text(facts: dict) -> str:
     """One fact per line (``k-anonymity: 20``, labelled as the report labels it), never a raw
     Python dict."""
     return "\n".join(
-        f"{fact_label(key)}: {_value_text(value)}"
+        f"{fact_label(key)}: {fact_text(value, _fmt)}"
         for key, value in facts.items()
         if key != "reason" and value is not None
     )
