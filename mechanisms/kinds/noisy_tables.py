@@ -436,7 +436,10 @@ class NoisyTablesMechanism(MechanismKind):
                 f"the totals of {self.total.column}: {m} x {num(size)} = {num(m * size)} per table in L2 (one person, "
                 f"at most {m} row{'s' if m > 1 else ''}, each at most {num(size)} in size)"
             )
-            facts["clamping"] = f"values outside [{num(lo)}, {num(hi)}] are moved to the nearer bound"
+            facts["clamping"] = (
+                f"each value rounded to a multiple of {num(self.total.resolution)}; values outside [{num(lo)}, "
+                f"{num(hi)}] moved to the nearer bound"
+            )
         if sum(cells) > MAX_CELLS:
             return Planned(
                 None, facts, ("declared domain", f"at most {MAX_CELLS:,} cells; the tables have {sum(cells):,}")
