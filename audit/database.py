@@ -248,10 +248,38 @@ def open_database(url: str | None = None, *, create: bool = False) -> sa.Engine:
             f"there is no audit database at {shown}: `privrelease audit init` creates it (`privrelease demo` "
             "creates one too); if it exists elsewhere, set PRIVRELEASE_WORK_DIR or PRIVRELEASE_DB_URL to it"
         )
-    if current_revision(engine) != HEAD_REVISION:
-        migrate(engine)
+    found = current_revision(engine)
+    if found != HEAD_REVISION:
+        _upgrade(engine, found, HEAD_REVISION)
     _migrated.add(key)
     return engine
+
+
+def _upgrade(engine: sa.Engine, found: str | None, head: str) -> None:
+    """:func:`migrate` a database behind this code's schema; a UserError naming both revisions
+    when this connection may not write it (a read-only account or ``mode=ro`` file): only an
+    account that may write it can upgrade it, and nothing was changed."""
+    try:
+        migrate(engine)
+    except (sa.exc.OperationalError, sa.exc.ProgrammingError) as error:
+        if not _refused_write(error):
+            raise
+        shown = engine.url.render_as_string(hide_password=True)
+        raise UserError(
+            f"the audit database at {shown} has schema {found or 'none'} and this privrelease needs {head}, but "
+            "this connection may not write it (a read-only account or file): run `privrelease audit migrate` with "
+            "an account that may write it, then run this command again; nothing was changed"
+        ) from None
+
+
+def _refused_write(error: sa.exc.DBAPIError) -> bool:
+    """Whether the database refused ``error``'s statement for want of write access (SQLite's
+    read-only database or file, PostgreSQL's permission denied or read-only transaction)."""
+    text = str(error.orig).lower()
+    return any(
+        words in text
+        for words in ("readonly database", "read-only", "permission denied", "attempt to write", "read only")
+    )
 
 
 def _check_folder(engine: sa.Engine, create: bool) -> None:

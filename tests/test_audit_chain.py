@@ -532,3 +532,34 @@ def test_read_only_commands_on_a_read_only_sqlite_database(tmp_path: Path) -> No
             chain.append(s, "probe")
     finally:
         database.dispose_engines()
+
+
+def test_a_read_only_connection_to_an_older_schema_is_told_who_can_upgrade_it(tmp_path: Path) -> None:
+    """A database behind this code's schema, opened by a connection that may not write it: one
+    clear error naming both revisions and `audit migrate` with a writing account (no SQLite
+    OperationalError, no traceback), and the database is left at its revision."""
+    import subprocess
+    import sys
+
+    from privrelease.audit.migrations.versions import HEAD_REVISION
+
+    file = tmp_path / "audit.db"
+    with audit_database("sqlite", tmp_path, migrated=False) as engine:
+        database.migrate(engine, "0006_governance")
+    file.chmod(0o444)
+    env = {
+        **os.environ,
+        "PRIVRELEASE_DB_URL": f"sqlite:///file:{file}?mode=ro&uri=true",
+        "PRIVRELEASE_WORK_DIR": str(tmp_path / "work"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "privrelease", "ledger", "list"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"has schema 0006_governance and this privrelease needs {HEAD_REVISION}" in done.stderr
+    assert "run `privrelease audit migrate` with an account that may write it" in done.stderr
+    engine = sa.create_engine(f"sqlite:///{file}")
+    try:
+        assert database.current_revision(engine) == "0006_governance"
+    finally:
+        engine.dispose()
