@@ -86,7 +86,7 @@ def _seconds(value: float | None) -> str:
 @cache
 def environment() -> jinja2.Environment:
     """The report's Jinja2 environment (see :func:`privrelease.reports.jinja_environment`)."""
-    return jinja_environment(num=fmt, value=_value, when=_when, size=_size, seconds=_seconds)
+    return jinja_environment(num=fmt, when=_when, size=_size, seconds=_seconds)
 
 
 # --- the view of a context --------------------------------------------------------------
