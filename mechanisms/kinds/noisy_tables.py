@@ -557,7 +557,7 @@ class NoisyTablesMechanism(MechanismKind):
         variances = tables.cell_variances(layout.domain, layout.tables, sigmas)
         published: list[np.ndarray] = list(estimates)
         if self.nonnegative:
-            published = tables.nonnegative_integer(layout.domain, layout.tables, estimates)
+            published = tables.nonnegative_integer(layout.domain, layout.tables, estimates, sigmas=sigmas)
         outputs: dict[str, pa.Table] = {}
         shifts: dict[str, float] = {}
         for i, table in enumerate(self.tables):
