@@ -9,7 +9,7 @@ level: 2}}`` is level 2 of the hierarchy file that generalizes ``county``
 (``generalization.county: {type: hierarchy, hierarchy: geo.csv, level: L}``, ``L`` < 2): public,
 bound into the policy's hash, fixed before any data is read. At most one column has levels (the
 geography). ``noise: {distribution: gaussian}``: each table's sigma chosen to meet
-``targets.accuracy`` at the least privacy cost (:func:`.tables.allocate`), or given
+``targets.accuracy`` at the least privacy cost under the bound that every cell has its table's largest variance (:func:`.tables.allocate`), or given
 (``sigma: S`` for every table, or a list, one per table). ``nonnegative: true``: published
 values are non-negative integers that still add up (:func:`.tables.nonnegative_integer`).
 
@@ -110,7 +110,7 @@ class TableLevel(Model):
 class TablesNoise(Model):
     """Gaussian noise on every cell of every table: ``sigma`` one number for all, a
     list (one per table, in order), or absent (chosen to meet ``targets.accuracy`` at the
-    least privacy cost)."""
+    least privacy cost under the bound that every cell has its table's largest variance)."""
 
     distribution: Literal["gaussian"]
     sigma: Sigma | tuple[Sigma, ...] | None = None
@@ -142,7 +142,7 @@ class NoisyTablesMechanism(MechanismKind):
     hierarchy column (``state: {of: county, level: 1}``: column 1 of the hierarchy file that
     generalizes ``county``). Each table is measured once with Gaussian noise (``noise``:
     ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` at the least
-    privacy cost) and the published tables are one least-squares estimate, every table a margin
+    privacy cost under the bound that every cell has its table's largest variance) and the published tables are one least-squares estimate, every table a margin
     of it; ``nonnegative``: non-negative integers, still adding up. Each table is its own file
     ``<name>-<columns joined by ->`` (``<name>-total``), every cell with ``estimate``, ``lower``
     and ``upper``."""
@@ -292,7 +292,7 @@ class NoisyTablesMechanism(MechanismKind):
         return _layout(self, loaded)
 
     def sigmas(self, loaded: LoadedPolicy) -> tuple[float, ...]:
-        """Each table's sigma: the policy's, or the least-cost allocation meeting its targets."""
+        """Each table's sigma: the policy's, or the least-cost allocation meeting its targets (under the bound that every cell has its table's largest variance)."""
         return _sigmas(self, loaded)
 
     def resolved(self, loaded: LoadedPolicy) -> NoisyTablesMechanism:
