@@ -8,7 +8,7 @@ simultaneous ("every cell at once") accuracy targets at C (default 0.95): [count
 race] (N x 320 cells, +-25), [county] (+-30), [state, sex] (+-20) and the total (+-40). Times,
 in this process:
 
-- plan: :func:`allocate` (the sigmas of least privacy cost meeting the targets, each turned into
+- plan: :func:`allocate` (the sigmas of least privacy cost meeting the targets when every cell has its table's largest variance, each turned into
   a per-cell variance limit by :func:`variance_limit`) and :func:`cell_variances`;
 - reconstruct: :func:`reconstruct` of one simulated release (Poisson counts, Gaussian noise);
 - integer: :func:`nonnegative_integer` of it.

@@ -364,6 +364,66 @@ def test_nonnegative_integer_bias_measured() -> None:
     assert abs(integers[3].mean() - truths[3]) <= 0.5 + 5.5 * np.sqrt(variances[3] / releases)
 
 
+def test_flat_nonnegative_margins_stay_unbiased_where_counts_are_large() -> None:
+    """No geography (a x b x c and its one-way margins and total): 200 simulated releases with 9
+    of the 24 cells at 0, so non-negativity lifts them every time. Every published margin cell
+    whose true count is >= 100 (60 standard errors) has a mean error within 0.5 of its linear
+    standard error, plus 5.5 standard errors of the mean (failure probability < 4e-8 per cell,
+    < 5e-7 for the 9 cells). Measured: at most 0.44 of a standard error (the total is kept, so
+    the mass that lifts the zero cells comes out of the others); one projection of the whole
+    array (the method before) was off by up to 1.34 standard errors on the same margins."""
+    domain = Domain((("a", 4), ("b", 3), ("c", 2)))
+    tables = [Table(("a", "b", "c")), Table(("a",)), Table(("b",)), Table(("c",)), Table(())]
+    sigmas = [2.0, 2.0, 2.0, 2.0, 1.0]
+    releases = 200
+    rng = np.random.default_rng(3)
+    truth = rng.integers(30, 60, (4, 3, 2)).astype(float)
+    truth[0] = 0
+    truth[1, :, 1] = 0
+    truths = [margin(domain, Table(("a", "b", "c")), truth, t) for t in tables]
+    measured = [
+        exact[..., None] + rng.normal(0, sigma, np.shape(exact) + (releases,))
+        for exact, sigma in zip(truths, sigmas, strict=True)
+    ]
+    estimates = reconstruct(domain, tables, sigmas, measured, releases=releases)
+    runs = [
+        nonnegative_integer(domain, tables, [e[..., r] for e in estimates], rng, sigmas=sigmas) for r in range(releases)
+    ]
+    variances = cell_variances(domain, tables, sigmas)
+    checked = 0
+    for t in range(1, len(tables)):
+        published = np.stack([run[t] for run in runs], axis=-1).astype(float)
+        large = np.asarray(truths[t]) >= 100
+        error = published.mean(axis=-1) - truths[t]
+        spread = published.std(axis=-1, ddof=1) / np.sqrt(releases)
+        assert np.all((np.abs(error) <= 0.5 * np.sqrt(variances[t]) + 5.5 * spread)[large])
+        checked += int(large.sum())
+    assert checked == 9
+
+
+def test_flat_nonnegative_fit_is_the_least_squares_optimum() -> None:
+    """The fit without a geography against an independent dense NNLS (scipy's bounded-variable
+    least squares on the stacked 0/1 margin matrices weighted by 1/sigma): the same margins."""
+    from scipy.optimize import lsq_linear
+
+    from privrelease.mechanisms.tables import _nonnegative_least_squares, _structure
+
+    domain = Domain((("a", 4), ("b", 3), ("c", 5)))
+    tables = [Table(("a", "b")), Table(("b", "c")), Table(("a",)), Table(())]
+    sigmas = np.array([1.5, 2.0, 1.0, 0.7])
+    rng = np.random.default_rng(12)
+    measured = [rng.normal(1, 2, t.shape(domain)) for t in tables]
+    estimates = reconstruct(domain, tables, sigmas, measured)
+    fitted = _nonnegative_least_squares(_structure(domain, tables), estimates, (0, 1, 2), 1 / sigmas**2)
+    matrices = [dense_matrix(domain, t) for t in tables]
+    stacked = np.vstack([m / s for m, s in zip(matrices, sigmas, strict=True)])
+    target = np.concatenate([np.ravel(e) / s for e, s in zip(estimates, sigmas, strict=True)])
+    want = lsq_linear(stacked, target, bounds=(0, np.inf), method="bvls", tol=1e-12).x
+    assert fitted.min() >= 0
+    for m in matrices:
+        np.testing.assert_allclose(m @ fitted.ravel(), m @ want, atol=1e-6)
+
+
 def test_group_projection_and_rounding_against_an_independent_computation() -> None:
     """Per group, the projection onto {x >= 0, sum x = T} is ``max(v - tau, 0)`` with tau the
     root of ``sum max(v - tau, 0) = T`` (found here by brentq, not by sorting); rounding keeps

@@ -9,8 +9,9 @@ level: 2}}`` is level 2 of the hierarchy file that generalizes ``county``
 (``generalization.county: {type: hierarchy, hierarchy: geo.csv, level: L}``, ``L`` < 2): public,
 bound into the policy's hash, fixed before any data is read. At most one column has levels (the
 geography). ``noise: {distribution: gaussian}``: each table's sigma chosen to meet
-``targets.accuracy`` at the least privacy cost (:func:`.tables.allocate`), or given
-(``sigma: S`` for every table, or a list, one per table). ``nonnegative: true``: published
+``targets.accuracy`` at the least privacy cost under the bound that every cell has its table's
+largest variance (:func:`.tables.allocate`), or given (``sigma: S`` for every table, or a list,
+one per table). ``nonnegative: true``: published
 values are non-negative integers that still add up (:func:`.tables.nonnegative_integer`).
 
 **Privacy.** Each table is measured once with Gaussian noise of its sigma (:func:`measure`:
@@ -144,8 +145,8 @@ class TableLevel(Model):
 class TablesNoise(Model):
     """Gaussian noise on every cell of every table: ``sigma`` one number for all, a
     list (one per table, in order), or absent (chosen to meet ``targets.accuracy`` at the
-    least privacy cost); ``sigma_total`` the same for the totals (with ``total``), in the
-    column's units."""
+    least privacy cost under the bound that every cell has its table's largest variance);
+    ``sigma_total`` the same for the totals (with ``total``), in the column's units."""
 
     distribution: Literal["gaussian"]
     sigma: Sigma | tuple[Sigma, ...] | None = None
@@ -198,8 +199,9 @@ class NoisyTablesMechanism(MechanismKind):
     hierarchy column (``state: {of: county, level: 1}``: column 1 of the hierarchy file that
     generalizes ``county``). Each table is measured once with Gaussian noise (``noise``:
     ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` at the least
-    privacy cost) and the published tables are one least-squares estimate, every table a margin
-    of it; ``nonnegative``: non-negative integers, still adding up. Each table is its own file
+    privacy cost under the bound that every cell has its table's largest variance) and the
+    published tables are one least-squares estimate, every table a margin of it;
+    ``nonnegative``: non-negative integers, still adding up. Each table is its own file
     ``<name>-<columns joined by ->`` (``<name>-total``), every cell with ``estimate``, ``lower``
     and ``upper``; with ``total`` (a numeric column, its ``bounds`` and ``resolution``) also
     ``total``, ``mean`` and their intervals, the totals adding up like the counts."""
@@ -382,7 +384,8 @@ class NoisyTablesMechanism(MechanismKind):
 
     def sigmas(self, loaded: LoadedPolicy, statistic: str = "count") -> tuple[float, ...]:
         """Each table's sigma for ``statistic`` (the totals': in the column's units): the
-        policy's, or the least-cost allocation meeting its targets."""
+        policy's, or the least-cost allocation meeting its targets (under the bound that every
+        cell has its table's largest variance)."""
         return _sigmas(self, loaded, statistic)
 
     def resolved(self, loaded: LoadedPolicy) -> NoisyTablesMechanism:
@@ -712,7 +715,7 @@ class NoisyTablesMechanism(MechanismKind):
         variances = tables.cell_variances(layout.domain, layout.tables, sigmas)
         published: list[np.ndarray] = list(estimates)
         if self.nonnegative:
-            published = tables.nonnegative_integer(layout.domain, layout.tables, estimates)
+            published = tables.nonnegative_integer(layout.domain, layout.tables, estimates, sigmas=sigmas)
         totals = None if self.total is None else self._totals(loaded, layout, [np.asarray(p)[1] for p in merged])
         outputs: dict[str, pa.Table] = {}
         shifts: dict[str, float] = {}
