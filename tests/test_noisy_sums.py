@@ -551,5 +551,9 @@ def test_the_words_name_the_rounded_values_the_statistics_are_of() -> None:
     assert (counts[cell], totals[cell] * 10) == (2, 50)  # 10 + 40: the rounded values' total
     stated = mechanism.accuracy(loaded, plan_policy(loaded).mechanisms[0]).stated[0]
     assert "rounded and clamped values" in stated.document["mean"]
+    # the published mean is total / count moved into the bounds (audit 7: worded as total / count alone)
+    assert "mean = total / count moved into [0, 100]" in stated.document["mean"]
+    mean, _, _ = mean_interval(np.array([-500.0, 900.0]), np.array([2.0, 3.0]), 10.0, 1.0, (0.0, 100.0))
+    assert mean.tolist() == [0.0, 100.0]
     assert "are those of these rounded and clamped values" in stated.document["clamping"]
     assert "of the clamped values" not in stated.caption

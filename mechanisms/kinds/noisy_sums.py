@@ -385,7 +385,9 @@ class NoisySumsMechanism(MechanismKind):
         )
         columns = ("statistic", "confidence", "each cell", *([f"all {cells} cells at once"] * (cells > 1)))
         stated = StatedAccuracy("sums", caption, columns, tuple(rows), document)
-        return AccuracyStatement("the published total, count and mean (total / count) of each cell", stated=(stated,))
+        return AccuracyStatement(
+            "the published total, count and mean (total / count, moved into the bounds) of each cell", stated=(stated,)
+        )
 
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """Each cell's total (or count) within +-absolute_error with probability >= confidence."""
@@ -543,7 +545,8 @@ CLAMPING = (
 )
 
 MEAN = (
-    "mean = total / count where the noisy count is >= 1 (post-processing), else null; its interval [mean_lower, "
+    "mean = total / count moved into [{lo}, {hi}] (where every mean of such values lies) where the noisy "
+    "count is >= 1 (post-processing), else null; its interval [mean_lower, "
     "mean_upper] holds the mean of the cell's rounded and clamped values with probability >= {c} (for a cell with "
     "rows): a union bound over the total's and the count's intervals at 1 - (1 - {c}) / 2 each, the ratio's "
     "extremes over them, within [{lo}, {hi}]; where the count's interval holds no count >= 1 it is [{lo}, {hi}]"
