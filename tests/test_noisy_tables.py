@@ -775,3 +775,21 @@ def test_the_report_s_zcdp_rho_label_fits_every_kind() -> None:
     label = FACT_LABELS["zcdp_rho"]
     assert "1/(2σ²)" not in label
     assert "Δ²/(2σ²) summed over its noisy measurements" in label
+
+
+def test_plan_warns_of_an_untargeted_table_finer_than_every_targeted_one(tmp_path) -> None:
+    """With sigmas chosen by plan, a table no target names is measured at the least precision:
+    finer than every targeted table (county x sex under a grand-total target) its cells are all
+    but unknown and plan warns, naming it, its half-width and the target to add; a margin of a
+    targeted table (county under a county x sex target) borrows from it: no warning (audit 7)."""
+    chosen = "{distribution: gaussian}"
+    loaded = _loaded(tmp_path / "a", noise=chosen, accuracy="[{mechanism: census, table: [], absolute_error: 10}]")
+    (warning,) = [w for w in _mechanism(loaded).plan_warnings(loaded) if "county-sex" in w]
+    assert "no accuracy target names the counts of table county-sex" in warning
+    assert "add a target naming it (table: [county, sex])" in warning
+    width = float(re.search(r"within ±([0-9.e+]+)", warning).group(1))
+    assert width > 100
+    loaded = _loaded(
+        tmp_path / "b", noise=chosen, accuracy="[{mechanism: census, table: [county, sex], absolute_error: 10}]"
+    )
+    assert _mechanism(loaded).plan_warnings(loaded) == ()

@@ -122,6 +122,10 @@ TOTAL_COLUMNS = (*SUMS_TABLE[:3], *SUMS_TABLE[6:])
 STATISTICS = ("count", "total")
 """What a ``targets.accuracy`` entry on noisy tables names in ``statistic`` (default count)."""
 
+UNTARGETED_WARNING = 10.0
+"""plan warns of a table no target names whose half-width is over this many times the widest of
+the targeted tables' (:meth:`NoisyTablesMechanism.plan_warnings`)."""
+
 UNROUNDED = "the unrounded least-squares estimate"
 """What the statements and target checks are of with ``nonnegative`` (it is not published)."""
 
@@ -519,6 +523,36 @@ class NoisyTablesMechanism(MechanismKind):
         if targets:
             return targets[0].confidence
         return self.confidence(loaded, table) if statistic == "total" else DEFAULT_CONFIDENCE
+
+    def plan_warnings(self, loaded: LoadedPolicy) -> tuple[str, ...]:
+        """Each table no accuracy target names, while plan chooses the sigmas: it is measured at
+        the least precision (:data:`.tables.FLOOR`), and where it is no margin of a targeted
+        table (finer than they are) its cells are all but unknown: warned, with the half-width
+        it gets, where that is over UNTARGETED_WARNING times the widest of the targeted tables'."""
+        found = []
+        for statistic, field in (("count", "sigma"), ("total", "sigma_total")):
+            if (statistic == "total" and self.total is None) or getattr(self.noise, field) is not None:
+                continue
+            limits = self._limits(loaded, statistic)
+            if all(limit is None for limit in limits):
+                continue  # refused by the policy check: no target to choose them by
+            rows = self.statements(loaded, statistic=statistic)
+            widest = max(row["each_cell_half_width"] for row, limit in zip(rows, limits, strict=True) if limit)
+            for row, limit in zip(rows, limits, strict=True):
+                if limit is None and row["each_cell_half_width"] > UNTARGETED_WARNING * widest:
+                    named = "" if statistic == "count" else ", statistic: total"
+                    found.append(
+                        f"{self.name}: no accuracy target names the {statistic}s of table {row['table']}, so plan "
+                        f"measures them at the least precision, and they are no margin of a targeted table: each "
+                        f"cell's {statistic} only within ±{row['each_cell_half_width']:.4g} with probability "
+                        f"{row['confidence']:g}; add a target naming it (table: [{', '.join(self._table(row['table']))}]"
+                        f"{named}) if its cells matter"
+                    )
+        return tuple(found)
+
+    def _table(self, name: str) -> tuple[str, ...]:
+        """The columns of the table published as ``name`` (:func:`table_name`)."""
+        return next(table for table in self.tables if table_name(table) == name)
 
     def statements_of(self) -> dict[str, str]:
         """What the half-widths and accuracy target checks are of (``statements_of``) and, with
