@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -484,3 +485,23 @@ def test_the_readme_totals_snippet_plans(tmp_path) -> None:
     assert plan.passed, [c for c in plan.checks if not c.passed]
     (planned,) = plan.mechanisms
     assert set(planned.facts["sigma_totals"]) == {"county-diagnosis", "state", "total"}
+
+
+def test_plan_s_lines_say_whose_statement_they_are(tmp_path) -> None:
+    """plan prints the counts' and the totals' rows of each table on lines that say which they
+    are (audit 7: two "accuracy of census: table county ..." lines with different figures)."""
+    import subprocess
+    import sys
+
+    folder = _folder(tmp_path)
+    (folder / "tables.yaml").write_text(_text())
+    done = subprocess.run(
+        [sys.executable, "-m", "privrelease", "plan", "tables.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("accuracy of census")]
+    assert sum(line.startswith("accuracy of census (tables): table county,") for line in lines) == 1, lines
+    assert sum(line.startswith("accuracy of census (totals): table county,") for line in lines) == 1, lines

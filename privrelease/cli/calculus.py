@@ -265,9 +265,11 @@ def _print_noise_accuracy(result) -> None:
     for name, statement in result.accuracy.items():
         if statement is not None and statement.counted is not None:
             _say_accuracy(name, statement.counted)
-        for own in statement.stated if statement is not None else ():
+        stated = statement.stated if statement is not None else ()
+        for own in stated:  # several statements (noisy tables' counts and totals): each line says whose
+            label = name if len(stated) == 1 else f"{name} ({own.key})"
             for row in own.rows:
-                _say_accuracy(name, ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
+                _say_accuracy(label, ", ".join(f"{c} {v}" for c, v in zip(own.columns, row, strict=True)))
         noise = statement.noise if statement is not None else None
         if noise is None:
             continue
