@@ -137,7 +137,9 @@ def checked(name: str, allowed: str, ok: Callable[[Any], bool], *, integer: bool
     kinds: type[int] | tuple[type[int], type[float]] = int if integer else (int, float)
 
     def check(value: Any) -> Any:
-        numeric = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+        numeric = isinstance(value, kinds) and not isinstance(value, bool)
+        if numeric and not math.isfinite(value):
+            raise ValueError(f"{name} must be {allowed}, a finite number; got {show(value)}")
         if not (numeric and ok(value)):
             raise ValueError(f"{name} must be {allowed}; got {show(value)}")
         return value

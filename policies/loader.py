@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -511,7 +512,8 @@ def _validate(data: Any, root: Node, source: str) -> Policy:
         try:
             policy = Policy.model_validate(data)
         except ValidationError as exc:
-            found = [problem for error in exc.errors(include_url=False) for problem in _describe(error, data)]
+            errors = _one_per_alternative(exc.errors(include_url=False))
+            found = [problem for error in errors for problem in _describe(error, data)]
             problems += found
             unknown = [loc for loc, message in found if message.startswith(UNKNOWN_FIELD)]
             if not unknown:
@@ -546,7 +548,48 @@ def _user_error(problems: list[tuple[Loc, str]], root: Node, source: str) -> Use
     return UserError(count + "\n".join(lines), field=format_loc(located[0][1]))
 
 
+_LIST_TYPES = ("tuple_type", "list_type")
+
+
+def _one_per_alternative(errors: list[Any]) -> list[Any]:
+    """Pydantic's errors, a field that is one value or a list of them (``sigma: S`` or one per
+    table) refused once: given one value, its own error, saying that a list of such values is
+    allowed too, without the list alternative's "must be a list" beside it; given a list, its
+    entries' errors, without the one value's refusing the list."""
+    listed = {tuple(error["loc"][:-1]) for error in errors if error["type"] in _LIST_TYPES and error["loc"]}
+    entries = {
+        tuple(error["loc"][:-2])
+        for error in errors
+        if len(error["loc"]) >= 2 and isinstance(error["loc"][-1], int) and "[" in str(error["loc"][-2])
+    }
+    found = []
+    for error in errors:
+        if error["loc"] and tuple(error["loc"][:-1]) in entries and isinstance(error.get("input"), (list, tuple)):
+            continue  # the one-value alternative refusing a list: the entries' errors say what is wrong
+        if error["loc"] and tuple(error["loc"][:-1]) in listed:
+            if error["type"] in _LIST_TYPES:
+                continue
+            error = {**error, "or_list": True}
+        found.append(error)
+    return found
+
+
 def _describe(error: Mapping[str, Any], data: Any) -> list[tuple[Loc, str]]:
+    """(location in the YAML, message) pairs for one pydantic error in ``data`` (a value that
+    may also be a list: :func:`_one_per_alternative`)."""
+    described = _described(error, data)
+    if not error.get("or_list"):
+        return described
+    return [(loc, _or_a_list(message)) for loc, message in described]
+
+
+def _or_a_list(message: str) -> str:
+    """``message`` ("X must be A; got V") saying that a list of such values is allowed too."""
+    rule, got, value = message.partition("; got ")
+    return f"{rule} (or a list of such values){got}{value}"
+
+
+def _described(error: Mapping[str, Any], data: Any) -> list[tuple[Loc, str]]:
     """(location in the YAML, message) pairs for one pydantic error in ``data``."""
     kind, raw = error["type"], tuple(error["loc"])
     loc = _in_document(raw, data, missing=kind == "missing")
@@ -561,6 +604,9 @@ def _describe(error: Mapping[str, Any], data: Any) -> list[tuple[Loc, str]]:
         return [(loc, str(cause))]
     name = next((str(p) for p in reversed(loc) if isinstance(p, str)), "value")
     value = show(error.get("input"))
+    if kind == "missing" and raw and isinstance(raw[-1], int):  # a fixed-length list, too short
+        given = functools.reduce(lambda node, part: node[part], loc, data)
+        return [(loc, f"{name} has too few entries: entry {raw[-1] + 1} is missing; got {show(given)}")]
     if kind == "missing":
         hint = _REQUIRED_HINTS.get(name)
         return [(loc, f"{name} is required" + (f": {hint}" if hint else ""))]

@@ -12,6 +12,7 @@ import csv
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -505,3 +506,41 @@ def test_plan_s_lines_say_whose_statement_they_are(tmp_path) -> None:
     lines = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("accuracy of census")]
     assert sum(line.startswith("accuracy of census (tables): table county,") for line in lines) == 1, lines
     assert sum(line.startswith("accuracy of census (totals): table county,") for line in lines) == 1, lines
+
+
+@pytest.mark.parametrize(
+    ("total", "noise", "message"),
+    [
+        (
+            "{column: charges, bounds: [17]}",
+            None,
+            r"total\.bounds: bounds has too few entries: entry 2 is missing; got \[17\]$",
+        ),
+        (
+            None,
+            "{distribution: gaussian, sigma: 1, sigma_total: -5}",
+            r"noise\.sigma_total: sigma_total must be a number >= 0\.01 \(or a list of such values\); got -5$",
+        ),
+        (
+            None,
+            "{distribution: gaussian, sigma: 1, sigma_total: .inf}",
+            r"sigma_total must be a number >= 0\.01, a finite number \(or a list of such values\); got inf$",
+        ),
+        (
+            None,
+            "{distribution: gaussian, sigma: 1, sigma_total: [100, -5, 1, 1]}",
+            r"noise\.sigma_total\[1\]: sigma_total must be a number >= 0\.01; got -5$",
+        ),
+    ],
+)
+def test_a_value_or_a_list_is_refused_once_in_words_that_fit(tmp_path, total, noise, message) -> None:
+    """One problem, in words that fit what was given (audit 7): a short [lo, hi] says what is
+    missing, not "bounds is required"; a bad number for a number-or-list field says both are
+    allowed, not also "must be a list"; a list's bad entry is named alone; inf is not finite."""
+    parts = {"total": total} if total is not None else {}
+    if noise is not None:
+        parts["noise"] = noise
+    with pytest.raises(UserError) as caught:
+        _loaded(tmp_path, **parts)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), lines
