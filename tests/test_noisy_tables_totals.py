@@ -544,3 +544,13 @@ def test_a_value_or_a_list_is_refused_once_in_words_that_fit(tmp_path, total, no
         _loaded(tmp_path, **parts)
     lines = str(caught.value).splitlines()
     assert len(lines) == 1 and re.search(message, lines[0]), lines
+
+
+def test_the_mean_s_probability_is_a_figure_when_every_table_shares_one(tmp_path) -> None:
+    """The totals' statement words the mean's probability as the figure every table's totals
+    share (0.95), not as an unexplained "C" (audit 7)."""
+    loaded = _loaded(tmp_path)
+    mechanism = _mechanism(loaded)
+    (totals,) = [s for s in mechanism.accuracy(loaded, plan_policy(loaded).mechanisms[0]).stated if s.key == "totals"]
+    assert "with probability >= 0.95 (for a cell with rows)" in totals.document["mean"]
+    assert "(C the table's probability)" not in totals.caption

@@ -656,6 +656,10 @@ class NoisyTablesMechanism(MechanismKind):
 
         assert self.total is not None
         rows = self.statements(loaded, statistic="total")
+        confidences = {row["confidence"] for row in rows}
+        # one probability for every table: the mean's in figures; else each table's totals'
+        probability = f"{next(iter(confidences)):g}" if len(confidences) == 1 else "C"
+        whose = "" if len(confidences) == 1 else " (C: the probability of its table's totals)"
         lo, hi = self.total.bounds
         column = self.total.column
         document: dict[str, Any] = {
@@ -663,7 +667,7 @@ class NoisyTablesMechanism(MechanismKind):
             "column": column,
             "statements_of": TOTALS_OF,
             "clamping": CLAMPING.format(lo=num(lo), hi=num(hi), r=num(self.total.resolution)),
-            "mean": MEAN.format(c="C", lo=num(lo), hi=num(hi)),
+            "mean": MEAN.format(c=probability, lo=num(lo), hi=num(hi)),
         }
         caption = (
             f"Totals of {column} that add up (every table's totals are margins of one least-squares estimate, in "
@@ -671,7 +675,7 @@ class NoisyTablesMechanism(MechanismKind):
             "total with the stated probability, cell by cell; every cell of the table at once is within ± the “every "
             "cell at once” half-width with at least that probability (the largest over the table's cells; exact for "
             f"the linear estimator and the Gaussian noise). {TOTALS_OF[0].upper()}{TOTALS_OF[1:]}. Clamping: "
-            f"{document['clamping']}. Mean (C the table's probability): {document['mean']}."
+            f"{document['clamping']}. Mean{whose}: {document['mean']}."
         )
         return StatedAccuracy("totals", caption, _statement_columns(""), _statement_rows(rows), document)
 
