@@ -11,8 +11,8 @@ bound into the policy's hash, fixed before any data is read. At most one column 
 geography). ``noise: {distribution: gaussian}``: each table's sigma chosen to meet
 ``targets.accuracy`` at the least privacy cost under the bound that every cell has its table's
 largest variance (:func:`.tables.allocate`), or given (``sigma: S`` for every table, or a list,
-one per table). ``nonnegative: true``: published
-values are non-negative integers that still add up (:func:`.tables.nonnegative_integer`).
+one per table). ``nonnegative: true``: published values are non-negative integers that still
+add up (:func:`.tables.nonnegative_integer`).
 
 **Privacy.** Each table is measured once with Gaussian noise of its sigma (:func:`measure`:
 OpenDP's ``make_gaussian`` on floats, an exact sampler of the discrete Gaussian on the lattice
@@ -52,9 +52,9 @@ The totals are reconstructed by the same least squares (:func:`.tables.reconstru
 and half-widths. They are never rounded or made non-negative (``nonnegative`` applies to the
 counts): they add up up to floating-point rounding. Each cell's mean is ``total / count`` of the
 published numbers moved into ``[lo, hi]`` (null where the count is below 1) with noisy sums'
-union-bound interval
-(:func:`.noisy_sums.mean_interval`: the total's and the count's intervals at ``1 - (1 - C) / 2``
-each, the count's widened by the table's rounding shift with ``nonnegative``).
+union-bound interval (:func:`.noisy_sums.mean_interval`: the total's and the count's intervals
+at ``1 - (1 - C) / 2`` each, the count's widened by the table's rounding shift with
+``nonnegative``).
 """
 
 from __future__ import annotations
@@ -538,21 +538,17 @@ class NoisyTablesMechanism(MechanismKind):
                 continue  # refused by the policy check: no target to choose them by
             rows = self.statements(loaded, statistic=statistic)
             widest = max(row["each_cell_half_width"] for row, limit in zip(rows, limits, strict=True) if limit)
-            for row, limit in zip(rows, limits, strict=True):
+            for table, row, limit in zip(self.tables, rows, limits, strict=True):
                 if limit is None and row["each_cell_half_width"] > UNTARGETED_WARNING * widest:
                     named = "" if statistic == "count" else ", statistic: total"
                     found.append(
                         f"{self.name}: no accuracy target names the {statistic}s of table {row['table']}, so plan "
                         f"measures them at the least precision, and they are no margin of a targeted table: each "
                         f"cell's {statistic} only within ±{row['each_cell_half_width']:.4g} with probability "
-                        f"{row['confidence']:g}; add a target naming it (table: [{', '.join(self._table(row['table']))}]"
+                        f"{row['confidence']:g}; add a target naming it (table: [{', '.join(table)}]"
                         f"{named}) if its cells matter"
                     )
         return tuple(found)
-
-    def _table(self, name: str) -> tuple[str, ...]:
-        """The columns of the table published as ``name`` (:func:`table_name`)."""
-        return next(table for table in self.tables if table_name(table) == name)
 
     def statements_of(self) -> dict[str, str]:
         """What the half-widths and accuracy target checks are of (``statements_of``) and, with

@@ -1,5 +1,6 @@
 """``calibrate noisy-tables``: what a policy's set of table accuracies costs in privacy, reads no
-data (:mod:`privrelease.mechanisms.kinds.noisy_tables`): the least-cost sigmas (under the bound that every cell has its table's largest variance) meeting every
+data (:mod:`privrelease.mechanisms.kinds.noisy_tables`): the least-cost sigmas (under the bound
+that every cell has its table's largest variance) meeting every
 ``targets.accuracy`` entry of its ``noisy_tables`` mechanism, the privacy they cost, each table's
 "each cell" and "every cell at once" half-widths (with ``nonnegative``: of the unrounded estimate,
 not the published integers), and the naive alternative's cost; with a ``total``, the same of the
@@ -31,8 +32,8 @@ def calibrate_noisy_tables(
     ),
     json_out: bool = JSON,
 ) -> None:
-    """The sigmas at the least privacy cost (under the bound that every cell has its table's largest variance) that meet every accuracy target of the policy's
-    noisy_tables mechanism (whatever noise.sigma it sets), their privacy cost (zCDP rho and
+    """The sigmas at the least privacy cost (under the bound that every cell has its table's
+    largest variance) that meet every accuracy target of the policy's noisy_tables mechanism (whatever noise.sigma it sets), their privacy cost (zCDP rho and
     epsilon at targets.delta by the policy's accounting), per table each cell's and every cell
     at once's half-width, and the naive alternative (each table on its own, budget split
     equally) at the same targets; with a total column, the totals' sigmas and half-widths too."""
@@ -40,9 +41,10 @@ def calibrate_noisy_tables(
     if json_out:
         print_json(document)
         return
-    _print_table(f"noisy tables of {document['mechanism']} calibrated to the targets", document["tables"], document)
+    title = f"noisy tables of {document['mechanism']} calibrated to the targets"
+    _print_table(title, document["tables"], unrounded="rounding" in document)
     if "totals" in document:
-        _print_table(f"totals of {document['total']} (its units)", document["totals"], {})
+        _print_table(f"totals of {document['total']} (its units)", document["totals"], unrounded=False)
     if "rounding" in document:
         say(document["rounding"])
     say(_cost_sentence("cost", document["cost"]))
@@ -54,10 +56,11 @@ def calibrate_noisy_tables(
     say(f"policy: noise: {{distribution: gaussian, {noise}}} (or leave the sigmas out: plan chooses these)")
 
 
-def _print_table(title: str, rows: list[dict[str, Any]], document: dict[str, Any]) -> None:
-    """One table of per-table statements (counts' or totals')."""
+def _print_table(title: str, rows: list[dict[str, Any]], *, unrounded: bool) -> None:
+    """One table of per-table statements (counts' or totals'; ``unrounded``: of the unrounded
+    estimate, with ``nonnegative``)."""
     table = Table(title=title, title_justify="left")
-    of = " (unrounded)" if "rounding" in document else ""
+    of = " (unrounded)" if unrounded else ""
     for column in (
         "table",
         "cells",
