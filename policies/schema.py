@@ -803,7 +803,7 @@ def _check_accuracy(policy: Policy) -> Iterator[Issue]:
                 f"an accuracy target on {kind} {target.mechanism!r} states {' and '.join(wanted)}; got {', '.join(sorted(stated)) or 'neither'}",
             )
         statistics = mechanism.accuracy_statistics
-        named = target.statistic if target.statistic is not None else mechanism.accuracy_default_statistic
+        named = mechanism.statistic_of(target)
         if (named is None) != (not statistics) or (statistics and named not in statistics):
             allowed = f"one of {', '.join(statistics)}" if statistics else f"absent: {kind} publishes one statistic"
             yield Issue((*loc, "statistic"), f"statistic must be {allowed}; got {target.statistic!r}")

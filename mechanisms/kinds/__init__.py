@@ -429,6 +429,10 @@ class MechanismKind(Model):
         a failed check."""
         return ()
 
+    def statistic_of(self, target: AccuracyTarget) -> str | None:
+        """The statistic ``target`` names: its ``statistic``, else :attr:`accuracy_default_statistic`."""
+        return target.statistic if target.statistic is not None else self.accuracy_default_statistic
+
     def accuracy_check(self, loaded: LoadedPolicy, target: AccuracyTarget, planned: Planned) -> AccuracyCheck:
         """One ``targets.accuracy`` entry naming this mechanism (its ``accuracy_fields``)."""
         raise NotImplementedError(f"mechanism type {self.kind_type()!r} takes no accuracy target")

@@ -331,11 +331,11 @@ class NoisyTablesMechanism(MechanismKind):
                     f"{scheme.level}): an integer > {scheme.level}; got {level.level}",
                 )
         named = {frozenset(table) for table in self.tables}
-        targeted: set[str] = set()
+        targeted: set[str | None] = set()
         for k, target in enumerate(policy.targets.accuracy):
             if target.mechanism != self.name:
                 continue
-            targeted.add(target.statistic or "count")
+            targeted.add(self.statistic_of(target))
             if target.table is not None and frozenset(target.table) not in named:
                 yield Issue(
                     ("targets", "accuracy", k, "table"),
@@ -350,7 +350,7 @@ class NoisyTablesMechanism(MechanismKind):
                 )
         yield from self._noise_issues(here, targeted)
 
-    def _noise_issues(self, here: Loc, targeted: set[str]) -> Iterator[Issue]:
+    def _noise_issues(self, here: Loc, targeted: set[str | None]) -> Iterator[Issue]:
         """Per statistic: sigmas one per table or one number, or targets to choose them; no
         ``sigma_total`` without a ``total``."""
         if self.total is None and self.noise.sigma_total is not None:
@@ -512,7 +512,7 @@ class NoisyTablesMechanism(MechanismKind):
             target
             for target in loaded.policy.targets.accuracy
             if target.mechanism == self.name
-            and (target.statistic or "count") == statistic
+            and self.statistic_of(target) == statistic
             and (target.table is None or set(target.table) == set(table))
         ]
 
@@ -682,7 +682,8 @@ class NoisyTablesMechanism(MechanismKind):
         assert target.absolute_error is not None
         from privrelease.mechanisms import tables
 
-        statistic = target.statistic or "count"
+        statistic = self.statistic_of(target)
+        assert statistic is not None, "a target on noisy tables names count by default"
         layout = self.layout(loaded)
         variances = tables.cell_variances(layout.domain, layout.tables, self.sigmas(loaded, statistic))
         widths = []
