@@ -32,7 +32,8 @@ Prints the figures and, as the last line, one JSON object: ``seconds`` (Dask run
 medians; target <= TARGET_RATIO = 0.6, issue 18), ``cpu_seconds`` and ``baseline_cpu_seconds``
 (median CPU seconds of a run: the flow's process and, on Dask, the workers; on a shared machine
 a steadier figure than the time), ``cpu_ratio`` (the Dask run's CPU over the in-process run's; target
-<= TARGET_CPU_RATIO), ``flow_cpu_seconds`` and ``worker_cpu_seconds`` (a Dask run's, apart; the bench's
+<= TARGET_CPU_RATIO; ``worker_steps``: whether ``--worker-steps`` read the workers' CPU at every
+step, which costs them CPU of its own), ``flow_cpu_seconds`` and ``worker_cpu_seconds`` (a Dask run's, apart; the bench's
 LocalCluster scheduler runs in the flow process), ``flow_cpu_beyond_fixed_seconds`` (the flow
 process's CPU on Dask less the in-process run's FIXED_STEPS and BACKGROUND arithmetic; target
 <= TARGET_FLOW_CPU_BEYOND),
@@ -394,7 +395,9 @@ def main() -> None:
     parser.add_argument(
         "--worker-steps",
         action="store_true",
-        help="on Dask, also read the workers' CPU at each step's start and end (costs the flow a few ms a step)",
+        help="on Dask, also read the workers' CPU at each step's start and end: each reading is a broadcast to every"
+        " worker (18 readings of 8 idle workers: 0.044 CPU s of theirs), so the CPU figures are higher with it;"
+        " take cpu_ratio from a run without it",
     )
     parser.add_argument(
         "--served-workers",
@@ -510,6 +513,7 @@ def main() -> None:
         "cpu_floor_seconds": round(floor, 3),
         "floor_ratio": None if inprocess is None else round(floor / inprocess["seconds"], 3),
         "repeat": args.repeat,
+        "worker_steps": args.worker_steps,
         "pair_ratios": [round(pairs[0], 3), round(statistics.median(pairs), 3), round(pairs[-1], 3)] if pairs else None,
         "dask_seconds_range": [
             round(min(r["seconds"] for r in dask_runs), 3),
