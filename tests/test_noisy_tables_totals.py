@@ -554,3 +554,39 @@ def test_the_mean_s_probability_is_a_figure_when_every_table_shares_one(tmp_path
     (totals,) = [s for s in mechanism.accuracy(loaded, plan_policy(loaded).mechanisms[0]).stated if s.key == "totals"]
     assert "with probability >= 0.95 (for a cell with rows)" in totals.document["mean"]
     assert "(C the table's probability)" not in totals.caption
+
+
+def test_the_discharges_tables_example_adds_up_for_patients(work, monkeypatch) -> None:
+    """policies/examples/discharges-tables.yaml (patients of up to 4 discharges): plan meets all
+    eight targets at the README's epsilon; the release's four files are margins of one estimate
+    (counts and totals of county x diagnosis add up to county, diagnosis and the statewide
+    total), each mean is its cell's total / count moved into the bounds, and release.json states
+    the patient as the unit of privacy."""
+    from privrelease.flows.steps import release_plain
+
+    monkeypatch.setenv("PRIVRELEASE_AUTO_INIT", "true")
+    path = Path(__file__).resolve().parents[1] / "policies" / "examples" / "discharges-tables.yaml"
+    plan = plan_policy(load_policy(path))
+    assert plan.passed and sum("discharges: accuracy" in check.target for check in plan.checks) == 8
+    epsilon = plan.composed["approximate"].epsilon
+    readme = (path.parents[2] / "README.md").read_text()
+    assert f"targets (each table's counts and totals, every cell at once) at epsilon {epsilon:.3g} (delta 1e-06)" in (
+        readme.replace("\n", " ")
+    )
+    release = release_plain(policy_path=str(path))
+    out = {
+        name: pq.read_table(Path(release.release_dir) / f"discharges-{name}.parquet")
+        for name in ("county-diagnosis", "county", "diagnosis", "total")
+    }
+    assert out["county-diagnosis"].num_rows == 25
+    for value in ("estimate", "total"):
+        finest = out["county-diagnosis"].column(value).to_numpy().reshape(5, 5)
+        np.testing.assert_allclose(finest.sum(axis=1), out["county"].column(value).to_numpy(), rtol=1e-12)
+        np.testing.assert_allclose(finest.sum(axis=0), out["diagnosis"].column(value).to_numpy(), rtol=1e-12)
+        np.testing.assert_allclose(finest.sum(), out["total"].column(value).to_numpy()[0], rtol=1e-12)
+    for table in out.values():
+        count, total, mean = (table.column(c).to_numpy(zero_copy_only=False) for c in ("estimate", "total", "mean"))
+        has = count >= 1
+        np.testing.assert_allclose(mean[has], np.clip(total[has] / count[has], 0, 60000), rtol=1e-12)
+    document = json.loads((Path(release.release_dir) / "release.json").read_text())
+    assert document["unit_of_privacy"]["rules"] == {"discharges": "at most 4 random rows per person, sensitivity 4"}
