@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from privrelease.mechanisms.accuracy import count_accuracy
@@ -156,12 +157,11 @@ def test_statistic_series_recomputed(adult_dir: Path) -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_policy_renders(adult_dir: Path, path: Path) -> None:
-    """One frontier chart per mechanism with a frontier (all but SPLU-Gen and noisy tables, whose
-    sigmas are chosen by the accuracy targets), SVG well-formed, the
+    """One frontier chart per mechanism with a frontier (all but SPLU-Gen), SVG well-formed, the
     policy's value marked, a data table row per grid point."""
     loaded = load_policy(path)
     charts = frontier_charts(plan_policy(loaded))
-    expected = [m for m in loaded.policy.mechanisms if m.type not in ("splu_gen", "noisy_tables")]
+    expected = [m for m in loaded.policy.mechanisms if m.type != "splu_gen"]
     assert len(charts) == len(expected)
     for chart, mechanism in zip(charts, expected, strict=True):
         frontier = mechanism.frontier(loaded)
@@ -174,6 +174,60 @@ def test_every_example_policy_renders(adult_dir: Path, path: Path) -> None:
         assert [row[3] for row in chart.rows].count("policy") == 1
         assert 'class="rule"' in str(chart.svg) and mechanism.name in chart.title
     assert len({chart.id for chart in charts}) == len(charts)
+
+
+def _cks_epsilon(rho: float, delta: float) -> float:
+    """The smallest epsilon of Canonne, Kamath, Steinke (2020), Proposition 12, for rho-zCDP at
+    ``delta``, minimized over a continuous order (scipy), independently of privrelease's orders."""
+    from scipy import optimize
+
+    def epsilon(order: float) -> float:
+        return order * rho + (math.log(1 / delta) + (order - 1) * math.log1p(-1 / order) - math.log(order)) / (
+            order - 1
+        )
+
+    return float(
+        optimize.minimize_scalar(epsilon, bounds=(1 + 1e-9, 1e7), method="bounded", options={"xatol": 1e-12}).fun
+    )
+
+
+@pytest.mark.parametrize("name", ["adult-tables", "discharges-tables", "geo-tables"])
+def test_noisy_tables_frontier_scales_every_sigma_together(adult_dir: Path, name: str) -> None:
+    """Over the sigma of the first count target's table, every table's sigma (and sigma_total)
+    scaled with it: at each point rho = m^2 sum 1/(2 sigma_t^2) (+ (m B)^2 sum 1/(2 tau_t^2) in
+    units of the resolution) recomputed here, epsilon the zCDP conversion of Canonne, Kamath,
+    Steinke (Prop. 12) minimized over a continuous order (privrelease's discrete orders: at most
+    1e-3 above, never below); the half-width scales with sigma, at the release's sigma the plan's
+    check value; the target drawn; the release's epsilon the plan's."""
+    loaded = _loaded(name)
+    (mechanism,) = loaded.policy.mechanisms
+    release = mechanism.resolved(loaded)
+    frontier = mechanism.frontier(loaded)
+    target = next(t for t in loaded.policy.targets.accuracy if t.statistic in (None, "count") and t.table)
+    assert frontier.setting == "noise.sigma" and frontier.accuracy_target == target.absolute_error
+    sigmas = np.array(release.sigmas(loaded))
+    index = [set(t) for t in mechanism.tables].index(set(target.table))
+    assert frontier.chosen == sigmas[index] and f"table {'-'.join(target.table)}" in frontier.accuracy_label
+    m, delta = loaded.policy.dataset.rows_per_person, loaded.policy.targets.delta
+    plan = plan_policy(loaded)
+    at = frontier.chosen_index
+    assert frontier.privacy[at] == plan.composed["approximate"].epsilon
+    (check,) = [
+        c
+        for c in plan.checks
+        if f"table {'-'.join(target.table)}, every cell at once: half-width" in c.target and "total" not in c.target
+    ]
+    assert check.achieved == f"{frontier.accuracy[at]:.4g}"
+    for value, epsilon, width in zip(frontier.values, frontier.privacy, frontier.accuracy, strict=True):
+        scale = value / frontier.chosen
+        rho = m**2 * float(np.sum(1 / (2 * (sigmas * scale) ** 2)))
+        if release.total is not None:
+            taus = np.array(release.sigmas(loaded, "total")) / release.total.resolution * scale
+            rho += (m * release.total.bound) ** 2 * float(np.sum(1 / (2 * taus**2)))
+        expected = _cks_epsilon(rho, delta)
+        assert expected * (1 - 1e-9) <= epsilon <= expected * (1 + 1e-3)
+        assert width == pytest.approx(frontier.accuracy[at] * scale, rel=1e-9)
+    assert list(frontier.privacy) == sorted(frontier.privacy, reverse=True)
 
 
 def test_kind_without_frontier_draws_nothing(adult_dir: Path) -> None:

@@ -72,8 +72,10 @@ from privrelease.errors import UserError
 from privrelease.mechanisms.columns import INTERVAL, SUMS_TABLE, taken_name
 from privrelease.mechanisms.kinds import (
     AccuracyCheck,
+    Axis,
     ColumnRef,
     Event,
+    Frontier,
     Issue,
     Loc,
     MechanismKind,
@@ -83,8 +85,10 @@ from privrelease.mechanisms.kinds import (
     at_least,
     checked,
     epsilon_at_target,
+    frontier_of,
+    log_grid,
 )
-from privrelease.mechanisms.kinds.noisy_counts import CountJob, Sigma, sample
+from privrelease.mechanisms.kinds.noisy_counts import MAX_NOISE, MIN_NOISE, CountJob, Sigma, sample
 from privrelease.mechanisms.kinds.noisy_sums import (
     CLAMPING,
     MEAN,
@@ -706,6 +710,59 @@ class NoisyTablesMechanism(MechanismKind):
         else:
             of = f" of {UNROUNDED}, not of the published integers" if self.nonnegative else ""
         return AccuracyCheck(f"{where}: half-width{of}", "<=", target.absolute_error, max(widths))
+
+    def frontier(self, loaded: LoadedPolicy) -> Frontier:
+        """Over the sigma of one table on a log grid, a decade either side of the release's, every
+        table's sigma (and sigma_total) scaled with it in the proportions of the release: the
+        release's epsilon at the target delta (its event with those sigmas) and that table's
+        count half-width, of every cell at once or of each cell as the first count target naming
+        a table says (without one: the first table, every cell at once, at 95%). The table's
+        target, if any, is drawn. Every sigma stays within the range a policy may name."""
+        from privrelease.mechanisms import tables
+
+        release = self.resolved(loaded)
+        sigmas = np.array(release.sigmas(loaded))
+        taus = None if release.total is None else np.array(release.sigmas(loaded, "total"))
+        named = [
+            t
+            for t in loaded.policy.targets.accuracy
+            if t.mechanism == self.name and t.table is not None and self.statistic_of(t) == "count"
+        ]
+        target = named[0] if named else None
+        index = 0 if target is None else [set(t) for t in self.tables].index(set(target.table or ()))
+        each = target is not None and target.cells == "each"
+        confidence = DEFAULT_CONFIDENCE if target is None else target.confidence
+        layout = self.layout(loaded)
+        name, chosen = table_name(self.tables[index]), float(sigmas[index])
+
+        def half_width(value: float) -> float:
+            variance = tables.cell_variances(layout.domain, layout.tables, tuple(sigmas * (value / chosen)))[index]
+            if each:
+                return float(np.max(tables.each_cell_half_width(variance, confidence)))
+            return tables.simultaneous_half_width(variance.ravel(), confidence)
+
+        def event(value: float) -> GaussianTables:
+            scale = value / chosen
+            return release.event(loaded, tuple(sigmas * scale), None if taus is None else tuple(taus * scale))
+
+        scope = "each cell" if each else "every cell at once"
+        of = f", of {UNROUNDED}" if self.nonnegative else ""
+        axis = Axis(
+            f"σ ({name})",
+            "noise.sigma",
+            f"{confidence:.0%} half-width of {scope} of table {name}",
+            False,
+            f"Every table's σ{' and σ total' if taus is not None else ''} scaled with table {name}'s, in the "
+            f"release's proportions. Accuracy: {scope} of table {name} within ± the half-width of its true count "
+            f"with probability at least {confidence:.0%}{of} (exact for the linear estimator and the Gaussian "
+            "noise).",
+            None if target is None else target.absolute_error,
+            "" if target is None else f"required ±{target.absolute_error:g}",
+            log_x=True,
+        )
+        floor = chosen * MIN_NOISE / float(sigmas.min())
+        ceiling = chosen * MAX_NOISE / float(sigmas.max())
+        return frontier_of(loaded, axis, chosen, log_grid(chosen, low=floor, high=ceiling), event, half_width)
 
     # --- engines ------------------------------------------------------------------------------
 
