@@ -490,9 +490,10 @@ class NoisyTablesMechanism(MechanismKind):
         layout = self.layout(loaded)
         return tuple(tables.naive_sigmas(layout.domain, layout.tables, limits))
 
-    def _limits(self, loaded: LoadedPolicy, statistic: str = "count") -> list[float | None]:
+    def _limits(self, loaded: LoadedPolicy, statistic: str = "count", each: bool = False) -> list[float | None]:
         """Per table, the largest per-cell variance of ``statistic`` meeting every target naming
-        it (:func:`.tables.variance_limit`: ``cells: each`` over one cell, ``all`` over the table's)."""
+        it (``each``: every ``cells: each`` target) (:func:`.tables.variance_limit`: ``cells:
+        each`` over one cell, ``all`` over the table's)."""
         from privrelease.mechanisms import tables
 
         layout = self.layout(loaded)
@@ -501,10 +502,24 @@ class NoisyTablesMechanism(MechanismKind):
             found = []
             for target in self._targets(loaded, table, statistic):
                 assert target.absolute_error is not None, "the policy checks require absolute_error"
+                if each and target.cells != "each":
+                    continue
                 cells = 1 if target.cells == "each" else layout.cells(index)
                 found.append(tables.variance_limit(target.absolute_error, target.confidence, cells))
             limits.append(min(found) if found else None)
         return limits
+
+    def _at_once(self, loaded: LoadedPolicy, statistic: str = "count") -> list[list[tuple[float, float]]]:
+        """Per table, ``(absolute_error, confidence)`` of every ``cells: all`` target of
+        ``statistic`` naming it (:func:`.tables.allocate` checks them as plan does)."""
+        return [
+            [
+                (float(target.absolute_error), target.confidence)
+                for target in self._targets(loaded, table, statistic)
+                if target.cells != "each" and target.absolute_error is not None
+            ]
+            for table in self.tables
+        ]
 
     def _targets(self, loaded: LoadedPolicy, table: Sequence[str], statistic: str = "count") -> list[AccuracyTarget]:
         """The accuracy targets naming this mechanism, ``statistic`` and ``table`` (or every table)."""
@@ -1097,7 +1112,12 @@ def _sigmas(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy, statistic: st
         from privrelease.mechanisms import tables
 
         layout = mechanism.layout(loaded)
-        found = tables.allocate(layout.domain, layout.tables, mechanism._limits(loaded, statistic))
+        found = tables.allocate(
+            layout.domain,
+            layout.tables,
+            mechanism._limits(loaded, statistic, each=True),
+            mechanism._at_once(loaded, statistic),
+        )
         _SIGMAS[key] = tuple(_round_down(s) for s in found)
     return _SIGMAS[key]
 
