@@ -9,8 +9,8 @@ level: 2}}`` is level 2 of the hierarchy file that generalizes ``county``
 (``generalization.county: {type: hierarchy, hierarchy: geo.csv, level: L}``, ``L`` < 2): public,
 bound into the policy's hash, fixed before any data is read. At most one column has levels (the
 geography). ``noise: {distribution: gaussian}``: each table's sigma chosen to meet
-``targets.accuracy`` at the least privacy cost under the bound that every cell has its table's
-largest variance (:func:`.tables.allocate`), or given (``sigma: S`` for every table, or a list,
+``targets.accuracy`` as plan checks it at the least privacy cost (:func:`.tables.allocate`:
+global for confidences >= 0.894, else a local least), or given (``sigma: S`` for every table, or a list,
 one per table). ``nonnegative: true``: published values are non-negative integers that still
 add up (:func:`.tables.nonnegative_integer`).
 
@@ -150,7 +150,8 @@ class TableLevel(Model):
 class TablesNoise(Model):
     """Gaussian noise on every cell of every table: ``sigma`` one number for all, a
     list (one per table, in order), or absent (chosen to meet ``targets.accuracy`` at the
-    least privacy cost under the bound that every cell has its table's largest variance);
+    least privacy cost, each target as plan checks it: every cell at once by Sidak's
+    inequality over the cells' own variances; below confidence 0.894 a local least);
     ``sigma_total`` the same for the totals (with ``total``), in the column's units."""
 
     distribution: Literal["gaussian"]
@@ -203,8 +204,8 @@ class NoisyTablesMechanism(MechanismKind):
     (``[]``: the grand total), dataset columns with declared domains or ``levels`` of one
     hierarchy column (``state: {of: county, level: 1}``: column 1 of the hierarchy file that
     generalizes ``county``). Each table is measured once with Gaussian noise (``noise``:
-    ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` at the least
-    privacy cost under the bound that every cell has its table's largest variance) and the
+    ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` as plan
+    checks it at the least privacy cost; below confidence 0.894 a local least) and the
     published tables are one least-squares estimate, every table a margin of it;
     ``nonnegative``: non-negative integers, still adding up. Each table is its own file
     ``<name>-<columns joined by ->`` (``<name>-total``), every cell with ``estimate``, ``lower``
@@ -389,8 +390,8 @@ class NoisyTablesMechanism(MechanismKind):
 
     def sigmas(self, loaded: LoadedPolicy, statistic: str = "count") -> tuple[float, ...]:
         """Each table's sigma for ``statistic`` (the totals': in the column's units): the
-        policy's, or the least-cost allocation meeting its targets (under the bound that every
-        cell has its table's largest variance)."""
+        policy's, or the least-cost allocation meeting its targets as :meth:`accuracy_check`
+        checks them (:func:`.tables.allocate`)."""
         return _sigmas(self, loaded, statistic)
 
     def resolved(self, loaded: LoadedPolicy) -> NoisyTablesMechanism:
