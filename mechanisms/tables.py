@@ -546,7 +546,7 @@ def allocate(
             bound[t] = np.fmin(bound[t], variance_limit(width, confidence, cells[t]))
     if np.all(np.isnan(bound)):
         raise UserError("no table has an accuracy target", field="limits", allowed="at least one limit")
-    constrained = np.flatnonzero(~np.isnan(bound))
+    constrained = [int(t) for t in np.flatnonzero(~np.isnan(bound))]
     start = np.where(np.isnan(bound), 1 / np.nanmax(bound), 1 / bound)
     floor = FLOOR * start.max()
     per_node = [cells[t] // structure.domain.nodes(structure.levels[t]) for t in range(len(tables))]
@@ -581,7 +581,7 @@ def allocate(
 
     candidates = [start, start * _least(bounded, start, np.ones(len(tables)), floor / start)]
     if any(pairs and len(nodes[t]) > 1 for t, pairs in enumerate(once)):
-        limited = np.flatnonzero(~np.isnan(limit))
+        limited = [int(t) for t in np.flatnonzero(~np.isnan(limit))]
 
         def exact(q: np.ndarray) -> np.ndarray:  # variance / limit; ln(Sidak coverage) / ln C
             variances = _table_node_variances(structure, start * q)
