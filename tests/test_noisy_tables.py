@@ -576,7 +576,7 @@ def test_plan_s_sigmas_on_geo_tables_cost_less_than_bounding_every_cell_by_the_l
     """geo-tables' county tables have cells of different variances (counties in states of 1 to
     over 100 counties): plan's sigmas meet every target as plan checks it (Sidak's product over
     the real variances) at a rho below the least one with every cell at its table's largest
-    variance (0.93% below, /tmp/noise/measure.py); both are plan's rounded-down sigmas."""
+    variance (measured: 0.93% below, the independent optimum within 1e-9)."""
     loaded = load_policy(EXAMPLES / "geo-tables.yaml")
     plan = plan_policy(loaded)
     assert plan.passed, [check for check in plan.checks if not check.passed]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -351,6 +352,8 @@ def test_a_sidak_term_is_convex_in_the_variance_above_the_coverage_allocate_stat
     assert all(curvature(z) < 0 for z in np.linspace(0.3, float(inflection) - 1e-6, 50))
     assert 0.893 < float(mpmath.erf(inflection / mpmath.sqrt(2))) <= 0.894
     assert "erf(w / sqrt(2 v)) >= 0.894" in " ".join((allocate.__doc__ or "").split())
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert "the least for confidences of at least 0.894, where the problem is convex" in readme
 
 
 def test_naive_sigmas_meet_every_limit_on_their_own() -> None:
