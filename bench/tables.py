@@ -8,8 +8,8 @@ simultaneous ("every cell at once") accuracy targets at C (default 0.95): [count
 race] (N x 320 cells, +-25), [county] (+-30), [state, sex] (+-20) and the total (+-40). Times,
 in this process:
 
-- plan: :func:`allocate` (the sigmas of least privacy cost meeting the targets when every cell has its table's largest variance, each turned into
-  a per-cell variance limit by :func:`variance_limit`) and :func:`cell_variances`;
+- plan: :func:`allocate` (the sigmas of least privacy cost meeting the targets as plan checks
+  them: Sidak's product over each table's real cell variances) and :func:`cell_variances`;
 - reconstruct: :func:`reconstruct` of one simulated release (Poisson counts, Gaussian noise);
 - integer: :func:`nonnegative_integer` of it.
 
@@ -84,7 +84,7 @@ def main() -> None:
     limits = [variance_limit(w, args.confidence, n) for w, n in zip(TARGETS, cells, strict=True)]
 
     start = time.perf_counter()
-    sigmas = allocate(domain, tables, limits)
+    sigmas = allocate(domain, tables, [None] * len(tables), [[(w, args.confidence)] for w in TARGETS])
     variances = cell_variances(domain, tables, sigmas)
     plan_seconds = time.perf_counter() - start
 

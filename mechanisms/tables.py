@@ -34,8 +34,9 @@ prod_{j in S} (1 - 1/n_j) prod_{j in F_s \\ S} 1/n_j^2``. Cells of one table dif
 cell of a table at once: the cells are correlated, and Sidak's inequality makes the product of
 the per-cell coverages a lower bound (:func:`simultaneous_half_width`).
 **Allocation** (:func:`allocate`): the least ``sum_t 1/sigma_t^2`` (zCDP ``rho``, :func:`privacy_cost`)
-with every table's largest cell variance within its limit (every cell bounded by it:
-:func:`variance_limit` turns a half-width target into one); :func:`naive_sigmas` is the
+meeting every target as plan checks it: each cell's variance within its limit
+(:func:`variance_limit`), every cell at once by Sidak's product over the real variances
+(global for confidences >= 0.894, where the problem is convex); :func:`naive_sigmas` is the
 alternative without reconstruction.
 **Non-negative integer tables** (:func:`nonnegative_integer`): post-processing, a non-negative
 least-squares fit (no geography) or top-down over the geography, every table still a margin of
@@ -439,7 +440,12 @@ def variance_limit(half_width: float, confidence: float, cells: int) -> float:
     if not (math.isfinite(half_width) and half_width > 0):
         raise UserError(f"half-width {half_width!r}", field="absolute_error", allowed="a finite number > 0")
     quantile = float(special.ndtri(1 - each_cell_miss(confidence, cells) / 2))
-    return (half_width / quantile) ** 2 * (1 - 1e-9)  # below float noise of the half-width
+    return (half_width / quantile) ** 2 * MARGIN
+
+
+MARGIN = 1 - 1e-9
+"""Variances are kept a relative 1e-9 below what a half-width target allows: far below any
+printed digit, above the float noise of the half-width."""
 
 
 def privacy_cost(sigmas: Sequence[float], rows_per_person: int = 1, value_bound: int = 1) -> float:
@@ -458,8 +464,9 @@ the starting allocation (each table on its own at its limit): sigma at most 1,00
 smallest, at a cost of at most FLOOR per table."""
 
 
-def _check_limits(limits: Sequence[float | None], count: int) -> np.ndarray:
-    """``limits`` as floats (``nan`` for None), or a UserError."""
+def _check_limits(limits: Sequence[float | None], count: int, required: bool = True) -> np.ndarray:
+    """``limits`` as floats (``nan`` for None), or a UserError (also when ``required`` and all
+    are None)."""
     if len(limits) != count or any(
         limit is not None and not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0)
         for limit in limits
@@ -468,9 +475,30 @@ def _check_limits(limits: Sequence[float | None], count: int) -> np.ndarray:
             f"limits {list(limits)!r}", field="limits", allowed=f"{count} variances > 0 or None, one per table"
         )
     values = np.array([math.nan if limit is None else float(limit) for limit in limits])
-    if np.all(np.isnan(values)):
+    if required and np.all(np.isnan(values)):
         raise UserError("no table has an accuracy target", field="limits", allowed="at least one limit")
     return values
+
+
+def _check_at_once(
+    at_once: Sequence[Sequence[tuple[float, float]]] | None, count: int
+) -> list[list[tuple[float, float]]]:
+    """``at_once`` as lists of ``(half-width, confidence)`` (None: none), or a UserError."""
+    if at_once is None:
+        return [[] for _ in range(count)]
+    if len(at_once) != count:
+        raise UserError(
+            f"{len(at_once)} lists of every-cell targets for {count} tables", field="at_once", allowed="one per table"
+        )
+    out = []
+    for pairs in at_once:
+        checked = []
+        for width, confidence in pairs:
+            if not (isinstance(width, (int, float)) and math.isfinite(width) and width > 0):
+                raise UserError(f"half-width {width!r}", field="at_once", allowed="a finite number > 0")
+            checked.append((float(width), check_confidence(confidence)))
+        out.append(checked)
+    return out
 
 
 def naive_sigmas(domain: Domain, tables: Sequence[Table], limits: Sequence[float | None]) -> tuple[float, ...]:
@@ -481,30 +509,57 @@ def naive_sigmas(domain: Domain, tables: Sequence[Table], limits: Sequence[float
     return (sigma,) * len(tables)
 
 
-def allocate(domain: Domain, tables: Sequence[Table], limits: Sequence[float | None]) -> tuple[float, ...]:
+def allocate(
+    domain: Domain,
+    tables: Sequence[Table],
+    limits: Sequence[float | None],
+    at_once: Sequence[Sequence[tuple[float, float]]] | None = None,
+) -> tuple[float, ...]:
     """Per table the sigma minimizing the privacy cost ``sum_t p_t`` (``p_t = 1 / sigma_t^2``:
-    zCDP rho and every Gaussian epsilon at fixed delta increase with it) subject to every
-    table's largest reconstructed cell variance <= its limit (None: no limit; the table is
-    still measured, at least at :data:`FLOOR`). Least under that bound, which treats every cell
-    as having its table's largest variance: where a table's cells differ (a geography's nodes),
-    plan's check over the real variances (:func:`simultaneous_half_width`) is looser, and a sigma
-    can sometimes be raised a little (under 1% of rho, measured on geo-tables) still meeting every target.
+    zCDP rho and every Gaussian epsilon at fixed delta increase with it) subject to the checks
+    plan makes: every cell's variance <= its table's limit (each cell: :func:`variance_limit`
+    over one cell; None: no limit) and, per ``(w, C)`` of ``at_once[t]`` (every cell at once),
+    :func:`simultaneous_half_width` of the table's real cell variances ``<= w``: ``sum_c ln(1 -
+    erfc(w / sqrt(2 v_c))) >= ln C``. A table with neither is still measured, at least at
+    :data:`FLOOR`.
 
-    The variances are convex in ``p`` (diagonals of the inverse of a matrix affine in ``p``), so
-    the feasible set is convex and the cost linear: SLSQP over ``p / p_start`` from the feasible
-    start ``p_t = 1 / limit_t`` (each table on its own at its limit), with exact gradients
-    (complex step) on the distinct node variances of each table. The result is checked on every
-    cell and scaled up if rounding missed (the variances scale as ``1/c`` when ``p`` scales by
-    ``c``), and never costs more than the start."""
+    Two SLSQP runs over ``p / p_start`` with exact gradients (complex step). First with every
+    cell bounded by its table's largest variance (the limit, and :func:`variance_limit` over
+    the table's cells per ``(w, C)``: sufficient), from ``p_t = 1 / bound_t`` (each table on its
+    own): the variances are convex in ``p`` (diagonals of the inverse of a matrix affine in
+    ``p``) and the cost linear, so that optimum is global; it is taken on the distinct node
+    variances of each table. Then, where a table with a ``(w, C)`` has cells of different
+    variances (a geography's nodes), from that optimum with the Sidak sums over every cell
+    instead of its bound. Each feasible cell has ``P(|Z_c| <= w) >= C``, and ``-ln erf(w /
+    sqrt(2 v))`` is increasing and convex in ``v`` wherever ``erf(w / sqrt(2 v)) >= 0.894``, so
+    for ``C >= 0.894`` the problem is convex and that optimum global (below, a local one). The
+    result is checked as plan checks it and scaled up if rounding missed (variances scale as
+    ``1/c``, half-widths as ``1 / sqrt(c)``, when ``p`` scales by ``c``); the cheapest of the
+    start and the two optima is returned."""
     structure = _structure(domain, tables)
-    limit = _check_limits(limits, len(tables))
-    constrained = np.flatnonzero(~np.isnan(limit))
-    start = np.where(np.isnan(limit), 1 / np.nanmax(limit), 1 / limit)
+    limit = _check_limits(limits, len(tables), at_once is None)
+    once = _check_at_once(at_once, len(tables))
+    cells = [math.prod(table.shape(domain)) for table in tables]
+    bound = limit.copy()
+    for t, pairs in enumerate(once):
+        for width, confidence in pairs:
+            bound[t] = np.fmin(bound[t], variance_limit(width, confidence, cells[t]))
+    if np.all(np.isnan(bound)):
+        raise UserError("no table has an accuracy target", field="limits", allowed="at least one limit")
+    constrained = [int(t) for t in np.flatnonzero(~np.isnan(bound))]
+    start = np.where(np.isnan(bound), 1 / np.nanmax(bound), 1 / bound)
     floor = FLOOR * start.max()
+    per_node = [cells[t] // structure.domain.nodes(structure.levels[t]) for t in range(len(tables))]
 
-    def excess(precision: np.ndarray) -> float:
+    def excess(precision: np.ndarray) -> float:  # plan's check: at most 1 where every target is met
         variances = _table_node_variances(structure, precision)
-        return max(float(variances[t].max()) / limit[t] for t in constrained)
+        ratios = [float(variances[t].max()) / limit[t] for t in np.flatnonzero(~np.isnan(limit))]
+        for t, pairs in enumerate(once):
+            for width, confidence in pairs:  # met by the bound (as before: not costlier) or exactly
+                largest = float(variances[t].max()) / variance_limit(width, confidence, cells[t])
+                every = simultaneous_half_width(np.repeat(variances[t], per_node[t]), confidence)
+                ratios.append(min(largest, (every / width) ** 2 / MARGIN))
+        return max(ratios)
 
     def feasible(precision: np.ndarray) -> np.ndarray:
         precision = np.maximum(precision, floor)
@@ -515,20 +570,42 @@ def allocate(domain: Domain, tables: Sequence[Table], limits: Sequence[float | N
     # the distinct node-variance functions of each constrained table: equal at two random points
     probe = np.random.default_rng(0)
     probes = [_table_node_variances(structure, start * probe.uniform(0.5, 2, start.size)) for _ in range(2)]
-    nodes = [
-        np.unique(np.round(np.log([probes[0][t], probes[1][t]]), 9), axis=1, return_index=True)[1] for t in constrained
-    ]
+    nodes = {
+        t: np.unique(np.round(np.log([probes[0][t], probes[1][t]]), 9), axis=1, return_index=True)[1]
+        for t in constrained
+    }
 
-    def used(q: np.ndarray) -> np.ndarray:  # variance / limit at the distinct nodes, 1 - that >= 0
+    def bounded(q: np.ndarray) -> np.ndarray:  # variance / bound at the distinct nodes
         variances = _table_node_variances(structure, start * q)
-        return np.concatenate([variances[t][index] / limit[t] for t, index in zip(constrained, nodes, strict=True)])
+        return np.concatenate([variances[t][nodes[t]] / bound[t] for t in constrained])
 
+    candidates = [start, start * _least(bounded, start, np.ones(len(tables)), floor / start)]
+    if any(pairs and len(nodes[t]) > 1 for t, pairs in enumerate(once)):
+        limited = [int(t) for t in np.flatnonzero(~np.isnan(limit))]
+
+        def exact(q: np.ndarray) -> np.ndarray:  # variance / limit; ln(Sidak coverage) / ln C
+            variances = _table_node_variances(structure, start * q)
+            used = [variances[t][nodes[t]] / limit[t] for t in limited]
+            for t, pairs in enumerate(once):
+                for width, confidence in pairs:
+                    terms = np.log1p(-special.erfc(width / np.sqrt(2 * variances[t] / MARGIN)))
+                    used.append(np.atleast_1d(per_node[t] * terms.sum() / math.log(confidence)))
+            return np.concatenate(used)
+
+        candidates.append(start * _least(exact, start, candidates[1] / start, floor / start))
+    best = min((feasible(p) for p in candidates), key=lambda p: float(p.sum()))
+    return tuple(float(s) for s in 1 / np.sqrt(best))
+
+
+def _least(used: Any, start: np.ndarray, q: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """SLSQP from ``q``: the least ``start @ q`` with ``used(q) <= 1`` and ``q >= lower``; the
+    gradient of ``used`` by complex step, ``Im used(q + ih e_k) / h``, exact to rounding."""
     weight = start / start.sum()
 
     def slack(q: np.ndarray) -> np.ndarray:
         return 1 - used(q).real
 
-    def slack_gradient(q: np.ndarray) -> np.ndarray:  # complex step: Im f(q + ih e_k) / h, exact
+    def slack_gradient(q: np.ndarray) -> np.ndarray:
         return np.stack([-used(q + 1j * 1e-20 * np.eye(q.size)[k]).imag / 1e-20 for k in range(q.size)], axis=1)
 
     def cost(q: np.ndarray, *_: object) -> float:
@@ -539,15 +616,14 @@ def allocate(domain: Domain, tables: Sequence[Table], limits: Sequence[float | N
 
     result = optimize.minimize(
         cost,
-        np.ones(len(tables)),
+        q,
         jac=cost_gradient,
         method="SLSQP",
-        bounds=optimize.Bounds(floor / start, np.inf),
+        bounds=optimize.Bounds(lower, np.inf),
         constraints=optimize.NonlinearConstraint(slack, 0.0, np.inf, jac=slack_gradient),
         options={"ftol": 1e-14, "maxiter": 1000},
     )
-    best = min((feasible(start * result.x), feasible(start)), key=lambda p: float(p.sum()))
-    return tuple(float(s) for s in 1 / np.sqrt(best))
+    return np.asarray(result.x)
 
 
 def nonnegative_integer(

@@ -9,8 +9,8 @@ level: 2}}`` is level 2 of the hierarchy file that generalizes ``county``
 (``generalization.county: {type: hierarchy, hierarchy: geo.csv, level: L}``, ``L`` < 2): public,
 bound into the policy's hash, fixed before any data is read. At most one column has levels (the
 geography). ``noise: {distribution: gaussian}``: each table's sigma chosen to meet
-``targets.accuracy`` at the least privacy cost under the bound that every cell has its table's
-largest variance (:func:`.tables.allocate`), or given (``sigma: S`` for every table, or a list,
+``targets.accuracy`` as plan checks it at the least privacy cost (:func:`.tables.allocate`:
+global for confidences >= 0.894, else a local least), or given (``sigma: S`` for every table, or a list,
 one per table). ``nonnegative: true``: published values are non-negative integers that still
 add up (:func:`.tables.nonnegative_integer`).
 
@@ -154,7 +154,8 @@ class TableLevel(Model):
 class TablesNoise(Model):
     """Gaussian noise on every cell of every table: ``sigma`` one number for all, a
     list (one per table, in order), or absent (chosen to meet ``targets.accuracy`` at the
-    least privacy cost under the bound that every cell has its table's largest variance);
+    least privacy cost, each target as plan checks it: every cell at once by Sidak's
+    inequality over the cells' own variances; below confidence 0.894 a local least);
     ``sigma_total`` the same for the totals (with ``total``), in the column's units."""
 
     distribution: Literal["gaussian"]
@@ -207,8 +208,8 @@ class NoisyTablesMechanism(MechanismKind):
     (``[]``: the grand total), dataset columns with declared domains or ``levels`` of one
     hierarchy column (``state: {of: county, level: 1}``: column 1 of the hierarchy file that
     generalizes ``county``). Each table is measured once with Gaussian noise (``noise``:
-    ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` at the least
-    privacy cost under the bound that every cell has its table's largest variance) and the
+    ``sigma`` for all, one per table, or absent: chosen to meet ``targets.accuracy`` as plan
+    checks it at the least privacy cost; below confidence 0.894 a local least) and the
     published tables are one least-squares estimate, every table a margin of it;
     ``nonnegative``: non-negative integers, still adding up. Each table is its own file
     ``<name>-<columns joined by ->`` (``<name>-total``), every cell with ``estimate``, ``lower``
@@ -393,8 +394,8 @@ class NoisyTablesMechanism(MechanismKind):
 
     def sigmas(self, loaded: LoadedPolicy, statistic: str = "count") -> tuple[float, ...]:
         """Each table's sigma for ``statistic`` (the totals': in the column's units): the
-        policy's, or the least-cost allocation meeting its targets (under the bound that every
-        cell has its table's largest variance)."""
+        policy's, or the least-cost allocation meeting its targets as :meth:`accuracy_check`
+        checks them (:func:`.tables.allocate`)."""
         return _sigmas(self, loaded, statistic)
 
     def resolved(self, loaded: LoadedPolicy) -> NoisyTablesMechanism:
@@ -494,9 +495,10 @@ class NoisyTablesMechanism(MechanismKind):
         layout = self.layout(loaded)
         return tuple(tables.naive_sigmas(layout.domain, layout.tables, limits))
 
-    def _limits(self, loaded: LoadedPolicy, statistic: str = "count") -> list[float | None]:
+    def _limits(self, loaded: LoadedPolicy, statistic: str = "count", each: bool = False) -> list[float | None]:
         """Per table, the largest per-cell variance of ``statistic`` meeting every target naming
-        it (:func:`.tables.variance_limit`: ``cells: each`` over one cell, ``all`` over the table's)."""
+        it (``each``: every ``cells: each`` target) (:func:`.tables.variance_limit`: ``cells:
+        each`` over one cell, ``all`` over the table's)."""
         from privrelease.mechanisms import tables
 
         layout = self.layout(loaded)
@@ -505,10 +507,24 @@ class NoisyTablesMechanism(MechanismKind):
             found = []
             for target in self._targets(loaded, table, statistic):
                 assert target.absolute_error is not None, "the policy checks require absolute_error"
+                if each and target.cells != "each":
+                    continue
                 cells = 1 if target.cells == "each" else layout.cells(index)
                 found.append(tables.variance_limit(target.absolute_error, target.confidence, cells))
             limits.append(min(found) if found else None)
         return limits
+
+    def _at_once(self, loaded: LoadedPolicy, statistic: str = "count") -> list[list[tuple[float, float]]]:
+        """Per table, ``(absolute_error, confidence)`` of every ``cells: all`` target of
+        ``statistic`` naming it (:func:`.tables.allocate` checks them as plan does)."""
+        return [
+            [
+                (float(target.absolute_error), target.confidence)
+                for target in self._targets(loaded, table, statistic)
+                if target.cells != "each" and target.absolute_error is not None
+            ]
+            for table in self.tables
+        ]
 
     def _targets(self, loaded: LoadedPolicy, table: Sequence[str], statistic: str = "count") -> list[AccuracyTarget]:
         """The accuracy targets naming this mechanism, ``statistic`` and ``table`` (or every table)."""
@@ -1154,7 +1170,12 @@ def _sigmas(mechanism: NoisyTablesMechanism, loaded: LoadedPolicy, statistic: st
         from privrelease.mechanisms import tables
 
         layout = mechanism.layout(loaded)
-        found = tables.allocate(layout.domain, layout.tables, mechanism._limits(loaded, statistic))
+        found = tables.allocate(
+            layout.domain,
+            layout.tables,
+            mechanism._limits(loaded, statistic, each=True),
+            mechanism._at_once(loaded, statistic),
+        )
         _SIGMAS[key] = tuple(_round_down(s) for s in found)
     return _SIGMAS[key]
 

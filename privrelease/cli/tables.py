@@ -1,6 +1,5 @@
 """``calibrate noisy-tables``: what a policy's set of table accuracies costs in privacy, reads no
-data (:mod:`privrelease.mechanisms.kinds.noisy_tables`): the least-cost sigmas (under the bound
-that every cell has its table's largest variance) meeting every
+data (:mod:`privrelease.mechanisms.kinds.noisy_tables`): the least-cost sigmas meeting every
 ``targets.accuracy`` entry of its ``noisy_tables`` mechanism, the privacy they cost, each table's
 "each cell" and "every cell at once" half-widths (with ``nonnegative``: of the unrounded estimate,
 not the published integers), and the naive alternative's cost; with a ``total``, the same of the
@@ -32,8 +31,8 @@ def calibrate_noisy_tables(
     ),
     json_out: bool = JSON,
 ) -> None:
-    """The sigmas at the least privacy cost (under the bound that every cell has its table's
-    largest variance) that meet every accuracy target of the policy's noisy_tables mechanism (whatever noise.sigma it sets), their privacy cost (zCDP rho and
+    """The sigmas at the least privacy cost (below confidence 0.894: a local least) that meet
+    every accuracy target of the policy's noisy_tables mechanism (whatever noise.sigma it sets), their privacy cost (zCDP rho and
     epsilon at targets.delta by the policy's accounting), per table each cell's and every cell
     at once's half-width, and the naive alternative (each table on its own, budget split
     equally) at the same targets; with a total column, the totals' sigmas and half-widths too."""
