@@ -733,7 +733,7 @@ class NoisyTablesMechanism(MechanismKind):
         release's epsilon at the target delta (its event with those sigmas) and that table's
         count half-width, of every cell at once or of each cell as the first count target naming
         a table says (without one: the first table, every cell at once, at 95%). The table's
-        target, if any, is drawn. Every sigma stays within the range a policy may name."""
+        target, if any, is drawn. Every table's sigma stays within the range a policy may name."""
         from privrelease.mechanisms import tables
 
         release = self.resolved(loaded)
