@@ -39,8 +39,8 @@ meeting every target as plan checks it: each cell's variance within its limit
 (global for confidences >= 0.894, where the problem is convex); :func:`naive_sigmas` is the
 alternative without reconstruction.
 **Non-negative integer tables** (:func:`nonnegative_integer`): post-processing, a non-negative
-least-squares fit (no geography) or top-down over the geography, every table still a margin of
-one array.
+least-squares fit (no geography; approximate on large sparse arrays: :data:`NNLS_ITERATIONS`) or
+top-down over the geography, every table still a margin of one array.
 
 The array layout of a table: axis 0 the geography nodes at its level (absent at the root), then
 its flat attributes in :attr:`Domain.flat` order.
@@ -641,7 +641,8 @@ def nonnegative_integer(
     remainder, ties broken uniformly at random (``rng``, default the OS CSPRNG).
 
     **No table below the root** (no geography): the non-negative least-squares fit in the
-    metric of the measurements (:func:`_nonnegative_least_squares`, ``sigmas``: the tables'
+    metric of the measurements, as far as :data:`NNLS_ITERATIONS` reach it
+    (:func:`_nonnegative_least_squares`, ``sigmas``: the tables'
     noise, equal if None), so a margin of many cells stays close to its linear estimate
     wherever its cells are well above 0; then (:func:`_round_flat`) the largest table below
     the array is projected onto ``{m >= 0, sum m = T}`` and rounded, and the cells of each of
@@ -710,7 +711,11 @@ def nonnegative_integer(
 NNLS_ITERATIONS = 200
 """At most 200 iterations of the trust-region reflective solver in
 :func:`_nonnegative_least_squares` (fewer once the cost changes by less than a relative 1e-10);
-the result is non-negative whatever, and the published shift is measured on it."""
+the result is non-negative whatever, and the published shift is measured on it. Enough for the
+optimum on small tables (the tests' 24 to 100 cells: the same as 5,000 iterations); short of it
+on large sparse arrays (gamma-Poisson counts, half the cells near 0: a weighted squared error
+1.22 times what 5,000 iterations reach at 10,000 cells, 4.2 times at 100,000, where L-BFGS-B
+reaches lower still), whose cells then depart further from the linear estimate."""
 
 
 def _nonnegative_least_squares(
@@ -720,8 +725,10 @@ def _nonnegative_least_squares(
     e_t||^2`` (``A_t`` sums ``x`` to table ``t``, ``e_t`` its consistent estimate, ``p_t = 1 /
     sigma_t^2``): the least-squares fit to the measurements ``y_t`` under ``x >= 0``, since
     ``y_t - e_t`` is orthogonal to every ``A_t x`` in that metric (Lawson and Hanson 1974).
-    Solved by scipy's trust-region reflective ``lsq_linear`` (Branch, Coleman, Li 1999) with
-    the margins as a linear operator: no matrix is built, each product costs a pass per table."""
+    Approached by scipy's trust-region reflective ``lsq_linear`` (Branch, Coleman, Li 1999) with
+    the margins as a linear operator (no matrix is built, each product costs a pass per table),
+    for at most :data:`NNLS_ITERATIONS` iterations: the minimizer on small tables, an
+    approximation of it on large sparse arrays."""
     shape = tuple(structure.sizes[j] for j in union)
     weights = np.sqrt(precision)
     axes = [tuple(k for k, j in enumerate(union) if j not in index) for index in structure.attrs]

@@ -506,6 +506,10 @@ def test_flat_nonnegative_fit_is_the_least_squares_optimum() -> None:
     assert fitted.min() >= 0
     for m in matrices:
         np.testing.assert_allclose(m @ fitted.ravel(), m @ want, atol=1e-6)
+    from privrelease.mechanisms.tables import NNLS_ITERATIONS
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"as far as at most {NNLS_ITERATIONS} iterations of scipy's trust-region solver reach it" in readme
 
 
 def test_group_projection_and_rounding_against_an_independent_computation() -> None:
