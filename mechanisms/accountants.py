@@ -4,7 +4,7 @@
   pure-DP events get (eps, 0); sampling amplifies pure DP by Corollary 4; composition adds
   epsilons and deltas (Theorem 2's argument: the bad events' probabilities add).
 * ``approximate`` — standard (eps, delta)-DP under add/remove-one-row neighbours: SDGS gets the
-  exact hockey-stick delta; several releases compose by the optimal composition theorem for
+  exact hockey-stick delta, Gaussian tables and sums the zCDP conversion (an upper bound); several releases compose by the optimal composition theorem for
   heterogeneous (eps_i, delta_i) (exact, never worse than adding; the tests cross-check it with
   privacy loss distributions from Google's ``dp_accounting``).
 * ``identifiability`` (rho, Lee & Clifton) and ``f-smooth`` (Theorem 6) have functions of their own.

@@ -50,7 +50,7 @@ TEMPLATE = "report.html.j2"
 
 NOTION_NAMES = {
     "probabilistic": "probabilistic DP (Theorem 1, the papers' notion)",
-    "approximate": "approximate (ε, δ)-DP (exact hockey-stick δ)",
+    "approximate": "approximate (ε, δ)-DP (δ exact where the mechanism's curve is known, else a proven bound)",
 }
 # --- formatting filters ------------------------------------------------------------------
 

@@ -811,3 +811,20 @@ def test_plan_warns_of_an_untargeted_table_finer_than_every_targeted_one(tmp_pat
         tmp_path / "b", noise=chosen, accuracy="[{mechanism: census, table: [county, sex], absolute_error: 10}]"
     )
     assert _mechanism(loaded).plan_warnings(loaded) == ()
+
+
+def test_the_approximate_accountant_is_not_called_exact_where_it_converts_zcdp() -> None:
+    """Gaussian tables are accounted by the zCDP conversion (an upper bound on their exact
+    curve): plan --chart and the report name the approximate accountant without claiming an exact
+    delta, and the report says which mechanisms get an exact one and which a bound (audit 9)."""
+    from privrelease.reports.render import plan_charts_html
+
+    plan = plan_policy(load_policy(REPO / "policies" / "examples" / "geo-tables.yaml"))
+    import html as markup
+
+    html = markup.unescape(plan_charts_html(plan))
+    assert "exact hockey-stick δ)" not in html
+    assert "approximate (ε, δ)-DP (δ exact where the mechanism's curve is known, else a proven bound)" in html
+    template = (REPO / "reports" / "templates" / "report.html.j2").read_text(encoding="utf-8")
+    assert "with δ computed exactly (never larger than Theorem 1's)" not in template
+    assert "otherwise bounded by the tightest proven conversion, which each mechanism's row names" in template
