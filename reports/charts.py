@@ -847,7 +847,7 @@ def frontier_chart(name: str, frontier: Frontier, chart_id: str) -> Chart:
     )
     off = [v for v, p in zip(values, privacy, strict=True) if not (math.isfinite(p) and p <= top)]
     caption = (
-        f"What {frontier.parameter} ({frontier.setting} in the policy) costs and buys, before any data is read: "
+        f"What {frontier.parameter} (the policy's {frontier.setting}) costs and buys, before any data is read: "
         f"above, {frontier.privacy_label} of this mechanism alone; below, its accuracy. The release's "
         f"{frontier.parameter} = {chosen:g} gives ε = {fmt(privacy[at], 4)} and "
         f"{frontier.accuracy_label} = {fmt(accuracy[at], 4)}. "

@@ -204,7 +204,9 @@ def test_noisy_tables_frontier_scales_every_sigma_together(adult_dir: Path, name
     release = mechanism.resolved(loaded)
     frontier = mechanism.frontier(loaded)
     target = next(t for t in loaded.policy.targets.accuracy if t.statistic in (None, "count") and t.table)
-    assert frontier.setting == "noise.sigma" and frontier.accuracy_target == target.absolute_error
+    assert frontier.setting.startswith(f"noise.sigma for table {'-'.join(target.table)}, every other σ")
+    assert frontier.accuracy_target == target.absolute_error
+    assert frontier.accuracy_label.endswith("(counts)")
     sigmas = np.array(release.sigmas(loaded))
     index = [set(t) for t in mechanism.tables].index(set(target.table))
     assert frontier.chosen == sigmas[index] and f"table {'-'.join(target.table)}" in frontier.accuracy_label

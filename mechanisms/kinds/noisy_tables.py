@@ -763,10 +763,11 @@ class NoisyTablesMechanism(MechanismKind):
 
         scope = "each cell" if each else "every cell at once"
         of = f", of {UNROUNDED}" if self.nonnegative else ""
+        others = "every other σ and σ total" if taus is not None else "every other σ"
         axis = Axis(
-            f"σ ({name})",
-            "noise.sigma",
-            f"{confidence:.0%} half-width of {scope} of table {name}",
+            f"σ (table {name})",
+            f"noise.sigma for table {name}, {others} scaled with it",
+            f"{confidence:.0%} half-width of {scope} of table {name} (counts)",
             False,
             f"Every table's σ{' and σ total' if taus is not None else ''} scaled with table {name}'s, in the "
             f"release's proportions. Accuracy: {scope} of table {name} within ± the half-width of its true count "
