@@ -170,9 +170,9 @@ MAX_ROWS_PER_PERSON = 1000
 class Person(Model):
     """Who one person is: ``column`` holds a person's identifier (never published); a person's
     rows beyond ``max_rows`` are dropped at random before any mechanism runs, so every guarantee
-    is for one person with at most ``max_rows`` rows: noisy counts read them all (sensitivity
-    ``max_rows``), the kinds whose papers assume one row per person (SDGS, histograms, SPLU-Gen,
-    identifiable statistics) one random row of each person."""
+    is for one person with at most ``max_rows`` rows: noisy counts, sums and tables read them all
+    (sensitivity ``max_rows``, times the bound for totals), the kinds whose papers assume one row
+    per person (SDGS, histograms, SPLU-Gen, identifiable statistics) one random row of each person."""
 
     column: Name
     max_rows: Annotated[
