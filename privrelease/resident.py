@@ -303,10 +303,14 @@ def _alive(pid: int) -> bool:
 def stop_runners(work_dir: Path, grace: float = 15.0) -> list[int]:
     """Stop every runner kept in ``work_dir`` (``privrelease server stop``): SIGTERM (it stops
     taking commands and exits once they have ended), SIGKILL after ``grace`` seconds (its
-    commands run on); their pids."""
+    commands run on); their pids. A runner still importing (its lock held, no state file yet:
+    one a command just left, :func:`keep`) is waited for, up to ``grace`` seconds, and stopped
+    too."""
     from privrelease.server import terminate
 
     folder = work_dir / FOLDER
+    if folder.is_dir():
+        _await_starting(folder, grace)
     stopped = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         state = _read_state(folder, path.stem)
@@ -315,6 +319,18 @@ def stop_runners(work_dir: Path, grace: float = 15.0) -> list[int]:
             stopped.append(state.pid)
         path.unlink(missing_ok=True)
     return stopped
+
+
+def _await_starting(folder: Path, grace: float) -> None:
+    """Until every runner whose lock is held has written its state file, or ``grace`` seconds."""
+    deadline = time.monotonic() + grace
+    for lock in sorted(folder.glob("*.lock")):
+        state = folder / f"{lock.stem}.json"
+        while not state.exists() and time.monotonic() < deadline:
+            with _held(folder, lock.stem) as free:
+                if free:
+                    break  # none is starting
+            time.sleep(0.1)
 
 
 def runners(work_dir: Path) -> list[int]:

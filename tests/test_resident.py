@@ -263,3 +263,40 @@ def test_a_peer_of_another_account_is_refused() -> None:
         assert out.strip() == "b''"  # closed (or reset) without an answer
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+STARTING_RUNNER = """
+import fcntl, json, os, sys, time
+folder, key = sys.argv[1], sys.argv[2]
+lock = open(os.path.join(folder, key + ".lock"), "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
+time.sleep(1.5)  # a runner's imports, before it writes its state file
+state = {"pid": os.getpid(), "socket": os.path.join(folder, key + ".sock"), "started": time.time(), "code": {}}
+with open(os.path.join(folder, key + ".json"), "w") as handle:
+    json.dump(state, handle)
+time.sleep(60)
+"""
+
+
+def test_server_stop_waits_for_a_runner_still_importing_and_stops_it(tmp_path: Path) -> None:
+    """A runner a command has just left (``keep``) holds its lock while it imports and writes
+    its state file only then: ``stop_runners`` (``server stop``) waits for it and stops it,
+    instead of missing it and leaving it to serve until idle (audit 9: a ``run`` then one
+    ``server stop`` left one such runner in 13 of 13 work folders)."""
+    folder = tmp_path / resident.FOLDER
+    folder.mkdir()
+    key = "k" * 32
+    # its command line names the runner's module, as resident._alive requires
+    starting = subprocess.Popen([sys.executable, "-c", STARTING_RUNNER, str(folder), key, resident.ENTRY])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until it holds the lock
+            with resident._held(folder, key) as free:
+                if not free:
+                    break
+            time.sleep(0.05)
+        assert not (folder / f"{key}.json").exists()
+        assert resident.stop_runners(tmp_path, grace=10.0) == [starting.pid]
+        assert starting.wait(timeout=15) != 0  # terminated by the signal, not by its own end
+    finally:
+        starting.kill()
