@@ -42,9 +42,15 @@ class Reissued:
     chain_head: dict[str, Any]
     approval_revoked: str | None = None
 
+    @property
+    def published_nothing(self) -> bool:
+        """Whether every file handed back has no row (the release published nothing)."""
+        rows = [output.rows for output in self.outputs if output.rows is not None]
+        return bool(rows) and not any(rows)
+
     def as_dict(self) -> dict[str, Any]:
         """As ``privrelease reissue --json`` prints it."""
-        return asdict(self)
+        return {**asdict(self), "published_nothing": self.published_nothing}
 
 
 def reissue(run_ref: str, out: Path | None = None) -> Reissued:

@@ -49,7 +49,7 @@ __all__ = [
 TEMPLATE = "report.html.j2"
 
 NOTION_NAMES = {
-    "probabilistic": "probabilistic DP (Theorem 1, the papers' notion)",
+    "probabilistic": "probabilistic DP (the papers' notion; Theorem 1 for SDGS)",
     "approximate": "approximate (ε, δ)-DP (δ exact where the mechanism's curve is known, else a proven bound)",
 }
 # --- formatting filters ------------------------------------------------------------------
@@ -115,7 +115,8 @@ def _composition(result: dict[str, Any]) -> str:
         f"{name}: ε = {fmt(point['epsilon'])}, δ = {fmt(point['delta'])}"
         for name, point in result["candidates"].items()
     )
-    return f"{result['method']} of {result['releases']} releases (tightest); compared: {methods}"
+    releases = result["releases"]
+    return f"{result['method']} of {releases} release{'s' * (releases != 1)} (tightest); compared: {methods}"
 
 
 def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[tuple[str, str]]:

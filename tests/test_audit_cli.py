@@ -202,7 +202,7 @@ def test_ledger_show(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     assert locks == []  # the ledger's check reads a snapshot: no write lock, nothing written
     assert "remaining" in human and "spent (published)" in human
     assert "returned (nothing published; not counted)" in " ".join(human.split()) and "released" not in human
-    assert "spent is not their sum: it is composition of 1 stored trees" in " ".join(human.split())
+    assert "spent is not their sum: it is composition of 1 stored tree " in " ".join(human.split())
     assert "'census.csv' is a file of dataset census" in human and FINGERPRINT[:12] in human
     (listed,) = run_json("ledger", "list")["datasets"]
     assert listed["dataset"] == "census" and listed["counting_entries"] == 1

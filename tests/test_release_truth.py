@@ -222,6 +222,38 @@ def test_a_release_of_nothing_says_so_in_public_and_in_release_json(releases) ->
     assert 'id="plan-warnings"' in html
 
 
+def test_a_reissue_of_a_release_of_nothing_says_so(
+    releases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``privrelease reissue`` of the empty release warns that it published no rows, as run, the
+    report and the index do (audit 8: it ended on "checksums verified" with only a 0 in a column);
+    ``--json`` says ``published_nothing``; a release with rows gets no such line. On a copy of the
+    work folder: a reissue is a run of its own, which the other tests' audit database lacks."""
+    import shutil
+
+    from privrelease.cli import main
+
+    work = shutil.copytree(releases["empty"].parent.parent, tmp_path / "work")
+    monkeypatch.setenv("PRIVRELEASE_WORK_DIR", str(work))
+    monkeypatch.delenv("PRIVRELEASE_DB_URL", raising=False)
+    try:
+        for name, empty in (("empty", True), ("draft", False)):
+            run = releases[name].name.rsplit("-", 1)[1]  # the run id's prefix ends the folder's name
+            for flags in ([], ["--json"]):
+                monkeypatch.setattr(sys, "argv", ["privrelease", "reissue", run, *flags])
+                with pytest.raises(SystemExit) as stop:
+                    main()
+                assert stop.value.code in (0, None)
+                out = capsys.readouterr().out
+                if flags:
+                    assert json.loads(out)["published_nothing"] is empty
+                else:
+                    said = f"warning: run {run}" in out and "published no rows: every file handed back is empty" in out
+                    assert said is empty, out
+    finally:
+        dispose_engines()
+
+
 def test_the_release_index_says_a_release_published_nothing_where_its_verdict_is(
     releases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -869,7 +869,8 @@ def ledger_show(
     say(f"lifetime budget  {status.budget}")
     if status.neighbours:
         say(f"unit of privacy  {describe_relation(status.neighbours)} (every charge below is for it)")
-    how = f"composition of {len(status.counting)} stored trees"
+    trees = len(status.counting)
+    how = f"composition of {trees} stored tree{'s' * (trees != 1)}"
     if status.at_lifetime_delta:
         how = f"the smallest epsilon at the lifetime delta; {how}"
     if status.cannot_compose:

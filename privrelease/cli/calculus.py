@@ -24,7 +24,7 @@ JSON = typer.Option(False, "--json", help="Print one JSON document instead of ta
 ACCOUNTING = typer.Option(
     "probabilistic",
     "--accounting",
-    help="probabilistic (Theorem 1's delta, as in the papers) or approximate (the standard (eps, delta)-DP: the exact hockey-stick delta where the mechanism's curve is known, else a proven bound).",
+    help="probabilistic (the papers' notion: Theorem 1's delta for SDGS) or approximate (the standard (eps, delta)-DP: the exact hockey-stick delta where the mechanism's curve is known, else a proven bound).",
 )
 
 

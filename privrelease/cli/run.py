@@ -305,6 +305,14 @@ def reissue_command(
     if result.report:
         say(f"report: {result.report}")
     say(f"checksums verified; recorded as run {result.run_id} (no budget charged)")
+    if result.published_nothing:
+        say(
+            styled(
+                "[bold yellow]warning:[/] {}",
+                f"run {result.source_run_id} published no rows: every file handed back is empty (its privacy cost "
+                "was charged when it ran)",
+            )
+        )
     if result.approval_revoked:
         say(styled("[bold yellow]warning:[/] {}", result.approval_revoked))
 
