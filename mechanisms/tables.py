@@ -463,9 +463,8 @@ the starting allocation (each table on its own at its limit): sigma at most 1,00
 smallest, at a cost of at most FLOOR per table."""
 
 
-def _check_limits(limits: Sequence[float | None], count: int, required: bool = True) -> np.ndarray:
-    """``limits`` as floats (``nan`` for None), or a UserError (also when ``required`` and all
-    are None)."""
+def _check_limits(limits: Sequence[float | None], count: int) -> np.ndarray:
+    """``limits`` as floats (``nan`` for None), or a UserError."""
     if len(limits) != count or any(
         limit is not None and not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0)
         for limit in limits
@@ -473,10 +472,14 @@ def _check_limits(limits: Sequence[float | None], count: int, required: bool = T
         raise UserError(
             f"limits {list(limits)!r}", field="limits", allowed=f"{count} variances > 0 or None, one per table"
         )
-    values = np.array([math.nan if limit is None else float(limit) for limit in limits])
-    if required and np.all(np.isnan(values)):
+    return np.array([math.nan if limit is None else float(limit) for limit in limits])
+
+
+def _require_a_target(bounds: np.ndarray) -> np.ndarray:
+    """``bounds`` (per table a variance bound, ``nan`` for none), or a UserError when none has one."""
+    if np.all(np.isnan(bounds)):
         raise UserError("no table has an accuracy target", field="limits", allowed="at least one limit")
-    return values
+    return bounds
 
 
 def _check_at_once(
@@ -504,7 +507,7 @@ def naive_sigmas(domain: Domain, tables: Sequence[Table], limits: Sequence[float
     """Each table measured and published on its own (cell variance ``sigma^2``), the budget
     split equally (one sigma for all): ``sigma^2`` = the smallest limit."""
     _structure(domain, tables)
-    sigma = math.sqrt(float(np.nanmin(_check_limits(limits, len(tables)))))
+    sigma = math.sqrt(float(np.nanmin(_require_a_target(_check_limits(limits, len(tables))))))
     return (sigma,) * len(tables)
 
 
@@ -536,15 +539,14 @@ def allocate(
     ``1/c``, half-widths as ``1 / sqrt(c)``, when ``p`` scales by ``c``); the cheapest of the
     start and the two optima is returned."""
     structure = _structure(domain, tables)
-    limit = _check_limits(limits, len(tables), at_once is None)
+    limit = _check_limits(limits, len(tables))
     once = _check_at_once(at_once, len(tables))
     cells = [math.prod(table.shape(domain)) for table in tables]
     bound = limit.copy()
     for t, pairs in enumerate(once):
         for width, confidence in pairs:
             bound[t] = np.fmin(bound[t], variance_limit(width, confidence, cells[t]))
-    if np.all(np.isnan(bound)):
-        raise UserError("no table has an accuracy target", field="limits", allowed="at least one limit")
+    _require_a_target(bound)
     constrained = [int(t) for t in np.flatnonzero(~np.isnan(bound))]
     start = np.where(np.isnan(bound), 1 / np.nanmax(bound), 1 / bound)
     floor = FLOOR * start.max()
@@ -711,12 +713,11 @@ def nonnegative_integer(
 NNLS_WORK = 10_000_000
 """The non-negative fit's budget in cells x iterations: at most ``max(50, NNLS_WORK / cells)``
 L-BFGS-B iterations (:func:`nnls_iterations`; fewer once converged: 10,000 cells converge
-within it). Measured on sparse gamma-Poisson arrays (half the cells near 0; /tmp/s8/nnls6.py
-against /tmp/s8/nnls3.py's converged L-BFGS-B and /tmp/s8/nnls2.py, nnls5.py's trust-region
-solver capped at 200 iterations, which this replaced): the weighted squared error at 10,000
-cells the optimum's (trust region: 1.22 times it); at 100,000 cells 100 iterations 1.15 times
-the optimum (trust region: 4.3 times); at 1,000,000 cells 50 iterations 104,288 (trust region:
-388,777)."""
+within it, tests/test_tables_math.py certifies it). Measured on sparse gamma-Poisson arrays
+(half the cells near 0) when this replaced trust-region ``lsq_linear`` capped at 200
+iterations: the weighted squared error at 10,000 cells the optimum's (trust region: 1.22 times
+it); at 100,000 cells 100 iterations 1.15 times the optimum (trust region: 4.3 times); at
+1,000,000 cells 50 iterations 104,288 (trust region: 388,777)."""
 
 
 def nnls_iterations(cells: int) -> int:

@@ -600,8 +600,8 @@ class NoisyTablesMechanism(MechanismKind):
                     "sigma": sigma,
                     "standard_error": math.sqrt(float(np.max(variance))),
                     "confidence": confidence,
-                    "each_cell_half_width": float(np.max(tables.each_cell_half_width(variance, confidence))),
-                    "all_cells_half_width": tables.simultaneous_half_width(variance.ravel(), confidence),
+                    "each_cell_half_width": _half_width(variance, confidence, each=True),
+                    "all_cells_half_width": _half_width(variance, confidence, each=False),
                 }
             )
         return found
@@ -710,10 +710,7 @@ class NoisyTablesMechanism(MechanismKind):
         for table, variance in zip(self.tables, variances, strict=True):
             if target.table is not None and set(target.table) != set(table):
                 continue
-            if target.cells == "each":
-                widths.append(float(np.max(tables.each_cell_half_width(variance, target.confidence))))
-            else:
-                widths.append(tables.simultaneous_half_width(variance.ravel(), target.confidence))
+            widths.append(_half_width(variance, target.confidence, each=target.cells == "each"))
         if target.table is not None:
             which = "each cell" if target.cells == "each" else "every cell at once"
             where = f"table {table_name(target.table)}, {which}"
@@ -750,12 +747,8 @@ class NoisyTablesMechanism(MechanismKind):
         confidence = DEFAULT_CONFIDENCE if target is None else target.confidence
         layout = self.layout(loaded)
         name, chosen = table_name(self.tables[index]), float(sigmas[index])
-
-        def half_width(value: float) -> float:
-            variance = tables.cell_variances(layout.domain, layout.tables, tuple(sigmas * (value / chosen)))[index]
-            if each:
-                return float(np.max(tables.each_cell_half_width(variance, confidence)))
-            return tables.simultaneous_half_width(variance.ravel(), confidence)
+        # every variance scales with the square of the common factor, so the half-width with it
+        width = _half_width(tables.cell_variances(layout.domain, layout.tables, tuple(sigmas))[index], confidence, each)
 
         def event(value: float) -> GaussianTables:
             scale = value / chosen
@@ -779,7 +772,8 @@ class NoisyTablesMechanism(MechanismKind):
         )
         floor = chosen * MIN_NOISE / float(sigmas.min())
         ceiling = chosen * MAX_NOISE / float(sigmas.max())
-        return frontier_of(loaded, axis, chosen, log_grid(chosen, low=floor, high=ceiling), event, half_width)
+        grid = log_grid(chosen, low=floor, high=ceiling)
+        return frontier_of(loaded, axis, chosen, grid, event, lambda value: width * (value / chosen))
 
     # --- engines ------------------------------------------------------------------------------
 
@@ -992,6 +986,16 @@ class GaussianTables(ZCDPGaussian, Event):
     @property
     def rho(self) -> float:
         return self.cost * (1 + 1e-15)
+
+
+def _half_width(variance: np.ndarray, confidence: float, each: bool) -> float:
+    """A table's half-width at ``confidence`` from its cells' variances: ``each`` cell's on its own
+    (the largest over the cells), else every cell's at once (Sidak: :func:`.tables.simultaneous_half_width`)."""
+    from privrelease.mechanisms import tables
+
+    if each:
+        return float(np.max(tables.each_cell_half_width(variance, confidence)))
+    return tables.simultaneous_half_width(variance.ravel(), confidence)
 
 
 def measure(counts: np.ndarray, sigma: float, rows_per_person: int) -> np.ndarray:
