@@ -62,6 +62,12 @@ this size let one be written while the next is computed (1 M rows in one piece w
 slower at 1 M published rows, bench/sdgs.py)."""
 ROWS_PER_PART = 2_000_000
 """Published rows per file of an output written on Dask, at most (:func:`part_count`)."""
+ROWS_PER_PART_MIN = 1_000_000
+"""Published rows per file of an output written on Dask, at least (:func:`part_count`; fewer
+when fewer are published): a file costs its worker two tasks and a writer of its own beside
+its rows' work (about 0.1 CPU s a million rows). 2 M rows published by 8 workers on 2 cores
+(``bench/scale.py --worker-steps``): the workers' CPU of the output 0.32 s in 8 files of
+250,000 rows, 0.25 s in 2 of 1 M."""
 _ASSIGN_BATCH = 1 << 22
 """Published rows given a file per batch in :func:`assign_files` (bounds its memory)."""
 _DENSE_KEYS = 1 << 24
@@ -164,15 +170,15 @@ def file_count(rows_published: int, rows_per_file: int) -> int:
 
 
 def part_count(rows_published: int, workers: int) -> int:
-    """How many files an output written on Dask is split into, one written by each worker
+    """How many files an output written on Dask is split into, each written by a worker
     (:func:`split`): :func:`file_count` with about ``rows_published / workers`` rows per file,
-    at least :data:`ROWS_PER_FILE` (no file of tiny pieces) and at most :data:`ROWS_PER_PART`
-    (a file a worker writes in about a second). A function of the published row count and the
-    cluster's size, both public."""
+    at least :data:`ROWS_PER_PART_MIN` (a file's own costs stay small beside its rows') and at
+    most :data:`ROWS_PER_PART` (a file a worker writes in about a second). A function of the
+    published row count and the cluster's size, both public."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1; got {workers}")
     share = -(-rows_published // workers)
-    return file_count(rows_published, max(ROWS_PER_FILE, min(ROWS_PER_PART, share)))
+    return file_count(rows_published, max(ROWS_PER_PART_MIN, min(ROWS_PER_PART, share)))
 
 
 def assign_files(counts: np.ndarray, files: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -283,7 +289,8 @@ def split(
     uniformly random one, each file as a picklable function giving its :func:`pieces` (each of
     its rows in a uniformly random piece, each piece in uniformly random order: the file is a
     uniformly random order of its rows), to be computed and written where it runs. The files
-    are drawn by :func:`assign_files` on ``workers`` slices of the cells of about equal rows,
+    are drawn by :func:`assign_files` on slices of the cells of about equal rows (as many as
+    files, at most ``workers``),
     mapped by ``gather(assign_files, slices, files=J)`` (on Dask over the cluster,
     :func:`.flows.engines.map_gather`): every row independently, as one :func:`assign_files` of
     all rows; only counts per (file, cell) come back, no row is built here."""
@@ -293,7 +300,8 @@ def split(
         assigned = assign_files(counts, 1)
     else:
         cumulative = np.cumsum(counts)
-        cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, workers) // workers, side="right")
+        slices = min(files, workers)
+        cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, slices) // slices, side="right")
         bounds = np.unique(np.r_[0, cuts, len(counts)])
         drawn = gather(assign_files, [counts[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])], files=files)
         assigned = [

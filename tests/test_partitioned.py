@@ -207,15 +207,14 @@ def test_file_count_and_empty_release() -> None:
 
 
 def test_part_count_gives_each_worker_a_file_of_bounded_rows() -> None:
-    """About one file per worker, each of 250,000 to 2,000,000 rows (a power of two files)."""
-    assert [
-        partitioned.part_count(rows, workers)
-        for rows, workers in ((0, 4), (40_000, 2), (2_000_000, 8), (10_000_000, 16), (100_000_000, 16), (600_000, 3))
-    ] == [1, 1, 8, 16, 64, 4]
+    """About one file per worker, each of 1,000,000 to 2,000,000 rows (a power of two files;
+    one file when fewer rows are published)."""
+    cases = ((0, 4), (40_000, 2), (2_000_000, 8), (2_100_000, 8), (10_000_000, 16), (100_000_000, 16), (600_000, 3))
+    assert [partitioned.part_count(rows, workers) for rows, workers in cases] == [1, 1, 2, 4, 16, 64, 1]
     with pytest.raises(ValueError):
         partitioned.part_count(5, 0)
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
-    assert f"at least {partitioned.ROWS_PER_FILE:,} and at most {partitioned.ROWS_PER_PART:,} rows each" in readme
+    assert f"at least {partitioned.ROWS_PER_PART_MIN:,} and at most {partitioned.ROWS_PER_PART:,} rows each" in readme
 
 
 def test_split_over_workers_is_the_published_multiset_in_uniform_files(monkeypatch) -> None:
@@ -226,6 +225,7 @@ def test_split_over_workers_is_the_published_multiset_in_uniform_files(monkeypat
     files' rows, failure probability ALPHA)."""
     monkeypatch.setattr(partitioned, "ROWS_PER_FILE", 500)
     monkeypatch.setattr(partitioned, "ROWS_PER_PART", 500)
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART_MIN", 500)
     result = partitioned.streamed_sdgs(slices(population(40_000), 4), SCHEMES, k=5, beta=0.2, epsilon=1.0)
     assert isinstance(result.table, Pieces) and result.table.remote is not None
     published = rows(list(result.table.tables))
@@ -247,3 +247,25 @@ def test_split_over_workers_is_the_published_multiset_in_uniform_files(monkeypat
     assert len(calls) == 50 and all(len(items) == 3 for items in calls)
     assert sorted(np.concatenate(calls[0]).tolist()) == sorted(published.values())  # the slices: every cell once
     assert chisquare(sizes).pvalue > ALPHA
+
+
+def test_split_draws_as_many_slices_as_files_when_workers_outnumber_them(monkeypatch) -> None:
+    """Two files on 8 workers: the files are drawn on 2 slices of the cells (a task and its
+    costs per file, not per worker), covering every published row once."""
+    result = partitioned.streamed_sdgs(slices(population(40_000), 4), SCHEMES, k=5, beta=0.2, epsilon=1.0)
+    assert isinstance(result.table, Pieces) and result.table.remote is not None
+    published = rows(list(result.table.tables))
+    total = sum(published.values())
+    for name in ("ROWS_PER_FILE", "ROWS_PER_PART", "ROWS_PER_PART_MIN"):
+        monkeypatch.setattr(partitioned, name, -(-total // 2))
+    assert partitioned.part_count(total, 8) == 2
+    calls: list[list[np.ndarray]] = []
+
+    def gather(function, items, **constants):
+        calls.append(items)
+        return [function(item, **constants) for item in items]
+
+    tables = [pa.concat_tables(list(file())) for file in result.table.remote(8, gather)]
+    assert len(tables) == 2 and rows(tables) == published
+    assert len(calls) == 1 and len(calls[0]) == 2
+    assert sorted(np.concatenate(calls[0]).tolist()) == sorted(published.values())

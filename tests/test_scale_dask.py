@@ -274,6 +274,7 @@ def test_workers_write_the_microdata_in_pieces_and_the_flow_checks_their_hashes(
     monkeypatch.setattr(flow_outputs, "write_table", flow_writes)
     monkeypatch.setattr(partitioned, "ROWS_PER_FILE", 6_000)
     monkeypatch.setattr(partitioned, "ROWS_PER_PART", 6_000)
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART_MIN", 6_000)
     policy = policy_file(work, "sorted.parquet", engine=dask_engine(cluster, 50_000))
     published = release_plain(policy_path=str(policy), out_dir=str(work / "dask"))
     parts = sorted(
@@ -320,6 +321,7 @@ def test_output_changed_after_the_worker_wrote_it_is_not_published(cluster, work
 
     monkeypatch.setattr(partitioned, "ROWS_PER_FILE", 100)
     monkeypatch.setattr(partitioned, "ROWS_PER_PART", 100)
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART_MIN", 100)
 
     data = work / "wide.parquet"
     wide_dataset(data, 80_000, 20_000, seed=6)
