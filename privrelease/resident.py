@@ -322,11 +322,16 @@ def stop_runners(work_dir: Path, grace: float = 15.0) -> list[int]:
 
 
 def _await_starting(folder: Path, grace: float) -> None:
-    """Until every runner whose lock is held has written its state file, or ``grace`` seconds."""
+    """Until every runner whose lock is held has written its state file, or ``grace`` seconds.
+    A state file naming a dead process is not the starting runner's (a runner that stopped
+    after its state file was replaced, or was killed, leaves its own: the next runner of its
+    kind, importing, has not written one yet)."""
     deadline = time.monotonic() + grace
     for lock in sorted(folder.glob("*.lock")):
-        state = folder / f"{lock.stem}.json"
-        while not state.exists() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            state = _read_state(folder, lock.stem)
+            if state is not None and _alive(state.pid):
+                break  # serving (or starting and written)
             with _held(folder, lock.stem) as free:
                 if free:
                     break  # none is starting

@@ -278,14 +278,21 @@ time.sleep(60)
 """
 
 
-def test_server_stop_waits_for_a_runner_still_importing_and_stops_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("left", [False, True], ids=["no-state-file", "a-dead-runner-s-state-file"])
+def test_server_stop_waits_for_a_runner_still_importing_and_stops_it(tmp_path: Path, left: bool) -> None:
     """A runner a command has just left (``keep``) holds its lock while it imports and writes
     its state file only then: ``stop_runners`` (``server stop``) waits for it and stops it,
     instead of missing it and leaving it to serve until idle (audit 9: a ``run`` then one
-    ``server stop`` left one such runner in 13 of 13 work folders)."""
+    ``server stop`` left one such runner in 13 of 13 work folders). So too where the state file
+    there names a dead runner (one that stopped after its state file was replaced, leaving it:
+    the clean-clone suite left a runner so)."""
     folder = tmp_path / resident.FOLDER
     folder.mkdir()
     key = "k" * 32
+    if left:
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        state = {"pid": int(dead.stdout), "socket": str(folder / f"{key}.sock"), "started": 0.0, "code": {}}
+        (folder / f"{key}.json").write_text(json.dumps(state))
     # its command line names the runner's module, as resident._alive requires
     starting = subprocess.Popen([sys.executable, "-c", STARTING_RUNNER, str(folder), key, resident.ENTRY])
     try:
@@ -295,7 +302,7 @@ def test_server_stop_waits_for_a_runner_still_importing_and_stops_it(tmp_path: P
                 if not free:
                     break
             time.sleep(0.05)
-        assert not (folder / f"{key}.json").exists()
+        assert (folder / f"{key}.json").exists() == left
         assert resident.stop_runners(tmp_path, grace=10.0) == [starting.pid]
         assert starting.wait(timeout=15) != 0  # terminated by the signal, not by its own end
     finally:
