@@ -244,7 +244,7 @@ def scan_csv(path: str, csv: dict[str, Any], rows_per_block: int, handle: Binary
     )
 
 
-def _chunks(handle: BinaryIO) -> Iterator[memoryview]:
+def _chunks(handle: Any) -> Iterator[memoryview]:
     """The open file's bytes from its start, in chunks of at most :data:`_CHUNK` read into one
     buffer (a chunk is valid until the next is read). A fresh chunk per read was, on a Dask
     worker, a fresh memory mapping faulted in page by page (the nanny's
