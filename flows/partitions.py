@@ -374,11 +374,22 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
     fingerprinted (what is read is what was charged). A user error names the file and rows."""
     from privrelease.datasets import parse_parquet
 
-    file = partition.file
-    if file.format == "csv":
+    if partition.file.format == "csv":
         return _read_csv_partition(partition, spec)
-    path = Path(file.path)
-    with open_checked(path) as handle:
+    path = Path(partition.file.path)
+    source, metadata = _verified_parquet(partition)
+    try:
+        raw = parse_parquet(source, path, spec.columns, metadata=metadata, row_groups=partition.row_groups)
+        return _checked(raw, path, spec)
+    except UserError as error:
+        raise UserError(f"{error}{rows_note(partition.first_row, partition.rows, path.name)}") from None
+
+
+def _verified_parquet(partition: Partition) -> tuple[pa.PythonFile, pq.FileMetaData]:
+    """The partition's Parquet file as only its footer and its row groups' bytes, each checked
+    against the fingerprint (:class:`VerifiedBytes`), and the footer parsed."""
+    file = partition.file
+    with open_checked(Path(file.path)) as handle:
         try:
             tail = file.bytes - file.footer_bytes
             pieces = {tail: _verified(handle, file, tail, file.bytes, file.footer_sha256)}
@@ -387,18 +398,8 @@ def read_partition(partition: Partition, spec: ReadSpec) -> Any:
                 pieces[start] = _verified(handle, file, start, end, file.range_sha256[group])
         except OSError as error:
             raise UserError(f"cannot read dataset file {file.path!r}: {error.strerror or error}") from None
-    try:
-        metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + pieces[tail]))  # the verified footer
-        raw = parse_parquet(
-            pa.PythonFile(VerifiedBytes(file.bytes, pieces), mode="r"),
-            path,
-            spec.columns,
-            metadata=metadata,
-            row_groups=partition.row_groups,
-        )
-        return _checked(raw, path, spec)
-    except UserError as error:
-        raise UserError(f"{error}{rows_note(partition.first_row, partition.rows, path.name)}") from None
+    metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + pieces[tail]))  # the verified footer
+    return pa.PythonFile(VerifiedBytes(file.bytes, pieces), mode="r"), metadata
 
 
 def rows_note(first_row: int, rows: int, name: str) -> str:
@@ -542,12 +543,59 @@ def partials(
     partition: Partition, share: PersonShare | None = None, *, spec: ReadSpec, jobs: tuple[Any, ...]
 ) -> PartitionResult:
     """Read one partition and compute every job's partial result on it (on a worker), on the
-    rows ``share`` keeps when the policy names a person column."""
+    rows ``share`` keeps when the policy names a person column. A Parquet partition of which
+    no row can be dropped (no person column, ``missing: reject``) whose every job takes one
+    column at a time (:class:`~privrelease.mechanisms.kinds.ColumnJob`: SDGS and histograms)
+    is read so (:func:`_column_partials`)."""
     _adaptive_malloc()
+    if share is None and spec.missing == "reject" and partition.file.format == "parquet":
+        started = [job.column_partial(partition.rows) for job in jobs]
+        if all(partial is not None for partial in started):
+            try:
+                return _column_partials(partition, spec, jobs, started)
+            except PartitionError:
+                pass  # read again as a whole below: its error is the one a whole read names first
     with withholding("reading the data", PartitionError):
         read = read_partition(partition, spec)
     where = rows_note(partition.first_row, partition.rows, Path(partition.file.path).name)
     return job_partials(read, jobs, where, PartitionError, share)
+
+
+def _column_partials(
+    partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...], started: list[Any]
+) -> PartitionResult:
+    """Every job's partial result on a partition read one column at a time: each declared
+    column parsed alone from the verified bytes, checked as :func:`read_partition` checks it
+    (``missing: reject``: every row kept, so the columns stay aligned), given to every job's
+    column partial and dropped. A worker's partition then holds one column, not all: in a fresh
+    process, a first partition of 1 M rows of ``bench/scale.py``'s 8 columns (SDGS, beta 0.1)
+    touches 7,400 fresh pages instead of 19,900 and costs 0.042-0.043 CPU s instead of
+    0.062-0.064, later ones 0.027-0.029 instead of 0.030-0.034. Any error is raised as a
+    :class:`PartitionError`, for :func:`partials` to read the partition as a whole."""
+    from privrelease.datasets import parse_parquet_columns
+
+    path = Path(partition.file.path)
+    with withholding("reading the data", PartitionError):
+        source, metadata = _verified_parquet(partition)
+        columns = parse_parquet_columns(source, path, spec.columns, metadata=metadata, row_groups=partition.row_groups)
+        for name, raw in columns:
+            single = ReadSpec({name: spec.columns[name]}, spec.missing, spec.missing_values, _domain(spec, name))
+            column = _checked(raw, path, single).table.column(0)
+            assert len(column) == partition.rows, "a partition's columns have its rows"
+            for job, partial in zip(jobs, started, strict=True):
+                with withholding(job.step, PartitionError):
+                    partial.add(name, column)
+            del raw, column  # before the next column is decoded
+    results = {}
+    for job, partial in zip(jobs, started, strict=True):
+        with withholding(job.step, PartitionError):
+            results[job.name] = partial.result()
+    return PartitionResult(partition.rows, 0, results)
+
+
+def _domain(spec: ReadSpec, name: str) -> dict[str, tuple[Any, ...]]:
+    """The declared domain of column ``name`` alone (none: no entry)."""
+    return {name: spec.domains[name]} if name in spec.domains else {}
 
 
 def job_partials(

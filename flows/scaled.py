@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from privrelease.errors import UserError
-from privrelease.mechanisms.kinds import Job
+from privrelease.mechanisms.kinds import ColumnJob, Job
 
 if TYPE_CHECKING:
     from privrelease.policies.schema import Person
@@ -45,6 +45,11 @@ class NamedJob:
 
     def partial(self, table: pa.Table) -> Any:
         return self.job.partial(table)
+
+    def column_partial(self, rows: int) -> Any:
+        """Its partial result on ``rows`` rows given one column at a time, or None where the
+        job reads whole tables (:class:`~privrelease.mechanisms.kinds.ColumnJob`)."""
+        return self.job.column_partial(rows) if isinstance(self.job, ColumnJob) else None
 
     def merge(self, parts: list[Any]) -> Any:
         return self.job.merge(parts)

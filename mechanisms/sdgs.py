@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from privrelease.mechanisms import randomness
 from privrelease.mechanisms.events import SDGS
-from privrelease.mechanisms.generalization import dictionary_column, encode
+from privrelease.mechanisms.generalization import CodedColumn, dictionary_column, encode, encode_column
 from privrelease.mechanisms.results import MechanismResult
 from privrelease.mechanisms.schemes import ColumnScheme
 from privrelease.mechanisms.sdgs_math import check_parameters
@@ -63,21 +63,48 @@ class CellCounts:
 def count_cells(table: pa.Table, schemes: Mapping[str, ColumnScheme], *, beta: float) -> CellCounts:
     """Bernoulli(beta)-sample the rows of ``table`` (all rows when beta == 1), generalize the
     sampled rows with ``schemes`` and count the rows per cell (distinct label combination)."""
-    rows_in = table.num_rows
-    rows = None if beta == 1 else np.flatnonzero(randomness.bernoulli(rows_in, beta))
-    coded = encode(table, schemes, rows)
-    names = list(coded)
-    cell_codes, counts = _count(
-        [coded[name].codes for name in names],
-        [len(coded[name].labels) for name in names],
-    )
-    return CellCounts(
-        labels={name: coded[name].labels for name in names},
-        codes=dict(zip(names, cell_codes)),
-        counts=counts,
-        rows_in=rows_in,
-        rows_sampled=rows_in if rows is None else len(rows),
-    )
+    counter = CellCounter(table.num_rows, schemes, beta=beta)
+    return counter.counted(encode(table, schemes, counter.sample))
+
+
+class CellCounter:
+    """:func:`count_cells` of a table of ``rows`` rows given one column at a time: the
+    Bernoulli(beta) sample is drawn first, each column a scheme names is generalized on the
+    sampled rows as it comes (:meth:`add`) and can then be dropped, the cells are counted at
+    the end (:meth:`result`). A partition read column by column is so counted without its
+    columns ever held together (:func:`privrelease.flows.partitions.partials`)."""
+
+    def __init__(self, rows: int, schemes: Mapping[str, ColumnScheme], *, beta: float):
+        self.rows_in, self.schemes = rows, schemes
+        self.sample = None if beta == 1 else np.flatnonzero(randomness.bernoulli(rows, beta))
+        """The sampled rows' positions (None: every row)."""
+        self._coded: dict[str, CodedColumn] = {}
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None:
+        """Generalize the sampled rows of column ``name`` (of ``rows`` rows; ignored when no
+        scheme names it)."""
+        if name in self.schemes:
+            self._coded[name] = encode_column(column, self.schemes[name], name=name, rows=self.sample)
+
+    def result(self) -> CellCounts:
+        """The cells of the columns added (every column a scheme names)."""
+        return self.counted(self._coded)
+
+    def counted(self, coded: Mapping[str, CodedColumn]) -> CellCounts:
+        """The cells of the sampled rows generalized as ``coded`` (a column per scheme)."""
+        names = list(self.schemes)
+        assert all(name in coded for name in names), "every column a scheme names is generalized"
+        cell_codes, counts = _count(
+            [coded[name].codes for name in names],
+            [len(coded[name].labels) for name in names],
+        )
+        return CellCounts(
+            labels={name: coded[name].labels for name in names},
+            codes=dict(zip(names, cell_codes)),
+            counts=counts,
+            rows_in=self.rows_in,
+            rows_sampled=self.rows_in if self.sample is None else len(self.sample),
+        )
 
 
 def shuffled_repeat(cells: np.ndarray, counts: np.ndarray) -> np.ndarray:

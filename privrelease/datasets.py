@@ -457,6 +457,17 @@ def parse_parquet(
     return _parquet_groups(_open_parquet(source, path, columns, metadata), path, columns, row_groups)
 
 
+def parse_parquet_columns(
+    source: Any, path: Path, columns: dict[str, str], *, metadata: pq.FileMetaData, row_groups: Sequence[int]
+) -> Iterator[tuple[str, pa.Table]]:
+    """:func:`parse_parquet` one declared column at a time: each column's name and its
+    ``row_groups`` as a one-column table, decoded only when the next is asked for (a reader that
+    drops each column once used never holds them together)."""
+    file = _open_parquet(source, path, columns, metadata)
+    for name, kind in columns.items():
+        yield name, _parquet_groups(file, path, {name: kind}, row_groups)
+
+
 def _open_parquet(source: Any, path: Path, columns: dict[str, str], metadata: pq.FileMetaData | None) -> pq.ParquetFile:
     """The Parquet file at ``source`` (through ``metadata`` when given), opened to read the
     declared ``columns`` (each must be present), text as dictionary columns."""

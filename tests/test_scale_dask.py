@@ -786,6 +786,68 @@ CSV_LINES = [b"n,b", b"1,x", b"", b"2,y", b'3,"q""r"', b"\r", b"4,w", b"5,v", b"
 """A header, six data rows, two blank lines (the second a lone CR before an LF: blank too)."""
 
 
+def column_read_setup(work: Path, plant: dict[str, tuple[int, object]] | None = None):
+    """The wide dataset (4,000 rows, row groups of 1,000; ``plant``: column -> (row, value)),
+    its partitions, read spec and an SDGS and a histogram job of every column at beta = 1
+    (their cells a function of the data)."""
+    from privrelease.flows.partitions import ReadSpec, plan_partitions, scan_file
+    from privrelease.flows.scaled import NamedJob
+    from privrelease.mechanisms.kinds.sdgs import CellJob
+    from privrelease.policies.loader import load_policy
+
+    data = work / "wide.parquet"
+    wide_dataset(data, 4_000, 1_000, seed=5)
+    if plant:
+        table = pq.read_table(data)
+        for name, (row, value) in plant.items():
+            values = table.column(name).to_pylist()
+            values[row] = value
+            table = table.set_column(
+                table.column_names.index(name), name, pa.array(values, table.schema.field(name).type)
+            )
+        pq.write_table(table, data, row_group_size=1_000)
+    loaded = load_policy(policy_file(work, "wide.parquet"))
+    jobs = tuple(
+        NamedJob(name, f"mechanism {name!r}", CellJob(loaded.schemes(columns), 1.0))
+        for name, columns in (("microdata", [*(f"c{i}" for i in range(WIDE_COLUMNS)), "sex"]), ("cells", ["c0", "sex"]))
+    )
+    return plan_partitions([scan_file(str(data))], 1_000), ReadSpec.of(loaded.policy.dataset), jobs
+
+
+def test_a_partition_whose_jobs_take_columns_is_read_one_column_at_a_time(work, monkeypatch):
+    """SDGS and histogram jobs take a partition one column at a time (never read as a whole
+    table): the same cells and rows as the whole read's partial results (beta = 1)."""
+    from privrelease.flows import partitions
+
+    parts, spec, jobs = column_read_setup(work)
+    expected = [partitions.job_partials(partitions.read_partition(part, spec), jobs, "") for part in parts]
+    monkeypatch.setattr(partitions, "read_partition", lambda *_: pytest.fail("read as a whole table"))
+    for part, whole in zip(parts, expected, strict=True):
+        result = partitions.partials(part, spec=spec, jobs=jobs)
+        assert (result.rows_read, result.rows_dropped) == (whole.rows_read, whole.rows_dropped) == (1_000, 0)
+        for job in jobs:
+            got, want = result.partials[job.name], whole.partials[job.name]
+            assert {name: labels.to_pylist() for name, labels in got.labels.items()} == {
+                name: labels.to_pylist() for name, labels in want.labels.items()
+            }
+            assert all(np.array_equal(got.codes[name], want.codes[name]) for name in want.codes)
+            assert np.array_equal(got.counts, want.counts) and got.rows_sampled == want.rows_sampled == 1_000
+
+
+def test_a_partition_read_one_column_at_a_time_names_the_error_a_whole_read_names(work):
+    """c0 = 150 (outside its bins, which the SDGS job finds in c0, the first column) and a
+    missing sex (which the whole read's checks find first) in one partition: the error is the
+    whole read's, naming sex's missing value and the partition's data rows."""
+    from privrelease.flows import partitions
+
+    parts, spec, jobs = column_read_setup(work, {"c0": (2_100, 150), "sex": (2_700, None)})
+    with pytest.raises(partitions.PartitionError) as caught:
+        partitions.partials(parts[2], spec=spec, jobs=jobs)
+    assert caught.value.step == "reading the data"
+    assert "column 'sex' has a missing value null at data row 701" in caught.value.detail
+    assert "data rows 2001-3000 of 'wide.parquet'" in caught.value.detail
+
+
 @pytest.mark.parametrize("line_end", [b"\n", b"\r\n"], ids=["lf", "crlf"])
 @pytest.mark.parametrize("header", [True, False], ids=["header", "no-header"])
 def test_csv_blocks_read_as_the_whole_file(tmp_path, line_end, header):

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.events import AnyEvent, Composed, Event, Sampled, leaves
@@ -328,6 +328,23 @@ class Job(Protocol):
     def partial(self, table: pa.Table) -> Any: ...
 
     def merge(self, parts: list[Any]) -> Any: ...
+
+
+class ColumnPartial(Protocol):
+    """A job's partial result on a partition given one column at a time (each dropped after)."""
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None: ...
+
+    def result(self) -> Any: ...
+
+
+@runtime_checkable
+class ColumnJob(Job, Protocol):
+    """A :class:`Job` that can also take a partition one column at a time: its
+    :meth:`column_partial` on the partition's ``rows`` rows, given every declared column, is
+    its :meth:`partial` of them (same distribution), without the columns held together."""
+
+    def column_partial(self, rows: int) -> ColumnPartial: ...
 
 
 class MechanismKind(Model):

@@ -451,6 +451,12 @@ class CellJob:
 
         return count_cells(table, self.schemes, beta=self.beta)
 
+    def column_partial(self, rows: int) -> Any:
+        """:meth:`partial` one column at a time (:class:`.sdgs.CellCounter`)."""
+        from privrelease.mechanisms.sdgs import CellCounter
+
+        return CellCounter(rows, self.schemes, beta=self.beta)
+
     def merge(self, parts: list[Any]) -> Any:
         """The cell counts of the whole sample (:func:`.partitioned.merge_counts`)."""
         from privrelease.mechanisms.partitioned import merge_counts
