@@ -548,22 +548,19 @@ def partials(
     column at a time (:class:`~privrelease.mechanisms.kinds.ColumnJob`: SDGS and histograms)
     is read so (:func:`_column_partials`)."""
     _adaptive_malloc()
-    if share is None and spec.missing == "reject" and partition.file.format == "parquet":
-        started = [job.column_partial(partition.rows) for job in jobs]
-        if all(partial is not None for partial in started):
-            try:
-                return _column_partials(partition, spec, jobs, started)
-            except PartitionError:
-                pass  # read again as a whole below: its error is the one a whole read names first
+    by_column = spec.missing == "reject" and partition.file.format == "parquet"
+    if share is None and by_column and all(job.takes_columns for job in jobs):
+        try:
+            return _column_partials(partition, spec, jobs)
+        except PartitionError:
+            pass  # read again as a whole below: its error is the one a whole read names first
     with withholding("reading the data", PartitionError):
         read = read_partition(partition, spec)
     where = rows_note(partition.first_row, partition.rows, Path(partition.file.path).name)
     return job_partials(read, jobs, where, PartitionError, share)
 
 
-def _column_partials(
-    partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...], started: list[Any]
-) -> PartitionResult:
+def _column_partials(partition: Partition, spec: ReadSpec, jobs: tuple[Any, ...]) -> PartitionResult:
     """Every job's partial result on a partition read one column at a time: each declared
     column parsed alone from the verified bytes, checked as :func:`read_partition` checks it
     (``missing: reject``: every row kept, so the columns stay aligned), given to every job's
@@ -575,6 +572,7 @@ def _column_partials(
     from privrelease.datasets import parse_parquet_columns
 
     path = Path(partition.file.path)
+    started = [job.column_partial(partition.rows) for job in jobs]
     with withholding("reading the data", PartitionError):
         source, metadata = _verified_parquet(partition)
         columns = parse_parquet_columns(source, path, spec.columns, metadata=metadata, row_groups=partition.row_groups)

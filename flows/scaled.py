@@ -46,10 +46,16 @@ class NamedJob:
     def partial(self, table: pa.Table) -> Any:
         return self.job.partial(table)
 
+    @property
+    def takes_columns(self) -> bool:
+        """Whether its job can take a partition one column at a time
+        (:class:`~privrelease.mechanisms.kinds.ColumnJob`: :meth:`column_partial`)."""
+        return isinstance(self.job, ColumnJob)
+
     def column_partial(self, rows: int) -> Any:
-        """Its partial result on ``rows`` rows given one column at a time, or None where the
-        job reads whole tables (:class:`~privrelease.mechanisms.kinds.ColumnJob`)."""
-        return self.job.column_partial(rows) if isinstance(self.job, ColumnJob) else None
+        """Its partial result on ``rows`` rows given one column at a time."""
+        assert isinstance(self.job, ColumnJob), f"{self.name}: its job reads whole tables"
+        return self.job.column_partial(rows)
 
     def merge(self, parts: list[Any]) -> Any:
         return self.job.merge(parts)
