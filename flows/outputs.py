@@ -2,7 +2,7 @@
 ``finish`` from the partials of Dask or of a streamed in-process read:
 :mod:`privrelease.mechanisms.kinds`) and write its output (and its companion, the published
 cells of SDGS microdata with their count intervals) to the staging folder. On Dask an output
-in pieces is computed and written by the workers, one file each (:func:`write_remote`), the
+in pieces is computed and written by the workers, each file by one (:func:`write_remote`), the
 flow's process checking their sha256."""
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def _write_part(run: RunContext, file: str, table: pa.Table) -> tuple[str, str, 
 
 def write_remote(run: RunContext, step: str, pieces: Pieces, stem: str) -> list[StagedFile]:
     """Split ``pieces`` over the run's Dask workers (:attr:`.results.Pieces.remote`, the rows
-    given their files on the workers: one file each, ``<stem>-partJJJJ``, or ``<stem>`` alone
-    when the rows make one file) and have each
+    given their files on the workers: ``<stem>-partJJJJ``, or ``<stem>`` alone when the rows
+    make one file, :func:`.partitioned.part_count`) and have each
     file computed and written by a worker into the staging folder (:func:`write_pieces_here`):
     no published row exists in the flow's process, only what the files are computed from
     travels (SDGS: each file's cells and counts). Every file must hash here as its worker wrote

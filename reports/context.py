@@ -125,7 +125,7 @@ class ReportContext:
 
     def files_by_output(self) -> dict[str, list[dict[str, Any]]]:
         """Per mechanism the files of its output, in order (several: a release of several
-        tables, or SDGS microdata written on Dask, one file per worker), companions left out."""
+        tables, or SDGS microdata written on Dask, each file by a worker), companions left out."""
         files: dict[str, list[dict[str, Any]]] = {}
         for output in self._outputs_proper():
             files.setdefault(output.get("mechanism") or "", []).append(output)

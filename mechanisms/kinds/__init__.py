@@ -488,7 +488,7 @@ class MechanismKind(Model):
     def files_in_words(self, files: Sequence[tuple[str, int]], public: Mapping[str, Any]) -> str | None:
         """How to read its output's published ``files`` (name, rows; in order), given its run's
         ``public`` facts, for the report and ``release.json``; None for one file. Default: the
-        parts of one dataset (SDGS microdata written on Dask, one file per worker)."""
+        parts of one dataset (SDGS microdata written on Dask, each file by a worker)."""
         if len(files) < 2:
             return None
         rows = sum(count for _, count in files)
