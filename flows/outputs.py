@@ -155,7 +155,7 @@ def _write_part(run: RunContext, file: str, table: pa.Table) -> tuple[str, str, 
 def write_remote(run: RunContext, step: str, pieces: Pieces, stem: str) -> list[StagedFile]:
     """Split ``pieces`` over the run's Dask workers (:attr:`.results.Pieces.remote`, the rows
     given their files on the workers: ``<stem>-partJJJJ``, or ``<stem>`` alone when the rows
-    make one file, :func:`.partitioned.part_count`) and have each
+    make one file, :func:`privrelease.mechanisms.partitioned.part_count`) and have each
     file computed and written by a worker into the staging folder (:func:`write_pieces_here`):
     no published row exists in the flow's process, only what the files are computed from
     travels (SDGS: each file's cells and counts). Every file must hash here as its worker wrote
