@@ -834,6 +834,33 @@ def test_a_partition_whose_jobs_take_columns_is_read_one_column_at_a_time(work, 
             assert np.array_equal(got.counts, want.counts) and got.rows_sampled == want.rows_sampled == 1_000
 
 
+def test_counts_sums_and_tables_take_a_partition_one_column_at_a_time(work, monkeypatch):
+    """Noisy counts, sums and tables jobs (exact counts and clamped totals per cell) take a
+    partition one column at a time too: the same arrays as the whole read's."""
+    from privrelease.flows import partitions
+    from privrelease.flows.scaled import NamedJob
+    from privrelease.mechanisms.kinds.noisy_counts import CountJob
+    from privrelease.mechanisms.kinds.noisy_sums import SumJob
+    from privrelease.mechanisms.kinds.noisy_tables import TablesJob
+    from privrelease.policies.loader import load_policy
+
+    parts, spec, _ = column_read_setup(work)
+    loaded = load_policy(work / "wide.yaml")
+    counts = CountJob(loaded.schemes(["c0", "sex"]), {"c0": ("0-50", "50-100"), "sex": ("F", "M")})
+    sums = SumJob(CountJob.declared(loaded, ("sex",)), "c2", 10, 90, 1.0)
+    jobs = tuple(
+        NamedJob(name, f"mechanism {name!r}", job)
+        for name, job in (("counts", counts), ("sums", sums), ("tables", TablesJob((counts, None, sums))))
+    )
+    expected = [partitions.job_partials(partitions.read_partition(part, spec), jobs, "") for part in parts]
+    monkeypatch.setattr(partitions, "read_partition", lambda *_: pytest.fail("read as a whole table"))
+    for part, whole in zip(parts, expected, strict=True):
+        got = partitions.partials(part, spec=spec, jobs=jobs).partials
+        assert np.array_equal(got["counts"], whole.partials["counts"]) and got["counts"].sum() == 1_000
+        assert np.array_equal(got["sums"], whole.partials["sums"]) and got["sums"][1].sum() > 0
+        assert [a.tolist() for a in got["tables"]] == [a.tolist() for a in whole.partials["tables"]]
+
+
 def test_a_partition_read_one_column_at_a_time_names_the_error_a_whole_read_names(work):
     """c0 = 150 (outside its bins, which the SDGS job finds in c0, the first column) and a
     missing sex (which the whole read's checks find first) in one partition: the error is the

@@ -934,35 +934,75 @@ class CountJob:
         return math.prod(len(labels) for labels in self.domain.values())
 
     def partial(self, table: pa.Table) -> np.ndarray:
-        return np.bincount(self.cell_of(table), minlength=self.cells).astype(np.int64)
+        return by_columns(self, table)
 
-    def cell_of(self, table: pa.Table) -> np.ndarray:
-        """Each row's cell: its index, row-major over ``domain`` (0 for every row without columns)."""
+    def column_partial(self, rows: int) -> CountPartial:
+        """:meth:`partial` one column at a time."""
+        return CountPartial(CellIndex(self, rows))
+
+    def index_of(self, name: str, column: pa.ChunkedArray) -> np.ndarray:
+        """Each row's label of ``column`` (generalized by its scheme) as its index in the domain."""
         import pyarrow.compute as pc
 
         from privrelease.mechanisms.generalization import generalize
 
-        if not self.domain:
-            return np.zeros(table.num_rows, dtype=np.int64)
-        generalized = generalize(table.select(list(self.schemes)), self.schemes)
-        shape = tuple(len(labels) for labels in self.domain.values())
-        codes = []
-        for column, labels in self.domain.items():
-            values = generalized.column(column)
-            if pa.types.is_dictionary(values.type):
-                values = values.cast(values.type.value_type)
-            index = pc.index_in(values, value_set=pa.array(labels, type=values.type))
-            if index.null_count:
-                raise UserError(
-                    f"column {column!r} has a value outside its declared domain"
-                )  # data checks refuse earlier
-            codes.append(index.to_numpy(zero_copy_only=False).astype(np.int64))
-        if not codes[0].size:
-            return np.zeros(0, dtype=np.int64)
-        return np.asarray(np.ravel_multi_index(tuple(codes), shape), dtype=np.int64)
+        values = generalize(pa.table({name: column}), {name: self.schemes[name]}).column(name)
+        if pa.types.is_dictionary(values.type):
+            values = values.cast(values.type.value_type)
+        index = pc.index_in(values, value_set=pa.array(self.domain[name], type=values.type))
+        if index.null_count:
+            raise UserError(f"column {name!r} has a value outside its declared domain")  # data checks refuse earlier
+        return index.to_numpy(zero_copy_only=False).astype(np.int64)
 
     def merge(self, parts: list[np.ndarray]) -> np.ndarray:
         return np.asarray(np.sum(parts, axis=0, dtype=np.int64))
+
+
+class CellIndex:
+    """Each of ``rows`` rows' cell of ``job``'s domain (its index, row-major; 0 without
+    columns), built one column at a time: a domain column's label index times its stride
+    (the product of the later columns' sizes) is added as the column comes."""
+
+    def __init__(self, job: CountJob, rows: int):
+        sizes = [len(labels) for labels in job.domain.values()]
+        self.job = job
+        self._added: set[str] = set()
+        self._strides = {name: math.prod(sizes[i + 1 :]) for i, name in enumerate(job.domain)}
+        self.cell = np.zeros(rows, dtype=np.int64)
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None:
+        """Add column ``name``'s share of every row's cell (nothing when not in the domain)."""
+        if name in self._strides:
+            self.cell += self.job.index_of(name, column) * self._strides[name]
+            self._added.add(name)
+
+    def cells(self) -> np.ndarray:
+        """Every row's cell, once each domain column was added."""
+        assert self._added == set(self._strides), "every column of the domain is added"
+        return self.cell
+
+
+@dataclass
+class CountPartial:
+    """:meth:`CountJob.partial` one column at a time: the rows per cell."""
+
+    index: CellIndex
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None:
+        self.index.add(name, column)
+
+    def result(self) -> np.ndarray:
+        return np.bincount(self.index.cells(), minlength=self.index.job.cells).astype(np.int64)
+
+
+def by_columns(job: Any, table: pa.Table) -> Any:
+    """``job``'s partial result (a :class:`~privrelease.mechanisms.kinds.ColumnJob`) on
+    ``table`` given one column at a time: its :meth:`partial`, in one code path with the read
+    of a partition by columns."""
+    partial = job.column_partial(table.num_rows)
+    for name in table.column_names:
+        partial.add(name, table.column(name))
+    return partial.result()
 
 
 EXPLANATION = """<dt>Noisy counts</dt>

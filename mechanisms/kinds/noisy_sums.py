@@ -75,10 +75,12 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     MAX_CELLS,
     MAX_NOISE,
     MIN_NOISE,
+    CellIndex,
     CountJob,
     Sigma,
     add_noise,
     all_cells_half_width,
+    by_columns,
     domain_issues,
     error_targets,
     half_width,
@@ -518,22 +520,42 @@ class SumJob:
 
     def partial(self, table: pa.Table) -> np.ndarray:
         """``[counts, totals]`` (2 x cells, int64), the totals of :func:`clamped_units`."""
-        cell = self.cells.cell_of(table)
-        units = clamped_units(table, self.column, self.low, self.high, self.resolution)
-        counts = np.bincount(cell, minlength=self.cells.cells).astype(np.int64)
-        totals = np.zeros(self.cells.cells, dtype=np.int64)
-        np.add.at(totals, cell, units)
-        return np.stack([counts, totals])
+        return by_columns(self, table)
+
+    def column_partial(self, rows: int) -> SumPartial:
+        """:meth:`partial` one column at a time."""
+        return SumPartial(self, CellIndex(self.cells, rows))
 
     def merge(self, parts: list[np.ndarray]) -> np.ndarray:
         return np.asarray(np.sum(parts, axis=0, dtype=np.int64))
 
 
-def clamped_units(table: pa.Table, column: str, low: int, high: int, resolution: float) -> np.ndarray:
-    """Each row's value of ``column`` rounded to the nearest multiple of ``resolution`` and
-    clamped to ``[low, high]`` units, as int64 units (``lo`` and ``hi`` are whole units, so
-    clamping then rounding lands in the same place)."""
-    values = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
+@dataclass
+class SumPartial:
+    """:meth:`SumJob.partial` one column at a time: each row's cell and clamped value in units."""
+
+    job: SumJob
+    index: CellIndex
+    units: np.ndarray | None = None
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None:
+        self.index.add(name, column)
+        if name == self.job.column:
+            self.units = clamped_units(column, self.job.low, self.job.high, self.job.resolution)
+
+    def result(self) -> np.ndarray:
+        assert self.units is not None, f"column {self.job.column!r} is added"
+        cell, cells = self.index.cells(), self.job.cells.cells
+        totals = np.zeros(cells, dtype=np.int64)
+        np.add.at(totals, cell, self.units)
+        return np.stack([np.bincount(cell, minlength=cells).astype(np.int64), totals])
+
+
+def clamped_units(column: pa.ChunkedArray, low: int, high: int, resolution: float) -> np.ndarray:
+    """Each value of ``column`` rounded to the nearest multiple of ``resolution`` and clamped
+    to ``[low, high]`` units, as int64 units (``lo`` and ``hi`` are whole units, so clamping
+    then rounding lands in the same place)."""
+    values = column.to_numpy().astype(np.float64)
     return np.clip(np.rint(values / resolution), low, high).astype(np.int64)
 
 

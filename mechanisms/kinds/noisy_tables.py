@@ -88,7 +88,15 @@ from privrelease.mechanisms.kinds import (
     frontier_of,
     log_grid,
 )
-from privrelease.mechanisms.kinds.noisy_counts import MAX_NOISE, MIN_NOISE, CountJob, Sigma, sample
+from privrelease.mechanisms.kinds.noisy_counts import (
+    MAX_NOISE,
+    MIN_NOISE,
+    CountJob,
+    CountPartial,
+    Sigma,
+    by_columns,
+    sample,
+)
 from privrelease.mechanisms.kinds.noisy_sums import (
     CLAMPING,
     MEAN,
@@ -96,6 +104,7 @@ from privrelease.mechanisms.kinds.noisy_sums import (
     Resolution,
     SigmaTotal,
     SumJob,
+    SumPartial,
     bound_units,
     check_bounds,
     mean_interval,
@@ -1200,10 +1209,30 @@ class TablesJob:
     jobs: tuple[CountJob | SumJob | None, ...]
 
     def partial(self, table: pa.Table) -> list[np.ndarray]:
-        return [np.array([table.num_rows], dtype=np.int64) if job is None else job.partial(table) for job in self.jobs]
+        return by_columns(self, table)
+
+    def column_partial(self, rows: int) -> TablesPartial:
+        """:meth:`partial` one column at a time."""
+        return TablesPartial(rows, [None if job is None else job.column_partial(rows) for job in self.jobs])
 
     def merge(self, parts: list[list[np.ndarray]]) -> list[np.ndarray]:
         return [np.asarray(np.sum([part[i] for part in parts], axis=0, dtype=np.int64)) for i in range(len(self.jobs))]
+
+
+@dataclass
+class TablesPartial:
+    """:meth:`TablesJob.partial` one column at a time: each table's (a grand total: the rows)."""
+
+    rows: int
+    parts: list[CountPartial | SumPartial | None]
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None:
+        for part in self.parts:
+            if part is not None:
+                part.add(name, column)
+
+    def result(self) -> list[np.ndarray]:
+        return [np.array([self.rows], dtype=np.int64) if part is None else part.result() for part in self.parts]
 
 
 TOTALS_OF = (
