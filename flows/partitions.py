@@ -546,7 +546,7 @@ def partials(
     rows ``share`` keeps when the policy names a person column. A Parquet partition of which
     no row can be dropped (no person column, ``missing: reject``) whose every job takes one
     column at a time (:class:`~privrelease.mechanisms.kinds.ColumnJob`: all but SDGS scheme
-    selection and identifiable statistics) is read so (:func:`_column_partials`)."""
+    selection) is read so (:func:`_column_partials`)."""
     _adaptive_malloc()
     by_column = spec.missing == "reject" and partition.file.format == "parquet"
     if share is None and by_column and all(job.takes_columns for job in jobs):

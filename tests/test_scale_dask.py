@@ -834,11 +834,12 @@ def test_a_partition_whose_jobs_take_columns_is_read_one_column_at_a_time(work, 
             assert np.array_equal(got.counts, want.counts) and got.rows_sampled == want.rows_sampled == 1_000
 
 
-def test_counts_sums_and_tables_take_a_partition_one_column_at_a_time(work, monkeypatch):
-    """Noisy counts, sums and tables jobs (exact counts and clamped totals per cell) take a
-    partition one column at a time too: the same arrays as the whole read's."""
+def test_counts_sums_tables_and_statistics_take_a_partition_one_column_at_a_time(work, monkeypatch):
+    """Noisy counts, sums and tables jobs (exact counts and clamped totals per cell) and the
+    identifiable statistics' (exact per-group terms) take a partition one column at a time too:
+    the same partial results as the whole read's."""
     from privrelease.flows import partitions
-    from privrelease.flows.scaled import NamedJob
+    from privrelease.flows.scaled import NamedJob, named_jobs
     from privrelease.mechanisms.kinds.noisy_counts import CountJob
     from privrelease.mechanisms.kinds.noisy_sums import SumJob
     from privrelease.mechanisms.kinds.noisy_tables import TablesJob
@@ -848,7 +849,8 @@ def test_counts_sums_and_tables_take_a_partition_one_column_at_a_time(work, monk
     loaded = load_policy(work / "wide.yaml")
     counts = CountJob(loaded.schemes(["c0", "sex"]), {"c0": ("0-50", "50-100"), "sex": ("F", "M")})
     sums = SumJob(CountJob.declared(loaded, ("sex",)), "c2", 10, 90, 1.0)
-    jobs = tuple(
+    statistics = tuple(job for job in named_jobs(loaded) if job.name in ("people-by-sex", "total-c2"))
+    jobs = statistics + tuple(
         NamedJob(name, f"mechanism {name!r}", job)
         for name, job in (("counts", counts), ("sums", sums), ("tables", TablesJob((counts, None, sums))))
     )
@@ -859,6 +861,8 @@ def test_counts_sums_and_tables_take_a_partition_one_column_at_a_time(work, monk
         assert np.array_equal(got["counts"], whole.partials["counts"]) and got["counts"].sum() == 1_000
         assert np.array_equal(got["sums"], whole.partials["sums"]) and got["sums"][1].sum() > 0
         assert [a.tolist() for a in got["tables"]] == [a.tolist() for a in whole.partials["tables"]]
+        assert got["people-by-sex"] == whole.partials["people-by-sex"] and got["people-by-sex"].rows == 1_000
+        assert got["total-c2"] == whole.partials["total-c2"]
 
 
 def test_a_partition_read_one_column_at_a_time_names_the_error_a_whole_read_names(work):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -34,6 +34,7 @@ from privrelease.mechanisms.kinds import (
     Names,
     Number,
     Planned,
+    by_columns,
     frontier_of,
     half_width_target,
     log_grid,
@@ -277,30 +278,54 @@ class StatisticJob:
     def prepared(self, table: pa.Table) -> tuple[pa.Table, str]:
         """The columns the statistic reads: the value column (a constant one stands in for a
         count) and the ``by`` columns generalized with their schemes; and the value column's name."""
-        from privrelease.mechanisms.generalization import generalize
-
-        column = self.column or COUNT_COLUMN
-        columns: dict[str, Any] = (
-            {column: pa.array(np.zeros(table.num_rows, dtype=np.int64))}
-            if self.column is None
-            else {column: table.column(column)}
-        )
-        if self.by:
-            generalized = generalize(table, self.by)
-            columns.update({name: generalized.column(name) for name in self.by})
-        return pa.table(columns), column
+        partial = self.column_partial(table.num_rows)
+        for name in table.column_names:
+            partial.add(name, table.column(name))
+        return partial.prepared()
 
     def partial(self, table: pa.Table) -> Any:
-        from privrelease.mechanisms.statistics import statistic_partial
+        return by_columns(self, table)
 
-        prepared, column = self.prepared(table)
-        return statistic_partial(prepared, column, self.calibration, self.domain)
+    def column_partial(self, rows: int) -> StatisticColumnPartial:
+        """:meth:`partial` one column at a time."""
+        return StatisticColumnPartial(self, rows)
 
     def merge(self, parts: list[Any]) -> Any:
         """The exact per-group totals of all rows (:func:`.statistics.merge_partials`)."""
         from privrelease.mechanisms.statistics import merge_partials
 
         return merge_partials(parts)
+
+
+@dataclass
+class StatisticColumnPartial:
+    """:meth:`StatisticJob.partial` of ``rows`` rows one column at a time: the value column
+    kept, each ``by`` column generalized as it comes (its labels kept, the column dropped)."""
+
+    job: StatisticJob
+    rows: int
+    columns: dict[str, pa.ChunkedArray] = field(default_factory=dict)
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None:
+        from privrelease.mechanisms.generalization import generalize
+
+        if name == self.job.column:
+            self.columns[name] = column
+        if name in self.job.by:  # a value column also grouped by is read generalized, as a whole table's
+            self.columns[name] = generalize(pa.table({name: column}), {name: self.job.by[name]}).column(name)
+
+    def prepared(self) -> tuple[pa.Table, str]:
+        """:meth:`StatisticJob.prepared` of the columns added."""
+        column = self.job.column or COUNT_COLUMN
+        value = self.columns[column] if self.job.column else pa.array(np.zeros(self.rows, dtype=np.int64))
+        by = {name: self.columns[name] for name in self.job.by}
+        return pa.table({column: value, **by}), column
+
+    def result(self) -> Any:
+        from privrelease.mechanisms.statistics import statistic_partial
+
+        prepared, column = self.prepared()
+        return statistic_partial(prepared, column, self.job.calibration, self.job.domain)
 
 
 RHO = """<dt>ρ-differential identifiability</dt>

@@ -89,6 +89,7 @@ from privrelease.mechanisms.kinds import (
     Notion,
     Planned,
     at_least,
+    by_columns,
     checked,
     frontier_of,
     half_width_target,
@@ -993,16 +994,6 @@ class CountPartial:
 
     def result(self) -> np.ndarray:
         return np.bincount(self.index.cells(), minlength=self.index.job.cells).astype(np.int64)
-
-
-def by_columns(job: Any, table: pa.Table) -> Any:
-    """``job``'s partial result (a :class:`~privrelease.mechanisms.kinds.ColumnJob`) on
-    ``table`` given one column at a time: its :meth:`partial`, in one code path with the read
-    of a partition by columns."""
-    partial = job.column_partial(table.num_rows)
-    for name in table.column_names:
-        partial.add(name, table.column(name))
-    return partial.result()
 
 
 EXPLANATION = """<dt>Noisy counts</dt>

@@ -83,6 +83,7 @@ from privrelease.mechanisms.kinds import (
     Name,
     Planned,
     at_least,
+    by_columns,
     checked,
     epsilon_at_target,
     frontier_of,
@@ -94,7 +95,6 @@ from privrelease.mechanisms.kinds.noisy_counts import (
     CountJob,
     CountPartial,
     Sigma,
-    by_columns,
     sample,
 )
 from privrelease.mechanisms.kinds.noisy_sums import (
