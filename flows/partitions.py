@@ -545,8 +545,8 @@ def partials(
     """Read one partition and compute every job's partial result on it (on a worker), on the
     rows ``share`` keeps when the policy names a person column. A Parquet partition of which
     no row can be dropped (no person column, ``missing: reject``) whose every job takes one
-    column at a time (:class:`~privrelease.mechanisms.kinds.ColumnJob`: all but SDGS scheme
-    selection) is read so (:func:`_column_partials`)."""
+    column at a time (:class:`~privrelease.mechanisms.kinds.ColumnJob`: every kind of
+    privrelease's own) is read so (:func:`_column_partials`)."""
     _adaptive_malloc()
     by_column = spec.missing == "reject" and partition.file.format == "parquet"
     if share is None and by_column and all(job.takes_columns for job in jobs):

@@ -807,31 +807,48 @@ def column_read_setup(work: Path, plant: dict[str, tuple[int, object]] | None = 
             )
         pq.write_table(table, data, row_group_size=1_000)
     loaded = load_policy(policy_file(work, "wide.parquet"))
+    every = [*(f"c{i}" for i in range(WIDE_COLUMNS)), "sex"]
     jobs = tuple(
         NamedJob(name, f"mechanism {name!r}", CellJob(loaded.schemes(columns), 1.0))
-        for name, columns in (("microdata", [*(f"c{i}" for i in range(WIDE_COLUMNS)), "sex"]), ("cells", ["c0", "sex"]))
+        for name, columns in (("microdata", every), ("cells", ["c0", "sex"]))
     )
     return plan_partitions([scan_file(str(data))], 1_000), ReadSpec.of(loaded.policy.dataset), jobs
 
 
-def test_a_partition_whose_jobs_take_columns_is_read_one_column_at_a_time(work, monkeypatch):
-    """SDGS and histogram jobs take a partition one column at a time (never read as a whole
-    table): the same cells and rows as the whole read's partial results (beta = 1)."""
-    from privrelease.flows import partitions
+def assert_same_cells(got, want) -> None:
+    """Two :class:`~privrelease.mechanisms.sdgs.CellCounts` are equal."""
+    assert {name: labels.to_pylist() for name, labels in got.labels.items()} == {
+        name: labels.to_pylist() for name, labels in want.labels.items()
+    }
+    assert all(np.array_equal(got.codes[name], want.codes[name]) for name in want.codes)
+    assert np.array_equal(got.counts, want.counts) and (got.rows_in, got.rows_sampled) == (
+        want.rows_in,
+        want.rows_sampled,
+    )
 
-    parts, spec, jobs = column_read_setup(work)
+
+def test_a_partition_whose_jobs_take_columns_is_read_one_column_at_a_time(work, monkeypatch):
+    """SDGS, histogram and scheme-selection jobs take a partition one column at a time (never
+    read as a whole table): the same cells and rows as the whole read's partial results
+    (beta = 1)."""
+    from privrelease.flows import partitions
+    from privrelease.flows.scaled import NamedJob
+    from privrelease.mechanisms.kinds.sdgs import SelectionJob
+
+    parts, spec, cell_jobs = column_read_setup(work)
+    candidates = {"fine": cell_jobs[0].job.schemes, "coarse": cell_jobs[1].job.schemes}
+    jobs = (*cell_jobs, NamedJob("selected", "mechanism 'selected'", SelectionJob(candidates, 1.0)))
     expected = [partitions.job_partials(partitions.read_partition(part, spec), jobs, "") for part in parts]
     monkeypatch.setattr(partitions, "read_partition", lambda *_: pytest.fail("read as a whole table"))
     for part, whole in zip(parts, expected, strict=True):
         result = partitions.partials(part, spec=spec, jobs=jobs)
         assert (result.rows_read, result.rows_dropped) == (whole.rows_read, whole.rows_dropped) == (1_000, 0)
-        for job in jobs:
-            got, want = result.partials[job.name], whole.partials[job.name]
-            assert {name: labels.to_pylist() for name, labels in got.labels.items()} == {
-                name: labels.to_pylist() for name, labels in want.labels.items()
-            }
-            assert all(np.array_equal(got.codes[name], want.codes[name]) for name in want.codes)
-            assert np.array_equal(got.counts, want.counts) and got.rows_sampled == want.rows_sampled == 1_000
+        for job in cell_jobs:
+            assert_same_cells(result.partials[job.name], whole.partials[job.name])
+            assert result.partials[job.name].rows_sampled == 1_000
+        for name in candidates:
+            for got, want in zip(result.partials["selected"][name], whole.partials["selected"][name], strict=True):
+                assert_same_cells(got, want)
 
 
 def test_counts_sums_tables_and_statistics_take_a_partition_one_column_at_a_time(work, monkeypatch):

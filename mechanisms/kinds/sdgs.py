@@ -42,6 +42,7 @@ from privrelease.mechanisms.kinds import (
     Names,
     Planned,
     at_least,
+    by_columns,
     frontier_of,
     leaves,
 )
@@ -473,12 +474,18 @@ class SelectionJob:
     beta: float
 
     def partial(self, table: pa.Table) -> Any:
-        from privrelease.mechanisms.sdgs import count_cells
+        return by_columns(self, table)
 
-        return {
-            name: (count_cells(table, schemes, beta=1.0), count_cells(table, schemes, beta=self.beta))
-            for name, schemes in self.candidates.items()
-        }
+    def column_partial(self, rows: int) -> SelectionCounters:
+        """:meth:`partial` one column at a time (two :class:`.sdgs.CellCounter` per candidate)."""
+        from privrelease.mechanisms.sdgs import CellCounter
+
+        return SelectionCounters(
+            {
+                name: (CellCounter(rows, schemes, beta=1.0), CellCounter(rows, schemes, beta=self.beta))
+                for name, schemes in self.candidates.items()
+            }
+        )
 
     def merge(self, parts: list[Any]) -> Any:
         """Per candidate, both counts of the whole table (:func:`.partitioned.merge_counts`)."""
@@ -488,6 +495,22 @@ class SelectionJob:
             name: (merge_counts([part[name][0] for part in parts]), merge_counts([part[name][1] for part in parts]))
             for name in parts[0]
         }
+
+
+@dataclass(frozen=True)
+class SelectionCounters:
+    """:meth:`SelectionJob.partial` one column at a time: per candidate, the cells of all rows
+    and of a Bernoulli(beta) sample."""
+
+    counters: dict[str, tuple[Any, Any]]
+
+    def add(self, name: str, column: pa.ChunkedArray) -> None:
+        for pair in self.counters.values():
+            for counter in pair:
+                counter.add(name, column)
+
+    def result(self) -> Any:
+        return {name: (every.result(), sampled.result()) for name, (every, sampled) in self.counters.items()}
 
 
 SAMPLED = """<dt>k-anonymity and crowd-blending (SDGS and histograms)</dt>
