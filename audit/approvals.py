@@ -347,6 +347,27 @@ def current_approvals(session: Session, sha256: str) -> list[Approval]:
     return [approval for approval in approvals_of(session, sha256) if approval.nonce not in revoked]
 
 
+def shortfall(session: Session, facts: PolicyFacts) -> str | None:
+    """Why no production run could go by this policy version's approvals as they stand,
+    whatever its data and runner: no current approval, or fewer distinct approvers than its
+    ``approval.approvers`` whose approvals the registry in effect verifies (revoked ones never
+    count); None when enough do. A run then still checks what they bind and, with
+    ``independent``, who runs it (:func:`require_approved`)."""
+    current = current_approvals(session, facts.sha256)
+    if not current:
+        return "not approved" if not approvals_of(session, facts.sha256) else "every approval revoked"
+    registry = effective_registry(session)
+    counting = [a for a in current if registry is None or approvers.check(facts, a, registry).verified]
+    people = {
+        registry.key_of(a.approved_by) if registry is not None else a.approved_by.strip().casefold() for a in counting
+    }
+    needed = (json.loads(facts.canonical_json)["policy"].get("approval") or {}).get("approvers", 1)
+    if len(people) >= needed:
+        return None
+    verified = " verified by the approver registry" if registry is not None else ""
+    return f"{len(people)} of the {needed} distinct approver(s){verified} it needs (approval.approvers)"
+
+
 def revoked_since(session: Session, run: Run) -> str | None:
     """A note when every approval of the policy of ``run`` was revoked after it finished (the
     report and statement of a production release, handed back as they are, still say

@@ -218,6 +218,8 @@ def test_n_distinct_registered_approvers(tmp_path: Path, engine: Any, keys: dict
         require(engine, two)
     approve(engine, "Grace", keys["Grace"])
     assert require(engine, two).approved_by == "Ada"
+    with database.session(engine, readonly=True) as s:  # what `policy list` and `policy show` say
+        assert approvals.shortfall(s, facts()) is None
     with pytest.raises(UserError, match="has 2 current approver.*needs 3 distinct"):
         require(engine, SimpleNamespace(approvers=3, independent=False))
     # two names declared with one key are one approver
@@ -230,6 +232,48 @@ def test_n_distinct_registered_approvers(tmp_path: Path, engine: Any, keys: dict
     approve(engine, "Ada", keys["Ada"], policy=facts("3"))
     with pytest.raises(UserError, match="has 1 current approver.*needs 2 distinct"):
         require(engine, two, policy=facts("3"))
+
+
+def test_policy_list_and_show_call_approved_only_what_a_production_run_could_count(
+    tmp_path: Path, engine: Any, keys: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit 10: after the registry drops the only approver, or with one approval where
+    ``approval.approvers`` asks for 2, ``policy list`` and ``policy show`` said "approved"
+    (``"approved": true``) while every production run refused: they now say what is missing."""
+    from typer.testing import CliRunner
+
+    from privrelease.cli import app
+
+    monkeypatch.setenv("PRIVRELEASE_DB_URL", f"sqlite:///{tmp_path / 'audit.db'}")  # the engine's database
+    two = json.loads(facts("2").canonical_json)
+    two["policy"]["approval"] = {"approvers": 2, "independent": False}
+    text = json.dumps(two, sort_keys=True, separators=(",", ":"))
+    needs_two = approvals.PolicyFacts("census", "2", hashlib.sha256(text.encode()).hexdigest(), text)
+    approve(engine, "Ada", keys["Ada"])
+    approve(engine, "Ada", keys["Ada"], policy=needs_two)
+
+    def shown(ref: str) -> dict[str, Any]:
+        return json.loads(CliRunner().invoke(app, ["policy", "show", ref, "--json"]).output)
+
+    assert shown("census@1")["approved"] is True and shown("census@2")["approved"] is False
+    assert shown("census@2")["shortfall"] == (
+        "1 of the 2 distinct approver(s) verified by the approver registry it needs (approval.approvers)"
+    )
+    with pytest.raises(UserError, match="has 1 current approver.*needs 2 distinct"):
+        require(engine, SimpleNamespace(approvers=2, independent=False), policy=needs_two)
+    without_ada = write_registry(tmp_path / "grace.yaml", {"Grace": keys["public"]["Grace"]})
+    with database.session(engine) as s:
+        approvals.set_production_mode(s, True, by="CPO", registry=approvers.load(without_ada), keys=[keys["Grace"]])
+    with pytest.raises(UserError, match="has 0 current approver"):
+        require(engine)
+    assert shown("census@1")["approved"] is False and shown("census@1")["shortfall"].startswith("0 of the 1")
+    listed = {
+        row["version"]: row
+        for row in json.loads(CliRunner().invoke(app, ["policy", "list", "--json"]).output)["policies"]
+    }
+    assert not listed["1"]["approved"] and not listed["2"]["approved"]
+    table = CliRunner().invoke(app, ["policy", "list"], env={"COLUMNS": "250"}).output
+    assert "0 of the 1 distinct approver(s)" in table and "approved by" in table
 
 
 def test_independent_excludes_the_runner_and_the_author(

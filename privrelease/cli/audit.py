@@ -250,12 +250,15 @@ def policy_list(json_output: JsonFlag = False) -> None:
         rows: list[dict[str, Any]] = []
         for version in approvals.list_policies(s):
             approved = approvals.current_approvals(s, version.sha256)
+            short = approvals.shortfall(s, approvals.PolicyFacts.recorded(s, version.sha256))
             rows.append(
                 {
                     "name": version.name,
                     "version": version.version,
                     "sha256": version.sha256,
                     "registered_at": _when(version.registered_at),
+                    "approved": short is None,
+                    "shortfall": short,
                     "approvals": [_approval_dict(a) for a in approved],
                 }
             )
@@ -268,12 +271,13 @@ def policy_list(json_output: JsonFlag = False) -> None:
     table = Table("name", "version", "sha256", "registered (UTC)", "approved by")
     for row in rows:
         last = row["approvals"][-1] if row["approvals"] else None
+        by = f"{last['approved_by']} ({_minute(last['approved_at'])})" if last else ""
         table.add_row(
             row["name"],
             row["version"],
             _short(row["sha256"]),
             _minute(row["registered_at"]),
-            f"{last['approved_by']} ({_minute(last['approved_at'])})" if last else styled("[red]not approved[/]"),
+            by if row["approved"] else styled(f"[red]{row['shortfall']}[/]") + (f": {by}" if by else ""),
         )
     console.print(table)
 
@@ -293,6 +297,7 @@ def policy_show(
         version = approvals.find_policy(s, ref)
         approved = approvals.approvals_of(s, version.sha256)
         current = {a.id for a in approvals.current_approvals(s, version.sha256)}
+        short = approvals.shortfall(s, approvals.PolicyFacts.recorded(s, version.sha256))
         registry = approvals.effective_registry(s)
         others = [
             v.version for v in approvals.list_policies(s) if v.name == version.name and v.sha256 != version.sha256
@@ -302,7 +307,8 @@ def policy_show(
         "version": version.version,
         "sha256": version.sha256,
         "registered_at": _when(version.registered_at),
-        "approved": bool(current),
+        "approved": short is None,
+        "shortfall": short,
         "approvals": [{**_approval_dict(a, version, registry), "revoked": a.id not in current} for a in approved],
         "other_versions": others,
         "policy": json.loads(version.canonical_json),
@@ -336,6 +342,8 @@ def policy_show(
         console.print(table)
         if not current:
             console.print(styled("[red]no current approval[/]: every approval of this version was revoked"))
+        elif short:
+            console.print(styled(f"[red]not approved for a production run[/]: {short}"))
     if others:
         say(f"other versions: {', '.join(others)}")
 
