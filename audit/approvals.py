@@ -335,7 +335,19 @@ def revoke_request(session: Session, facts: PolicyFacts, *, by: str, reason: str
 
 def revoke(session: Session, facts: PolicyFacts, *, by: str, reason: str, keys: Iterable[Any] = ()) -> int:
     """Revoke every current approval of a policy version, signed with the approvers' private
-    ``keys`` (needed once a registry is pinned). Returns how many were revoked."""
+    ``keys`` (needed once a registry is pinned). Returns how many were revoked. With a registry
+    in effect, signed by ``by``'s own declared key among them: the record names who revoked."""
+    keys = list(keys)
+    registry = effective_registry(session)
+    if registry is not None and keys:
+        declared = registry.key_of(by.strip())
+        theirs = declared if declared in {signing.public_text(key) for key in keys} else ""  # "": none is theirs
+        why = _not_counting(registry, by.strip(), theirs)
+        if why is not None:
+            raise UserError(
+                f"the approver registry ({registry.source}, sha256 {registry.sha256[:12]}) is in effect: {why} "
+                "(a revocation is recorded as by --by, so one --key must be theirs)"
+            )
     document = governance.sign(revoke_request(session, facts, by=by, reason=reason), keys)
     governance.apply(session, document)
     return len(document["request"]["approvals"])

@@ -201,6 +201,10 @@ def test_revoked_signed_approvals_do_not_count(engine: Any, keys: dict[str, Any]
         assert approvals.pinned_registry(s) is not None
         with pytest.raises(UserError, match="a revocation needs the signature of an approver"):
             approvals.revoke(s, facts(), by="CPO", reason="scheme leaks")  # the service alone cannot
+    with database.session(engine) as s, pytest.raises(UserError, match="--key is not the key it declares for 'Ada'"):
+        approvals.revoke(
+            s, facts(), by="Ada", reason="scheme leaks", keys=[keys["Grace"]]
+        )  # audit 10: Grace signs as Ada
     with database.session(engine) as s:
         assert approvals.revoke(s, facts(), by="Grace", reason="scheme leaks", keys=[keys["Grace"]]) == 1
     with pytest.raises(UserError, match=r"has 0 current approver.*revoked approvals do not count"):
