@@ -100,6 +100,7 @@ def report_context(
         plan=plan_of(run.policy),
         run_id=run.run_id,
         flow_run_id=run.flow_run_id,
+        rerun_of=run.source_run_id if run.kind == "rerun" else None,
         code_version=run.code_version,
         status=status,
         generated_at=datetime.now(UTC),

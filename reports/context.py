@@ -66,6 +66,8 @@ class ReportContext:
     plan: Plan
     run_id: str
     flow_run_id: str | None = None
+    rerun_of: str | None = None
+    """For a rerun (``privrelease rerun``): the run it repeats."""
     code_version: str
     status: str
     generated_at: datetime

@@ -360,6 +360,7 @@ def view(context: ReportContext) -> dict[str, Any]:
         "internal": {
             "run_id": context.run_id,
             "flow_run_id": context.flow_run_id,
+            "rerun_of": context.rerun_of,
             "code_version": context.code_version,
             "kinds": [(tag, f"{source['distribution']} {source['version']}") for tag, source in plan.kinds.items()],
             "dataset": context.dataset,

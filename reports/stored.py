@@ -32,7 +32,8 @@ def _when(value: datetime | None) -> str | None:
 class StoredReport:
     """A run with a stored report (or a reissue of one): its policy, status and kind
     (``release``, ``rerun``, ``reissue``), when it was created (ISO, UTC), the report's sha256 and
-    recorded path, and for a reissue the run it reissued (``reissue_of``)."""
+    recorded path, for a reissue the run it reissued (``reissue_of``), for a rerun the run it
+    repeated (``rerun_of``)."""
 
     run_id: str
     policy: str | None
@@ -43,6 +44,7 @@ class StoredReport:
     sha256: str
     path: str | None
     reissue_of: str | None = None
+    rerun_of: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,7 +59,7 @@ def stored_reports() -> list[StoredReport]:
     from privrelease.audit.models import PolicyVersion, Report, Run
 
     statement = (
-        select(  # type: ignore[call-overload]  # sqlmodel types select() for at most 4 columns; 9 work
+        select(  # type: ignore[call-overload]  # sqlmodel types select() for at most 4 columns; 10 work
             Report.id,
             Report.run_id,
             Report.created_at,
@@ -65,6 +67,7 @@ def stored_reports() -> list[StoredReport]:
             Report.path,
             Run.status,
             Run.kind,
+            Run.source_run_id,
             PolicyVersion.name,
             PolicyVersion.version,
         )
@@ -78,8 +81,11 @@ def stored_reports() -> list[StoredReport]:
     )
     latest: dict[str, StoredReport] = {}
     with session(open_database(), readonly=True) as s:
-        for _id, run_id, created, sha256, path, status, kind, name, version in s.exec(statement).all():
-            latest[run_id] = StoredReport(run_id, name, version, status, kind, _when(created), sha256, path)
+        for _id, run_id, created, sha256, path, status, kind, source, name, version in s.exec(statement).all():
+            rerun_of = source if kind == "rerun" else None
+            latest[run_id] = StoredReport(
+                run_id, name, version, status, kind, _when(created), sha256, path, rerun_of=rerun_of
+            )
         for reissue in s.exec(
             select(Run).where(Run.kind == "reissue", Run.status == "succeeded").order_by(col(Run.started_at))
         ).all():

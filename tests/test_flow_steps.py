@@ -1172,6 +1172,14 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
     assert by_id[again.run_id].policy_sha256 == by_id[first.run_id].policy_sha256
     assert [e.state for e in ledger_entries()] == ["committed", "committed"]  # a new charge
     assert first.outputs[0]["sha256"] != again.outputs[0]["sha256"]  # fresh randomness
+    # audit 10: its report and `report list` say it reruns the first run (neither did)
+    report = " ".join(Path(again.report).read_text().split())
+    assert f'Rerun of</dt><dd id="rerun-of">run <code class="hash">{first.run_id}</code>' in report
+    assert "rerun-of" not in Path(first.report).read_text()
+    from privrelease.reports.stored import stored_reports
+
+    listed = {row.run_id: row for row in stored_reports()}
+    assert listed[again.run_id].rerun_of == first.run_id and listed[first.run_id].rerun_of is None
 
     handed = reissue(first.run_id, tmp_path / "copies")
     assert [e.state for e in ledger_entries()] == ["committed", "committed"]  # no charge
@@ -1225,7 +1233,7 @@ def test_report_list_and_show_of_a_reissue(demo_dir, work, tmp_path):
         assert (row["kind"], row["reissue_of"], row["policy"]) == ("reissue", first.run_id, "demo-census")
     assert listed[copied.run_id]["path"] == copied.report and listed[again.run_id]["path"] == first.report
     table = [line for line in cli("report", "list").output.splitlines() if line.startswith("│")]
-    assert [line.split("│")[6].strip() for line in table] == ["", first.run_id[:8], first.run_id[:8]]
+    assert [line.split("│")[6].strip() for line in table] == ["", *[f"reissue of {first.run_id[:8]}"] * 2]
 
     shown = json.loads(cli("report", "show", copied.run_id[:10], "--json").output)
     assert (shown["path"], shown["reissue_of"], shown["source"]) == (copied.report, first.run_id, "file")

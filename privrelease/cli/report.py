@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import webbrowser
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from privrelease.cli.output import console, print_json, say
+
+if TYPE_CHECKING:
+    from privrelease.reports.stored import StoredReport
 
 report_app = typer.Typer(help="Disclosure reports of runs.", no_args_is_help=True)
 
@@ -39,7 +42,7 @@ def register(app: typer.Typer) -> None:
 @report_app.command("list")
 def report_list(json_output: JsonFlag = False) -> None:
     """Runs that have a stored report, and reissues of them: run id, policy, version, status,
-    created (a reissue: when it was made; the run it reissued)."""
+    created (a reissue: when it was made); the run a reissue handed back or a rerun repeated."""
     from privrelease.reports.stored import stored_reports
 
     rows = stored_reports()
@@ -55,9 +58,9 @@ def report_list(json_output: JsonFlag = False) -> None:
     table.add_column("version", overflow="fold")
     table.add_column("status", no_wrap=True)
     table.add_column("created (UTC)", no_wrap=True)
-    reissues = any(row.reissue_of for row in rows)
+    reissues = any(row.reissue_of or row.rerun_of for row in rows)
     if reissues:
-        table.add_column("reissue of", overflow="fold")  # a run id prefix: narrow, for the terminal's sake
+        table.add_column("of", overflow="fold")  # a run id prefix: narrow, for the terminal's sake
     for row in rows:
         table.add_row(
             row.run_id[:12],
@@ -65,10 +68,17 @@ def report_list(json_output: JsonFlag = False) -> None:
             row.version or "",
             row.status,
             (row.created_at or "")[:16].replace("T", " "),
-            *([(row.reissue_of or "")[:8]] if reissues else []),
+            *([_of(row)] if reissues else []),
         )
     console.print(table)
     console.print("privrelease report show RUN prints a report's path", style="dim")
+
+
+def _of(row: StoredReport) -> str:
+    """The run a reissue handed back or a rerun repeated, in words, by a run id prefix."""
+    if row.reissue_of:
+        return f"reissue of {row.reissue_of[:8]}"
+    return f"rerun of {row.rerun_of[:8]}" if row.rerun_of else ""
 
 
 @report_app.command("show")
