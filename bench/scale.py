@@ -327,7 +327,9 @@ def run_once(
             seconds = time.perf_counter() - start
             facts["worker_cpu_seconds"] = workers_cpu() - worker_cpu
             facts["worker_peak_rss_mb"] = max(client.run(peak_mb).values())
-    found = re.search(r"(\d+) partitions? on \d+ workers?", Path(published.report).read_text(encoding="utf-8"))
+    found = re.search(
+        r"(\d+) partitions? on a cluster of \d+ workers?", Path(published.report).read_text(encoding="utf-8")
+    )
     partitions = int(found.group(1)) if found else None
     return {
         "seconds": seconds,

@@ -907,7 +907,7 @@ def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:
     before = curve["before"] or [None] * len(epsilons)
     series = [
         Series(
-            f"after this release ({curve['releases_after']} releases)",
+            f"after this release ({curve['releases_after']} release{'s' if curve['releases_after'] != 1 else ''})",
             [(e, log10(d)) for e, d in zip(epsilons, curve["after"], strict=True)],
             PALETTE[1],
         )
@@ -916,7 +916,7 @@ def ledger_chart(curve: dict, chart_id: str = "chart-ledger") -> Chart:
         series.insert(
             0,
             Series(
-                f"before this release ({curve['releases_before']} releases)",
+                f"before this release ({curve['releases_before']} release{'s' if curve['releases_before'] != 1 else ''})",
                 [(e, log10(d)) for e, d in zip(epsilons, before, strict=True)],
                 PALETTE[0],
                 "7 3",

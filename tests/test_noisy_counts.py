@@ -806,7 +806,7 @@ def test_release_on_dask_adds_the_noise_once_to_the_merged_counts(tmp_path, monk
         published = release_plain(policy_path=str(path))
 
     report = Path(published.report).read_text()
-    assert f"{DASK_PARTITIONS} partitions on 2 workers" in report, "the release ran on Dask"
+    assert f"{DASK_PARTITIONS} partitions on a cluster of 2 workers" in report, "the release ran on Dask"
     table = pq.read_table(Path(published.release_dir) / "table.parquet")
     assert table.column_names == ["sex", "group", "count", "lower", "upper"] and table.num_rows == len(truth) == 40
     cells = list(zip(table.column("sex").to_pylist(), table.column("group").to_pylist(), strict=True))

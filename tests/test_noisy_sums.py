@@ -439,7 +439,7 @@ def test_on_dask_the_merged_partials_give_the_in_process_release(tmp_path: Path,
             text + f"engine: {{name: dask, address: '{cluster.scheduler_address}', rows_per_partition: 200}}\n"
         )
         published = release_plain(policy_path=str(path))
-    assert "8 partitions on 2 workers" in Path(published.report).read_text()
+    assert "8 partitions on a cluster of 2 workers" in Path(published.report).read_text()
     output = pq.read_table(Path(published.release_dir) / "sums.parquet").sort_by(
         [("region", "ascending"), ("kind", "ascending")]
     )

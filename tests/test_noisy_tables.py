@@ -695,7 +695,7 @@ def test_a_release_on_dask_publishes_the_in_process_layout(tmp_path, work, monke
             + f"engine: {{name: dask, address: '{cluster.scheduler_address}', rows_per_partition: 100}}\n"
         )
         on_dask = release_plain(policy_path=str(path))
-    assert "4 partitions on 2 workers" in Path(on_dask.report).read_text()
+    assert "4 partitions on a cluster of 2 workers" in Path(on_dask.report).read_text()
     names = ["census-county-sex", "census-county", "census-state", "census-total"]
     for name in names:
         dask_table = pq.read_table(Path(on_dask.release_dir) / f"{name}.parquet")

@@ -422,7 +422,7 @@ def test_a_release_with_totals_on_both_engines(tmp_path, work, monkeypatch) -> N
             + f"engine: {{name: dask, address: '{cluster.scheduler_address}', rows_per_partition: 100}}\n"
         )
         on_dask = release_plain(policy_path=str(folder / "dask.yaml"))
-    assert "4 partitions on 2 workers" in Path(on_dask.report).read_text()
+    assert "4 partitions on a cluster of 2 workers" in Path(on_dask.report).read_text()
     values = ("estimate", "lower", "upper", "total", "total_lower", "total_upper", "mean", "mean_lower", "mean_upper")
     for release in (in_process, on_dask):
         out = {

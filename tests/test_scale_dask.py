@@ -213,7 +213,7 @@ def test_same_release_as_in_process(cluster, work):
     run, entries = run_record(on_dask.run_id)
     assert run.status == "succeeded" and [e.state for e in entries] == ["committed"]
     report = Path(on_dask.report).read_text()
-    assert "Dask, on the cluster at" in report and "8 partitions on 2 workers" in report
+    assert "Dask, on the cluster at" in report and "8 partitions on a cluster of 2 workers" in report
     assert "in-process" in Path(in_process.report).read_text()
     verify_intact()
 
@@ -563,7 +563,7 @@ def test_release_larger_than_the_workers_memory(cluster, work):
     ]
     micro = pa.concat_tables([found["microdata-part0000"], found["microdata-part0001"]], promote_options="permissive")
     assert 0 < micro.num_rows < rows * 0.2 and min(rows_of(micro).values()) >= 20
-    assert "48 partitions on 2 workers" in Path(published.report).read_text()
+    assert "48 partitions on a cluster of 2 workers" in Path(published.report).read_text()
     verify_intact()
     _, client = cluster
     peaks = client.run(peak_rss_bytes)
@@ -695,7 +695,7 @@ def test_csv_same_release_as_in_process(cluster, work, demo):
         assert abs(found["mean-hours"].column("value")[0].as_py() - mean) < 1.0
         assert found["microdata"].schema.names == ["age", "sex", "education", "salary-class"]
     report = Path(on_dask.report).read_text()
-    assert "Dask, on the cluster at" in report and "5 partitions on 2 workers" in report
+    assert "Dask, on the cluster at" in report and "5 partitions on a cluster of 2 workers" in report
     assert "50,000" in report or "50000" in report
     verify_intact()
 

@@ -178,7 +178,7 @@ def accuracy_selection(
         return
     say(
         f"the chosen scheme publishes, in expectation, at most {gap:.4g} rows fewer than the best of "
-        f"{candidates} candidates, with probability >= {1 - failure:g} (score sensitivity {bound:.4g})"
+        f"{candidates} candidate{'s' if candidates != 1 else ''}, with probability >= {1 - failure:g} (score sensitivity {bound:.4g})"
     )
 
 
