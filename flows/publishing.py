@@ -119,8 +119,19 @@ def publish(
         chain_head={"seq": head.seq, "hash": head.hash},
         outputs=recorded,
         ledger_after=None if reservation is None else reservation.after,
-        warnings=release_facts.warnings(outputs, run.loaded().policy.dataset.size_unit),
+        warnings=release_facts.warnings(outputs, run.loaded().policy.dataset.size_unit) + _draft_rerun(run),
     )
+
+
+def _draft_rerun(run: RunContext) -> list[str]:
+    """A rerun published as a draft says so (audit 10: a rerun whose approval was revoked since,
+    in development mode, published a draft without a word on the terminal)."""
+    if run.kind != "rerun" or run.approval is not None:
+        return []
+    return [
+        f"this rerun of run {run.source_run_id} is a DRAFT (its report and statement say so): no current approval "
+        "of its policy counts for this data (revoked since, or never given)"
+    ]
 
 
 def _record_guarantees(session: Any, run: RunContext, plan: PlanSummary, state: dict[str, Any]) -> None:

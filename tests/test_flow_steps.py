@@ -1180,6 +1180,11 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
 
     listed = {row.run_id: row for row in stored_reports()}
     assert listed[again.run_id].rerun_of == first.run_id and listed[first.run_id].rerun_of is None
+    assert not first.warnings and again.warnings == [  # not approved here: the rerun says it is a draft
+        f"this rerun of run {first.run_id} is a DRAFT (its report and statement say so): no current approval of "
+        "its policy counts for this data (revoked since, or never given)"
+    ]
+    assert "DRAFT" in report
 
     handed = reissue(first.run_id, tmp_path / "copies")
     assert [e.state for e in ledger_entries()] == ["committed", "committed"]  # no charge
