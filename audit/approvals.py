@@ -362,14 +362,18 @@ def current_approvals(session: Session, sha256: str) -> list[Approval]:
 def shortfall(session: Session, facts: PolicyFacts) -> str | None:
     """Why no production run could go by this policy version's approvals as they stand,
     whatever its data and runner: no current approval, or fewer distinct approvers than its
-    ``approval.approvers`` whose approvals the registry in effect verifies (revoked ones never
-    count); None when enough do. A run then still checks what they bind and, with
+    ``approval.approvers`` whose approvals bind data and the registry in effect verifies
+    (revoked ones never count); None when enough do. A run then still checks what they bind and, with
     ``independent``, who runs it (:func:`require_approved`)."""
     current = current_approvals(session, facts.sha256)
     if not current:
         return "not approved" if not approvals_of(session, facts.sha256) else "every approval revoked"
     registry = effective_registry(session)
-    counting = [a for a in current if registry is None or approvers.check(facts, a, registry).verified]
+    counting = [
+        a
+        for a in current
+        if Binding.of(a) is not None and (registry is None or approvers.check(facts, a, registry).verified)
+    ]
     people = {
         registry.key_of(a.approved_by) if registry is not None else a.approved_by.strip().casefold() for a in counting
     }
