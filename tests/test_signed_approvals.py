@@ -489,3 +489,19 @@ def test_the_report_index_shows_each_approvals_key_and_signature(engine: Any, ke
     assert rows["Ada"].key == signing.fingerprint(keys["public"]["Ada"]) and rows["Ada"].signature == "verified"
     assert rows["Grace"].key == signing.fingerprint(public)
     assert rows["Grace"].signature.startswith("not verified: the signature does not verify against the key")
+
+
+def test_the_revoke_command_needs_the_key_of_whom_it_names(
+    tmp_path: Path, engine: Any, keys: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit 10: `policy revoke --by Ada --key grace.key` (the command's path, through
+    :func:`privrelease.approving.govern`) recorded Ada as revoking with Grace's signature alone:
+    refused, nothing revoked; with Ada's own key it revokes."""
+    from privrelease import approving
+
+    monkeypatch.setenv("PRIVRELEASE_DB_URL", f"sqlite:///{tmp_path / 'audit.db'}")  # the engine's database
+    approve(engine, "Ada", keys["Ada"])
+    with pytest.raises(UserError, match="--key is not the key it declares for 'Ada'"):
+        approving.revoke("census@1", by="Ada", reason="leaks", keys=[tmp_path / "grace.key"])
+    assert require(engine).approved_by == "Ada"
+    assert approving.revoke("census@1", by="Ada", reason="leaks", keys=[tmp_path / "ada.key"]).revoked == 1
