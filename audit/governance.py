@@ -92,6 +92,21 @@ def signers(body: dict[str, Any], signatures: Any, registry: Registry) -> list[s
     return sorted(found.values())
 
 
+def _revoker_unsigned(body: dict[str, Any], named: list[str], registry: Registry) -> str | None:
+    """Why a revocation signed by the approvers ``named`` (:func:`signers`) is refused: none
+    signed it, or none of them is the one it is recorded as by (``by``, as an approval's
+    signer must be its approver); None when its ``by`` signed it."""
+    if not named:
+        return "a revocation needs the signature of an approver of the registry in effect"
+    by = body["by"]
+    declared = registry.key_of(by)
+    if declared is None:
+        return f"{by!r} is not in the approver registry (a revocation is recorded as by --by, so they must sign it)"
+    if declared not in {registry.keys[name] for name in named}:
+        return f"--key is not the key it declares for {by!r} (a revocation is recorded as by --by, so one --key must be theirs)"
+    return None
+
+
 def _refusal(current: State, body: dict[str, Any], signatures: Any) -> str | None:
     """Why ``body`` would not take effect in ``current`` (None: it would)."""
     registry = current.registry
@@ -208,8 +223,8 @@ def apply(session: Session, document: dict[str, Any]) -> AuditEvent:
         raise UserError("another governance record was appended since this request was proposed: propose it again")
     why = _refusal(current, body, signatures)
     registry = current.registry
-    if why is None and body["action"] == "revoke" and registry is not None and not signers(body, signatures, registry):
-        why = "a revocation needs the signature of an approver of the registry in effect"
+    if why is None and body["action"] == "revoke" and registry is not None:
+        why = _revoker_unsigned(body, signers(body, signatures, registry), registry)
     if why is not None:
         raise UserError(
             f"refused: {why}; sign it with --key (or propose it with --propose FILE and collect signatures with "

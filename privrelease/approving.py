@@ -91,10 +91,6 @@ def govern(s: Session, document: dict[str, Any], keys: Iterable[str | Path] | No
     from privrelease.audit import governance, signing
 
     governance.sign(document, [signing.private_key(str(key), "--key") for key in keys or []])
-    if document["request"]["action"] == "revoke":
-        from privrelease.audit.approvals import require_signed_by
-
-        require_signed_by(s, document)
     if propose is None:
         governance.apply(s, document)
     else:
