@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from privrelease.errors import UserError
 from privrelease.mechanisms.events import AnyEvent, Composed, Event, Sampled, leaves
@@ -350,10 +350,17 @@ class ColumnJob(Job, Protocol):
 def by_columns(job: ColumnJob, table: pa.Table) -> Any:
     """``job``'s partial result on ``table`` given one column at a time: its :meth:`partial`,
     in one code path with the read of a partition by columns."""
-    partial = job.column_partial(table.num_rows)
+    return fed(job.column_partial(table.num_rows), table).result()
+
+
+Fed = TypeVar("Fed", bound=ColumnPartial)
+
+
+def fed(partial: Fed, table: pa.Table) -> Fed:
+    """``partial`` given every column of ``table``, one at a time."""
     for name in table.column_names:
         partial.add(name, table.column(name))
-    return partial.result()
+    return partial
 
 
 class MechanismKind(Model):

@@ -35,6 +35,7 @@ from privrelease.mechanisms.kinds import (
     Number,
     Planned,
     by_columns,
+    fed,
     frontier_of,
     half_width_target,
     log_grid,
@@ -278,10 +279,7 @@ class StatisticJob:
     def prepared(self, table: pa.Table) -> tuple[pa.Table, str]:
         """The columns the statistic reads: the value column (a constant one stands in for a
         count) and the ``by`` columns generalized with their schemes; and the value column's name."""
-        partial = self.column_partial(table.num_rows)
-        for name in table.column_names:
-            partial.add(name, table.column(name))
-        return partial.prepared()
+        return fed(self.column_partial(table.num_rows), table).prepared()
 
     def partial(self, table: pa.Table) -> Any:
         return by_columns(self, table)
