@@ -363,9 +363,7 @@ def shortfall(session: Session, facts: PolicyFacts) -> str | None:
         for a in current
         if Binding.of(a) is not None and (registry is None or approvers.check(facts, a, registry).verified)
     ]
-    people = {
-        registry.key_of(a.approved_by) if registry is not None else a.approved_by.strip().casefold() for a in counting
-    }
+    people = _people(counting, registry)
     needed = (json.loads(facts.canonical_json)["policy"].get("approval") or {}).get("approvers", 1)
     if len(people) >= needed:
         return None
@@ -442,9 +440,7 @@ def require_approved(
             ignored.append(f"approval {approval.id} by {approval.approved_by!r} ({why})")
         else:
             counted.append(approval)
-    people = {
-        registry.key_of(a.approved_by) if registry is not None else a.approved_by.strip().casefold() for a in counted
-    }
+    people = _people(counted, registry)
     needed = rule.approvers if rule is not None else 1
     if len(people) >= needed:
         return counted[0]
@@ -470,6 +466,14 @@ def require_approved(
         "production mode runs only approved policies: "
         "`privrelease policy approve POLICY.yaml --by NAME`"
     )
+
+
+def _people(approvals: list[Approval], registry: approvers.Registry | None) -> set[str | None]:
+    """The distinct people who made ``approvals``: by registered key when a registry is in
+    effect, else by name (case and surrounding spaces ignored)."""
+    return {
+        registry.key_of(a.approved_by) if registry is not None else a.approved_by.strip().casefold() for a in approvals
+    }
 
 
 def describe(session: Session, facts: Any, approval: Approval | None) -> dict[str, Any] | None:
