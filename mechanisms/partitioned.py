@@ -29,7 +29,7 @@ are a random split of it, a post-processing of SDGS's output, so Theorem 1's gua
 (epsilon >= -ln(1 - beta), delta = d(k, beta, epsilon)) holds unchanged, and the files read
 one after the other are a uniformly random order of the multiset, as in-process. The number of
 files depends only on the number of published rows (on Dask also on the workers': :func:`split`
-gives each worker a file of its own to write, whose pieces are split and shuffled the same way).
+gives each worker a file of its own to write; each row then draws its file and its piece in the file at once).
 
 The merged label dictionary of a column is the partitions' common one when they agree (always
 for value maps, bins and suppression, whose labels the scheme fixes); otherwise (``Keep``,
@@ -57,7 +57,8 @@ from privrelease.mechanisms.sdgs import CellCounts, check_parameters, count_cell
 
 _INT64_SAFE = 1 << 62
 ROWS_PER_FILE = 250_000
-"""Published rows per output piece (a Parquet row group, a CSV block), at most: pieces of
+"""Published rows per output piece (a Parquet row group, a CSV block), at most (on Dask, at
+most in expectation: :func:`split` draws a file's pieces with the files): pieces of
 this size let one be written while the next is computed (1 M rows in one piece wrote 0.03 s
 slower at 1 M published rows, bench/sdgs.py)."""
 ROWS_PER_PART = 2_000_000
@@ -278,43 +279,60 @@ def pieces(published: CellCounts, files: int) -> Iterator[pa.Table]:
     row in a uniformly random one (:func:`assign_files`, drawn at the first piece), each piece
     in uniformly random order (:func:`file_table`), computed one at a time: no piece exists
     before it is asked for, wherever this runs (the flow's process, or a Dask worker)."""
-    for which, counts in assign_files(published.counts, files):
-        yield file_table(published, which, counts)
+    yield from drawn_pieces(published, assign_files(published.counts, files))
+
+
+def drawn_pieces(cells: CellCounts, drawn: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[pa.Table]:
+    """The pieces whose rows are ``drawn`` (per piece: which cells of ``cells``, how many rows
+    of each), each in uniformly random order (:func:`file_table`), computed one at a time."""
+    for which, counts in drawn:
+        yield file_table(cells, which, counts)
 
 
 def split(
     published: CellCounts, rows_per_file: int, workers: int, gather: Callable[..., list[Any]]
 ) -> list[functools.partial[Iterator[pa.Table]]]:
-    """The published rows of ``published`` split over :func:`part_count` files, each row in a
-    uniformly random one, each file as a picklable function giving its :func:`pieces` (each of
-    its rows in a uniformly random piece, each piece in uniformly random order: the file is a
-    uniformly random order of its rows), to be computed and written where it runs. The files
-    are drawn by :func:`assign_files` on slices of the cells of about equal rows (as many as
-    files, at most ``workers``),
-    mapped by ``gather(assign_files, slices, files=J)`` (on Dask over the cluster,
-    :func:`.flows.engines.map_gather`): every row independently, as one :func:`assign_files` of
-    all rows; only counts per (file, cell) come back, no row is built here."""
+    """The published rows of ``published`` split over :func:`part_count` files of ``J``
+    pieces each (``J``: :func:`file_count` of a file's expected rows), each row in a uniformly
+    random piece of a uniformly random file, each file as a picklable function giving its
+    pieces (:func:`drawn_pieces`, each in uniformly random order: the file is a uniformly
+    random order of its rows), to be computed and written where it runs. Files and pieces are
+    drawn together, one :func:`assign_files` over every (file, piece) pair, on slices of the
+    cells of about equal rows (as many as files, at most ``workers``), mapped by
+    ``gather(assign_files, slices, files=F * J)`` (on Dask over the cluster,
+    :func:`.flows.engines.map_gather`): every row independently, as one draw over all rows;
+    only counts per (piece, cell) come back, no row is built here. One file draws its own
+    pieces where it is written (:func:`pieces`)."""
     counts = published.counts
-    files = part_count(int(counts.sum()), workers)
-    if files == 1:  # every row in the one file: nothing to draw
-        assigned = assign_files(counts, 1)
-    else:
-        cumulative = np.cumsum(counts)
-        slices = min(files, workers)
-        cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, slices) // slices, side="right")
-        bounds = np.unique(np.r_[0, cuts, len(counts)])
-        drawn = gather(assign_files, [counts[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])], files=files)
-        assigned = [
-            (
-                np.concatenate([part[j][0] + lo for part, lo in zip(drawn, bounds[:-1])]),
-                np.concatenate([part[j][1] for part in drawn]),
-            )
-            for j in range(files)
-        ]
-    return [
-        functools.partial(pieces, _subset(published, which, rows), file_count(int(rows.sum()), rows_per_file))
-        for which, rows in assigned
+    total = int(counts.sum())
+    files = part_count(total, workers)
+    per_file = file_count(-(-total // files), rows_per_file)
+    if files == 1:
+        return [functools.partial(pieces, published, per_file)]
+    cumulative = np.cumsum(counts)
+    slices = min(files, workers)
+    cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, slices) // slices, side="right")
+    bounds = np.unique(np.r_[0, cuts, len(counts)])
+    drawn = gather(assign_files, [counts[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])], files=files * per_file)
+    slots = [
+        (
+            np.concatenate([part[slot][0] + lo for part, lo in zip(drawn, bounds[:-1])]),
+            np.concatenate([part[slot][1] for part in drawn]),
+        )
+        for slot in range(files * per_file)
     ]
+    return [_file(published, slots[j * per_file : (j + 1) * per_file]) for j in range(files)]
+
+
+def _file(published: CellCounts, drawn: list[tuple[np.ndarray, np.ndarray]]) -> functools.partial[Iterator[pa.Table]]:
+    """One file's :func:`drawn_pieces`, over the cells it holds alone (what travels to its
+    worker)."""
+    held = np.unique(np.concatenate([which for which, _ in drawn]))
+    pieces = [(np.searchsorted(held, which), counts) for which, counts in drawn]
+    rows = np.zeros(len(held), np.int64)
+    for which, counts in pieces:
+        rows[which] += counts  # a piece holds each of its cells once
+    return functools.partial(drawn_pieces, _subset(published, held, rows), pieces)
 
 
 def _subset(cells: CellCounts, which: np.ndarray, counts: np.ndarray) -> CellCounts:

@@ -8,6 +8,7 @@ Statistical tests state their failure probability; none assumes a seed."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -269,3 +270,36 @@ def test_split_draws_as_many_slices_as_files_when_workers_outnumber_them(monkeyp
     assert len(tables) == 2 and rows(tables) == published
     assert len(calls) == 1 and len(calls[0]) == 2
     assert sorted(np.concatenate(calls[0]).tolist()) == sorted(published.values())
+
+
+def test_split_draws_each_row_s_file_and_piece_at_once(monkeypatch) -> None:
+    """Four files of about 4 pieces each: one map of ``assign_files`` over 16 (file, piece)
+    pairs; writing the files draws nothing more (the pieces come drawn), every piece holds
+    about a quarter of its file's rows, and over 40 splits each row lands in each of the 16
+    pieces with probability 1/16 (chi-square, failure probability ALPHA)."""
+    cells = partitioned.published_cells(
+        partitioned.merge_counts([count_cells(part, SCHEMES, beta=0.2) for part in slices(population(40_000), 4)]), 5
+    )
+    published = rows(list(partitioned.pieces(cells, 1)))
+    total = sum(published.values())
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART", -(-total // 4))
+    monkeypatch.setattr(partitioned, "ROWS_PER_PART_MIN", -(-total // 4))
+    remote = functools.partial(partitioned.split, cells, -(-total // 16))
+    assert partitioned.part_count(total, 4) == 4
+    drawn: list[int] = []
+
+    def gather(function, items, **constants):
+        drawn.append(constants["files"])
+        return [function(item, **constants) for item in items]
+
+    sizes = np.zeros(16)
+    for _ in range(40):
+        made = remote(4, gather)
+        with monkeypatch.context() as patched:
+            patched.setattr(partitioned, "assign_files", lambda *_, **__: pytest.fail("a file drew again"))
+            files = [list(file()) for file in made]
+        assert len(files) == 4 and all(len(pieces) == 4 for pieces in files)
+        assert rows([table for pieces in files for table in pieces]) == published
+        sizes += [table.num_rows for pieces in files for table in pieces]
+    assert drawn == [16] * 40
+    assert chisquare(sizes).pvalue > ALPHA
