@@ -15,7 +15,8 @@ Every run and ``audit verify`` replay the governance records in order (:func:`st
   effect only when ``quorum`` distinct keys of *that* registry signed it; otherwise it is
   ignored (production mode and the registry stay) and ``audit verify`` flags it;
 * a record that only tightens (production mode keeping the registry, a revocation) always takes
-  effect: at worst it stops releases. Revocations name approvals by their signed random id
+  effect: at worst it stops releases. A revocation not signed by the approver it names (which no
+  command records, :func:`apply`) is flagged by ``audit verify``. Revocations name approvals by their signed random id
   (``Approval.nonce``), so a copied revoked approval is revoked too.
 
 With quorum > 1 the request travels as a file (:func:`dump`, :func:`load`): proposed with
@@ -60,8 +61,10 @@ def _digest(body: dict[str, Any]) -> str:
 class State:
     """What the governance records decide: the database's ``production`` mode, the approver
     ``registry`` in effect (and every one pinned, ``pins``), the ``revoked`` approval ids (and
-    when each was first revoked, ``revoked_at``), the ``head`` a new request follows, the records ``ignored`` (``(seq, message)``) and why the
-    history is ``broken`` (None: it is not)."""
+    when each was first revoked, ``revoked_at``), the ``head`` a new request follows, the records
+    ``ignored`` (``(seq, message)``), the revocations that took effect ``unsigned`` by whom they
+    name (``(seq, message)``: they only withdraw approvals, so they count, but no command records
+    one) and why the history is ``broken`` (None: it is not)."""
 
     production: bool = False
     registry: Registry | None = None
@@ -70,6 +73,7 @@ class State:
     revoked_at: dict[str, datetime] = field(default_factory=dict)
     head: str | None = None
     ignored: list[tuple[int, str]] = field(default_factory=list)
+    unsigned: list[tuple[int, str]] = field(default_factory=list)
     broken: str | None = None
 
     def registry_at(self, when: datetime) -> Registry | None:
@@ -180,6 +184,12 @@ def state(session: Session) -> State:
                 modern, digest, signatures = True, _digest(body), payload.get("signatures")
             why = _refusal(current, body, signatures)
             if why is None:
+                if body["action"] == "revoke" and current.registry is not None:
+                    unsigned = _revoker_unsigned(body, signers(body, signatures, current.registry), current.registry)
+                    if unsigned is not None:
+                        current.unsigned.append(
+                            (record.seq, f"{what} by {body.get('by')!r} took effect unsigned: {unsigned}")
+                        )
                 _take_effect(current, body, record.time)
             else:
                 current.ignored.append((record.seq, f"{what} by {body.get('by')!r} is ignored: {why}"))

@@ -280,7 +280,8 @@ def _approval_problems(
     """Intact approval rows whose signature does not verify against the registry in effect
     when they were made, or unsigned after a pinned approver registry
     (:func:`.approvers.problems`), named by the record describing each; governance records
-    ignored for too few signatures, and a broken governance history (:func:`.governance.state`)."""
+    ignored for too few signatures, revocations that took effect unsigned by whom they name, and a
+    broken governance history (:func:`.governance.state`)."""
     state = governance.state(session)
     policies = {row.sha256: row for row in intact["policy_version"].values() if isinstance(row, PolicyVersion)}
     found = approvers.problems(
@@ -290,6 +291,7 @@ def _approval_problems(
     )
     problems = [Problem(newest[("approval", key)][0].seq, kind, message) for key, kind, message in found]
     problems += [Problem(seq, "governance_ignored", message) for seq, message in state.ignored]
+    problems += [Problem(seq, "revocation_unsigned", message) for seq, message in state.unsigned]
     if state.broken:
         problems.append(Problem(None, "governance_broken", state.broken))
     return problems

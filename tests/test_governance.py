@@ -144,6 +144,26 @@ def test_a_copied_revoked_approval_stays_revoked(engine: Any, keys: dict[str, An
         require(engine)
 
 
+def test_a_revocation_signed_by_no_one_it_names_counts_and_is_flagged(
+    engine: Any, keys: dict[str, Any], service_key: str
+) -> None:
+    """The runner appends a revocation of Ada's approval past the CLI, unsigned (which `policy
+    revoke` refuses): it only withdraws approvals, so it takes effect (runs are refused), and
+    `audit verify` and `audit mode` say it took effect unsigned."""
+    approve(engine, "Ada", keys["Ada"])
+    with database.session(engine) as s, pytest.raises(UserError, match="a revocation needs the signature"):
+        approvals.revoke(s, facts(), by="Ada", reason="forged")
+    with database.session(engine) as s:
+        document = approvals.revoke_request(s, facts(), by="Ada", reason="forged")
+        chain.append(s, "approvals_revoked", request=document["request"], signatures=[])
+    with pytest.raises(UserError, match="has 0 current approver"):
+        require(engine)
+    problems = check(engine, public_key=signing.public_key(service_key)).problems
+    assert [p.kind for p in problems if p.kind != "unsigned"] == ["revocation_unsigned"]
+    flagged = next(p.message for p in problems if p.kind == "revocation_unsigned")
+    assert "by 'Ada' took effect unsigned: a revocation needs the signature of an approver" in flagged
+
+
 def _delete_revocation(engine: Any) -> None:
     """A database writer without keys deletes the revocation record and recomputes the chain."""
     with database.session(engine) as s:

@@ -626,7 +626,9 @@ def audit_mode(
             "approvers": sorted(pinned.keys),
             "quorum": pinned.quorum,
         }
-    problems = [message for _seq, message in state.ignored] + ([state.broken] if state.broken else [])
+    problems = [message for _seq, message in [*state.ignored, *state.unsigned]] + (
+        [state.broken] if state.broken else []
+    )
     if problems:
         document["governance_problems"] = problems
     if json_output:
