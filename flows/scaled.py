@@ -92,11 +92,12 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     spec = ReadSpec.of(loaded.policy.dataset)
     shares = None
     try:
+        rows = [part.rows for part in parts]
         if not isinstance(loaded.policy.dataset.person, Person):
-            results = engines.map_gather(run_id, partials, parts, spec=spec, jobs=jobs)
+            results = engines.map_runs(run_id, partials, parts, weights=rows, spec=spec, jobs=jobs)
         else:
             shares = person_shares(run_id, loaded.policy.dataset.person, parts, spec, jobs)
-            results = engines.map_gather(run_id, partials, parts, shares, spec=spec, jobs=jobs)
+            results = engines.map_runs(run_id, partials, parts, shares, weights=rows, spec=spec, jobs=jobs)
     except PartitionError as error:
         raise DataStepError(error.step, error.original) from None
     return _merged(jobs, results, shares)
@@ -110,7 +111,8 @@ def person_shares(
     from privrelease.flows import engines
     from privrelease.flows.partitions import person_counts
 
-    counted = engines.map_gather(run_id, person_counts, parts, spec=spec, column=person.column)
+    rows = [part.rows for part in parts]
+    counted = engines.map_runs(run_id, person_counts, parts, weights=rows, spec=spec, column=person.column)
     return shares_of(person, counted, jobs)
 
 

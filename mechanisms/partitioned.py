@@ -309,10 +309,7 @@ def split(
     per_file = file_count(-(-total // files), rows_per_file)
     if files == 1:
         return [functools.partial(pieces, published, per_file)]
-    cumulative = np.cumsum(counts)
-    slices = min(files, workers)
-    cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, slices) // slices, side="right")
-    bounds = np.unique(np.r_[0, cuts, len(counts)])
+    bounds = equal_runs(counts, min(files, workers))
     drawn = gather(assign_files, [counts[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])], files=files * per_file)
     slots = [
         (
@@ -322,6 +319,18 @@ def split(
         for slot in range(files * per_file)
     ]
     return [_file(published, slots[j * per_file : (j + 1) * per_file]) for j in range(files)]
+
+
+def equal_runs(weights: Sequence[int] | np.ndarray, runs: int) -> np.ndarray:
+    """Bounds ``b`` (``b[0] = 0``, ``b[-1] = len(weights)``) of at most ``runs`` runs of
+    consecutive items of about equal total weight, none empty: each item goes to the run its
+    weight's midpoint falls in."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if len(weights) == 0:
+        return np.zeros(1, np.int64)
+    cumulative = np.cumsum(weights)
+    cuts = np.searchsorted(cumulative - weights / 2, cumulative[-1] * np.arange(1, runs) / runs)
+    return np.unique(np.r_[0, cuts, len(weights)]).astype(np.int64)
 
 
 def _file(published: CellCounts, drawn: list[tuple[np.ndarray, np.ndarray]]) -> functools.partial[Iterator[pa.Table]]:

@@ -303,3 +303,13 @@ def test_split_draws_each_row_s_file_and_piece_at_once(monkeypatch) -> None:
         sizes += [table.num_rows for pieces in files for table in pieces]
     assert drawn == [16] * 40
     assert chisquare(sizes).pvalue > ALPHA
+
+
+def test_equal_runs_are_consecutive_of_about_equal_weight_and_never_empty() -> None:
+    """Each item in the run its weight's midpoint falls in: 20 equal items in 8 runs of 2 or 3,
+    fewer items than runs one run each, and weights 0 allowed."""
+    assert partitioned.equal_runs([1] * 20, 8).tolist() == [0, 2, 5, 7, 10, 12, 15, 17, 20]
+    assert partitioned.equal_runs([7, 1, 1, 1, 1, 1, 1, 1], 2).tolist() == [0, 1, 8]
+    assert partitioned.equal_runs([3, 3], 8).tolist() == [0, 1, 2]
+    assert partitioned.equal_runs([5, 0, 0, 5], 2).tolist() == [0, 1, 4]
+    assert partitioned.equal_runs([], 3).tolist() == [0]

@@ -23,6 +23,7 @@ LocalCluster of two worker processes with a memory limit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -570,24 +571,22 @@ def test_release_larger_than_the_workers_memory(cluster, work):
     assert len(peaks) == WORKERS and max(peaks.values()) < MEMORY_LIMIT, peaks
 
 
-def kill_a_worker_during_the_map(client, partitions: int) -> tuple[threading.Thread, dict]:
-    """A thread that SIGKILLs a worker the scheduler has given a ``partials`` task, once some
-    (but not all) partitions are done."""
+def kill_a_worker_during_the_map(client) -> tuple[threading.Thread, dict]:
+    """A thread that SIGKILLs a worker given its run of partitions (a task of
+    :func:`.engines.map_runs`) once the runs are under way, before any is done."""
     pids = client.run(os.getpid)
     seen: dict = {}
 
-    def done(dask_scheduler) -> int:
-        return sum(
-            1 for task in dask_scheduler.tasks.values() if "partials" in str(task.key) and task.state == "memory"
-        )
+    def states(dask_scheduler) -> list[str]:
+        return [task.state for task in dask_scheduler.tasks.values() if "_each" in str(task.key)]
 
     def watch() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            finished = client.run_on_scheduler(done)
+            runs = client.run_on_scheduler(states)
             busy = [address for address, tasks in client.processing().items() if tasks]
-            if 2 <= finished < partitions and busy:
-                seen["done_before_kill"] = finished
+            if runs and "memory" not in runs and busy:
+                seen["runs"] = len(runs)
                 os.kill(pids[busy[0]], signal.SIGKILL)
                 return
             time.sleep(0.01)
@@ -595,6 +594,47 @@ def kill_a_worker_during_the_map(client, partitions: int) -> tuple[threading.Thr
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread, seen
+
+
+def _square_unless_negative(item: int, other: str, *, scale: int) -> tuple[int, str]:
+    if item < 0:
+        raise ValueError(f"item {item}")
+    return item * item * scale, other
+
+
+def test_a_map_over_partitions_runs_as_one_task_per_worker(cluster):
+    """:func:`.engines.map_runs`: 11 items of unequal weights on 2 workers are 2 tasks (runs of
+    about equal weight), the results in item order; an item's error ends its run and the map
+    (the one raised: a run's first); one item per task when items are fewer than workers."""
+    from privrelease.flows import engines
+
+    local, client = cluster
+    engine = engines.Engine("dask", address=local.scheduler_address)
+    items, others = list(range(11)), [f"x{i}" for i in range(11)]
+    try:
+        engines.connect("runs", engine)
+        with dask_tasks(client) as keys:
+            results = engines.map_runs("runs", _square_unless_negative, items, others, weights=items, scale=2)
+        assert results == [(2 * i * i, f"x{i}") for i in items]
+        assert len(keys) == WORKERS and all("_each" in key for key in keys)
+        with pytest.raises(ValueError, match="item -(3|4)$"):
+            engines.map_runs("runs", _square_unless_negative, [1, -3, -4, -5], "abcd", weights=[1] * 4, scale=1)
+        with dask_tasks(client) as keys:
+            assert engines.map_runs("runs", _square_unless_negative, [4], ["y"], weights=[9], scale=1) == [(16, "y")]
+        assert len(keys) == 1
+    finally:
+        engines.release("runs")
+
+
+@contextlib.contextmanager
+def dask_tasks(client):
+    """The keys of the tasks the cluster ran in the block."""
+    from distributed import get_task_stream
+
+    keys: list[str] = []
+    with get_task_stream(client) as stream:
+        yield keys
+    keys.extend(str(task["key"]) for task in stream.data)
 
 
 @pytest.mark.parametrize("allowed_failures", [3, 0], ids=["retried", "no-retries"])
@@ -609,7 +649,7 @@ def test_worker_lost_mid_map(cluster, work, allowed_failures):
     policy = policy_file(work, "wide.parquet", engine=dask_engine(cluster, row_group))
     previous = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.allowed_failures)
     client.run_on_scheduler(lambda dask_scheduler, n=allowed_failures: setattr(dask_scheduler, "allowed_failures", n))
-    thread, seen = kill_a_worker_during_the_map(client, rows // row_group)
+    thread, seen = kill_a_worker_during_the_map(client)
     try:
         published, failed = release_plain(policy_path=str(policy), out_dir=str(work / "out")), None
     except Exception as error:  # the run failed: allowed; a partial release is not
@@ -618,7 +658,7 @@ def test_worker_lost_mid_map(cluster, work, allowed_failures):
         thread.join(timeout=130)
         client.run_on_scheduler(lambda dask_scheduler, n=previous: setattr(dask_scheduler, "allowed_failures", n))
         client.wait_for_workers(WORKERS, timeout=240)
-    assert "done_before_kill" in seen, "the worker was not killed during the map"
+    assert seen.get("runs") == WORKERS, "the worker was not killed during the map"
     run, entries = latest_run()
     if failed is None:
         assert allowed_failures > 0, "with no retries allowed a lost task must fail the run"
