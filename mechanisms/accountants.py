@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from privrelease.mechanisms.events import SDGS, Composed, Event, Laplace, Sampled, leaves
+from privrelease.mechanisms.events import SDGS, Composed, Event, Laplace, Sampled, counted, leaves
 from privrelease.mechanisms.guarantees import NOTIONS, Guarantee, Notion, pure, unsupported
 from privrelease.mechanisms.identifiability import rho_of_epsilon
 from privrelease.mechanisms.sdgs_math import FSmooth, amplified_epsilon
@@ -56,8 +56,7 @@ def _composed(event: Composed, notion: Notion) -> Guarantee:
         return unsupported(notion, "; ".join(bad))
     epsilon = math.fsum(part.epsilon for part in parts)
     delta = min(1.0, math.fsum(part.delta for part in parts))
-    count = len(leaves(event))
-    detail = f"sequential composition of {count} release{'s' if count != 1 else ''}"
+    detail = f"sequential composition of {counted([event])}"
     if notion == "approximate" and 1 < len(leaves(event)) <= MAX_OPTIMAL_LEAVES and delta > 0:
         optimal = optimal_delta_for_epsilon(event, epsilon)
         if optimal < delta:

@@ -38,7 +38,7 @@ from typing import Any
 
 from privrelease.mechanisms import pld, renyi
 from privrelease.mechanisms.accountants import NOTIONS, Notion, account, optimal_composition_delta
-from privrelease.mechanisms.events import Event, leaf_counts, leaves, relation_of
+from privrelease.mechanisms.events import Event, counted, leaf_counts, leaves, relation_of
 from privrelease.mechanisms.guarantees import Guarantee, Unsupported
 
 EXACT = "exact"
@@ -420,7 +420,7 @@ def release_approximate(
     if not stated.supported or not releases or (len(releases) > 1 and accounting != "approximate"):
         return stated, None  # composing several releases costs a PLD: only where the policy accounts so
     result = epsilon_at([tree], delta) if delta is not None else delta_at([tree], stated.epsilon)
-    detail = f"{result.method} of {result.releases} release{'s' if result.releases != 1 else ''}"
+    detail = f"{result.method} of {counted([tree])}"
     return Guarantee("approximate", result.epsilon, result.delta, True, detail), result
 
 

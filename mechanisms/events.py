@@ -101,6 +101,10 @@ class Event(BaseModel):
         from :meth:`pld`."""
         return None
 
+    def noun(self) -> str:
+        """What it releases, in a few words (how a composition names its parts: :func:`counted`)."""
+        return self.kind.replace("_", " ")
+
 
 def event_class(kind: str) -> type[Event]:
     """The event class tagged ``kind``, the mechanism kinds' own included."""
@@ -138,6 +142,9 @@ class SDGS(Event):
     beta: float = Field(gt=0, le=1)
     epsilon: float = Field(ge=0)
     output: Literal["microdata", "histogram"] = "microdata"
+
+    def noun(self) -> str:
+        return f"SDGS {self.output}"
 
     def _not_sampled(self, notion: str) -> Guarantee:
         return unsupported(
@@ -190,6 +197,10 @@ class Laplace(Event):
     kind: Literal["laplace"] = "laplace"
     scale: float = Field(gt=0)
     sensitivity: float = Field(gt=0)
+
+    def noun(self) -> str:
+        return "Laplace noise"
+
     sensitive_range: float | None = Field(default=None, gt=0)
     universe_size: int | None = Field(default=None, ge=2)
 
@@ -216,6 +227,9 @@ class ExponentialSelection(Event):
     epsilon: float = Field(gt=0)
     candidates: int = Field(ge=1)
     sensitivity: float = Field(gt=0)
+
+    def noun(self) -> str:
+        return "scheme selection"
 
     def guarantee(self, notion: Notion) -> Guarantee:
         return pure(notion, self.epsilon, f"exponential mechanism over {self.candidates} schemes")
@@ -286,6 +300,9 @@ class SPLUGen(Event):
     sensitive: tuple[str, ...] = ()
     differentially_private: ClassVar[bool] = False
 
+    def noun(self) -> str:
+        return "SPLU-Gen"
+
     def guarantee(self, notion: Notion) -> Guarantee:
         return unsupported(
             notion,
@@ -303,6 +320,9 @@ class Sampled(Event):
     @property
     def differentially_private(self) -> bool:  # type: ignore[override]
         return is_dp(self.event)
+
+    def noun(self) -> str:
+        return f"{self.event.noun()} on a {self.beta:g}-sample"
 
 
 class Composed(Event):
@@ -435,6 +455,19 @@ def leaves(event: Event) -> list[Event]:
     if isinstance(event, Composed):
         return [leaf for child in event.events for leaf in leaves(child)]
     return [event]
+
+
+def counted(events: Iterable[Event] | Mapping[Event, int]) -> str:
+    """How many releases ``events`` compose (event trees, or a multiset of releases:
+    :func:`leaf_counts`) and what they are, e.g. "2 releases (scheme selection, SDGS
+    microdata)"; a kind released several times is named once with its count ("Laplace noise
+    x12"). One policy mechanism may be several releases (a scheme selection before its SDGS)."""
+    names: Counter[str] = Counter()
+    for leaf, times in leaf_counts(events).items():
+        names[leaf.noun()] += times
+    total = sum(names.values())
+    parts = ", ".join(name if times == 1 else f"{name} x{times}" for name, times in names.items())
+    return f"{total} release{'s' * (total != 1)} ({parts})"
 
 
 def is_dp(event: Event) -> bool:

@@ -87,6 +87,9 @@ class ZCDPGaussian:
 
     noise_label: ClassVar[str]
 
+    def noun(self: _Stated) -> str:
+        return self.noise_label
+
     def guarantee(self: _Stated, notion: Notion) -> Guarantee:
         if notion == "probabilistic":
             delta, how = probabilistic_delta(self.rho, self.epsilon), "P[loss > eps] by Markov"

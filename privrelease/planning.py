@@ -13,7 +13,7 @@ from typing import Any
 
 from privrelease.mechanisms import accountants, composition
 from privrelease.mechanisms.accuracy import AccuracyStatement
-from privrelease.mechanisms.events import Composed, Event, Laplace, event_to_json, is_dp, leaves
+from privrelease.mechanisms.events import Composed, Event, Laplace, counted, event_to_json, is_dp, leaves
 from privrelease.mechanisms.guarantees import Guarantee
 from privrelease.mechanisms.sdgs_math import min_theorem1_epsilon
 from privrelease.policies import LoadedPolicy
@@ -298,7 +298,7 @@ def _approximate(loaded: LoadedPolicy, tree: Composed, stated: Guarantee) -> tup
     guarantee, result = composition.release_approximate(tree, stated, targets.accounting, targets.delta)
     if result is None:
         return stated, {}
-    facts: dict[str, Any] = {"composition": result.as_dict()}
+    facts: dict[str, Any] = {"composition": {**result.as_dict(), "composed": counted([tree])}}
     if targets.max_epsilon is not None:
         facts["approximate_delta_at_max_epsilon"] = composition.delta_at([tree], targets.max_epsilon).delta
     return guarantee, facts

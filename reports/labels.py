@@ -74,3 +74,10 @@ def fact_text(value: Any, number: Callable[[float], str]) -> str:
     if value is None:
         return "none"
     return str(value)
+
+
+def composed(result: dict[str, Any]) -> str:
+    """What a composition's facts compose: its releases named (``composed``), or, in facts
+    stored before they were, their number."""
+    releases = result["releases"]
+    return result.get("composed") or f"{releases} release{'s' * (releases != 1)}"

@@ -34,7 +34,7 @@ from privrelease.mechanisms.splu_scope import NO_UTILITY, UTILITY_SCOPE
 from privrelease.reports.charts import all_charts, fmt, ledger_chart
 from privrelease.reports.context import ReportContext
 from privrelease.reports.html import jinja_environment, write_html
-from privrelease.reports.labels import FACT_LABELS, fact_label, fact_text, internal_fact_label
+from privrelease.reports.labels import FACT_LABELS, composed, fact_label, fact_text, internal_fact_label
 
 __all__ = [
     "ReportContext",
@@ -115,8 +115,7 @@ def _composition(result: dict[str, Any]) -> str:
         f"{name}: ε = {fmt(point['epsilon'])}, δ = {fmt(point['delta'])}"
         for name, point in result["candidates"].items()
     )
-    releases = result["releases"]
-    return f"{result['method']} of {releases} release{'s' * (releases != 1)} (tightest); compared: {methods}"
+    return f"{result['method']} of {composed(result)}, the tightest; compared: {methods}"
 
 
 def _facts(facts: dict[str, Any], shown: dict[str, str] | None = None) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from privrelease.mechanisms.events import (
     Laplace,
     Sampled,
     SPLUGen,
+    counted,
     event_from_json,
     event_to_json,
 )
@@ -173,3 +174,25 @@ def test_events_round_trip_as_json() -> None:
     assert event_from_json(event_to_json(tree)) == tree
     with pytest.raises(ValueError, match="schema_version"):
         event_from_json('{"schema_version": 99, "event": {}}')
+
+
+def test_a_composition_names_the_releases_it_composes() -> None:
+    """One policy mechanism with a scheme selection is two releases: the composed guarantee says
+    which ("2 releases (scheme selection, SDGS microdata)"), not a bare count a reader would
+    take for two mechanisms; identical releases are named once with their count; facts stored
+    before the names fall back to the count."""
+    from privrelease.mechanisms import composition
+    from privrelease.reports.labels import composed
+
+    selection = ExponentialSelection(epsilon=0.1, candidates=2, sensitivity=0.24)
+    tree = Composed(events=(selection, SDGS(k=20, beta=0.1, epsilon=1.0)))
+    for notion in ("probabilistic", "approximate"):
+        detail = accountants.account(tree, notion).detail
+        assert detail.startswith("sequential composition of 2 releases (scheme selection, SDGS microdata)"), detail
+    stated = accountants.account(tree, "approximate")
+    guarantee, result = composition.release_approximate(tree, stated, "approximate", 1e-9)
+    assert result is not None and guarantee.detail.endswith("of 2 releases (scheme selection, SDGS microdata)")
+    noise = Laplace(scale=2.0, sensitivity=1.0)
+    assert counted({noise: 12, tree: 1}) == "14 releases (Laplace noise x12, scheme selection, SDGS microdata)"
+    assert counted([Sampled(beta=0.5, event=noise)]) == "1 release (Laplace noise on a 0.5-sample)"
+    assert composed({"releases": 3}) == "3 releases" and composed({"releases": 1, "composed": "x"}) == "x"

@@ -674,7 +674,10 @@ def test_the_report_reads_as_prose_and_says_how_its_accountant_composes(demo) ->
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", combined))
     assert "under the approximate accountant they are composed by the tightest sound method" in text
     assert "add up" not in text
-    assert "privacy loss distribution of 3 releases (tightest); compared:" in text
+    assert (
+        "privacy loss distribution of 3 releases (SDGS microdata, SDGS histogram, Laplace noise), the tightest; compared:"
+        in text
+    )
     for raw in ("candidates =", "approximate_delta_at_max_epsilon", "{'", "': "):
         assert raw not in text, raw
     _, probabilistic = demo

@@ -609,6 +609,9 @@ class DiscreteGaussian(Event):
     sensitivity: int = Field(1, ge=1)
     omitted_at_default: ClassVar[dict[str, Any]] = {**Event.omitted_at_default, "sensitivity": 1}
 
+    def noun(self) -> str:
+        return "discrete Gaussian counts"
+
     def guarantee(self, notion: Notion) -> Guarantee:
         m = self.sensitivity
         if notion == "probabilistic":
@@ -656,6 +659,9 @@ class DiscreteLaplace(Event):
     scale: float = Field(gt=0)
     sensitivity: int = Field(1, ge=1)
     omitted_at_default: ClassVar[dict[str, Any]] = {**Event.omitted_at_default, "sensitivity": 1}
+
+    def noun(self) -> str:
+        return "discrete Laplace counts"
 
     def guarantee(self, notion: Notion) -> Guarantee:
         m = self.sensitivity

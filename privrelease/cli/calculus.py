@@ -12,7 +12,7 @@ from rich.table import Table
 from privrelease.cli.output import cells_sentence, console, print_json, say, styled
 from privrelease.errors import TargetNotMet, UserError
 from privrelease.mechanisms.limits import MIN_BETA
-from privrelease.reports.labels import fact_label, fact_text
+from privrelease.reports.labels import composed, fact_label, fact_text
 
 if TYPE_CHECKING:
     from privrelease.mechanisms.sdgs_calibration import Notion
@@ -222,16 +222,16 @@ def _print_plan(result, here: list[str]) -> None:
             cells.append(f"({_fmt(g.epsilon)}, {_fmt(g.delta, 3)})" if g.supported else f"none: {g.detail}")
         table.add_row(styled("{} [dim]{}[/]", m.name, m.type), _event_text(m.event), *cells, _facts_text(m.facts))
     console.print(table)
-    composed = Table(title="Composed over the release", title_justify="left")
+    table = Table(title="Composed over the release", title_justify="left")
     for column in ("accounting", "epsilon", "delta", "how"):
-        composed.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold")
     for notion, g in result.composed.items():
-        composed.add_row(notion, _fmt(g.epsilon), _fmt(g.delta, 3) if g.supported else "none", g.detail)
-    console.print(composed)
+        table.add_row(notion, _fmt(g.epsilon), _fmt(g.delta, 3) if g.supported else "none", g.detail)
+    console.print(table)
     for key, value in result.facts.items():
         if key == "composition":
             say(
-                f"  approximate composition of {value['releases']} release(s): epsilon {_fmt(value['epsilon'])} "
+                f"  approximate composition of {composed(value)}: epsilon {_fmt(value['epsilon'])} "
                 f"at delta {_fmt(value['delta'], 3)} by {value['method']}; "
                 + ", ".join(f"{name} {_fmt(c['epsilon'])}" for name, c in value["candidates"].items())
             )
