@@ -184,7 +184,7 @@ def execute(call: Caller = call_plain, **parameters: Any) -> Published:
             plan,
         )
         prepare_report(run, reservation)  # the report's data-free parts, computed while the data steps run
-        read = step("read data", "reading the data", read_data, run, dataset)
+        read = step("read data", f"reading the data ({run.engine.describe()})", read_data, run, dataset)
         outputs = [
             step(
                 spec.name,

@@ -142,8 +142,10 @@ class ReportContext:
         """What the release is, for the first screen of its public statement and
         ``release.json``: ``approved`` (a production run: a counting approval was checked) or
         a ``draft``, its ``published_rows``, whether it ``published_nothing``, the files far
-        short of their plan (:meth:`short_outputs`) and the plan's warnings (from the policy
-        alone, made before any data was read)."""
+        short of their plan (:meth:`short_outputs`), the plan's warnings (from the policy
+        alone, made before any data was read) and, for a rerun, the run it repeats
+        (``rerun_of``: the same policy on the same data with fresh randomness, charged again; a
+        reader combining both releases learns more than from either)."""
         return {
             "approved": self.production,
             "draft": not self.production,
@@ -151,7 +153,7 @@ class ReportContext:
             "published_nothing": self.published_nothing,
             "short_of_plan": self.short_outputs(),
             "plan_warnings": list(self.plan.warnings),
-        }
+        } | ({"rerun_of": self.rerun_of} if self.rerun_of else {})
 
     @property
     def fixed_before_data_access(self) -> bool | None:

@@ -1162,6 +1162,29 @@ def test_process_killed_mid_run(demo_dir, work, tmp_path):
 # --------------------------------------------------------------------------- rerun, reissue
 
 
+def test_the_read_step_says_where_the_data_is_computed(demo_dir, work, monkeypatch):
+    """What a run shows while it reads names the engine: "reading the data (in-process)", or
+    the Dask cluster (:meth:`.engines.Engine.describe`)."""
+    from privrelease.flows import context
+
+    shown: list[tuple[str, str]] = []
+
+    class Sink:
+        def start(self, step: str, description: str) -> None:
+            shown.append((step, description))
+
+        def done(self, step: str, seconds: float, note: str = "") -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(context, "_progress", Sink())
+    release_plain(policy_path=str(demo_dir / demo.POLICY_FILE))
+    assert dict(shown)["read data"] == "reading the data (in-process)"
+    assert engines.Engine("dask", workers=8).describe() == "Dask, on a local cluster of 8 processes"
+
+
 def test_rerun_and_reissue(demo_dir, work, tmp_path):
     from privrelease.reissuing import reissue
 
@@ -1176,6 +1199,10 @@ def test_rerun_and_reissue(demo_dir, work, tmp_path):
     report = " ".join(Path(again.report).read_text().split())
     assert f'Rerun of</dt><dd id="rerun-of">run <code class="hash">{first.run_id}</code>' in report
     assert "rerun-of" not in Path(first.report).read_text()
+    first_state, again_state = (
+        json.loads((Path(run.release_dir) / "release.json").read_text())["release"] for run in (first, again)
+    )
+    assert again_state["rerun_of"] == first.run_id and "rerun_of" not in first_state
     from privrelease.reports.stored import stored_reports
 
     listed = {row.run_id: row for row in stored_reports()}
