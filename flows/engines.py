@@ -2,7 +2,8 @@
 Dask cluster (``dask``). The release flow is the same either way (:mod:`.steps`): with Dask
 only the fingerprint, the read and the mechanisms' per-partition work run on the workers
 (:mod:`.partitions`, :mod:`.scaled`), mapped with Dask itself inside one Prefect task per
-stage, so a partition costs milliseconds of orchestration, not a Prefect task run.
+stage (the read as one Dask task per worker, each over a run of partitions: :func:`map_runs`),
+so a partition costs no orchestration of its own, let alone a Prefect task run.
 
 The cluster is the one at ``address`` (production: workers that see the data files and the
 run's staging folder: an output in pieces, SDGS microdata, is computed and written by a worker,
@@ -226,12 +227,11 @@ def map_runs(
     cluster has workers, at most one per item: each task calls it on a run of consecutive items
     of about equal total ``weights``, one after the other (:func:`_each`; an error ends its
     run, and the map as in :func:`map_gather`). The same results in item order for fewer,
-    longer tasks: a task costs
-    its worker's event loop about 3 ms of CPU on busy cores and the scheduler and client some
-    more; 20 partitions of 1 M rows on 8 workers of 2 cores, the read's CPU 0.934 -> 0.902 s
-    (mean of seven runs). With workers of equal speed the run takes as long (each worker reads
-    its share either way); a slow worker keeps its share, where single items would go to the
-    others."""
+    longer tasks: a task costs its worker's event loop about 3 ms of CPU on busy cores, and the
+    scheduler and client some more; 20 partitions of 1 M rows on 8 workers of 2 cores, the
+    read's CPU 0.934 -> 0.902 s (mean of seven runs). With workers of equal speed the map
+    takes as long (each worker reads its share either way); a slow worker keeps its share,
+    where single items would go to the others."""
     from privrelease.mechanisms.partitioned import equal_runs
 
     bounds = equal_runs(weights, workers(run_id))

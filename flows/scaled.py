@@ -92,7 +92,7 @@ def read_partials(run_id: str, loaded: Any, files: Sequence[Any], engine: Any) -
     spec = ReadSpec.of(loaded.policy.dataset)
     shares = None
     try:
-        rows = [part.rows for part in parts]
+        rows = [part.rows for part in parts]  # one run of partitions per worker, of about equal rows
         if not isinstance(loaded.policy.dataset.person, Person):
             results = engines.map_runs(run_id, partials, parts, weights=rows, spec=spec, jobs=jobs)
         else:

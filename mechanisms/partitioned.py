@@ -29,7 +29,8 @@ are a random split of it, a post-processing of SDGS's output, so Theorem 1's gua
 (epsilon >= -ln(1 - beta), delta = d(k, beta, epsilon)) holds unchanged, and the files read
 one after the other are a uniformly random order of the multiset, as in-process. The number of
 files depends only on the number of published rows (on Dask also on the workers': :func:`split`
-gives each worker a file of its own to write; each row then draws its file and its piece in the file at once).
+gives each worker a file of its own to write; each row then draws its file and its piece in
+that file at once).
 
 The merged label dictionary of a column is the partitions' common one when they agree (always
 for value maps, bins and suppression, whose labels the scheme fixes); otherwise (``Keep``,
@@ -337,11 +338,11 @@ def _file(published: CellCounts, drawn: list[tuple[np.ndarray, np.ndarray]]) -> 
     """One file's :func:`drawn_pieces`, over the cells it holds alone (what travels to its
     worker)."""
     held = np.unique(np.concatenate([which for which, _ in drawn]))
-    pieces = [(np.searchsorted(held, which), counts) for which, counts in drawn]
+    local = [(np.searchsorted(held, which), counts) for which, counts in drawn]
     rows = np.zeros(len(held), np.int64)
-    for which, counts in pieces:
+    for which, counts in local:
         rows[which] += counts  # a piece holds each of its cells once
-    return functools.partial(drawn_pieces, _subset(published, held, rows), pieces)
+    return functools.partial(drawn_pieces, _subset(published, held, rows), local)
 
 
 def _subset(cells: CellCounts, which: np.ndarray, counts: np.ndarray) -> CellCounts:
