@@ -198,7 +198,8 @@ def _fingerprint_files(run: RunContext | None, loaded: Any, path: Path) -> Datas
         paths = [str(confine(file, loaded.base_dir, what="dataset file")) for file in partitions.dataset_files(path)]
         if run is not None and run.engine.scaled:
             engines.connect(run.run_id, run.engine)
-            files = engines.map_gather(run.run_id, partitions.scan_file, paths)
+            sizes = [Path(file).stat().st_size for file in paths]  # one run of files per worker, of about equal bytes
+            files = engines.map_runs(run.run_id, partitions.scan_file, paths, weights=sizes)
         else:
             files = [partitions.scan_file(file) for file in paths]
     for file in files:
