@@ -16,8 +16,8 @@ Every run and ``audit verify`` replay the governance records in order (:func:`st
   ignored (production mode and the registry stay) and ``audit verify`` flags it;
 * a record that only tightens (production mode keeping the registry, a revocation) always takes
   effect: at worst it stops releases. A revocation not signed by the approver it names (which no
-  command records, :func:`apply`) is flagged by ``audit verify``. Revocations name approvals by their signed random id
-  (``Approval.nonce``), so a copied revoked approval is revoked too.
+  command records, :func:`apply`) is flagged by ``audit verify``. Revocations name approvals by
+  their signed random id (``Approval.nonce``), so a copied revoked approval is revoked too.
 
 With quorum > 1 the request travels as a file (:func:`dump`, :func:`load`): proposed with
 ``--propose FILE``, signed by each approver (``audit governance sign``), then applied
@@ -96,10 +96,16 @@ def signers(body: dict[str, Any], signatures: Any, registry: Registry) -> list[s
     return sorted(found.values())
 
 
-def _revoker_unsigned(body: dict[str, Any], named: list[str], registry: Registry) -> str | None:
-    """Why a revocation signed by the approvers ``named`` (:func:`signers`) is refused: none
-    signed it, or none of them is the one it is recorded as by (``by``, as an approval's
-    signer must be its approver); None when its ``by`` signed it."""
+def _revoker_unsigned(current: State, body: dict[str, Any], signatures: Any) -> str | None:
+    """Why a revocation is not signed as it must be under the registry in effect in ``current``
+    (:func:`apply` refuses it, :func:`state` flags it): none of its ``signatures`` is an
+    approver's (:func:`signers`), or none is the one it is recorded as by (``by``, as an
+    approval's signer must be its approver); None when its ``by`` signed it, when it is no
+    revocation, or when no registry is in effect."""
+    registry = current.registry
+    if body["action"] != "revoke" or registry is None:
+        return None
+    named = signers(body, signatures, registry)
     if not named:
         return "a revocation needs the signature of an approver of the registry in effect"
     by = body["by"]
@@ -184,12 +190,11 @@ def state(session: Session) -> State:
                 modern, digest, signatures = True, _digest(body), payload.get("signatures")
             why = _refusal(current, body, signatures)
             if why is None:
-                if body["action"] == "revoke" and current.registry is not None:
-                    unsigned = _revoker_unsigned(body, signers(body, signatures, current.registry), current.registry)
-                    if unsigned is not None:
-                        current.unsigned.append(
-                            (record.seq, f"{what} by {body.get('by')!r} took effect unsigned: {unsigned}")
-                        )
+                unsigned = _revoker_unsigned(current, body, signatures)
+                if unsigned is not None:
+                    current.unsigned.append(
+                        (record.seq, f"{what} by {body.get('by')!r} took effect unsigned: {unsigned}")
+                    )
                 _take_effect(current, body, record.time)
             else:
                 current.ignored.append((record.seq, f"{what} by {body.get('by')!r} is ignored: {why}"))
@@ -231,10 +236,7 @@ def apply(session: Session, document: dict[str, Any]) -> AuditEvent:
         raise UserError(current.broken)
     if body.get("prior") != current.head:
         raise UserError("another governance record was appended since this request was proposed: propose it again")
-    why = _refusal(current, body, signatures)
-    registry = current.registry
-    if why is None and body["action"] == "revoke" and registry is not None:
-        why = _revoker_unsigned(body, signers(body, signatures, registry), registry)
+    why = _refusal(current, body, signatures) or _revoker_unsigned(current, body, signatures)
     if why is not None:
         raise UserError(
             f"refused: {why}; sign it with --key (or propose it with --propose FILE and collect signatures with "

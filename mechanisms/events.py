@@ -197,12 +197,11 @@ class Laplace(Event):
     kind: Literal["laplace"] = "laplace"
     scale: float = Field(gt=0)
     sensitivity: float = Field(gt=0)
+    sensitive_range: float | None = Field(default=None, gt=0)
+    universe_size: int | None = Field(default=None, ge=2)
 
     def noun(self) -> str:
         return "Laplace noise"
-
-    sensitive_range: float | None = Field(default=None, gt=0)
-    universe_size: int | None = Field(default=None, ge=2)
 
     def guarantee(self, notion: Notion) -> Guarantee:
         return pure(
