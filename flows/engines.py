@@ -237,7 +237,8 @@ def map_runs(
     bounds = equal_runs(weights, workers(run_id))
     runs = [(a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
     tasks = [(function, items[a:b], *(sequence[a:b] for sequence in more)) for a, b in runs]
-    return [result for results in map_gather(run_id, _each, tasks, **constants) for result in results]
+    named = f"{function.__name__}-runs"  # what Dask's task stream, dashboard and errors show
+    return [result for results in map_gather(run_id, _each, tasks, task_name=named, **constants) for result in results]
 
 
 def _each(task: tuple[Any, ...], **constants: Any) -> list[Any]:
@@ -248,10 +249,15 @@ def _each(task: tuple[Any, ...], **constants: Any) -> list[Any]:
 
 
 def map_gather(
-    run_id: str, function: Callable[..., Any], items: Iterable[Any], *more: Iterable[Any], **constants: Any
+    run_id: str,
+    function: Callable[..., Any],
+    items: Iterable[Any],
+    *more: Iterable[Any],
+    task_name: str | None = None,
+    **constants: Any,
 ) -> list[Any]:
     """``[function(item, *others, **constants) for item, *others in zip(items, *more)]`` on the
-    run's cluster, in item order.
+    run's cluster, in item order, its tasks named ``task_name`` (default: the function's).
     Every call is a fresh computation (``pure=False``: randomized work is never deduplicated);
     a worker lost mid-map has its calls rerun elsewhere by Dask (``allowed-failures``), else
     the map fails. On any failure the calls still pending are cancelled and the error is
@@ -263,13 +269,13 @@ def map_gather(
     from distributed.comm import CommClosedError
 
     dask_client = client(run_id)
-    futures = dask_client.map(function, list(items), *map(list, more), pure=False, **constants)
+    futures = dask_client.map(function, list(items), *map(list, more), key=task_name, pure=False, **constants)
     try:
         return dask_client.gather(futures)
     except (KilledWorker, CommClosedError, ClosedClientError, CancelledError) as error:
         dask_client.cancel(futures)
         raise ClusterFailure(
-            f"the Dask cluster lost the work of {function.__name__} ({type(error).__name__}: workers died more "
+            f"the Dask cluster lost the work of {task_name or function.__name__} ({type(error).__name__}: workers died more "
             "often than Dask retries, or the scheduler went away or cancelled it); nothing was published"
         ) from None
     except BaseException:
